@@ -1,0 +1,80 @@
+"""Everything the server is told at start-up, in one typed place (flags map 1:1 to fields)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+
+ENGINES = ("vllm", "sglang", "hf", "mini")
+
+
+@dataclass
+class ServerConfig:
+    engine: str = "vllm"
+    model: str = "smollm2-135m"            # bundled name, folder, or Hugging Face id
+    served_model_name: str | None = None  # what clients send as "model"; default: derived
+    host: str = "127.0.0.1"
+    port: int = 8000
+    device: str = "auto"                  # auto | cpu | cuda
+    dtype: str = "bfloat16"
+    max_model_len: int = 2048
+    kv_cache_gib: float = 1.0             # CPU: KV space; GPU: ignored (memory fraction rules)
+    gpu_memory_utilization: float | None = None   # default: 0.3 on CPU, 0.85 on GPU
+    enable_prefix_caching: bool = True
+    api_key: str | None = None
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_n: int = 8                        # largest "n" accepted
+    max_logprobs: int = 20                # largest top-logprobs count accepted
+    engine_python: str | None = None      # interpreter for a child engine (own venv for SGLang)
+    engine_start_timeout: float = 600.0
+    engine_args: list[str] = field(default_factory=list)   # passed verbatim to a child engine
+    log_level: str = "info"
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        try:
+            import torch
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        except ImportError:
+            return "cpu"
+
+
+def parse_args(argv: list[str] | None = None) -> ServerConfig:
+    d = ServerConfig()
+    p = argparse.ArgumentParser(
+        prog="reference-server",
+        description="OpenAI-compatible server over vLLM, SGLang, the Hugging Face baseline "
+                    "or the teaching engine. Extra arguments after `--` go to the child engine.")
+    p.add_argument("--engine", choices=ENGINES, default=d.engine)
+    p.add_argument("--model", default=d.model,
+                   help="'smollm2-135m' (bundled, offline), a model folder, or a Hugging Face id")
+    p.add_argument("--served-model-name", default=None)
+    p.add_argument("--host", default=d.host)
+    p.add_argument("--port", type=int, default=d.port)
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=d.device)
+    p.add_argument("--dtype", default=d.dtype)
+    p.add_argument("--max-model-len", type=int, default=d.max_model_len)
+    p.add_argument("--kv-cache-gib", type=float, default=d.kv_cache_gib)
+    p.add_argument("--gpu-memory-utilization", type=float, default=None)
+    p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
+    p.add_argument("--api-key", default=os.environ.get("WORKSHOP_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' (default: $WORKSHOP_API_KEY)")
+    p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
+    p.add_argument("--max-n", type=int, default=d.max_n)
+    p.add_argument("--max-logprobs", type=int, default=d.max_logprobs)
+    p.add_argument("--engine-python", default=None,
+                   help="Python interpreter that runs a child engine (default: this one)")
+    p.add_argument("--engine-start-timeout", type=float, default=d.engine_start_timeout)
+    p.add_argument("--log-level", default=d.log_level)
+    argv = list(argv if argv is not None else __import__("sys").argv[1:])
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    ns = p.parse_args(argv)
+    cfg = ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)
+                          if hasattr(ns, f.name)})
+    cfg.engine_args = extra
+    return cfg

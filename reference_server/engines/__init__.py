@@ -1,0 +1,24 @@
+"""Engines behind the reference server, created by name (imported lazily: each pulls in
+heavy, sometimes mutually incompatible packages)."""
+
+from __future__ import annotations
+
+import importlib
+
+from reference_server.engines.base import Engine, EngineDied, EngineError, EngineInfo
+
+_REGISTRY = {
+    "vllm": "reference_server.engines.vllm:VLLMEngine",
+    "sglang": "reference_server.engines.sglang:SGLangEngine",
+    "hf": "reference_server.engines.hf:HFEngine",
+    "mini": "reference_server.engines.mini:MiniEngine",
+}
+
+
+def create_engine(config, model) -> Engine:
+    """``config``: ``ServerConfig``; ``model``: ``workshop.models.ModelSpec``."""
+    module, cls = _REGISTRY[config.engine].split(":")
+    return getattr(importlib.import_module(module), cls)(config, model)
+
+
+__all__ = ["Engine", "EngineDied", "EngineError", "EngineInfo", "create_engine"]

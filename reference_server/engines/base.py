@@ -1,0 +1,120 @@
+"""The contract between the HTTP layer and an inference engine.
+
+Two families implement it:
+
+* ``ProxyEngine`` (``proxy.py``): the engine is another process that already speaks the
+  OpenAI API (vLLM's or SGLang's own server). We start it, supervise it, and forward the
+  already-validated request bodies to it.
+* ``LocalEngine`` (``local.py``): the engine lives in this process and only knows about
+  token ids (the naive Hugging Face baseline, the teaching engine). ``local.py`` turns its
+  token stream into OpenAI responses, so a local engine implements ``generate`` and nothing
+  HTTP-shaped.
+
+Either way the server sees the same object: start it, ask whether it is ready, describe it,
+hand it requests, read its metrics, stop it.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import asdict, dataclass, field
+from typing import Any, AsyncIterator, Union
+
+from reference_server.protocol import ChatCompletionRequest, CompletionRequest
+
+# A non-streaming answer is one JSON object; a streaming answer is the sequence of chunk
+# objects (without the SSE framing, which the HTTP layer adds) or, for proxies, raw SSE bytes.
+EngineResponse = Union[dict, AsyncIterator[dict], AsyncIterator[bytes]]
+
+
+class EngineError(Exception):
+    """A request the engine refused or failed; carries the HTTP status and OpenAI error body."""
+
+    def __init__(self, status_code: int, message: str, type: str = "invalid_request_error",
+                 param: str | None = None, code: str | None = None):
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type,
+                          "param": self.param, "code": self.code}}
+
+
+class EngineDied(RuntimeError):
+    """The engine process or loop stopped unexpectedly; the server reports it, never hides it."""
+
+
+@dataclass
+class EngineInfo:
+    """What ``/server_info`` reports. Sizes are in tokens; ``None`` means unknown."""
+
+    engine: str
+    engine_version: str
+    model: str                      # the name clients put in "model"
+    model_path: str                 # where the weights came from (folder or hub id)
+    dtype: str
+    device: str
+    max_model_len: int
+    kv_capacity_tokens: int | None
+    kv_bytes_per_token: int | None
+    block_size: int | None
+    prefix_caching: bool
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Engine(abc.ABC):
+    """An inference engine behind the reference server.
+
+    Contract:
+
+    * ``start()`` returns only once the engine can serve, or raises. ``ready`` is then True.
+    * ``chat`` / ``complete`` receive requests that already passed schema validation
+      (``protocol.py``). They return the OpenAI response object, or for ``stream=True`` an
+      async iterator of chunks. Semantic problems only the engine can see (prompt longer than
+      the context, ...) raise ``EngineError`` with a 4xx status *before* the first chunk.
+    * Closing a returned stream early (the client went away) must cancel the request inside
+      the engine and free its KV cache.
+    * ``metrics_text()`` returns Prometheus exposition text using vLLM's metric names
+      (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``, ...) whatever the engine,
+      so one dashboard or notebook reads every engine.
+    * ``check()`` raises ``EngineDied`` if the engine has crashed since it started.
+    * ``stop()`` releases everything (child processes, memory) and is safe to call twice.
+    """
+
+    name: str = "abstract"
+
+    @abc.abstractmethod
+    async def start(self) -> None: ...
+
+    @abc.abstractmethod
+    async def stop(self) -> None: ...
+
+    @property
+    @abc.abstractmethod
+    def ready(self) -> bool: ...
+
+    @abc.abstractmethod
+    def info(self) -> EngineInfo: ...
+
+    @abc.abstractmethod
+    async def chat(self, request: ChatCompletionRequest) -> EngineResponse: ...
+
+    @abc.abstractmethod
+    async def complete(self, request: CompletionRequest) -> EngineResponse: ...
+
+    @abc.abstractmethod
+    async def metrics_text(self) -> str: ...
+
+    @abc.abstractmethod
+    async def reset_prefix_cache(self) -> bool:
+        """Drop every cached prefix not in use; True if the engine has such a cache."""
+
+    def check(self) -> None:
+        """Raise ``EngineDied`` if the engine is no longer alive. Default: nothing to check."""

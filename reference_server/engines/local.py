@@ -1,0 +1,347 @@
+"""In-process engines: they see token ids; this module speaks OpenAI for them.
+
+A ``LocalEngine`` implements ``generate`` (prompt token ids in, a stream of new token ids
+out), ``stats`` and the lifecycle methods. Everything OpenAI-shaped (chat templates, stop
+strings, logprobs formatting, usage, ``n`` > 1, streaming chunks) and the vLLM-named
+metrics are done here once, for every local engine.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from reference_server.engines.base import Engine, EngineError
+from reference_server.metrics import EngineMetrics
+from reference_server.protocol import ChatCompletionRequest, CompletionRequest
+
+
+@dataclass
+class SamplingParams:
+    """How to pick tokens. ``temperature == 0`` means greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    ignore_eos: bool = False
+    stop_token_ids: list[int] = field(default_factory=list)
+    logprobs: int | None = None       # None: no logprobs; k >= 0: the chosen token plus top k
+
+
+@dataclass
+class TokenLogprob:
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = field(default_factory=list)   # (token_id, logprob), best first
+
+
+@dataclass
+class GenerationStep:
+    """New output of one request since the previous step.
+
+    ``finish_reason`` is set on the last step only: ``"stop"`` (EOS or a stop token) or
+    ``"length"`` (``max_tokens`` reached). ``cached_tokens`` (prompt tokens served from a
+    prefix cache) is read from the first step.
+    """
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+    finish_reason: str | None = None
+    cached_tokens: int = 0
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for ``/metrics``; counters are totals since start."""
+
+    num_running: int = 0
+    num_waiting: int = 0
+    kv_cache_usage: float = 0.0          # fraction 0..1 of KV capacity in use
+    prefix_cache_queries: int = 0        # prompt tokens looked up in the prefix cache
+    prefix_cache_hits: int = 0           # of those, tokens found
+    num_preemptions: int = 0
+
+
+class LocalEngine(Engine):
+    """An engine running in this process. Subclasses set ``tokenizer``, ``max_model_len``
+    and ``model_name`` in ``start`` and implement ``generate`` and ``stats``."""
+
+    tokenizer: Any
+    max_model_len: int
+    model_name: str
+
+    def __init__(self) -> None:
+        self.metrics = EngineMetrics()
+
+    @abc.abstractmethod
+    def generate(self, request_id: str, prompt_token_ids: list[int],
+                 params: SamplingParams) -> AsyncIterator[GenerationStep]:
+        """Stream the continuation of ``prompt_token_ids``.
+
+        Contract: yields at least one step; the last step has ``finish_reason`` set; the
+        caller may stop iterating at any time (``aclose()``), and the engine must then abort
+        the request and free its KV cache. The prompt already fits: ``len(prompt) +
+        params.max_tokens <= max_model_len`` was checked by the caller.
+        """
+
+    @abc.abstractmethod
+    def stats(self) -> EngineStats: ...
+
+    # ---- OpenAI adapter -------------------------------------------------------------
+
+    async def chat(self, request: ChatCompletionRequest):
+        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        for m in messages:
+            if isinstance(m.get("content"), list):   # [{"type": "text", "text": ...}, ...]
+                m["content"] = "".join(p.get("text", "") for p in m["content"])
+        try:
+            prompt_ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+        except Exception as exc:  # a template may reject e.g. two system messages
+            raise EngineError(400, f"chat template rejected the messages: {exc}") from exc
+        logprobs = request.top_logprobs or 0 if request.logprobs else None
+        return await self._serve(request, list(prompt_ids), logprobs, chat=True)
+
+    async def complete(self, request: CompletionRequest):
+        prompt = request.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
+            prompt_ids = list(prompt)
+        elif isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise EngineError(400, "this engine takes one prompt per request", param="prompt")
+            prompt_ids = self.tokenizer.encode(prompt[0])
+        else:
+            prompt_ids = self.tokenizer.encode(prompt)
+        if not prompt_ids:
+            raise EngineError(400, "prompt is empty", param="prompt")
+        return await self._serve(request, prompt_ids, request.logprobs, chat=False)
+
+    def _sampling_params(self, request, prompt_len: int, logprobs: int | None) -> SamplingParams:
+        room = self.max_model_len - prompt_len
+        if room <= 0:
+            raise EngineError(400, f"This model's maximum context length is {self.max_model_len} "
+                              f"tokens. However, your prompt has {prompt_len} tokens.",
+                              param="messages" if hasattr(request, "messages") else "prompt")
+        max_tokens = request.effective_max_tokens
+        if max_tokens is None:
+            max_tokens = room
+        elif max_tokens > room:
+            raise EngineError(400, f"This model's maximum context length is {self.max_model_len} "
+                              f"tokens. However, you requested {prompt_len + max_tokens} tokens "
+                              f"({prompt_len} in the prompt, {max_tokens} for the completion).",
+                              param="max_tokens")
+        stop_ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            seed=request.seed, ignore_eos=bool(request.ignore_eos),
+            stop_token_ids=stop_ids + list(request.stop_token_ids or []), logprobs=logprobs)
+
+    async def _serve(self, request, prompt_ids: list[int], logprobs: int | None, chat: bool):
+        params = self._sampling_params(request, len(prompt_ids), logprobs)
+        rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+        created = int(time.time())
+        stops = request.stop_list
+        n = request.n or 1
+        streams = [self._run_one(f"{rid}-{i}", prompt_ids, params, stops) for i in range(n)]
+        shape = _ChunkShape(rid, created, self.model_name, chat)
+        if request.stream:
+            include_usage = bool(request.stream_options and request.stream_options.include_usage)
+            return _stream(streams, shape, len(prompt_ids), include_usage)
+        return await _collect(streams, shape, len(prompt_ids))
+
+    async def _run_one(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
+                       stops: list[str]) -> AsyncIterator[tuple[str, list, str | None, int, int]]:
+        """One sequence: yields (text delta, logprob entries, finish_reason, cached tokens,
+        new token count).
+
+        Decoding is incremental over the whole output so multi-byte characters split across
+        tokens come out whole; stop strings are searched in the decoded text and cut.
+        """
+        t_start = time.perf_counter()
+        t_last = None
+        out_ids: list[int] = []
+        sent = 0          # characters of the decoded output already sent
+        cached = 0
+        pending = 0       # tokens generated but not yet reported
+        hold = max((len(s) for s in stops), default=0)  # keep back what could start a stop
+        self.metrics.prompt_tokens.inc(len(prompt_ids))
+        gen = self.generate(request_id, prompt_ids, params)
+        finish = None
+        try:
+            async for step in gen:
+                now = time.perf_counter()
+                if t_last is None:
+                    self.metrics.ttft.observe(now - t_start)
+                    cached = step.cached_tokens
+                elif step.token_ids:
+                    self.metrics.itl.observe(now - t_last)
+                if step.token_ids:
+                    t_last = now
+                self.metrics.generation_tokens.inc(len(step.token_ids))
+                out_ids.extend(step.token_ids)
+                emitted = [t for t in out_ids if t not in params.stop_token_ids or params.ignore_eos]
+                text = self.tokenizer.decode(emitted, skip_special_tokens=True)
+                pending += len(step.token_ids)
+                if text.endswith("\ufffd") and not step.finish_reason:
+                    continue  # half a UTF-8 character: wait for the next token
+                finish = step.finish_reason
+                cut = _find_stop(text, stops, sent)
+                if cut is not None:
+                    text, finish = text[:cut], "stop"
+                safe = len(text) if (finish or cut is not None) else max(sent, len(text) - hold)
+                lp = _format_logprobs(self.tokenizer, step.logprobs) if step.logprobs else []
+                delta, sent = text[sent:safe], max(sent, safe)
+                yield delta, lp, finish, cached, pending
+                pending = 0
+                if finish:
+                    break
+        finally:
+            await gen.aclose()   # on early exit this is what aborts the request in the engine
+            self.metrics.e2e.observe(time.perf_counter() - t_start)
+            if finish:
+                self.metrics.requests_success.labels(finished_reason=finish).inc()
+
+    async def metrics_text(self) -> str:
+        return self.metrics.render(self.stats())
+
+
+def _find_stop(text: str, stops: list[str], start: int) -> int | None:
+    """Index where the earliest stop string begins in the unsent part, if any."""
+    best = None
+    for s in stops:
+        i = text.find(s, max(0, start - len(s) + 1))
+        if i != -1 and (best is None or i < best):
+            best = i
+    return best
+
+
+def _format_logprobs(tokenizer, entries: list[TokenLogprob]) -> list[dict]:
+    def piece(tid: int) -> str:
+        return tokenizer.decode([tid])
+    return [{"token": piece(e.token_id), "logprob": e.logprob,
+             "bytes": list(piece(e.token_id).encode()),
+             "top_logprobs": [{"token": piece(t), "logprob": lp, "bytes": list(piece(t).encode())}
+                              for t, lp in e.top]} for e in entries]
+
+
+@dataclass
+class _ChunkShape:
+    id: str
+    created: int
+    model: str
+    chat: bool
+
+    def chunk(self, index: int, delta: str, logprobs: list, finish: str | None,
+              first: bool) -> dict:
+        if self.chat:
+            d: dict = {"role": "assistant", "content": delta} if first else {"content": delta}
+            choice = {"index": index, "delta": d, "finish_reason": finish,
+                      "logprobs": {"content": logprobs} if logprobs else None}
+            obj = "chat.completion.chunk"
+        else:
+            choice = {"index": index, "text": delta, "finish_reason": finish,
+                      "logprobs": _completion_logprobs(logprobs) if logprobs else None}
+            obj = "text_completion"
+        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
+                "choices": [choice]}
+
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
+        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": cached}}
+
+
+def _completion_logprobs(entries: list[dict]) -> dict:
+    """The legacy completions layout: parallel lists instead of one object per token."""
+    return {"tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "text_offset": []}
+
+
+async def _merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, tuple]]:
+    """Interleave n sequence streams as their items arrive; close all of them on exit."""
+    if len(streams) == 1:
+        try:
+            async for item in streams[0]:
+                yield 0, item
+        finally:
+            await streams[0].aclose()
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, s: AsyncIterator) -> None:
+        try:
+            async for item in s:
+                await queue.put((i, item))
+        finally:
+            await queue.put((i, None))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        live = len(streams)
+        while live:
+            i, item = await queue.get()
+            if item is None:
+                live -= 1
+                if tasks[i].done() and tasks[i].exception():
+                    raise tasks[i].exception()
+                continue
+            yield i, item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _stream(streams, shape: _ChunkShape, prompt_tokens: int,
+                  include_usage: bool) -> AsyncIterator[dict]:
+    completion_tokens = 0
+    cached = 0
+    first = [True] * len(streams)
+    async for i, (delta, lp, finish, c, n_new) in _merge(streams):
+        cached = c
+        completion_tokens += n_new
+        chunk = shape.chunk(i, delta, lp, finish, first[i])
+        first[i] = False
+        if include_usage:
+            chunk["usage"] = None
+        yield chunk
+    if include_usage:
+        final = {k: v for k, v in shape.chunk(0, "", [], None, False).items() if k != "choices"}
+        final["choices"] = []
+        final["usage"] = shape.usage(prompt_tokens, completion_tokens, cached)
+        yield final
+
+
+async def _collect(streams, shape: _ChunkShape, prompt_tokens: int) -> dict:
+    texts = [""] * len(streams)
+    lps: list[list] = [[] for _ in streams]
+    finishes: list[str | None] = [None] * len(streams)
+    cached = 0
+    completion_tokens = 0
+    async for i, (delta, lp, finish, c, n_new) in _merge(streams):
+        completion_tokens += n_new
+        texts[i] += delta
+        lps[i].extend(lp)
+        finishes[i] = finish or finishes[i]
+        cached = c
+    choices = []
+    for i, text in enumerate(texts):
+        if shape.chat:
+            choices.append({"index": i, "message": {"role": "assistant", "content": text},
+                            "finish_reason": finishes[i],
+                            "logprobs": {"content": lps[i]} if lps[i] else None})
+        else:
+            choices.append({"index": i, "text": text, "finish_reason": finishes[i],
+                            "logprobs": _completion_logprobs(lps[i]) if lps[i] else None})
+    return {"id": shape.id, "object": "chat.completion" if shape.chat else "text_completion",
+            "created": shape.created, "model": shape.model, "choices": choices,
+            "usage": shape.usage(prompt_tokens, completion_tokens, cached)}
