@@ -1,0 +1,323 @@
+"""KV-cache arithmetic: bytes per token, what fits on a GPU, and what it costs.
+
+Everything here is plain arithmetic on numbers that are either read from a model's
+``config.json`` (shipped in ``workshop/data/models``, each with its source URL) or from a GPU
+datasheet (``workshop/data/gpus.json``). Notebook 02 checks the arithmetic against the live
+engine's own report of its KV capacity.
+
+Two things the usual online calculators get wrong, and this module does not:
+
+* the cache stores keys and values only for the *KV heads* (grouped-query attention shares
+  each KV head between several query heads), not for every attention head;
+* the precision of the cache is a separate choice from the precision of the weights
+  (int4 weights with a bf16 cache is the common case).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_DIR = Path(__file__).parent / "data"
+
+# Bytes per stored number. "int4" weights also carry one bf16 scale per group of 128
+# weights: 0.5 + 2/128 bytes. MXFP4 (gpt-oss experts) stores one 8-bit scale per 32 values.
+WEIGHT_BYTES: dict[str, float] = {
+    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
+    "int4": 0.5 + 2 / 128, "mxfp4": 0.5 + 1 / 32,
+}
+KV_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}
+
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    params: int                      # all weights (what must sit in memory)
+    active_params: int               # weights used per token (< params for mixture-of-experts)
+    attention: str = "gqa"           # "gqa" (covers MHA and MQA) or "mla"
+    kv_lora_rank: int = 0            # MLA only: size of the compressed latent
+    qk_rope_head_dim: int = 0        # MLA only: the shared RoPE key stored next to it
+    sliding_window: int = 0          # 0 = every layer sees the whole context
+    num_sliding_layers: int = 0      # how many layers use the window
+    max_context: int = 0
+    num_experts: int = 0             # routed experts per MoE layer (0 = dense)
+    experts_per_token: int = 0
+    source: str = ""
+
+
+def _from_dict(d: dict, name: str | None = None, source: str = "") -> ModelConfig:
+    heads = d["num_attention_heads"]
+    layer_types = d.get("layer_types") or []
+    n_sliding = d.get("num_sliding_layers", sum(t == "sliding_attention" for t in layer_types))
+    window = d.get("sliding_window") or 0
+    if window and not n_sliding and not layer_types and d.get("use_sliding_window", True):
+        n_sliding = d["num_hidden_layers"]  # e.g. Mistral v0.1: a window on every layer
+    params = int(d.get("params", 0))
+    return ModelConfig(
+        name=name or d.get("name") or d.get("_name_or_path") or "model",
+        num_layers=d["num_hidden_layers"],
+        num_heads=heads,
+        num_kv_heads=d.get("num_key_value_heads") or heads,
+        head_dim=d.get("head_dim") or d["hidden_size"] // heads,
+        params=params,
+        active_params=int(d.get("active_params", params)),
+        attention=d.get("attention") or ("mla" if d.get("kv_lora_rank") else "gqa"),
+        kv_lora_rank=d.get("kv_lora_rank") or 0,
+        qk_rope_head_dim=d.get("qk_rope_head_dim") or 0,
+        sliding_window=window if n_sliding else 0,
+        num_sliding_layers=n_sliding if window else 0,
+        max_context=d.get("max_position_embeddings", 0),
+        num_experts=d.get("n_routed_experts") or d.get("num_local_experts") or 0,
+        experts_per_token=d.get("num_experts_per_tok") or 0,
+        source=d.get("source", source),
+    )
+
+
+def from_hf_config(config: dict | str | Path, name: str | None = None,
+                   params: int = 0) -> ModelConfig:
+    """Build a ``ModelConfig`` from a Hugging Face ``config.json`` (a dict or a path)."""
+    source = ""
+    if not isinstance(config, dict):
+        source = str(config)
+        config = json.loads(Path(config).read_text())
+    d = dict(config)
+    if params:
+        d["params"] = params
+    return _from_dict(d, name=name, source=source)
+
+
+def list_models() -> list[str]:
+    return sorted(p.stem for p in (DATA_DIR / "models").glob("*.json"))
+
+
+def load_model(key: str) -> ModelConfig:
+    """A shipped config by file name, e.g. ``load_model("llama-3.1-8b")``."""
+    path = DATA_DIR / "models" / f"{key}.json"
+    if not path.exists():
+        raise KeyError(f"no shipped config {key!r}; have {list_models()}")
+    return _from_dict(json.loads(path.read_text()))
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    memory_bytes: int
+    bandwidth_bytes_s: float
+    flops: float                    # dense bf16 (or fp16 where there is no bf16) FLOP/s
+    price_usd_hour: float | None
+    spec_source: str
+    price_source: str
+
+
+def load_gpus() -> dict[str, GPU]:
+    data = json.loads((DATA_DIR / "gpus.json").read_text())
+    out = {}
+    for g in data["gpus"]:
+        out[g["name"]] = GPU(
+            name=g["name"],
+            # For these parts the vendor's "GB" is GiB in practice (nvidia-smi shows
+            # 81,559 MiB on an "80GB" H100); the T4's 16 GB drops to 15 GiB with ECC on.
+            memory_bytes=int(g["memory_gb"] * GIB),
+            bandwidth_bytes_s=g["bandwidth_gb_s"] * 1e9,
+            flops=(g.get("bf16_tflops") or g["fp16_tflops"]) * 1e12,
+            price_usd_hour=g.get("price_usd_hour"),
+            spec_source=g["spec_source"],
+            price_source=g.get("price_source", ""),
+        )
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Bytes per token
+# ---------------------------------------------------------------------------------------
+
+def kv_values_per_token_per_layer(cfg: ModelConfig) -> int:
+    """How many numbers one token leaves in the cache of one layer."""
+    if cfg.attention == "mla":
+        if cfg.kv_lora_rank <= 0:
+            raise ValueError(f"{cfg.name}: MLA config without kv_lora_rank")
+        # One compressed latent (shared by K and V, all heads) plus one shared RoPE key.
+        return cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    return 2 * cfg.num_kv_heads * cfg.head_dim          # K and V, per KV head
+
+
+def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str = "bf16") -> float:
+    """Bytes per token with every layer caching every token (no sliding window)."""
+    return cfg.num_layers * kv_values_per_token_per_layer(cfg) * KV_BYTES[kv_dtype]
+
+
+def naive_kv_bytes_per_token(cfg: ModelConfig, weight_dtype: str = "bf16") -> float:
+    """The common mistake: one K and V per *attention* head, at the *weight* precision."""
+    return 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * WEIGHT_BYTES[weight_dtype]
+
+
+def kv_bytes_per_sequence(cfg: ModelConfig, context: int, kv_dtype: str = "bf16") -> float:
+    """Bytes one sequence of ``context`` tokens occupies; sliding layers keep only the window."""
+    per_layer_token = kv_values_per_token_per_layer(cfg) * KV_BYTES[kv_dtype]
+    full_layers = cfg.num_layers - cfg.num_sliding_layers
+    kept_by_sliding = min(context, cfg.sliding_window) if cfg.num_sliding_layers else 0
+    return per_layer_token * (full_layers * context + cfg.num_sliding_layers * kept_by_sliding)
+
+
+def engine_capacity_tokens(kv_space_bytes: int, bytes_per_token: float, block_size: int) -> int:
+    """Tokens a paged engine can hold: whole blocks of ``block_size`` tokens only.
+
+    vLLM divides its KV space into blocks and reports ``num_blocks * block_size``.
+    """
+    num_blocks = int(kv_space_bytes // (bytes_per_token * block_size))
+    return num_blocks * block_size
+
+
+# ---------------------------------------------------------------------------------------
+# Weights and decode-step traffic
+# ---------------------------------------------------------------------------------------
+
+def weight_bytes(cfg: ModelConfig, weight_dtype: str = "bf16") -> float:
+    return cfg.params * WEIGHT_BYTES[weight_dtype]
+
+
+def weights_read_per_step(cfg: ModelConfig, batch: int) -> float:
+    """Parameters a decode step must read for ``batch`` tokens.
+
+    Dense model: all of them, whatever the batch. Mixture-of-experts: the always-used part
+    plus the experts at least one of the ``batch`` tokens was routed to. With uniform routing
+    an expert is untouched by one token with probability 1 - k/E, by ``batch`` tokens with
+    (1 - k/E)**batch. The expert and shared sizes follow from total and active counts:
+    total - active = experts * (1 - k/E).
+    """
+    if not cfg.num_experts or cfg.active_params >= cfg.params:
+        return float(cfg.params)
+    frac = cfg.experts_per_token / cfg.num_experts
+    experts = (cfg.params - cfg.active_params) / (1 - frac)
+    shared = cfg.params - experts
+    touched = 1 - (1 - frac) ** max(batch, 1)
+    return shared + experts * touched
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one deployment can do. Speeds are upper bounds from bandwidth and FLOP/s."""
+    model: str
+    gpu: str
+    num_gpus: int
+    weight_dtype: str
+    kv_dtype: str
+    context: int
+    users: int
+    weight_bytes: float
+    kv_bytes_per_token: float        # averaged over the context (sliding layers included)
+    kv_bytes_per_user: float
+    memory_for_kv: float             # after weights and the reserved fraction
+    fits: bool
+    max_users: int                   # at this context
+    max_context: int                 # for this many users
+    step_bytes: float                # bytes read by one decode step for all users
+    decode_tok_s_per_user: float     # bound: min(bandwidth, compute)
+    decode_tok_s_total: float
+    bound_by: str                    # "memory bandwidth" or "compute"
+    usd_per_million_tokens: float | None
+
+
+def plan(cfg: ModelConfig, gpu: GPU, *, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+         context: int = 4096, users: int = 1, num_gpus: int = 1,
+         memory_utilization: float = 0.9, price_usd_hour: float | None = None) -> Plan:
+    """Does ``users`` x ``context`` fit, and how fast / cheap can decoding be at best?
+
+    ``memory_utilization`` is the share of GPU memory the engine may use (vLLM's
+    ``--gpu-memory-utilization``, default 0.9); activations and the CUDA context live in the
+    rest. Tensor parallelism over ``num_gpus`` splits weights and KV and adds bandwidth and
+    FLOP/s; communication costs are ignored, so the bounds are optimistic.
+    """
+    if users < 1 or context < 1:
+        raise ValueError("users and context must be >= 1")
+    memory = gpu.memory_bytes * num_gpus * memory_utilization
+    bandwidth = gpu.bandwidth_bytes_s * num_gpus
+    flops = gpu.flops * num_gpus
+    w_bytes = weight_bytes(cfg, weight_dtype)
+    kv_user = kv_bytes_per_sequence(cfg, context, kv_dtype)
+    free = memory - w_bytes
+    max_users = max(int(free // kv_user), 0) if free > 0 else 0
+    max_ctx = max_context_for(cfg, free, users, kv_dtype)
+    fits = free > 0 and users <= max_users and (not cfg.max_context or context <= cfg.max_context)
+
+    # One decode step reads the weights once (shared by all users in the batch) and every
+    # user's whole KV cache (not shared), and produces one token per user.
+    step_bytes = (weights_read_per_step(cfg, users) * WEIGHT_BYTES[weight_dtype]
+                  + users * kv_user)
+    memory_time = step_bytes / bandwidth
+    compute_time = users * 2 * cfg.active_params / flops   # 2 FLOPs per weight per token
+    step_time = max(memory_time, compute_time)
+    per_user = 1 / step_time
+    total = users * per_user
+    price = price_usd_hour if price_usd_hour is not None else gpu.price_usd_hour
+    cost = None if price is None or not fits else price * num_gpus / (total * 3600) * 1e6
+    return Plan(
+        model=cfg.name, gpu=gpu.name, num_gpus=num_gpus, weight_dtype=weight_dtype,
+        kv_dtype=kv_dtype, context=context, users=users, weight_bytes=w_bytes,
+        kv_bytes_per_token=kv_user / context, kv_bytes_per_user=kv_user, memory_for_kv=free,
+        fits=fits, max_users=max_users, max_context=max_ctx, step_bytes=step_bytes,
+        decode_tok_s_per_user=per_user, decode_tok_s_total=total,
+        bound_by="memory bandwidth" if memory_time >= compute_time else "compute",
+        usd_per_million_tokens=cost,
+    )
+
+
+def max_context_for(cfg: ModelConfig, kv_space_bytes: float, users: int,
+                    kv_dtype: str = "bf16") -> int:
+    """Longest context such that ``users`` sequences fit in ``kv_space_bytes`` (0 if none).
+
+    Bisection, because sliding-window layers make bytes-per-sequence non-linear in context.
+    Capped at the model's ``max_position_embeddings`` when known.
+    """
+    if kv_space_bytes <= 0:
+        return 0
+    cap = cfg.max_context or 10**8
+    def fits(n: int) -> bool:
+        return users * kv_bytes_per_sequence(cfg, n, kv_dtype) <= kv_space_bytes
+    if fits(cap):
+        return cap
+    lo, hi = 0, cap            # fits(lo) is True (0 bytes), fits(hi) is False
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo
+
+
+def human_bytes(n: float) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def plan_summary(p: Plan) -> str:
+    """A few readable lines for a notebook."""
+    verdict = "FITS" if p.fits else "DOES NOT FIT"
+    cost = (f"${p.usd_per_million_tokens:,.3f} per million output tokens (at best)"
+            if p.usd_per_million_tokens is not None else "cost: n/a")
+    return "\n".join([
+        f"{p.model} on {p.num_gpus} x {p.gpu}: weights {p.weight_dtype}, KV cache {p.kv_dtype}",
+        f"  weights {human_bytes(p.weight_bytes)}; KV per user at {p.context:,} tokens "
+        f"{human_bytes(p.kv_bytes_per_user)} ({p.kv_bytes_per_token:,.0f} B/token)",
+        f"  room for KV {human_bytes(max(p.memory_for_kv, 0))} -> {verdict} for {p.users} users; "
+        f"max users at this context {p.max_users:,}; max context for {p.users} users "
+        f"{p.max_context:,}",
+        f"  decode bound: {p.decode_tok_s_per_user:,.1f} tok/s per user, "
+        f"{p.decode_tok_s_total:,.0f} tok/s total ({p.bound_by}-bound); {cost}",
+    ])
+
+
+__all__ = [
+    "ModelConfig", "GPU", "Plan", "WEIGHT_BYTES", "KV_BYTES", "load_model", "list_models",
+    "load_gpus", "from_hf_config", "kv_bytes_per_token", "naive_kv_bytes_per_token",
+    "kv_bytes_per_sequence", "kv_values_per_token_per_layer", "engine_capacity_tokens",
+    "weight_bytes", "weights_read_per_step", "plan", "plan_summary", "max_context_for",
+    "human_bytes",
+]
