@@ -104,8 +104,7 @@ class LocalEngine(Engine):
                 messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
         except Exception as exc:  # a template may reject e.g. two system messages
             raise EngineError(400, f"chat template rejected the messages: {exc}") from exc
-        logprobs = request.top_logprobs or 0 if request.logprobs else None
-        return await self._serve(request, list(prompt_ids), logprobs, chat=True)
+        return await self._serve(request, list(prompt_ids), request.num_logprobs, chat=True)
 
     async def complete(self, request: CompletionRequest):
         prompt = request.prompt
@@ -119,7 +118,7 @@ class LocalEngine(Engine):
             prompt_ids = self.tokenizer.encode(prompt)
         if not prompt_ids:
             raise EngineError(400, "prompt is empty", param="prompt")
-        return await self._serve(request, prompt_ids, request.logprobs, chat=False)
+        return await self._serve(request, prompt_ids, request.num_logprobs, chat=False)
 
     def _sampling_params(self, request, prompt_len: int, logprobs: int | None) -> SamplingParams:
         room = self.max_model_len - prompt_len
@@ -135,7 +134,8 @@ class LocalEngine(Engine):
                               f"tokens. However, you requested {prompt_len + max_tokens} tokens "
                               f"({prompt_len} in the prompt, {max_tokens} for the completion).",
                               param="max_tokens")
-        stop_ids = [self.tokenizer.eos_token_id] if self.tokenizer.eos_token_id is not None else []
+        eos = self.tokenizer.eos_token_id
+        stop_ids = [eos] if eos is not None and not request.ignore_eos else []
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=1.0 if request.temperature is None else request.temperature,
@@ -186,8 +186,8 @@ class LocalEngine(Engine):
                     t_last = now
                 self.metrics.generation_tokens.inc(len(step.token_ids))
                 out_ids.extend(step.token_ids)
-                emitted = [t for t in out_ids if t not in params.stop_token_ids or params.ignore_eos]
-                text = self.tokenizer.decode(emitted, skip_special_tokens=True)
+                text = self.tokenizer.decode(
+                    [t for t in out_ids if t not in params.stop_token_ids], skip_special_tokens=True)
                 pending += len(step.token_ids)
                 if text.endswith("\ufffd") and not step.finish_reason:
                     continue  # half a UTF-8 character: wait for the next token

@@ -1,0 +1,40 @@
+"""``python -m reference_server`` / ``reference-server``: start the engine and serve it."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+
+import uvicorn
+
+from reference_server.app import create_app
+from reference_server.config import parse_args
+
+
+async def serve(argv: list[str] | None = None) -> int:
+    config = parse_args(argv)
+    logging.basicConfig(level=config.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    app = create_app(config)
+    server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
+                                           log_level=config.log_level, access_log=False,
+                                           timeout_graceful_shutdown=10))
+    state = app.state.server
+
+    async def exit_on_fatal() -> None:
+        await state.fatal.wait()
+        server.should_exit = True
+
+    watcher = asyncio.create_task(exit_on_fatal())
+    await server.serve()
+    watcher.cancel()
+    return 1 if state.fatal.is_set() else 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    sys.exit(asyncio.run(serve(argv)))
+
+
+if __name__ == "__main__":   # vLLM's engine core is a spawned process: keep this guard
+    main()

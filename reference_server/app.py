@@ -1,0 +1,354 @@
+"""The HTTP layer: OpenAI-compatible routes, validation, auth, errors, metrics.
+
+It owns no model. It validates every request itself (so every engine refuses bad input the
+same way), hands it to the engine, and relays the answer: JSON, or server-sent events.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from typing import AsyncIterator
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from reference_server import __version__
+from reference_server.config import ServerConfig
+from reference_server.engines import Engine, EngineDied, EngineError, create_engine
+from reference_server.metrics import ServerMetrics
+from reference_server.protocol import (ChatCompletionRequest, CompletionRequest, RequestLimits,
+                                       check_limits)
+
+log = logging.getLogger("reference_server")
+
+
+def error_response(status: int, message: str, type: str = "invalid_request_error",
+                   param: str | None = None, code: str | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content={
+        "error": {"message": message, "type": type, "param": param, "code": code}})
+
+
+class ServerState:
+    """What the routes share: the engine, its start-up outcome, limits, counters."""
+
+    def __init__(self, config: ServerConfig, engine: Engine | None = None) -> None:
+        self.config = config
+        self.engine = engine
+        self.model_names: set[str] = set()
+        self.served_name = config.served_model_name or ""
+        self.start_error: str | None = None
+        self.started = asyncio.Event()
+        self.fatal = asyncio.Event()          # set when start-up failed: __main__ exits
+        self.metrics = ServerMetrics()
+        self.limits = RequestLimits(max_n=config.max_n, max_logprobs=config.max_logprobs)
+
+    async def start_engine(self) -> None:
+        try:
+            if self.engine is None:
+                from workshop.models import resolve_model
+                model = await asyncio.to_thread(resolve_model, self.config.model)
+                self.engine = create_engine(self.config, model)
+            await self.engine.start()
+            info = self.engine.info()
+            self.served_name = info.model
+            self.model_names = {info.model, info.model_path, self.config.model}
+            self.metrics.engine_up.set(1)
+            log.info("engine %s ready: model %s on %s", info.engine, info.model, info.device)
+        except Exception as exc:  # reported on /health and by the exit code, never hidden
+            self.start_error = f"{type(exc).__name__}: {exc}"
+            log.exception("engine failed to start")
+            self.fatal.set()
+        finally:
+            self.started.set()
+
+    def engine_problem(self) -> JSONResponse | None:
+        """The 503 to answer while the engine cannot serve, or None when it can."""
+        if self.start_error:
+            return error_response(503, f"engine failed to start: {self.start_error}",
+                                  "engine_unavailable")
+        if self.engine is None or not self.engine.ready:
+            try:
+                if self.engine is not None:
+                    self.engine.check()
+            except EngineDied as exc:
+                self.metrics.engine_up.set(0)
+                return error_response(503, str(exc), "engine_died")
+            return error_response(503, "engine is still loading; poll /ready",
+                                  "engine_unavailable")
+        try:
+            self.engine.check()
+        except EngineDied as exc:
+            self.metrics.engine_up.set(0)
+            return error_response(503, str(exc), "engine_died")
+        return None
+
+
+def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
+    state = ServerState(config, engine)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        # The engine loads in the background so /health answers at once and /ready tells
+        # when serving can begin (vLLM takes tens of seconds on a CPU).
+        task = asyncio.create_task(state.start_engine())
+        yield
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        if state.engine is not None:
+            await state.engine.stop()
+
+    app = FastAPI(title="LLM-inference workshop reference server", version=__version__,
+                  lifespan=lifespan)
+    app.state.server = state
+
+    # ---- errors: always the OpenAI shape ------------------------------------------------
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException):
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return error_response(exc.status_code, str(exc.detail), kind)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError):
+        return error_response(400, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _internal_error(request: Request, exc: Exception):
+        log.exception("unhandled error on %s", request.url.path)
+        return error_response(500, f"internal error: {type(exc).__name__}", "server_error")
+
+    app.add_middleware(GuardMiddleware, state=state)
+
+    # ---- liveness, readiness, description ----------------------------------------------
+    @app.get("/health")
+    async def health():
+        # Alive while loading; unhealthy only once start-up failed or the engine died.
+        problem = state.engine_problem() if state.started.is_set() else None
+        return problem or {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        return state.engine_problem() or {"status": "ready", "model": state.served_name}
+
+    @app.get("/server_info")
+    async def server_info():
+        problem = state.engine_problem()
+        if problem:
+            return problem
+        info = state.engine.info().to_dict()
+        info["server_version"] = __version__
+        info["limits"] = {"max_body_bytes": config.max_body_bytes, "max_n": config.max_n,
+                          "max_logprobs": config.max_logprobs}
+        return info
+
+    @app.get("/v1/models")
+    async def models():
+        problem = state.engine_problem()
+        if problem:
+            return problem
+        info = state.engine.info()
+        return {"object": "list", "data": [{
+            "id": info.model, "object": "model", "created": int(time.time()),
+            "owned_by": "llm-inference-workshop", "root": info.model_path, "parent": None,
+            "max_model_len": info.max_model_len}]}
+
+    @app.get("/metrics")
+    async def metrics():
+        text = state.metrics.render()
+        if state.engine is not None and state.engine.ready:
+            try:
+                text = await state.engine.metrics_text() + text
+            except Exception as exc:  # a dead engine still lets us report our own counters
+                log.warning("could not read engine metrics: %s", exc)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.post("/reset_prefix_cache")
+    async def reset_prefix_cache():
+        problem = state.engine_problem()
+        if problem:
+            return problem
+        return {"success": await state.engine.reset_prefix_cache()}
+
+    # ---- generation --------------------------------------------------------------------
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await generate(request, ChatCompletionRequest, "chat")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await generate(request, CompletionRequest, "complete")
+
+    async def generate(request: Request, schema, method: str) -> Response:
+        body = await _read_body(request, config.max_body_bytes)
+        if isinstance(body, Response):
+            return body
+        try:
+            parsed = schema.model_validate_json(body)
+        except ValidationError as exc:
+            return error_response(400, _validation_message(exc), param=_first_loc(exc))
+        if parsed.model not in state.model_names and state.model_names:
+            return error_response(404, f"The model `{parsed.model}` does not exist; this server "
+                                  f"serves `{state.served_name}`.", "not_found_error",
+                                  param="model", code="model_not_found")
+        broken = check_limits(parsed, state.limits)
+        if broken:
+            return error_response(400, broken[1], param=broken[0])
+        problem = state.engine_problem()
+        if problem:
+            return problem
+        state.metrics.in_flight.inc()
+        try:
+            result = await _unless_disconnected(request, getattr(state.engine, method)(parsed))
+        except EngineError as exc:
+            state.metrics.in_flight.dec()
+            return JSONResponse(status_code=exc.status_code, content=exc.body())
+        except EngineDied as exc:
+            state.metrics.in_flight.dec()
+            return error_response(503, str(exc), "engine_died")
+        except BaseException:
+            state.metrics.in_flight.dec()
+            raise
+        if isinstance(result, dict):
+            state.metrics.in_flight.dec()
+            return JSONResponse(result)
+        return StreamingResponse(_sse(result, state), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    return app
+
+
+class GuardMiddleware:
+    """Auth and the body-size cap, before any route runs; counts /v1 answers by status.
+
+    Plain ASGI rather than ``BaseHTTPMiddleware``: it adds nothing to a streamed response's
+    path, which matters for the proxy's overhead budget.
+    """
+
+    def __init__(self, app, state: ServerState) -> None:
+        self.app = app
+        self.state = state
+        key = state.config.api_key
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        path = scope["path"]
+        headers = dict(scope["headers"])
+        problem = None
+        if self.expected and (path.startswith("/v1/") or path == "/reset_prefix_cache"):
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+                problem = error_response(
+                    401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
+                    "authentication_error", code="invalid_api_key")
+        length = headers.get(b"content-length", b"")
+        limit = self.state.config.max_body_bytes
+        if problem is None and length.isdigit() and int(length) > limit:
+            problem = error_response(413, f"request body is {int(length)} bytes; the limit is "
+                                     f"{limit}", code="request_too_large")
+        status = problem.status_code if problem else 0
+
+        async def counting_send(message):
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        if problem is not None:
+            await problem(scope, receive, send)
+        else:
+            await self.app(scope, receive, counting_send)
+        if path.startswith("/v1/"):
+            self.state.metrics.requests.labels(endpoint=path, status=str(status)).inc()
+
+
+async def _read_body(request: Request, limit: int) -> bytes | Response:
+    """Read the body with a size cap (chunked uploads carry no Content-Length to check)."""
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            return error_response(413, f"request body exceeds the limit of {limit} bytes",
+                                  code="request_too_large")
+        chunks.append(chunk)
+    body = b"".join(chunks)
+    if not body:
+        return error_response(400, "request body is empty; send a JSON object")
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError:
+        return error_response(400, "request body is not valid UTF-8")
+    try:
+        if not isinstance(json.loads(body), dict):
+            return error_response(400, "request body must be a JSON object")
+    except ValueError as exc:
+        return error_response(400, f"request body is not valid JSON: {exc}")
+    return body
+
+
+def _validation_message(exc: ValidationError) -> str:
+    parts = []
+    for e in exc.errors()[:5]:
+        loc = ".".join(str(x) for x in e["loc"]) or "body"
+        parts.append(f"{loc}: {e['msg']}")
+    return "; ".join(parts)
+
+
+def _first_loc(exc: ValidationError) -> str | None:
+    errs = exc.errors()
+    return ".".join(str(x) for x in errs[0]["loc"]) if errs and errs[0]["loc"] else None
+
+
+async def _unless_disconnected(request: Request, work):
+    """Await ``work`` but cancel it if the client hangs up first, so a non-streaming request
+    whose client left does not keep generating (streams are cancelled by Starlette)."""
+    task = asyncio.ensure_future(work)
+
+    async def hung_up():
+        while True:
+            if (await request.receive())["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(hung_up())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task in done:
+        return task.result()
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    raise asyncio.CancelledError("client disconnected")
+
+
+async def _sse(stream: AsyncIterator, state: ServerState) -> AsyncIterator[bytes]:
+    """Frame engine output as server-sent events. Proxies already send framed bytes."""
+    finished = False
+    framed = False
+    try:
+        async for item in stream:
+            if isinstance(item, bytes):
+                yield item
+            else:
+                framed = True
+                yield b"data: " + json.dumps(item, separators=(",", ":")).encode() + b"\n\n"
+        if framed:
+            yield b"data: [DONE]\n\n"
+        finished = True
+    except (EngineError, EngineDied) as exc:
+        finished = True
+        body = exc.body() if isinstance(exc, EngineError) else {
+            "error": {"message": str(exc), "type": "engine_died", "param": None, "code": None}}
+        yield b"data: " + json.dumps(body).encode() + b"\n\n"
+    finally:
+        if not finished:
+            state.metrics.disconnects.inc()
+        state.metrics.in_flight.dec()
+        await stream.aclose()

