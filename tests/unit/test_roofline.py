@@ -1,0 +1,100 @@
+"""Roofline arithmetic, and the measurement helpers' bookkeeping (not their speed)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from workshop import roofline as rl
+from workshop.kvcache import load_model
+
+
+def test_roof_is_min_of_bandwidth_and_peak():
+    peak, bw = 1e12, 1e11                      # ridge at 10 FLOP/byte
+    assert rl.ridge_intensity(peak, bw) == 10
+    assert rl.attainable_flops(1.0, peak, bw) == pytest.approx(1e11)
+    assert rl.attainable_flops(100.0, peak, bw) == pytest.approx(1e12)
+    ys = rl.attainable_flops(np.array([0.5, 10, 20]), peak, bw)
+    assert list(ys) == [5e10, 1e12, 1e12]
+
+
+def test_batch1_decode_intensity_is_about_one_flop_per_byte_at_bf16():
+    # 2 FLOPs per weight, 2 bytes per weight: ~1 FLOP/byte, plus a little attention.
+    cfg = load_model("llama-3.1-8b")
+    i = rl.decode_intensity(cfg, batch=1, context=1)
+    assert 0.99 < i < 1.05
+    # int4 weights read 4x fewer bytes for the same FLOPs.
+    assert rl.decode_intensity(cfg, 1, 1, weight_dtype="int4") == pytest.approx(4 * i, rel=0.05)
+
+
+def test_decode_intensity_grows_with_batch_but_kv_reads_cap_it():
+    cfg = load_model("smollm2-135m")
+    xs = [rl.decode_intensity(cfg, b, context=1024) for b in (1, 2, 8, 64, 512, 4096)]
+    assert xs == sorted(xs)
+    # With a huge batch the step is dominated by each sequence's own KV reads, whose
+    # intensity is fixed: per token, attention FLOPs / KV bytes.
+    per_token_cap = rl.flops_per_token(cfg, 1024) / (1024 * 23_040)
+    assert xs[-1] < per_token_cap
+
+
+def test_prefill_intensity_is_about_prompt_length():
+    cfg = load_model("llama-3.1-8b")
+    i = rl.prefill_intensity(cfg, 512)
+    assert 400 < i < 600
+
+
+def test_points_convert_tokens_to_flops():
+    cfg = load_model("smollm2-135m")
+    p = rl.decode_point(cfg, batch=4, context=100, tokens_per_s=50.0)
+    assert p.flops == pytest.approx(50.0 * rl.flops_per_token(cfg, 100))
+    assert p.intensity == pytest.approx(rl.decode_intensity(cfg, 4, 100))
+    q = rl.prefill_point(cfg, prompt_tokens=256, tokens_per_s=1000.0)
+    assert q.flops == pytest.approx(1000.0 * rl.flops_per_token(cfg, 128))
+
+
+def test_decode_bound_batch1_equals_bandwidth_over_bytes():
+    cfg = load_model("mistral-7b")
+    m = rl.Machine("gpu", bandwidth=2e12, flops=1e15)
+    bound = rl.decode_bound_tokens_per_s(cfg, m, batch=1, context=1)
+    bytes_per_step = cfg.params * 2 + 2 * 32 * 8 * 128 * 2
+    assert bound == pytest.approx(2e12 / bytes_per_step, rel=1e-6)
+
+
+def test_measurement_bookkeeping(monkeypatch):
+    # Fix the timer so the byte and FLOP counts themselves are what is tested.
+    monkeypatch.setattr(rl, "_best_time", lambda fn, repeats: (fn(), 0.5)[1])
+    assert rl.measure_read_bandwidth(mib=4) == pytest.approx(4 * 2**20 / 0.5)
+    assert rl.measure_copy_bandwidth(mib=4) == pytest.approx(2 * 4 * 2**20 / 0.5)
+    assert rl.measure_matmul_flops(n=64) == pytest.approx(2 * 64**3 / 0.5)
+
+
+def test_measurements_run_and_are_finite():
+    bw = rl.measure_read_bandwidth(mib=8, repeats=1)
+    fl = rl.measure_matmul_flops(n=128, repeats=1, dtype="float32")
+    assert math.isfinite(bw) and bw > 0 and math.isfinite(fl) and fl > 0
+
+
+def test_plot_roofline_draws(tmp_path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots()
+    m = rl.Machine("toy", bandwidth=1e10, flops=1e11)
+    rl.plot_roofline(ax, m, [rl.Point("p", 2.0, 1e10, 1.0)])
+    assert len(ax.lines) >= 3          # roof, ridge line, point
+    fig.savefig(tmp_path / "roof.png")
+    plt.close(fig)
+
+
+def test_time_decode_step_runs_on_a_tiny_model():
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(cfg).eval()
+    cached = rl.time_decode_step(model, context=32, use_cache=True, repeats=2)
+    full = rl.time_decode_step(model, context=32, use_cache=False, repeats=1)
+    assert cached > 0 and full > 0
