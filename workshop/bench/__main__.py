@@ -1,0 +1,20 @@
+"""``python -m workshop.bench ...`` (same as ``workshop bench ...``)."""
+
+import argparse
+import sys
+
+from .cli import add_subcommands
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m workshop.bench")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_subcommands(sub)
+    args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
+    if getattr(args, "concurrency", None) == 0:
+        args.concurrency = None
+    return args.func(args) or 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,140 @@
+"""``run_benchmark``: one run of one workload under one load against one server."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import threading
+import time
+from datetime import datetime, timezone
+from typing import Any
+
+from .client import Load, OpenAIClient, Runner
+from .metrics import SLO, summarize
+from .results import BenchResult, local_environment, server_environment
+from .server_metrics import MetricsScraper
+from .workloads import Request, Tokenizer, Workload, build_workload, exact_filler, token_stats
+
+
+def _warmup_requests(tok: Tokenizer, n: int, seed: int) -> list[Request]:
+    rng = random.Random(f"warmup/{seed}")
+    return [Request(8, prompt=exact_filler(tok, rng, 32), tag="warmup") for _ in range(n)]
+
+
+async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "random", num_requests: int = 32,
+                         concurrency: int | None = 8, request_rate: float | None = None, burstiness: float = 1.0,
+                         api_key: str | None = None, seed: int = 0, warmup: int = 2,
+                         slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
+                         slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None,
+                         progress: bool = True, output_dir: str | None = None, label: str | None = None,
+                         tokenizer: str | None = None, timeout_s: float = 600.0, ignore_eos: bool = True,
+                         extra_body: dict | None = None, scrape_metrics: bool = True,
+                         environment: bool = True, **workload_kwargs: Any) -> BenchResult:
+    """The async form of ``run_benchmark`` (for code already inside an event loop)."""
+    if isinstance(workload, Workload):
+        wl = workload
+        tok = wl.tokenizer or Tokenizer.load(model, tokenizer)
+    else:
+        tok = Tokenizer.load(model, tokenizer)
+        wl = build_workload(workload, tok, num_requests=num_requests, seed=seed, **workload_kwargs)
+    load = Load(concurrency=concurrency, request_rate=request_rate, burstiness=burstiness, seed=seed)
+    slo = SLO(ttft_ms=slo_ttft_ms, itl_ms=slo_itl_ms, tpot_ms=slo_tpot_ms, e2e_ms=slo_e2e_ms)
+    config = {"label": label, "base_url": base_url, "model": model, "workload": wl.name,
+              "workload_params": wl.params, "num_sessions": len(wl.sessions), "concurrency": concurrency,
+              "request_rate": request_rate, "burstiness": burstiness, "seed": seed, "warmup": warmup,
+              "slo": {k: v for k, v in vars(slo).items() if v is not None}, "ignore_eos": ignore_eos,
+              "extra_body": extra_body, "tokenizer": tok.name,
+              "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+        bar = tqdm(total=sum(s.expected_requests() for s in wl.sessions), desc=f"{wl.name}", unit="req")
+
+    def done(rec) -> None:
+        if bar is not None and not rec.warmup:
+            bar.update(1)
+            if rec.error:
+                bar.set_postfix(errors=sum(1 for r in runner.log.records if r.error and not r.warmup))
+
+    async with OpenAIClient(base_url, model, api_key, timeout_s, ignore_eos, extra_body) as client:
+        env: dict[str, Any] = {}
+        if environment:
+            env = local_environment()
+            env["server"] = await server_environment(client.session, client.base_url, client.headers)
+        runner = Runner(client, done)
+        if warmup:
+            await runner.warmup(_warmup_requests(tok, warmup, seed))
+        scraper = MetricsScraper(client.session, client.base_url, client.headers)
+        if scrape_metrics:
+            scraper.samples.before = await scraper.scrape()
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(scraper.sample_until(stop, runner.clock)) if scrape_metrics else None
+        wall0 = time.time()
+        try:
+            await runner.run(wl.sessions, load)
+        finally:
+            stop.set()
+            if sampler is not None:
+                await sampler
+            if bar is not None:
+                bar.close()
+        if scrape_metrics:
+            scraper.samples.after = await scraper.scrape()
+    config["wall_seconds"] = time.time() - wall0
+
+    records = runner.log.records
+    summary = summarize(records, slo)
+    summary["server"] = scraper.samples.summary()
+    measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup]
+    summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions), **token_stats(measured, tok)}
+    summary["offered_rate"] = request_rate
+    result = BenchResult(config=config, summary=summary, records=records, environment=env)
+    if output_dir is not None:
+        result.save(output_dir)
+    return result
+
+
+def run_benchmark(base_url: str, model: str, workload: str | Workload = "random", num_requests: int = 32,
+                  concurrency: int | None = 8, request_rate: float | None = None, burstiness: float = 1.0,
+                  api_key: str | None = None, seed: int = 0, warmup: int = 2,
+                  slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
+                  progress: bool = True, output_dir: str | None = None, **kwargs: Any) -> BenchResult:
+    """Benchmark one OpenAI-compatible server with one workload; see docs/benchmarking.md.
+
+    ``base_url`` is the server root (no ``/v1``). Closed loop at ``concurrency`` when
+    ``request_rate`` is None, else open loop (Poisson for ``burstiness`` 1, gamma otherwise),
+    capped at ``concurrency`` unless that is None. ``warmup`` short requests go first and are
+    excluded. Extra keyword arguments go to ``arun_benchmark`` (``label``, ``tokenizer``,
+    ``slo_tpot_ms``, ``slo_e2e_ms``, ``extra_body``, ...) or to the workload builder
+    (``input_len``, ``output_len``, ``num_groups``, ``branches``, ...). Works inside Jupyter:
+    when an event loop is already running, the run happens on a helper thread.
+    """
+    coro = arun_benchmark(base_url, model, workload, num_requests, concurrency, request_rate, burstiness,
+                          api_key, seed, warmup, slo_ttft_ms, slo_itl_ms, progress=progress,
+                          output_dir=output_dir, **kwargs)
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return _run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = _run(coro)
+        except BaseException as e:  # re-raised on the caller's thread
+            box["error"] = e
+    t = threading.Thread(target=target, name="bench-run")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+def _run(coro):
+    try:
+        import uvloop  # a faster event loop means less schedule lag at high rates
+        return uvloop.run(coro)
+    except ImportError:
+        return asyncio.run(coro)
