@@ -1,0 +1,90 @@
+"""Weight-only quantized linear layers: int8 per output channel, int4 per group.
+
+Activations stay in floating point; only the stored weights shrink (4x and ~7x smaller than
+fp32). On a memory-bound decode step the weights are most of the bytes read, which is why
+weight-only quantization is the first thing people try. The matmul here dequantizes the
+weight to the activation dtype first, so these layers teach *accuracy and memory*, not speed:
+fast int kernels (Marlin, AWQ, llama.cpp's Q4) fuse the dequantization into the matmul.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class Int8Linear:
+    """``y = x @ (q * scale)^T`` with ``q`` int8 and one fp scale per output row (symmetric)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        w = weight.float()
+        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+        self.qweight = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
+        self.scale = scale
+        self.bias = bias
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        return (self.qweight.float() * self.scale).to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantize(x.dtype), self.bias)
+
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scale.numel() * 4
+
+
+class Int4Linear:
+    """Asymmetric 4-bit weights in groups of ``group_size`` input columns; two values per
+    byte. Each group stores its own scale and zero point, which is what keeps 4 bits usable:
+    one outlier only spoils its own group."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 64):
+        out_f, in_f = weight.shape
+        if in_f % group_size or group_size % 2:
+            raise ValueError(f"in_features {in_f} not divisible by group size {group_size}")
+        w = weight.float().reshape(out_f, in_f // group_size, group_size)
+        lo, hi = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
+        scale = ((hi - lo) / 15.0).clamp(min=1e-8)
+        zero = torch.round(-lo / scale)
+        q = torch.round(w / scale + zero).clamp(0, 15).to(torch.uint8).reshape(out_f, in_f)
+        self.packed = q[:, 0::2] | (q[:, 1::2] << 4)        # low nibble: even column
+        self.scale, self.zero = scale, zero
+        self.shape, self.group_size, self.bias = (out_f, in_f), group_size, bias
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        out_f, in_f = self.shape
+        q = torch.stack([self.packed & 0xF, self.packed >> 4], dim=2).reshape(out_f, in_f)
+        w = (q.float().reshape(out_f, -1, self.group_size) - self.zero) * self.scale
+        return w.reshape(out_f, in_f).to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantize(x.dtype), self.bias)
+
+    def nbytes(self) -> int:
+        return self.packed.numel() + (self.scale.numel() + self.zero.numel()) * 4
+
+
+class DenseLinear:
+    """The unquantized layer, with the same call shape as the quantized ones."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
+        self.weight, self.bias = weight, bias
+
+    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
+        return self.weight.to(dtype)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quant: str | None):
+    if quant in (None, "none"):
+        return DenseLinear(weight, bias)
+    if quant == "int8":
+        return Int8Linear(weight, bias)
+    if quant == "int4":
+        return Int4Linear(weight, bias)
+    raise ValueError(f"unknown quantization {quant!r}: none | int8 | int4")
