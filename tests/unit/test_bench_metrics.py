@@ -1,0 +1,115 @@
+"""Every metric of workshop.bench.metrics on hand-computed request timelines."""
+
+import math
+
+import pytest
+
+from workshop.bench.metrics import SLO, RequestRecord, duration, mean_concurrency, stats, summarize
+
+
+def rec(i, scheduled, sent, chunks, end, out=None, prompt=10, error=None, warmup=False, cached=None):
+    return RequestRecord(index=i, scheduled=scheduled, sent=sent, first_token=chunks[0] if chunks else None,
+                         end=end, chunk_times=list(chunks), prompt_tokens=prompt,
+                         output_tokens=len(chunks) if out is None else out, error=error, warmup=warmup,
+                         cached_tokens=cached)
+
+
+# Request A: scheduled 0.0, sent 0.001, chunks at 0.2, 0.3, 0.5, end 0.5, 3 tokens.
+#   TTFT 200 ms, E2E 500 ms, TPOT (500-200)/2 = 150 ms, ITL gaps 100, 200 ms.
+# Request B: scheduled 1.0, sent 1.003, chunks at 1.1, 1.15 (usage says 5 tokens), end 1.2.
+#   TTFT 100 ms, E2E 200 ms, TPOT (200-100)/4 = 25 ms, ITL gap 50 ms.
+A = rec(0, 0.0, 0.001, [0.2, 0.3, 0.5], 0.5, prompt=10)
+B = rec(1, 1.0, 1.003, [1.1, 1.15], 1.2, out=5, prompt=20)
+
+
+def test_per_request_metrics():
+    assert A.ttft == pytest.approx(0.2)
+    assert A.e2e == pytest.approx(0.5)
+    assert A.tpot == pytest.approx(0.15)
+    assert A.itls == pytest.approx([0.1, 0.2])
+    assert A.schedule_lag == pytest.approx(0.001)
+    # TPOT divides by output tokens (from usage), not by chunks: chunks may carry several tokens
+    assert B.tpot == pytest.approx(0.025)
+    assert B.itls == pytest.approx([0.05])
+
+
+def test_tpot_undefined_for_one_token():
+    r = rec(0, 0.0, 0.0, [0.3], 0.3)
+    assert r.tpot is None and r.itls == []
+
+
+def test_latency_is_measured_from_scheduled_not_sent():
+    late = rec(0, scheduled=0.0, sent=0.4, chunks=[0.5], end=0.5)
+    assert late.ttft == pytest.approx(0.5)
+    assert late.schedule_lag == pytest.approx(0.4)
+
+
+def test_stats_percentiles_match_hand_values():
+    s = stats([1, 2, 3, 4], scale=1000)
+    assert s["mean"] == pytest.approx(2500)
+    assert s["median"] == pytest.approx(2500)
+    # numpy linear interpolation: p90 of [1,2,3,4] = 1 + 0.9*3 = 3.7
+    assert s["p90"] == pytest.approx(3700)
+    assert s["p95"] == pytest.approx(3850)
+    assert s["p99"] == pytest.approx(3970)
+    assert stats([])["p99"] is None
+
+
+def test_duration_and_concurrency():
+    # span: first scheduled 0.0 -> last end 1.2
+    assert duration([A, B]) == pytest.approx(1.2)
+    # in flight: A 0.001..0.5 (0.499) + B 1.003..1.2 (0.197) over 1.2 s
+    assert mean_concurrency([A, B]) == pytest.approx((0.499 + 0.197) / 1.2)
+
+
+def test_summary_numbers():
+    s = summarize([A, B])
+    assert s["completed"] == 2 and s["errors"] == 0
+    assert s["duration_s"] == pytest.approx(1.2)
+    assert s["request_throughput"] == pytest.approx(2 / 1.2)
+    assert s["output_throughput"] == pytest.approx((3 + 5) / 1.2)
+    assert s["total_token_throughput"] == pytest.approx((3 + 5 + 10 + 20) / 1.2)
+    assert s["ttft_ms"]["mean"] == pytest.approx(150)
+    assert s["ttft_ms"]["median"] == pytest.approx(150)
+    assert s["e2e_ms"]["mean"] == pytest.approx(350)
+    # TPOT averaged over requests: (150 + 25) / 2
+    assert s["tpot_ms"]["mean"] == pytest.approx(87.5)
+    # ITL pooled over all gaps: 100, 200, 50
+    assert s["itl_ms"]["mean"] == pytest.approx(350 / 3)
+    assert s["itl_ms"]["median"] == pytest.approx(100)
+    assert s["schedule_lag_ms"]["mean"] == pytest.approx(2.0)
+    assert s["goodput"] == pytest.approx(s["request_throughput"])  # no SLO given
+
+
+def test_goodput_applies_every_slo():
+    both = [A, B]
+    assert summarize(both, SLO(ttft_ms=150))["goodput"] == pytest.approx(1 / 1.2)   # only B
+    assert summarize(both, SLO(itl_ms=150))["goodput"] == pytest.approx(1 / 1.2)    # A has a 200 ms gap
+    assert summarize(both, SLO(tpot_ms=100))["goodput"] == pytest.approx(1 / 1.2)   # A's TPOT is 150
+    assert summarize(both, SLO(e2e_ms=100))["goodput"] == 0.0
+    assert summarize(both, SLO(ttft_ms=250, itl_ms=250, tpot_ms=200, e2e_ms=600))["goodput"] == pytest.approx(2 / 1.2)
+
+
+def test_errors_are_counted_not_dropped_and_warmup_is_excluded():
+    bad = rec(2, 1.5, 1.5, [], 1.6, error="HTTP 500: boom")
+    warm = rec(3, -5.0, -5.0, [-4.9], -4.8, warmup=True)
+    s = summarize([warm, A, B, bad])
+    assert s["completed"] == 2
+    assert s["errors"] == 1
+    assert s["error_kinds"] == {"HTTP 500: boom": 1}
+    # the failed request still counts in the span (it ended at 1.6); the warm-up does not
+    assert s["duration_s"] == pytest.approx(1.6)
+    assert s["request_throughput"] == pytest.approx(2 / 1.6)
+
+
+def test_client_cached_ratio():
+    a = rec(0, 0, 0, [0.1, 0.2], 0.2, prompt=100, cached=60)
+    b = rec(1, 0, 0, [0.1, 0.2], 0.2, prompt=100, cached=20)
+    assert summarize([a, b])["client_cached_token_ratio"] == pytest.approx(0.4)
+    assert summarize([A])["client_cached_token_ratio"] is None
+
+
+def test_empty_run():
+    s = summarize([])
+    assert s["completed"] == 0 and s["request_throughput"] == 0.0 and s["ttft_ms"]["mean"] is None
+    assert not math.isnan(s["mean_concurrency"])

@@ -1,0 +1,125 @@
+"""A tiny OpenAI-shaped streaming server for testing the harness itself.
+
+It answers ``/v1/chat/completions`` and ``/v1/completions`` with ``max_tokens`` SSE chunks
+(one word each, ``chunk_delay_s`` apart) and a usage chunk, ``/v1/models``, and a
+``/metrics`` page with vLLM-named counters. Plain asyncio, no framework: it must cost far
+less CPU per request than the client under test. A request whose ``model`` is
+``"fail-<code>"`` gets that HTTP status, so error handling can be tested.
+
+    python -m workshop.bench.mock_server --port 8199
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+
+class MockServer:
+    def __init__(self, chunk_delay_s: float = 0.0, first_token_delay_s: float = 0.0):
+        self.chunk_delay_s = chunk_delay_s
+        self.first_token_delay_s = first_token_delay_s
+        self.requests = 0
+        self.prompt_tokens = 0
+        self.server: asyncio.base_events.Server | None = None
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
+        self.server = await asyncio.start_server(self._conn, host, port, backlog=1024)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                method, path, _ = lines[0].split(" ", 2)
+                headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:] if l)}
+                body = await reader.readexactly(int(headers.get("content-length", "0")))
+                await self._handle(method, path, body, writer)
+        except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            writer.close()
+
+    @staticmethod
+    def _simple(writer: asyncio.StreamWriter, status: int, body: bytes, ctype: str = "application/json") -> None:
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                     "Connection: keep-alive\r\n\r\n".encode() + body)
+
+    async def _handle(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+        if method == "GET" and path == "/v1/models":
+            self._simple(writer, 200, b'{"object":"list","data":[{"id":"mock","object":"model","owned_by":"mock"}]}')
+            return
+        if method == "GET" and path == "/metrics":
+            text = (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total"
+                    f'{{model_name="mock"}} {float(self.prompt_tokens)}\n'
+                    f'vllm:prefix_cache_hits_total{{model_name="mock"}} {float(self.prompt_tokens // 2)}\n'
+                    f'vllm:kv_cache_usage_perc{{model_name="mock"}} 0.25\n'
+                    f'vllm:num_preemptions_total{{model_name="mock"}} 0.0\n')
+            self._simple(writer, 200, text.encode(), "text/plain")
+            return
+        if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
+            self._simple(writer, 404, b'{"error":{"message":"not found"}}')
+            return
+        req = json.loads(body)
+        model = str(req.get("model", ""))
+        if model.startswith("fail-"):
+            self._simple(writer, int(model[5:]), b'{"error":{"message":"asked to fail","type":"mock"}}')
+            return
+        self.requests += 1
+        n = int(req.get("max_tokens") or 16)
+        chat = path.endswith("chat/completions")
+        prompt = json.dumps(req.get("messages") if chat else req.get("prompt"))
+        n_prompt = len(prompt.split())
+        self.prompt_tokens += n_prompt
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                     b"Connection: keep-alive\r\n\r\n")
+
+        def event(obj: object) -> None:
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+        if self.first_token_delay_s:
+            await asyncio.sleep(self.first_token_delay_s)
+        for i in range(n):
+            if i and self.chunk_delay_s:
+                await writer.drain()
+                await asyncio.sleep(self.chunk_delay_s)
+            choice = {"index": 0, "delta": {"content": f" w{i}"}} if chat else {"index": 0, "text": f" w{i}"}
+            event({"id": "x", "object": "chunk", "choices": [choice]})
+        event({"id": "x", "object": "chunk", "choices": [],
+               "usage": {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n,
+                         "prompt_tokens_details": {"cached_tokens": n_prompt // 2}}})
+        event(b"[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=8199)
+    ap.add_argument("--chunk-delay-s", type=float, default=0.0)
+    args = ap.parse_args()
+
+    async def serve() -> None:
+        s = MockServer(args.chunk_delay_s)
+        port = await s.start(args.host, args.port)
+        print(f"mock server on http://{args.host}:{port}", flush=True)
+        await s.server.serve_forever()
+
+    try:
+        import uvloop
+        uvloop.run(serve())
+    except ImportError:
+        asyncio.run(serve())
+
+
+if __name__ == "__main__":
+    main()
