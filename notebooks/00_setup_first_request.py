@@ -244,7 +244,9 @@ def _(client, max_tokens, probe, prompt, session, ui, workshop):
         for _ in ui.progress(range(workshop.session.sweep(8, 3)), title="repeating the request")
     ]
     repeat_summary = probe.summarize(repeat_runs)
-    ui.table([repeat_summary], floatfmt=".1f")
+    ui.table([{"run": _i + 1, "TTFT (ms)": _r.ttft * 1000, "output tokens": _r.tokens,
+               "decode tokens/s": _r.decode_tokens_per_s, "total time (s)": _r.end}
+              for _i, _r in enumerate(repeat_runs)], floatfmt=".1f")
     return repeat_runs, repeat_summary
 
 

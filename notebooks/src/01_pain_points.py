@@ -1,0 +1,225 @@
+# %% [markdown]
+# # 1 · Pain points: memory, waiting, and one-at-a-time serving
+#
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/01_pain_points.ipynb)
+# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/01_pain_points.py)
+#
+# Notebook 0 timed one request on an idle server. Real servers are never that comfortable. This
+# notebook measures, live, the three problems every inference engine is built around:
+#
+# 1. **memory** — each token of each running conversation keeps a slice of GPU (here: CPU)
+#    memory busy, the *KV cache*, so memory grows with context length *and* with users;
+# 2. **waiting** — the whole prompt is processed before the first token appears, so time to
+#    first token grows with the prompt;
+# 3. **one at a time is slow** — a naive server answers one request after another; an engine
+#    that batches many requests into each model step serves far more tokens per second.
+#
+# Every number comes from requests sent in this run. `WORKSHOP_QUICK=1` makes the sweeps short.
+
+# %%
+# Make the course package importable (from this checkout, or installed on Colab / molab),
+# then connect. Re-running this cell reuses the server it started.
+import importlib.util as _ilu
+import pathlib as _pl
+import subprocess as _sp
+import sys as _sys
+
+if _ilu.find_spec("workshop") is None:
+    _repo = next((p for p in (_pl.Path.cwd(), *_pl.Path.cwd().parents)
+                  if (p / "workshop" / "session.py").exists()), None)
+    if _repo is not None:
+        _sys.path.insert(0, str(_repo))
+    else:
+        _sp.run([_sys.executable, "-m", "pip", "install", "-q", "llm-inference-workshop[notebooks] @ "
+                 "git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+
+import workshop.session
+
+session = workshop.session.connect()
+
+# %% [markdown]
+# ## 1. Memory grows with context
+#
+# To produce token *n+1* the model attends to every earlier token. Recomputing their keys and
+# values at every step would be wasteful, so the engine keeps them: for every token, every
+# layer stores one key vector and one value vector per **KV head**. Hence
+#
+# $$\text{bytes per token} = 2 \times \text{layers} \times \text{KV heads} \times \text{head dim} \times \text{bytes per number}$$
+#
+# Models with grouped-query attention (GQA) share each KV head between several query heads,
+# which is why the formula uses KV heads, not attention heads. Here are the terms for the model
+# this server runs, read from its `config.json`, next to what the server itself reports.
+
+# %%
+from workshop import kvcache, pain, ui
+
+kv = pain.server_kv(session)
+kv_bytes = kv.formula.bytes_per_token
+ui.md(
+    f"**Formula:** {kv.formula.explain()}.  \n"
+    f"**Server reports:** {kv.reported_bytes_per_token or 'nothing'} bytes per token"
+    + (" (they agree)." if kv.reported_bytes_per_token == kv_bytes else " (they differ!).")
+    + f"  \n**Capacity:** the engine set aside room for {kv.capacity_tokens:,} tokens, i.e. "
+    f"{kv.capacity_bytes / 2**30:.2f} GiB, in blocks of {kv.block_size} tokens "
+    f"({kv.capacity_tokens // kv.block_size} blocks). The attention heads are "
+    f"{kv.formula.attention_heads}; counting them instead of the {kv.formula.kv_heads} KV heads "
+    f"would overstate the cache {kv.formula.attention_heads / kv.formula.kv_heads:.0f}x."
+)
+
+# %% [markdown]
+# Now let the engine show it. We send one request at a time with a growing prompt and ask for a
+# fixed number of output tokens (`ignore_eos`, so the model cannot stop early). While it runs, a
+# background thread polls `/metrics` for `vllm:kv_cache_usage_perc`, the fraction of KV blocks
+# in use. That gauge is momentary: once the request finishes its blocks are free again, which
+# is why we sample it *during* the request and keep the peak. The prediction is the formula
+# applied to whole blocks: a request holding 130 tokens in 128-token blocks occupies 2 blocks.
+
+# %%
+maker = pain.PromptMaker(session.model, session.info.get("model_path"))
+max_len = int(session.info.get("max_model_len") or 2048)
+kv_out_tokens = 64
+context_lengths = workshop.session.sweep(
+    [64, 256, 512, 1024, 1536, max_len - kv_out_tokens - 8],
+    [128, 1024, max_len - kv_out_tokens - 8])
+context_rows = pain.context_sweep(session, kv, maker, context_lengths, kv_out_tokens,
+                                  progress=ui.progress)
+ui.table(context_rows)
+
+# %%
+context_plot = pain.plot_kv(context_rows, "tokens held",
+                            "KV cache of one request grows with its context",
+                            "tokens the request holds (prompt + generated)")
+context_plot
+
+# %%
+_last = context_rows[-1]
+ui.md(
+    f"At {_last['tokens held']:,} tokens one request held **{_last['measured KV (MiB)']:.1f} MiB** "
+    f"of KV cache (the formula says {_last['predicted KV (MiB)']:.1f} MiB): "
+    f"{_last['measured usage (%)']:.1f}% of this engine's cache. "
+    "The `samples` column counts the `/metrics` readings taken while the request ran; with zero "
+    "the request was over before a reading caught it, so its measured value is 0."
+)
+
+# %% [markdown]
+# ## 2. Memory grows with users
+#
+# Every conversation in flight needs its own KV blocks (different prompts share nothing; notebook 3
+# shows what shared prefixes save). So memory also grows with the number of users served at once,
+# and when the blocks run out new requests must **wait** in the queue (`vllm:num_requests_waiting`).
+# Choose how long each user's prompt is; the next cell sends that many tokens per user for a
+# growing number of simultaneous users. (In Jupyter, re-run the next cell after moving the slider.)
+
+# %%
+user_prompt_tokens = ui.slider(64, max_len - 128, value=workshop.session.sweep(1024, 256),
+                               step=64, label="prompt tokens per user")
+user_prompt_tokens
+
+# %%
+user_counts = workshop.session.sweep([1, 4, 16, 32, 48], [1, 4, 8])
+users_rows = pain.users_sweep(session, kv, maker, user_counts, user_prompt_tokens.value,
+                              kv_out_tokens, progress=ui.progress)
+ui.table(users_rows)
+
+# %%
+users_plot = pain.plot_kv(users_rows, "users", "KV cache grows with simultaneous users",
+                          "users sending a request at the same time",
+                          capacity_mib=kv.capacity_bytes / 2**20)
+users_plot
+
+# %%
+_per_user = user_prompt_tokens.value + kv_out_tokens
+_fit = pain.users_until_full(_per_user, kv.block_size, kv.capacity_tokens)
+_llama = kvcache.load_model("llama-3.1-8b")
+_llama_bytes = kvcache.kv_bytes_per_token(_llama)
+ui.md(
+    f"Each user here holds about {_per_user:,} tokens = "
+    f"{pain.blocks_for(_per_user, kv.block_size)} blocks, so this engine fits **{_fit} such users "
+    f"at once**; the peak number waiting in the table shows what happened beyond that. "
+    f"The model here is tiny. The same arithmetic for Llama 3.1 8B "
+    f"([config]({_llama.source})): {_llama_bytes:,.0f} bytes per token, so a single "
+    f"8,192-token conversation needs {_llama_bytes * 8192 / 2**30:.2f} GiB and 100 of them "
+    f"{100 * _llama_bytes * 8192 / 2**30:.0f} GiB, more than one 80 GB GPU holds besides the "
+    "weights. Memory, not arithmetic, usually caps how many users a GPU serves."
+)
+
+# %% [markdown]
+# ## 3. Waiting grows with the prompt
+#
+# Before the first output token, the engine runs the whole prompt through the model (the
+# *prefill*). A longer prompt is more work, so time to first token (TTFT) grows with it. We
+# send single requests, nothing else running, with prompts up to the server's context limit,
+# and reset the prefix cache before each so that nothing is reused.
+
+# %%
+ttft_lengths = workshop.session.sweep(
+    [32, 128, 256, 512, 768, 1024, 1536, max_len - 8], [128, 1024, max_len - 8])
+ttft_rows = pain.ttft_sweep(session, maker, ttft_lengths, repeats=workshop.session.sweep(2, 1),
+                            progress=ui.progress)
+ttft_plot = pain.plot_ttft(ttft_rows, max_len)
+ttft_plot
+
+# %%
+_line = pain.ttft_slope(ttft_rows)
+ui.md(
+    "Not enough lengths to fit a line." if _line is None else
+    f"Each extra 1,000 prompt tokens cost about **{_line[0]:.0f} ms** of waiting on this machine "
+    f"(a straight-line fit; {_line[1]:.0f} ms at an empty prompt). A chat application that "
+    "resends the whole conversation every turn pays this again and again, which is what "
+    "prefix caching (notebook 3) avoids."
+)
+
+# %% [markdown]
+# ## 4. One at a time is slow — but by how much, and why?
+#
+# A widely repeated comparison says a plain Hugging Face `generate` server manages a few dozen
+# tokens per second while vLLM is more than ten times faster. Such comparisons usually set a
+# **sequential** baseline (one request after another) against a **concurrent** engine (many
+# requests batched into each model step), so the number mixes two different effects:
+#
+# * **the engine**: better kernels, a paged KV cache, less Python per token;
+# * **batching**: one pass over the weights serves every running request at once.
+#
+# To separate them we send the *same* requests (same prompts, same lengths, `ignore_eos`) four
+# ways: to the Hugging Face baseline (`--engine hf`, one request at a time by design) and to
+# vLLM, each first one after another, then many at once. The next cell connects to (or starts)
+# the baseline server.
+
+# %%
+hf_session = workshop.session.connect(engine="hf")
+
+# %%
+bench_requests = workshop.session.sweep(32, 8)
+bench_concurrency = workshop.session.sweep(16, 8)
+bench_output = workshop.session.sweep(128, 32)
+engine_rows = pain.compare_engines({"hf": hf_session, "vllm": session}, bench_requests,
+                                   bench_concurrency, input_len=128, output_len=bench_output)
+ui.table(engine_rows)
+
+# %%
+engines_plot = pain.plot_throughput(engine_rows)
+engines_plot
+
+# %%
+factors = {r["comparison"]: r["speed-up (x)"] for r in pain.factor_rows(engine_rows, bench_concurrency)}
+ui.md(
+    f"Measured here, {bench_requests} requests of 128 prompt + {bench_output} output tokens:\n\n"
+    f"| comparison | speed-up |\n|---|---|\n"
+    + "".join(f"| {k} | {v:.1f}x |\n" for k, v in factors.items())
+    + f"\nThe headline number (vLLM concurrent vs Hugging Face sequential) is "
+    f"{factors['total: vllm concurrent vs hf sequential']:.1f}x, and it is the *product* of "
+    f"the engine alone ({factors['engine alone (both sequential)']:.1f}x) and batching "
+    f"({factors['concurrency with batching (vllm)']:.1f}x). Sending the baseline many requests "
+    f"at once does not help it ({factors['concurrency without batching (hf)']:.2f}x): it still "
+    "runs them one after another, so they only wait longer (see its median TTFT). "
+    "On a GPU both factors grow; on a 2-core CPU the batching factor is capped by compute."
+)
+
+# %% [markdown]
+# ## What to remember
+#
+# * KV memory = tokens held x bytes per token, summed over every request in flight; the engine's
+#   capacity in tokens is what bounds concurrency.
+# * TTFT grows with the prompt; decode speed per user falls as more users share the machine.
+# * Most of "vLLM is N x faster" is batching, which needs many requests in flight and room in
+#   the KV cache for all of them. The following notebooks open up each of these mechanisms.

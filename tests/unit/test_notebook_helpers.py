@@ -1,0 +1,256 @@
+"""Pure logic behind notebooks 0 and 1: session plumbing, metrics parsing, timing, KV maths."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from workshop import metrics, pain, probe, session, ui
+
+# -- session -----------------------------------------------------------------------------------
+
+def test_quick_mode_follows_the_environment(monkeypatch):
+    monkeypatch.delenv("WORKSHOP_QUICK", raising=False)
+    assert not session.quick() and session.sweep([1, 2, 4], [1]) == [1, 2, 4]
+    for on in ("1", "true", "YES"):
+        monkeypatch.setenv("WORKSHOP_QUICK", on)
+        assert session.quick() and session.sweep([1, 2, 4], [1]) == [1]
+    monkeypatch.setenv("WORKSHOP_QUICK", "0")
+    assert not session.quick()
+
+
+def test_env_names_per_engine():
+    assert session.env_names("vllm") == ("WORKSHOP_BASE_URL", "WORKSHOP_API_KEY")
+    assert session.env_names("hf") == ("WORKSHOP_HF_BASE_URL", "WORKSHOP_HF_API_KEY")
+
+
+def test_connect_without_server_and_without_start_fails_clearly(monkeypatch):
+    monkeypatch.delenv("WORKSHOP_BASE_URL", raising=False)
+    with pytest.raises(RuntimeError, match="no vllm server"):
+        session.connect(port=1, start=False, verbose=False)
+
+
+def test_hardware_line_names_the_cpu():
+    line = session.hardware()
+    assert "CPU" in line and "cores" in line
+
+
+# -- metrics -----------------------------------------------------------------------------------
+
+PROM = """\
+# HELP vllm:num_requests_running Number of requests running.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="a"} 2.0
+vllm:num_requests_running{engine="1",model_name="a"} 1.0
+vllm:kv_cache_usage_perc{engine="0",model_name="a",le="x}y"} 0.25
+vllm:time_to_first_token_seconds_bucket{le="+Inf"} 7
+plain_counter_total 3 1700000000000
+broken_line
+nan_gauge NaN
+"""
+
+
+def test_parse_prometheus_sums_label_sets_and_skips_junk():
+    m = metrics.parse_prometheus(PROM)
+    assert m["vllm:num_requests_running"] == 3.0
+    assert m["vllm:kv_cache_usage_perc"] == 0.25      # a brace inside a label value is fine
+    assert m["vllm:time_to_first_token_seconds_bucket"] == 7
+    assert m["plain_counter_total"] == 3               # the timestamp is not the value
+    assert "broken_line" not in m and "nan_gauge" not in m
+
+
+def test_sampler_records_a_gauge_while_it_changes():
+    value = {"g": 0.0}
+    with metrics.MetricsSampler(lambda: dict(value), ("g", "absent"), interval=0.01) as s:
+        time.sleep(0.05)
+        value["g"] = 0.7
+        time.sleep(0.05)
+        value["g"] = 0.0
+        time.sleep(0.03)
+    assert s.samples.peak("g") == pytest.approx(0.7)
+    assert s.samples.peak("absent") == 0.0
+    assert len(s.samples.times) == len(s.samples.values["g"]) >= 5
+
+
+def test_sampler_survives_a_failing_reader():
+    calls = {"n": 0}
+
+    def flaky():
+        calls["n"] += 1
+        if calls["n"] % 2:
+            raise ConnectionError("boom")
+        return {"g": 1.0}
+
+    with metrics.MetricsSampler(flaky, ("g",), interval=0.01) as s:
+        time.sleep(0.08)
+    assert s.samples.errors >= 1 and s.samples.peak("g") == 1.0
+
+
+# -- probe -------------------------------------------------------------------------------------
+
+def test_decode_rate_excludes_the_first_token():
+    # first token at 0.5 s, 10 tokens, end at 1.4 s -> 9 tokens in 0.9 s
+    assert probe.decode_rate([0.5, 0.6], 10, 1.4) == pytest.approx(10.0)
+    assert probe.decode_rate([], 10, 1.0) is None
+    assert probe.decode_rate([0.5], 1, 1.0) is None
+    assert probe.decode_rate([0.5], 5, 0.5) is None
+
+
+def test_stream_timing_prefers_the_server_token_count():
+    t = probe.StreamTiming(chunk_times=[0.2, 0.3, 0.4], end=0.4, completion_tokens=5)
+    assert t.ttft == 0.2 and t.tokens == 5
+    assert t.decode_tokens_per_s == pytest.approx(4 / 0.2)
+    assert probe.StreamTiming(chunk_times=[0.2, 0.3], end=0.3).tokens == 2
+
+
+def test_summarize_reports_median_and_spread():
+    runs = [probe.StreamTiming(chunk_times=[a, a + 0.1], end=a + 0.1, completion_tokens=2)
+            for a in (0.1, 0.3, 0.2)]
+    s = probe.summarize(runs)
+    assert s["ttft_ms_median"] == pytest.approx(200)
+    assert s["ttft_ms_min"] == pytest.approx(100) and s["ttft_ms_max"] == pytest.approx(300)
+    assert s["decode_tok_s_median"] == pytest.approx(10)
+
+
+class _Chunk:
+    def __init__(self, text=None, usage=None, finish=None):
+        delta = type("D", (), {"content": text})()
+        self.choices = [] if text is None and finish is None else [
+            type("C", (), {"delta": delta, "finish_reason": finish})()]
+        self.usage = usage
+
+
+class _FakeClient:
+    """Just enough of openai.OpenAI for stream_chat."""
+
+    def __init__(self, chunks):
+        self.chunks = chunks
+        self.chat = type("Chat", (), {"completions": self})()
+        self.kwargs = None
+
+    def create(self, **kwargs):
+        self.kwargs = kwargs
+        for c in self.chunks:
+            time.sleep(0.01)
+            yield c
+
+
+def test_stream_chat_times_text_chunks_and_reads_usage():
+    usage = type("U", (), {"prompt_tokens": 7, "completion_tokens": 3})()
+    client = _FakeClient([_Chunk("Hel"), _Chunk(""), _Chunk("lo"), _Chunk(finish="stop"),
+                          _Chunk(usage=usage)])
+    t = probe.stream_chat(client, "m", [{"role": "user", "content": "hi"}], max_tokens=5)
+    assert t.text == "Hello" and len(t.chunk_times) == 2   # the empty chunk is not a token
+    assert t.prompt_tokens == 7 and t.tokens == 3 and t.finish_reason == "stop"
+    assert t.chunk_times[0] < t.chunk_times[1] <= t.end
+    assert client.kwargs["stream_options"] == {"include_usage": True}
+
+
+def test_info_rows_put_known_fields_first():
+    rows = probe.info_rows({"zzz": 1, "engine": "vllm", "max_model_len": 2048})
+    assert [r["field"] for r in rows] == ["engine", "max_model_len", "zzz"]
+
+
+# -- ui ------------------------------------------------------------------------------------------
+
+def test_controls_outside_a_notebook_are_fixed_defaults():
+    assert ui.frontend() == "script"
+    assert ui.slider(1, 10, 4, label="n").value == 4
+    assert ui.dropdown(["a", "b"], "b").value == "b"
+    assert ui.text("hi").value == "hi"
+    assert list(ui.progress([1, 2, 3], title="t")) == [1, 2, 3]
+
+
+def test_markdown_table_formats_and_escapes():
+    text = ui.markdown_table([{"a": 1.23456, "b": "x|y", "c": None}])
+    assert text.splitlines() == ["| a | b | c |", "|---|---|---|", "| 1.23 | x\\|y |  |"]
+    assert ui.markdown_table([]) == "_(no rows)_"
+
+
+# -- pain: KV arithmetic -------------------------------------------------------------------------
+
+SMOL = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+        "hidden_size": 576}
+
+
+def test_formula_matches_the_known_smollm2_figure():
+    f = pain.formula_from_config(SMOL, "bfloat16")
+    assert f.head_dim == 64 and f.kv_heads == 3
+    assert f.bytes_per_token == 23_040          # 2 x 30 x 3 x 64 x 2
+    assert "23,040" in f.explain()
+
+
+def test_formula_uses_kv_heads_not_attention_heads_and_explicit_head_dim():
+    no_gqa = dict(SMOL, num_key_value_heads=None)
+    assert pain.formula_from_config(no_gqa, "bf16").bytes_per_token == 2 * 30 * 9 * 64 * 2
+    explicit = dict(SMOL, head_dim=128)
+    assert pain.formula_from_config(explicit, "fp8").bytes_per_token == 2 * 30 * 3 * 128 * 1
+    with pytest.raises(ValueError, match="unknown KV dtype"):
+        pain.formula_from_config(SMOL, "int3")
+
+
+def test_blocks_round_up():
+    assert [pain.blocks_for(t, 16) for t in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
+
+
+def test_predicted_usage_counts_whole_blocks_per_request():
+    # two requests of 17 tokens: 2 blocks each, out of 100 blocks
+    assert pain.predicted_usage([17, 17], 16, 1600) == pytest.approx(0.04)
+    # the same 34 tokens in one request need only 3 blocks
+    assert pain.predicted_usage([34], 16, 1600) == pytest.approx(0.03)
+
+
+def test_users_until_full():
+    assert pain.users_until_full(100, 16, 1600) == 100 // 7
+    assert pain.users_until_full(0, 16, 1600) == 100
+
+
+def test_speedup_factors_multiply_to_the_total():
+    T = pain.Trial
+    tput = {T("hf", 1): 20.0, T("hf", 8): 21.0, T("vllm", 1): 30.0, T("vllm", 8): 240.0}
+    f = pain.speedup_factors(tput, 8)
+    assert f["engine alone (both sequential)"] == pytest.approx(1.5)
+    assert f["concurrency with batching (vllm)"] == pytest.approx(8.0)
+    assert f["concurrency without batching (hf)"] == pytest.approx(1.05)
+    assert f["total: vllm concurrent vs hf sequential"] == pytest.approx(12.0)
+    assert math.isclose(f["engine alone (both sequential)"] * f["concurrency with batching (vllm)"],
+                        f["total: vllm concurrent vs hf sequential"])
+    assert f["like for like: both concurrent"] == pytest.approx(240 / 21)
+
+
+def test_factor_rows_reads_benchmark_rows():
+    rows = [{"engine": e, "in flight": c, "output tok/s": v}
+            for e, c, v in (("hf", 1, 10.0), ("hf", 4, 10.0), ("vllm", 1, 20.0), ("vllm", 4, 60.0))]
+    out = {r["comparison"]: r["speed-up (x)"] for r in pain.factor_rows(rows, 4)}
+    assert out["total: vllm concurrent vs hf sequential"] == pytest.approx(6.0)
+
+
+def test_run_together_really_overlaps():
+    def slow(p: str) -> pain.Timed:
+        time.sleep(0.2)
+        return pain.Timed(end=0.2, prompt_tokens=len(p))
+
+    t0 = time.perf_counter()
+    out = pain.run_together(slow, ["a"] * 5)
+    assert time.perf_counter() - t0 < 0.6 and len(out) == 5
+    assert threading.active_count() >= 1
+
+
+def test_plots_have_titles_labels_and_legends():
+    rows = [{"prompt tokens": n, "tokens held": n + 8, "measured KV (MiB)": n / 40,
+             "predicted KV (MiB)": n / 40, "TTFT (ms)": n / 10, "error": ""} for n in (100, 200)]
+    for fig in (pain.plot_kv(rows, "tokens held", "t", "tokens"), pain.plot_ttft(rows, 2048)):
+        ax = fig.axes[0]
+        assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+        assert ax.get_legend() is not None
+
+
+def test_ttft_slope_fits_a_line_and_needs_two_lengths():
+    rows = [{"prompt tokens": n, "TTFT (ms)": 50 + 0.2 * n, "error": ""} for n in (100, 500, 900)]
+    rows.append({"prompt tokens": 300, "TTFT (ms)": 1e9, "error": "Timeout"})  # ignored
+    per_1k, at_zero = pain.ttft_slope(rows)
+    assert per_1k == pytest.approx(200) and at_zero == pytest.approx(50)
+    assert pain.ttft_slope(rows[:1]) is None
