@@ -16,8 +16,9 @@ def rec(i, scheduled, sent, chunks, end, out=None, prompt=10, error=None, warmup
 
 # Request A: scheduled 0.0, sent 0.001, chunks at 0.2, 0.3, 0.5, end 0.5, 3 tokens.
 #   TTFT 200 ms, E2E 500 ms, TPOT (500-200)/2 = 150 ms, ITL gaps 100, 200 ms.
-# Request B: scheduled 1.0, sent 1.003, chunks at 1.1, 1.15 (usage says 5 tokens), end 1.2.
-#   TTFT 100 ms, E2E 200 ms, TPOT (200-100)/4 = 25 ms, ITL gap 50 ms.
+# Request B: scheduled 1.0, sent 1.003, chunks at 1.1, 1.15 (usage says 5 tokens), stream
+#   ends 1.2 (usage chunk, [DONE]). TTFT 100 ms, E2E 200 ms, TPOT (1150-1100)/4 = 12.5 ms
+#   (decode time ends at the last token, like vLLM's), ITL gap 50 ms.
 A = rec(0, 0.0, 0.001, [0.2, 0.3, 0.5], 0.5, prompt=10)
 B = rec(1, 1.0, 1.003, [1.1, 1.15], 1.2, out=5, prompt=20)
 
@@ -29,7 +30,7 @@ def test_per_request_metrics():
     assert A.itls == pytest.approx([0.1, 0.2])
     assert A.schedule_lag == pytest.approx(0.001)
     # TPOT divides by output tokens (from usage), not by chunks: chunks may carry several tokens
-    assert B.tpot == pytest.approx(0.025)
+    assert B.tpot == pytest.approx(0.0125)
     assert B.itls == pytest.approx([0.05])
 
 
@@ -72,8 +73,8 @@ def test_summary_numbers():
     assert s["ttft_ms"]["mean"] == pytest.approx(150)
     assert s["ttft_ms"]["median"] == pytest.approx(150)
     assert s["e2e_ms"]["mean"] == pytest.approx(350)
-    # TPOT averaged over requests: (150 + 25) / 2
-    assert s["tpot_ms"]["mean"] == pytest.approx(87.5)
+    # TPOT averaged over requests: (150 + 12.5) / 2
+    assert s["tpot_ms"]["mean"] == pytest.approx(81.25)
     # ITL pooled over all gaps: 100, 200, 50
     assert s["itl_ms"]["mean"] == pytest.approx(350 / 3)
     assert s["itl_ms"]["median"] == pytest.approx(100)
@@ -113,3 +114,29 @@ def test_empty_run():
     s = summarize([])
     assert s["completed"] == 0 and s["request_throughput"] == 0.0 and s["ttft_ms"]["mean"] is None
     assert not math.isnan(s["mean_concurrency"])
+
+
+def test_offered_rate_accounts_for_drain():
+    from workshop.bench.metrics import offered_rate
+    # 5 sessions arriving every 0.25 s, each taking 1 s: a server that keeps up. Span 2 s,
+    # so plain throughput is 2.5 req/s, and the expected span is 1 s of arrivals + 1 s.
+    recs = [rec(i, i * 0.25, i * 0.25, [i * 0.25 + 0.5, i * 0.25 + 1.0], i * 0.25 + 1.0) for i in range(5)]
+    for i, r in enumerate(recs):
+        r.session = i
+    s = summarize(recs)
+    assert offered_rate(recs) == pytest.approx(2.5)
+    assert s["request_throughput"] == pytest.approx(2.5)
+    assert s["arrival_span_s"] == pytest.approx(1.0) and s["session_median_s"] == pytest.approx(1.0)
+    # a queue: the last request waits 2 s more, throughput falls below the offered rate
+    recs[4].first_token += 2
+    recs[4].chunk_times = [t + 2 for t in recs[4].chunk_times]
+    recs[4].end += 2
+    s = summarize(recs)
+    assert offered_rate(recs) == pytest.approx(2.5)
+    assert offered_rate(recs, drain_s=0.5) == pytest.approx(5 / 1.5)
+    assert s["request_throughput"] == pytest.approx(5 / 4)
+    # a session's later turns are part of its length, not new arrivals
+    recs[4].session = 3
+    # sessions start at 0, .25, .5, .75; lengths 1, 1, 1, 3.25 -> median 1
+    assert offered_rate(recs) == pytest.approx(5 / (0.75 + 1.0))
+    assert offered_rate(recs[:1]) is None

@@ -6,8 +6,10 @@ Definitions (written down in docs/benchmarking.md; tools disagree, see the table
   client got round to sending it, so a late client cannot hide a slow server;
 - TTFT: scheduled -> first chunk carrying generated text;
 - E2E: scheduled -> last byte of the stream;
-- TPOT (vLLM's definition): per request (E2E - TTFT) / (output_tokens - 1), requests with a
-  single output token have none; the summary averages over requests;
+- TPOT (vLLM's definition): per request (last token - first token) / (output_tokens - 1),
+  i.e. vLLM's (latency - TTFT) / (n - 1) where its latency ends at the last token chunk (the
+  usage chunk and [DONE] that follow are not decode time); requests with a single output
+  token have none; the summary averages over requests;
 - ITL: every gap between consecutive text-carrying chunks, pooled over all requests (a chunk
   may carry several tokens, so ITL and TPOT differ when a server batches its stream);
 - schedule lag: sent - scheduled, the client's own lateness.
@@ -58,7 +60,7 @@ class RequestRecord:
     def tpot(self) -> float | None:
         if not self.ok or self.output_tokens < 2:
             return None
-        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+        return (self.chunk_times[-1] - self.first_token) / (self.output_tokens - 1)
 
     @property
     def itls(self) -> list[float]:
@@ -133,6 +135,37 @@ def mean_concurrency(records: Sequence[RequestRecord]) -> float:
     return busy / span
 
 
+def sessions_of(records: Sequence[RequestRecord]) -> list[tuple[float, float]]:
+    """(start, end) of each session: its first scheduled time, its last end."""
+    spans: dict[int, list[float]] = {}
+    for r in records:
+        end = r.end if r.end is not None else r.sent
+        s = spans.setdefault(r.session, [r.scheduled, end])
+        s[0] = min(s[0], r.scheduled)
+        s[1] = max(s[1], end)
+    return [(a, b) for a, b in spans.values()]
+
+
+def offered_rate(records: Sequence[RequestRecord], drain_s: float | None = None) -> float | None:
+    """Requests/s the schedule offered, as realized, with ramp-up and drain accounted for.
+
+    A server that keeps up finishes the run about one unloaded session length (``drain_s``)
+    after the last session arrived, so ``n / (arrival span + drain_s)`` is the throughput it
+    would show; ``request_throughput`` falls below it when a queue builds up. A sweep passes
+    the median session length of its lightest point as ``drain_s``; by default the run's own
+    median is used, which understates the offered rate once the server saturates. (A bare
+    n / arrival span would make every short run look saturated, because of the drain.)
+    """
+    spans = sessions_of(records)
+    if len(spans) < 2:
+        return None
+    starts = sorted(a for a, _ in spans)
+    if drain_s is None:
+        drain_s = float(np.median([b - a for a, b in spans]))
+    expected = (starts[-1] - starts[0]) + drain_s
+    return len(records) / expected if expected > 0 else None
+
+
 def summarize(records: Sequence[RequestRecord], slo: SLO | None = None) -> dict:
     """The summary dictionary of a run. Warm-up records are ignored; failed ones are counted.
 
@@ -165,6 +198,10 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None = None) -> dict:
         "output_throughput": per_s(out_tokens),
         "total_token_throughput": per_s(in_tokens + out_tokens),
         "goodput": per_s(sum(1 for r in done if slo.met_by(r))),
+        "num_sessions": len(sessions_of(measured)),
+        "arrival_span_s": (max(a for a, _ in sessions_of(measured)) - min(a for a, _ in sessions_of(measured))
+                           if measured else 0.0),
+        "session_median_s": (float(np.median([b - a for a, b in sessions_of(measured)])) if measured else None),
         "slo": {k: v for k, v in vars(slo).items() if v is not None},
         "mean_concurrency": mean_concurrency(measured),
         "ttft_ms": stats((r.ttft for r in done), 1e3),

@@ -88,7 +88,7 @@ def plot_load_curve(sweep: "SweepResult"):
     if sweep.mode == "rate":
         lim = max(x + y) * 1.05
         ax.plot([0, lim], [0, lim], "--", color="grey", lw=1, label="achieved = offered")
-        ax.set_xlabel("offered load (req/s)")
+        ax.set_xlabel("offered load (req/s, as scheduled)")
     else:
         ax.set_xlabel("concurrency")
     ax.set_ylabel("achieved throughput (req/s)")

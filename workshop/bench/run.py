@@ -88,7 +88,6 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
     summary["server"] = scraper.samples.summary()
     measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup]
     summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions), **token_stats(measured, tok)}
-    summary["offered_rate"] = request_rate
     result = BenchResult(config=config, summary=summary, records=records, environment=env)
     if output_dir is not None:
         result.save(output_dir)

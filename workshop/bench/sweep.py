@@ -2,7 +2,11 @@
 
 The knee is the highest offered load at which the server still keeps up: achieved
 throughput tracks offered load (within ``tolerance``) and the p99 TTFT / ITL objectives
-hold, at that load and at every lower one. For closed-loop sweeps over concurrency there is
+hold, at that load and at every lower one. "Achieved" is the run's request throughput and
+"offered" the throughput a server that keeps up would show on the schedule as realized
+(``metrics.offered_rate``: the arrival span plus the median session length at the sweep's
+lightest point, i.e. the drain of an unloaded server), so short runs are not mistaken for
+saturated ones. For closed-loop sweeps over concurrency there is
 no offered rate, so "keeps up" means adding concurrency still adds throughput (at least
 ``min_gain`` relative) while the objectives hold.
 """
@@ -75,20 +79,24 @@ class SweepResult:
         return None if self.knee_index is None else self.loads[self.knee_index]
 
     def offered(self) -> list[float]:
-        """Offered load in requests/s (session rate x requests per session)."""
-        per = self.config.get("requests_per_session", 1.0)
-        return [l * per for l in self.loads] if self.mode == "rate" else list(self.loads)
+        """Offered load in requests/s as realized (session arrivals x requests per session);
+        the loads themselves (concurrency) for closed-loop sweeps."""
+        if self.mode != "rate":
+            return list(self.loads)
+        return _offered_all(self.loads, self.points, self.config.get("requests_per_session", 1.0))
 
     def achieved(self) -> list[float]:
-        return [p.summary["request_throughput"] for p in self.points]
+        """Request throughput of each point, req/s."""
+        return [_achieved(p, self.mode) for p in self.points]
 
     def table(self) -> str:
-        head = f"| {self.mode} | achieved req/s | output tok/s | TTFT p99 ms | ITL p99 ms | errors | lag p99 ms |"
-        rows = [head, "|" + "---|" * 7]
-        for i, (l, p) in enumerate(zip(self.loads, self.points)):
+        head = (f"| {self.mode} | offered req/s | achieved req/s | output tok/s | TTFT p99 ms | ITL p99 ms "
+                f"| errors | lag p99 ms |")
+        rows = [head, "|" + "---|" * 8]
+        for i, (l, p, o, a) in enumerate(zip(self.loads, self.points, self.offered(), self.achieved())):
             s = p.summary
             mark = " (knee)" if i == self.knee_index else ""
-            rows.append(f"| {l:g}{mark} | {s['request_throughput']:.2f} | {s['output_throughput']:.1f} | "
+            rows.append(f"| {l:g}{mark} | {o:.2f} | {a:.2f} | {s['output_throughput']:.1f} | "
                         f"{_fmt(s['ttft_ms']['p99'])} | {_fmt(s['itl_ms']['p99'])} | {s['errors']} | "
                         f"{_fmt(s['schedule_lag_ms']['p99'], 2)} |")
         return "\n".join(rows)
@@ -170,10 +178,29 @@ _RUN_KWARGS = {"api_key", "label", "slo_tpot_ms", "slo_e2e_ms", "timeout_s", "ig
                "scrape_metrics", "environment"}
 
 
+def _offered_all(loads: Sequence[float], points: Sequence[BenchResult], per_session: float) -> list[float]:
+    drain = points[0].summary.get("session_median_s") if points else None
+    out = []
+    for l, p in zip(loads, points):
+        s = p.summary
+        n = s["completed"] + s["errors"]
+        span = s.get("arrival_span_s")
+        if drain is None or span is None or s.get("num_sessions", 0) < 2 or span + drain <= 0:
+            out.append(l * per_session)
+        else:
+            out.append(n / (span + drain))
+    return out
+
+
+def _achieved(p: BenchResult, mode: str) -> float:
+    return p.summary["request_throughput"]
+
+
 def _knee(mode, loads, points, per_session, slo_ttft_ms, slo_itl_ms, tolerance, min_gain) -> int | None:
-    achieved = [p.summary["request_throughput"] for p in points]
+    achieved = [_achieved(p, mode) for p in points]
     ttft = [p.summary["ttft_ms"]["p99"] for p in points]
     itl = [p.summary["itl_ms"]["p99"] for p in points]
     if mode == "rate":
-        return find_knee([l * per_session for l in loads], achieved, ttft, itl, slo_ttft_ms, slo_itl_ms, tolerance)
+        offered = _offered_all(loads, points, per_session)
+        return find_knee(offered, achieved, ttft, itl, slo_ttft_ms, slo_itl_ms, tolerance)
     return find_knee_closed(loads, achieved, ttft, itl, slo_ttft_ms, slo_itl_ms, min_gain)
