@@ -96,6 +96,10 @@ class _Group:
     Q: int
     L: int
 
+    def __post_init__(self):
+        self.slots_flat = self.slots.reshape(-1)
+        self.all_valid = bool(self.valid.all())
+
 
 @dataclass
 class _Meta:
@@ -306,8 +310,9 @@ class ModelRunner:
         default), write their K/V into the pool, and return fp32 logits ``[rows, vocab]``
         for the positions each chunk asked for, in chunk order."""
         input_ids, meta = self._prepare(chunks)
-        x = self.embed[input_ids]
-        cos, sin = self.cos[meta.positions][:, None, :], self.sin[meta.positions][:, None, :]
+        x = F.embedding(input_ids, self.embed)
+        cos = self.cos.index_select(0, meta.positions)[:, None, :]
+        sin = self.sin.index_select(0, meta.positions)[:, None, :]
         cfg = self.cfg
         q_dim = cfg.num_heads * cfg.head_dim
         kv_dim = self.num_kv_heads * cfg.head_dim
@@ -329,22 +334,25 @@ class ModelRunner:
             h = _rms_norm(x, layer["ln2"], cfg.rms_norm_eps)
             gate, up = layer["gate_up"](h).chunk(2, dim=-1)
             x = x + layer["down"](F.silu(gate) * up)
-        x = _rms_norm(x[meta.logit_rows], self.norm, cfg.rms_norm_eps)
+        x = _rms_norm(x.index_select(0, meta.logit_rows), self.norm, cfg.rms_norm_eps)
         return F.linear(x, self.lm_head).float()
 
     def _kv(self, li: int, layer: dict, g: _Group) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of the group's context, ``[B, kv_heads, L, head_dim]`` each."""
         cfg = self.cfg
         if self.attention != "mla":
-            k = self.k_cache[li][g.slots].transpose(1, 2)
-            v = self.v_cache[li][g.slots].transpose(1, 2)
-            return k, v
-        lat = self.k_cache[li][g.slots]                                        # [B, L, r]
+            # index_select on a flat index: much faster on CPU than pool[2-D index]; SDPA
+            # wants contiguous [B, heads, L, d], so pay for one copy here.
+            shape = (g.B, g.L, self.num_kv_heads, cfg.head_dim)
+            k = self.k_cache[li].index_select(0, g.slots_flat).view(shape)
+            v = self.v_cache[li].index_select(0, g.slots_flat).view(shape)
+            return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        lat = self.k_cache[li].index_select(0, g.slots_flat).view(g.B, g.L, -1)  # [B, L, r]
         k = (lat @ layer["up_k"].T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
         v = (lat @ layer["up_v"].T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
         cos, sin = self.cos[:g.L][None, :, None, :], self.sin[:g.L][None, :, None, :]
         k = k * cos + _rotate_half(k) * sin     # RoPE after expansion: position = index in seq
-        return k.transpose(1, 2), v.transpose(1, 2)
+        return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
 
     def _attention(self, li: int, layer: dict, q: torch.Tensor, meta: _Meta) -> torch.Tensor:
         cfg = self.cfg
@@ -356,16 +364,16 @@ class ModelRunner:
             # Fold the query heads that share a KV head into the query-length axis, so SDPA
             # sees [B, kv_heads, group*Q, d] against [B, kv_heads, L, d]: GQA without
             # copying K/V.
-            qg = q[g.q_index].view(g.B, g.Q, kvh, grp, cfg.head_dim)
+            qg = q.index_select(0, g.q_index).view(g.B, g.Q, kvh, grp, cfg.head_dim)
             qg = qg.permute(0, 2, 3, 1, 4).reshape(g.B, kvh, grp * g.Q, cfg.head_dim)
             mask = g.mask.repeat(1, 1, grp, 1) if grp > 1 else g.mask
             o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
             o = o.view(g.B, kvh, grp, g.Q, cfg.head_dim).permute(0, 3, 1, 2, 4)
             o = o.reshape(g.B * g.Q, cfg.num_heads, cfg.head_dim)
-            if bool(g.valid.all()):
-                out[g.q_index] = o
+            if g.all_valid:
+                out.index_copy_(0, g.q_index, o)
             else:
-                out[g.q_index[g.valid]] = o[g.valid]
+                out.index_copy_(0, g.q_index[g.valid], o[g.valid])
         return out
 
     def hf_state_dict(self) -> dict[str, torch.Tensor]:

@@ -1,0 +1,255 @@
+"""The teaching engine (``mini_engine``) behind the reference server: ``--engine mini``.
+
+``mini_engine.LLMEngine`` is synchronous; here it runs in one background thread that loops
+``step()`` while there is work and sleeps on its inbox otherwise. Each request gets an
+``asyncio.Queue`` that the thread feeds with ``loop.call_soon_threadsafe``; closing the
+stream early posts an abort, which frees the request's KV blocks on the next loop turn.
+
+Engine knobs come after ``--`` on the server command line, e.g.
+``reference-server --engine mini -- --prefix-cache radix --spec ngram``
+(``--help-engine`` lists them; see ``engine_arg_parser``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import queue
+import threading
+import time
+from typing import AsyncIterator, Callable
+
+from reference_server.engines.base import EngineDied, EngineError, EngineInfo
+from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
+                                            SamplingParams, TokenLogprob)
+
+
+def engine_arg_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reference-server --engine mini --",
+                                description="mini_engine knobs (every mechanism can be switched)")
+    p.add_argument("--compute-dtype", default="auto",
+                   help="auto (float32 on CPU, the server's --dtype on CUDA) | float32 | bfloat16")
+    p.add_argument("--block-size", type=int, default=16)
+    p.add_argument("--num-blocks", type=int, default=None, help="default: from --kv-cache-gib")
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-num-batched-tokens", type=int, default=512)
+    p.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
+    p.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false")
+    p.add_argument("--kv-layout", choices=("paged", "contiguous"), default="paged")
+    p.add_argument("--prefix-cache", choices=("none", "hash", "radix"), default=None,
+                   help="default: hash, or none with the server's --no-prefix-caching")
+    p.add_argument("--spec", choices=("none", "ngram", "self"), default="none")
+    p.add_argument("--num-spec-tokens", type=int, default=4)
+    p.add_argument("--draft-layers", type=int, default=8)
+    p.add_argument("--attention", choices=("gqa", "mqa", "mla"), default="gqa")
+    p.add_argument("--mla-rank", type=int, default=64)
+    p.add_argument("--quant", choices=("none", "int8", "int4"), default="none")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    return p
+
+
+def _engine_config(config, device: str, argv: list[str]):
+    from mini_engine import EngineConfig
+    try:
+        a = engine_arg_parser().parse_args(argv)
+    except SystemExit as exc:
+        raise ValueError(f"bad mini engine arguments {argv!r}") from exc
+    dtype = a.compute_dtype
+    if dtype == "auto":
+        dtype = "float32" if device == "cpu" else config.dtype
+    prefix = a.prefix_cache or ("hash" if config.enable_prefix_caching else "none")
+    if a.kv_layout == "contiguous":
+        prefix = "none"
+    return EngineConfig(
+        dtype=dtype, device=device, block_size=a.block_size, num_blocks=a.num_blocks,
+        kv_cache_gib=config.kv_cache_gib, max_model_len=config.max_model_len,
+        max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
+        scheduler=a.scheduler, chunked_prefill=a.chunked_prefill, kv_layout=a.kv_layout,
+        prefix_cache=None if prefix == "none" else prefix,
+        spec=None if a.spec == "none" else a.spec, num_spec_tokens=a.num_spec_tokens,
+        draft_layers=a.draft_layers, attention=a.attention, mla_rank=a.mla_rank,
+        quant=None if a.quant == "none" else a.quant, num_threads=a.threads)
+
+
+class MiniEngine(LocalEngine):
+    name = "mini"
+
+    def __init__(self, config, model) -> None:
+        super().__init__()
+        self.config = config
+        self.spec = model
+        self.device = config.resolved_device()
+        self.engine_config = _engine_config(config, self.device, list(config.engine_args))
+        self.model_name = config.served_model_name or model.name
+        self.max_model_len = config.max_model_len
+        self.tokenizer = None
+        self.engine = None
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._streams: dict[str, Callable[[object], None]] = {}
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        self._stats = EngineStats()
+        self._spec_stats: dict = {}
+        self._ready = False
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        return self._ready and self._error is None
+
+    async def start(self) -> None:
+        await asyncio.to_thread(self._load)
+        self.metrics.set_model_name(self.model_name)
+        self._thread = threading.Thread(target=self._loop, name="mini-engine", daemon=True)
+        self._thread.start()
+        self._ready = True
+
+    def _load(self) -> None:
+        from transformers import AutoTokenizer
+
+        from mini_engine import LLMEngine
+        self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
+        self.engine = LLMEngine(self.spec.path, self.engine_config)
+        self.max_model_len = min(self.max_model_len, self.engine.max_model_len)
+        self._publish()
+
+    async def stop(self) -> None:
+        self._ready = False
+        self._stop.set()
+        self._inbox.put(("wake",))
+        if self._thread is not None:
+            await asyncio.to_thread(self._thread.join, 10)
+            self._thread = None
+
+    def check(self) -> None:
+        if self._error is not None:
+            raise EngineDied(f"mini engine loop died: {self._error!r}")
+
+    def info(self) -> EngineInfo:
+        e = self.engine
+        c = self.engine_config
+        return EngineInfo(
+            engine="mini", engine_version="0.1", model=self.model_name,
+            model_path=self.spec.path, dtype=c.dtype, device=self.device,
+            max_model_len=self.max_model_len,
+            kv_capacity_tokens=e.block_manager.num_blocks * c.block_size,
+            kv_bytes_per_token=e.runner.kv_bytes_per_token(), block_size=c.block_size,
+            prefix_caching=c.prefix_cache is not None,
+            extra={k: getattr(c, k) for k in (
+                "scheduler", "chunked_prefill", "kv_layout", "prefix_cache", "spec",
+                "num_spec_tokens", "attention", "quant", "max_num_seqs",
+                "max_num_batched_tokens")})
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    async def metrics_text(self) -> str:
+        text = await super().metrics_text()
+        s = self._spec_stats
+        if not s:
+            return text
+        label = f'{{model_name="{self.model_name}"}}'
+        extra = []
+        for name, key in (("vllm:spec_decode_num_drafts_total", "num_drafts"),
+                          ("vllm:spec_decode_num_draft_tokens_total", "num_draft_tokens"),
+                          ("vllm:spec_decode_num_accepted_tokens_total", "num_accepted_tokens")):
+            extra += [f"# TYPE {name.removesuffix('_total')} counter", f"{name}{label} {s[key]}"]
+        return text + "\n".join(extra) + "\n"
+
+    async def reset_prefix_cache(self) -> bool:
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        self._inbox.put(("reset", lambda ok: loop.call_soon_threadsafe(fut.set_result, ok)))
+        return await fut
+
+    # -- requests ------------------------------------------------------------------------
+
+    async def generate(self, request_id: str, prompt_token_ids: list[int],
+                       params: SamplingParams) -> AsyncIterator[GenerationStep]:
+        self.check()
+        from mini_engine import SamplingParams as MiniParams
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        put = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)  # noqa: E731
+        mp = MiniParams(max_tokens=params.max_tokens, temperature=params.temperature,
+                        top_p=params.top_p, seed=params.seed, ignore_eos=params.ignore_eos,
+                        stop_token_ids=list(params.stop_token_ids), logprobs=params.logprobs)
+        self._inbox.put(("add", request_id, list(prompt_token_ids), mp, put))
+        done = False
+        try:
+            while True:
+                item = await q.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if item.finish_reason:
+                    done = True
+                    break
+        finally:
+            if not done:
+                self._inbox.put(("abort", request_id))
+
+    # -- the engine thread ---------------------------------------------------------------
+
+    def _handle(self, cmd: tuple) -> None:
+        kind = cmd[0]
+        if kind == "add":
+            _, rid, prompt, params, put = cmd
+            try:
+                self.engine.add_request(prompt, params, rid)
+            except ValueError as exc:
+                put(EngineError(400, str(exc)))
+                return
+            self._streams[rid] = put
+        elif kind == "abort":
+            self.engine.abort(cmd[1])
+            self._streams.pop(cmd[1], None)
+        elif kind == "reset":
+            cmd[1](self.engine.reset_prefix_cache())
+
+    def _loop(self) -> None:
+        eng = self.engine
+        try:
+            while not self._stop.is_set():
+                busy = eng.has_unfinished()
+                try:
+                    cmd = self._inbox.get(timeout=None if not busy else 0) if not busy \
+                        else self._inbox.get_nowait()
+                    self._handle(cmd)
+                    while True:                       # drain everything that queued up
+                        self._handle(self._inbox.get_nowait())
+                except queue.Empty:
+                    pass
+                if not eng.has_unfinished():
+                    self._publish()
+                    continue
+                for out in eng.step():
+                    put = self._streams.get(out.request_id)
+                    if put is None:
+                        continue
+                    lps = None
+                    if out.logprobs is not None:
+                        lps = [TokenLogprob(l.token_id, l.logprob, l.top) for l in out.logprobs]
+                    put(GenerationStep(out.new_token_ids, lps, out.finish_reason,
+                                       out.cached_tokens))
+                    if out.finish_reason:
+                        del self._streams[out.request_id]
+                self._publish()
+        except BaseException as exc:  # report, never hide: every open stream gets the error
+            self._error = exc
+            died = EngineDied(f"mini engine loop died: {exc!r}")
+            for put in self._streams.values():
+                put(died)
+            self._streams.clear()
+            raise
+
+    def _publish(self) -> None:
+        s = self.engine.stats()
+        self._stats = EngineStats(
+            num_running=s["num_running"], num_waiting=s["num_waiting"],
+            kv_cache_usage=s["kv_cache_usage"], prefix_cache_queries=s["prefix_cache_queries"],
+            prefix_cache_hits=s["prefix_cache_hits"], num_preemptions=s["num_preemptions"])
+        if self.engine_config.spec:
+            self._spec_stats = s["spec"]

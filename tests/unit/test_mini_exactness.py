@@ -1,0 +1,200 @@
+"""The teaching engine against Hugging Face transformers, greedy, token for token.
+
+Reference: ``LlamaForCausalLM`` in fp32, one prompt at a time, with its own KV cache
+(``ignore_eos``: always 64 new tokens). In fp32 the engine must produce *identical* tokens
+with every mechanism on or off, one request at a time and batched. Variants that change the
+model (int8/int4 weights, MQA, MLA) are compared with an HF model loaded with the same
+effective weights. bf16 is compared with a stated tolerance (see ``test_bf16_tolerance``).
+
+The HF model and its outputs are computed once per session (about half a minute on 2 cores).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workshop.models import ModelError, resolve_model
+
+NEW_TOKENS = 64
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "List three prime numbers.",
+    "Explain photosynthesis in one sentence.",
+    "Translate 'good morning' into Spanish.",
+    "What is 12 times 12?",
+    "Give me a name for a pet turtle.",
+    "Why is the sky blue?",
+    "Summarize the plot of Romeo and Juliet.",
+    "What does a CPU do?",
+]
+RAW = [
+    "The quick brown fox jumps over the lazy dog. The quick brown fox jumps over the lazy",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    "1, 2, 3, 4, 5, 6, 7, 8,",
+    "Once upon a time, in a small village by the river,",
+    "The mitochondria is the powerhouse of the",
+    "Paris is to France as Berlin is to",
+    "A B C D E F G A B C D E F G A B C",
+    "In 1969, Neil Armstrong",
+    "Python is a programming language that",
+    # a long one, so chunked prefill and multi-block tables are exercised
+    " ".join(f"Item {i}: the value is {i * 7 % 13}." for i in range(60)) + " Item 60:",
+]
+
+
+def _model_path() -> str:
+    try:
+        return resolve_model("smollm2-135m", prepare=False).path
+    except ModelError as exc:
+        pytest.skip(f"bundled model not prepared: {exc}")
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    torch.set_num_threads(1)   # the CI box is shared: oversubscribed OpenMP threads crawl
+    return _model_path()
+
+
+@pytest.fixture(scope="module")
+def prompts(path) -> list[list[int]]:
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(path)
+    chat = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                    tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+    raw = [tok.encode(t) for t in RAW]
+    return [list(p) for p in chat + raw]
+
+
+def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    out = []
+    with torch.inference_mode():
+        res = model(torch.tensor([prompt]), use_cache=True)
+        for _ in range(n):
+            nxt = int(res.logits[0, -1].float().argmax())
+            out.append(nxt)
+            res = model(torch.tensor([[nxt]]), past_key_values=res.past_key_values, use_cache=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def hf_model(path):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def reference(hf_model, prompts) -> list[list[int]]:
+    return [hf_greedy(hf_model, p, NEW_TOKENS) for p in prompts]
+
+
+def run_engine(path, prompts, n=NEW_TOKENS, twice=False, **cfg):
+    from mini_engine import LLMEngine, SamplingParams
+    eng = LLMEngine(path, num_threads=1, **cfg)
+    params = SamplingParams(max_tokens=n, ignore_eos=True)
+    out = eng.generate(prompts, params)
+    if twice:   # second pass: served from the prefix cache
+        out2 = eng.generate(prompts, params)
+        assert out2 == out
+    return eng, out
+
+
+def assert_same(out, ref):
+    bad = [(i, next(j for j, (a, b) in enumerate(zip(o, r)) if a != b))
+           for i, (o, r) in enumerate(zip(out, ref)) if o != r]
+    assert not bad, f"(prompt, first differing token) pairs: {bad}"
+
+
+def test_prompt_set_is_big_enough(prompts):
+    assert len(prompts) >= 20
+    assert max(map(len, prompts)) > 512    # longer than the default token budget
+
+
+def test_single_request_at_a_time(path, prompts, reference):
+    eng, out = run_engine(path, prompts, max_num_seqs=1)
+    assert_same(out, reference)
+    assert max(len(r.scheduled) for r in eng.history) == 1
+
+
+# Every mechanism on and off, all prompts batched together.
+CONFIGS = {
+    "paged-continuous": {},
+    "contiguous-reservation": {"kv_layout": "contiguous", "num_blocks": 20 * 2048 // 16},
+    "static-batching": {"scheduler": "static"},
+    "no-chunked-prefill": {"chunked_prefill": False, "max_num_batched_tokens": 1024},
+    "tiny-token-budget": {"max_num_batched_tokens": 24},
+    "preemption": {"num_blocks": 64},
+    "prefix-hash": {"prefix_cache": "hash"},
+    "prefix-radix": {"prefix_cache": "radix"},
+    "spec-ngram": {"spec": "ngram"},
+    "spec-self-draft": {"spec": "self", "draft_layers": 8},
+    "block-size-1": {"block_size": 1, "prefix_cache": "radix"},
+    "everything": {"prefix_cache": "radix", "spec": "ngram", "num_blocks": 64,
+                   "max_num_batched_tokens": 64},
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_batched_matches_hf(path, prompts, reference, name):
+    cfg = dict(CONFIGS[name])
+    prefix = "prefix_cache" in cfg
+    eng, out = run_engine(path, prompts, twice=prefix, **cfg)
+    assert_same(out, reference)
+    st = eng.stats()
+    assert st["free_blocks"] + st["cached_blocks"] == st["num_blocks"]   # nothing leaked
+    if name in ("preemption", "everything"):
+        assert st["num_preemptions"] > 0
+    if prefix:
+        assert st["prefix_cache_hits"] > 0
+    if "spec" in cfg:
+        assert st["spec"]["num_draft_tokens"] > 0
+        assert 0 < st["spec"]["num_accepted_tokens"] <= st["spec"]["num_draft_tokens"]
+    if name == "tiny-token-budget":
+        assert max(r.num_batched_tokens for r in eng.history) <= 24
+    if name == "static-batching":
+        # a new batch starts only once the previous one has drained
+        assert any(r.num_waiting > 0 for r in eng.history)
+
+
+# Model-changing variants: the reference is HF with the engine's effective weights.
+VARIANTS = {"int8": {"quant": "int8"}, "int4": {"quant": "int4"}, "mqa": {"attention": "mqa"},
+            "mla": {"attention": "mla", "mla_rank": 128}}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_variant_matches_hf_with_same_weights(path, prompts, name):
+    from transformers import AutoConfig, LlamaForCausalLM
+    from mini_engine import LLMEngine, SamplingParams
+    few = prompts[:3] + prompts[10:13]
+    eng = LLMEngine(path, num_threads=1, **VARIANTS[name])
+    out = eng.generate(few, SamplingParams(max_tokens=32, ignore_eos=True))
+    config = AutoConfig.from_pretrained(path)
+    if name == "mqa":
+        config.num_key_value_heads = 1
+    ref_model = LlamaForCausalLM(config).float().eval()
+    missing, unexpected = ref_model.load_state_dict(eng.runner.hf_state_dict(), strict=False)
+    assert not unexpected and all("lm_head" in m for m in missing)
+    ref_model.tie_weights()
+    ref = [hf_greedy(ref_model, p, 32) for p in few]
+    if name == "mla":
+        # The latent path computes (x @ down^T) @ up^T where HF computes x @ (up @ down)^T:
+        # equal in exact arithmetic, not bit for bit, so allow near-ties to flip late.
+        agree = sum(a == b for o, r in zip(out, ref) for a, b in zip(o, r))
+        assert agree >= 0.9 * sum(map(len, ref)), (out, ref)
+    else:
+        assert_same(out, ref)
+
+
+def test_bf16_tolerance(path, prompts, reference):
+    """bf16 weights and KV: the stated tolerance is that the first 8 tokens of every prompt
+    and at least 70% of all tokens (compared up to the first divergence) agree with fp32 HF.
+    Rounding differences flip near-tied argmaxes, after which texts legitimately diverge."""
+    _, out = run_engine(path, prompts, dtype="bfloat16")
+    prefix = []
+    for o, r in zip(out, reference):
+        k = next((j for j, (a, b) in enumerate(zip(o, r)) if a != b), len(r))
+        prefix.append(k)
+    assert min(prefix) >= 8, prefix
+    assert sum(prefix) >= 0.7 * NEW_TOKENS * len(reference), prefix

@@ -1,0 +1,65 @@
+"""Small pieces of the teaching engine: speculative acceptance, n-gram lookup, sampler,
+quantized linears."""
+
+from __future__ import annotations
+
+import torch
+
+from mini_engine.quant import Int4Linear, Int8Linear
+from mini_engine.sampler import logprob_of, sample_row
+from mini_engine.sequence import SamplingParams
+from mini_engine.spec_decode import NgramProposer, SpecStats, accept_greedy
+
+
+def test_accept_greedy():
+    assert accept_greedy([5, 6, 7], [5, 6, 7, 8]) == [5, 6, 7, 8]   # all accepted + bonus
+    assert accept_greedy([5, 6, 7], [5, 9, 7, 8]) == [5, 9]         # correction at mismatch
+    assert accept_greedy([5], [4, 1]) == [4]                         # nothing accepted
+    assert accept_greedy([], [3]) == [3]
+
+
+def test_spec_stats_accounting():
+    s = SpecStats()
+    s.record(4, 2)
+    s.record(3, 3)
+    s.record(0, 0)
+    assert (s.num_drafts, s.num_draft_tokens, s.num_accepted_tokens) == (2, 7, 5)
+    assert s.accepted_per_position == [2, 2, 1, 0]
+    assert abs(s.acceptance_rate - 5 / 7) < 1e-9
+
+
+def test_ngram_prompt_lookup():
+    p = NgramProposer(max_n=3)
+    assert p.propose_one([1, 2, 3, 4, 9, 1, 2, 3], 2) == [4, 9]
+    assert p.propose_one([1, 2, 3, 7, 2, 3, 8, 2, 3], 3) == [8, 2, 3]   # latest occurrence
+    assert p.propose_one([1, 2, 3], 3) == []
+    assert p.propose_one([5], 3) == []
+
+
+def test_sampler_greedy_seeded_top_p():
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.9])
+    assert sample_row(logits, SamplingParams(), None) == 1
+    sp = SamplingParams(temperature=1.0, seed=7)
+    a = [sample_row(logits, sp, torch.Generator().manual_seed(7)) for _ in range(3)]
+    b = [sample_row(logits, sp, torch.Generator().manual_seed(7)) for _ in range(3)]
+    assert a == b
+    tiny_p = SamplingParams(temperature=1.0, top_p=0.01)
+    assert {sample_row(logits, tiny_p, None) for _ in range(20)} == {1}
+    lp = logprob_of(logits, 3, 2)
+    assert lp.token_id == 3 and [t for t, _ in lp.top] == [1, 3]
+    assert abs(lp.logprob - float(torch.log_softmax(logits, -1)[3])) < 1e-6
+
+
+def test_int8_and_int4_reconstruct_weights():
+    torch.manual_seed(0)
+    w = torch.randn(64, 128) * 0.05
+    x = torch.randn(3, 128)
+    q8, q4 = Int8Linear(w), Int4Linear(w, group_size=32)
+    err8 = (q8.dequantize() - w).abs().max() / w.abs().max()
+    err4 = (q4.dequantize() - w).abs().max() / w.abs().max()
+    assert err8 < 1 / 127 and err4 < 0.1 and err8 < err4
+    assert q8.qweight.dtype == torch.int8 and q4.packed.dtype == torch.uint8
+    assert q4.packed.shape == (64, 64)                     # two 4-bit values per byte
+    assert q8.nbytes() < w.numel() * 4 / 3.5 and q4.nbytes() < w.numel() * 4 / 5
+    ref = x @ w.T
+    assert torch.allclose(q8(x), ref, atol=0.02) and torch.allclose(q4(x), ref, atol=0.2)
