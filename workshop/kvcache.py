@@ -336,3 +336,106 @@ __all__ = [
     "weight_bytes", "weights_read_per_step", "plan", "plan_summary", "max_context_for",
     "human_bytes",
 ]
+
+
+# ---------------------------------------------------------------------------------------
+# Notebook helpers: tables and figures built from the functions above
+# ---------------------------------------------------------------------------------------
+
+def model_rows(keys: list[str] | None = None, context: int = 32_768,
+               kv_dtype: str = "bf16") -> list[dict]:
+    """One row per shipped model: the config terms and what they imply for the cache."""
+    rows = []
+    for key in keys or list_models():
+        cfg = load_model(key)
+        per_token = kv_bytes_per_token(cfg, kv_dtype)
+        ctx = min(context, cfg.max_context) if cfg.max_context else context
+        if cfg.attention == "mla":
+            terms = f"MLA: latent {cfg.kv_lora_rank} + RoPE key {cfg.qk_rope_head_dim}"
+        else:
+            terms = f"{cfg.num_kv_heads} KV heads x {cfg.head_dim} (of {cfg.num_heads} heads)"
+        if cfg.num_sliding_layers:
+            terms += f"; {cfg.num_sliding_layers} layers window {cfg.sliding_window}"
+        rows.append({
+            "model": f"[{cfg.name}]({cfg.source})",
+            "layers": cfg.num_layers,
+            "cached per layer": terms,
+            f"KV B/token ({kv_dtype})": round(per_token),
+            "naive B/token": round(naive_kv_bytes_per_token(cfg, kv_dtype)),
+            "KV of one long conversation": (f"{human_bytes(kv_bytes_per_sequence(cfg, ctx, kv_dtype))}"
+                                            f" at {ctx:,} tokens"),
+            "weights (bf16)": human_bytes(weight_bytes(cfg, "bf16")),
+        })
+    return rows
+
+
+def engine_check(cfg: ModelConfig, cache_config: dict[str, str], server_info: dict) -> dict:
+    """Compare our bytes/token with the engine's own block count for its KV memory.
+
+    The engine (vLLM) sizes its cache in bytes and divides by its own per-block size; if our
+    formula is right, ``floor(memory / (block_size x our bytes/token))`` is its block count.
+    """
+    block = int(cache_config.get("block_size") or server_info.get("block_size") or 16)
+    dtype = cache_config.get("cache_dtype", "auto")
+    kv_dtype = "bf16" if dtype in ("auto", "bfloat16", "float16") else (
+        "fp8" if dtype.startswith("fp8") else dtype)
+    ours = int(kv_bytes_per_token(cfg, kv_dtype))
+    blocks = cache_config.get("num_gpu_blocks")
+    memory = cache_config.get("kv_cache_memory_bytes")
+    out = {"block_size": block, "cache_dtype": dtype, "our_bytes_per_token": ours,
+           "engine_blocks": int(blocks) if blocks and blocks != "None" else None,
+           "engine_capacity_tokens": server_info.get("kv_capacity_tokens"),
+           "kv_memory_bytes": int(memory) if memory and memory != "None" else None}
+    if out["kv_memory_bytes"] is not None:
+        out["predicted_blocks"] = out["kv_memory_bytes"] // int(ours * block)
+        out["predicted_capacity_tokens"] = engine_capacity_tokens(out["kv_memory_bytes"], ours, block)
+        out["agrees"] = out["predicted_blocks"] == out["engine_blocks"]
+    elif out["engine_blocks"] is not None:
+        # No byte budget published (e.g. GPU sized by memory fraction): report what the
+        # engine's block count means in bytes under our formula instead.
+        out["implied_kv_memory_bytes"] = out["engine_blocks"] * block * ours
+    return out
+
+
+def gpu_rows(cfg: ModelConfig, gpus: dict[str, GPU], *, weight_dtype: str, kv_dtype: str,
+             context: int, users: int, num_gpus: int = 1) -> list[dict]:
+    rows = []
+    for g in gpus.values():
+        p = plan(cfg, g, weight_dtype=weight_dtype, kv_dtype=kv_dtype, context=context,
+                 users=users, num_gpus=num_gpus)
+        rows.append({
+            "GPU": f"{num_gpus} x {g.name}" if num_gpus > 1 else g.name,
+            "fits": "yes" if p.fits else "no",
+            "max users": p.max_users,
+            f"max context ({users} users)": p.max_context,
+            "tok/s per user (bound)": round(p.decode_tok_s_per_user, 1) if p.fits else None,
+            "tok/s total (bound)": round(p.decode_tok_s_total) if p.fits else None,
+            "$/hour (indicative)": g.price_usd_hour,
+            "$ per M tokens (at best)": (round(p.usd_per_million_tokens, 3)
+                                         if p.usd_per_million_tokens is not None else None),
+        })
+    return rows
+
+
+def plot_users_vs_context(cfg: ModelConfig, gpu: GPU, weight_dtype: str, num_gpus: int = 1,
+                          contexts: list[int] | None = None):
+    """Max simultaneous users against context: bf16 KV, fp8 KV, and the naive calculator."""
+    from workshop.plots import figure
+    top = cfg.max_context or 131_072
+    contexts = contexts or [c for c in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536,
+                                        131072) if c <= top]
+    memory = gpu.memory_bytes * num_gpus * 0.9 - weight_bytes(cfg, weight_dtype)
+    fig, ax = figure(f"{cfg.name} on {num_gpus} x {gpu.name}, weights {weight_dtype}",
+                     "context per user (tokens)", "max simultaneous users")
+    for kv_dtype, style in (("bf16", "o-"), ("fp8", "s-")):
+        users = [max(int(memory // kv_bytes_per_sequence(cfg, c, kv_dtype)), 0) for c in contexts]
+        ax.plot(contexts, users, style, label=f"KV cache {kv_dtype} (this module)")
+    # The classic mistake: keys and values for every attention head (bf16 cache).
+    heads = [max(int(memory // (naive_kv_bytes_per_token(cfg, "bf16") * c)), 0) for c in contexts]
+    ax.plot(contexts, heads, "x--", color="tab:gray",
+            label=f"mistake: K and V for all {cfg.num_heads} attention heads (bf16)")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("symlog", linthresh=1)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return fig

@@ -24,7 +24,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import torch
 from torch import nn
@@ -359,6 +359,59 @@ def decode_tokens_per_s(model: nn.Module, tokenizer, prompt: str = QUESTIONS[0],
 
 
 # ---------------------------------------------------------------------------------------
+# One variant, measured end to end
+# ---------------------------------------------------------------------------------------
+
+VARIANTS: dict[str, Callable[[nn.Module], nn.Module]] = {
+    "bf16 (reference)": lambda m: m,
+    "int8 per-channel (ours)": lambda m: quantize_model(m, 8),
+    "int4 group 64, symmetric (ours)": lambda m: quantize_model(m, 4, 64, True),
+    "int4 group 32, min/max (ours, Q4_1's grid)": lambda m: quantize_model(m, 4, 32, False),
+    "int8 dynamic (PyTorch library)": quantize_dynamic_int8,
+}
+
+
+def load_bf16(path: str) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+
+
+def evaluate_variant(name: str, make: Callable[[nn.Module], nn.Module], path: str, tokenizer,
+                     texts: Sequence[str], questions: Sequence[str],
+                     reference: Sequence[Sequence[int]] | None = None, max_tokens: int = 2048,
+                     new_tokens: int = 24, speed_tokens: int = 32) -> tuple[dict, list[list[int]]]:
+    """Load a fresh bf16 model, apply ``make``, measure, free it, and prove it was freed.
+
+    Returns the table row and the greedy answers (pass the bf16 ones as ``reference``).
+    RSS is this process's resident memory: measured before loading, with the variant loaded,
+    and after ``del`` + ``release_memory``; the last should return to about the first.
+    """
+    release_memory()
+    rss_before = rss_bytes()
+    model = make(load_bf16(path))
+    release_memory()                      # drop what quantizing left behind
+    rss_loaded = rss_bytes()
+    weights = state_dict_bytes(model)
+    ppl = perplexity(model, tokenizer, texts, max_tokens=max_tokens)
+    answers = greedy_answers(model, tokenizer, questions, new_tokens)
+    speed = decode_tokens_per_s(model, tokenizer, new_tokens=speed_tokens)
+    del model
+    release_memory()
+    rss_after = rss_bytes()
+    agreement = greedy_agreement(reference or answers, answers)
+    return {
+        "variant": name,
+        "weights (MiB)": weights / 2**20,
+        "RSS with model (MiB, +)": (rss_loaded - rss_before) / 2**20,
+        "RSS after free (MiB, +)": (rss_after - rss_before) / 2**20,
+        "perplexity": ppl,
+        "answers identical": f"{agreement.exact:.0%}",
+        "tokens before divergence": f"{agreement.prefix:.0%}",
+        "decode tok/s (batch 1)": speed,
+    }, answers
+
+
+# ---------------------------------------------------------------------------------------
 # The GGUF the bundled model came from
 # ---------------------------------------------------------------------------------------
 
@@ -393,5 +446,6 @@ __all__ = [
     "quantize_dynamic_int8", "state_dict_bytes", "param_bytes", "rss_bytes", "release_memory",
     "QUESTIONS", "sharegpt_path", "heldout_texts", "perplexity", "greedy_answers",
     "common_prefix", "Agreement", "greedy_agreement", "decode_tokens_per_s", "gguf_summary",
+    "VARIANTS", "load_bf16", "evaluate_variant",
     "distinct_values_per_group",
 ]

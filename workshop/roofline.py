@@ -90,6 +90,30 @@ def measure_machine(name: str = "this machine", mib: int = 256,
                    f"measured (torch {dtype} matmul, float32 sum of {mib} MiB)")
 
 
+def measure_cuda_machine(n: int = 4096, mib: int = 1024, repeats: int = 5) -> Machine:
+    """The same two measurements on the first CUDA GPU, timed with CUDA events."""
+    import torch
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    x = torch.ones(mib * 2**20 // 4, device="cuda", dtype=torch.float32)
+
+    def timed(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        best = float("inf")
+        for _ in range(repeats):
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            best = min(best, start.elapsed_time(end) / 1e3)
+        return best
+
+    return Machine(torch.cuda.get_device_name(), x.numel() * 4 / timed(lambda: x.sum()),
+                   2 * n**3 / timed(lambda: a @ a), "measured (torch CUDA, bf16 matmul)")
+
+
 # ---------------------------------------------------------------------------------------
 # The model
 # ---------------------------------------------------------------------------------------
@@ -196,7 +220,8 @@ def plot_roofline(ax, machine: Machine, points: Sequence[Point] = (),
     c = line.get_color()
     ax.axvline(machine.ridge, color=c, linestyle=":", linewidth=0.8)
     for p in points:
-        ax.loglog(p.intensity, p.flops, marker, color=c)
+        ax.loglog(p.intensity, p.flops, "s" if p.label.startswith("prefill") else marker,
+                  color=c)
         if annotate:
             ax.annotate(p.label, (p.intensity, p.flops), textcoords="offset points",
                         xytext=(4, -10), fontsize=7, color=c)
@@ -206,9 +231,62 @@ def plot_roofline(ax, machine: Machine, points: Sequence[Point] = (),
     return ax
 
 
+def roofline_figure(title: str, machines: Sequence[Machine],
+                    points: dict[str, Sequence[Point]] | None = None,
+                    intensity_range: tuple[float, float] = (0.1, 1e4)):
+    """A figure with each machine's roof and its points (squares: prefill, circles: decode)."""
+    from workshop.plots import figure
+    fig, ax = figure(title, "arithmetic intensity (FLOP / byte)", "attained FLOP/s")
+    for m in machines:
+        plot_roofline(ax, m, (points or {}).get(m.name, ()), intensity_range)
+    ax.legend(fontsize=8)
+    return fig
+
+
+# ---------------------------------------------------------------------------------------
+# Measuring a live server (through the course's benchmark harness)
+# ---------------------------------------------------------------------------------------
+
+def serve_decode(session, batch: int, input_len: int = 128, output_len: int = 32,
+                 progress: bool = False) -> dict:
+    """Decode speed with ``batch`` requests in flight together, from the streamed tokens.
+
+    All ``batch`` requests start at once (closed loop, concurrency = batch) and ask for exactly
+    ``output_len`` tokens (``ignore_eos``). TPOT (time per output token after the first) is
+    per request; while all of them decode together the engine makes ``batch / TPOT`` tokens/s.
+    """
+    from workshop.bench import run_benchmark
+    res = run_benchmark(base_url=session.base_url, model=session.model, workload="random",
+                        num_requests=batch, concurrency=batch, input_len=input_len,
+                        output_len=output_len, api_key=session.api_key, progress=progress,
+                        warmup=1, seed=batch)
+    tpot_ms = res.summary["tpot_ms"]["median"]
+    return {"batch": batch, "context": input_len + output_len // 2, "TPOT ms (median)": tpot_ms,
+            "tok/s per request": 1000 / tpot_ms, "tok/s total": batch * 1000 / tpot_ms,
+            "completed": res.summary["completed"], "errors": res.summary["errors"]}
+
+
+def serve_prefill(session, prompt_tokens: int, repeats: int = 3, progress: bool = False) -> dict:
+    """Prefill speed of one prompt at a time: prompt tokens / time to first token (median).
+
+    TTFT also contains the HTTP round trip, tokenization and one decode step, so short prompts
+    understate the prefill rate; long prompts make those fixed costs negligible.
+    """
+    from workshop.bench import run_benchmark
+    res = run_benchmark(base_url=session.base_url, model=session.model, workload="random",
+                        num_requests=repeats, concurrency=1, input_len=prompt_tokens,
+                        output_len=1, api_key=session.api_key, progress=progress, warmup=1,
+                        seed=1000 + prompt_tokens)
+    ttft_ms = res.summary["ttft_ms"]["median"]
+    return {"prompt tokens": prompt_tokens, "TTFT ms (median)": ttft_ms,
+            "prefill tok/s": prompt_tokens * 1000 / ttft_ms,
+            "completed": res.summary["completed"], "errors": res.summary["errors"]}
+
+
 __all__ = [
     "Machine", "Point", "measure_read_bandwidth", "measure_copy_bandwidth",
-    "measure_matmul_flops", "measure_machine", "attainable_flops", "ridge_intensity",
+    "measure_matmul_flops", "measure_machine", "measure_cuda_machine", "attainable_flops", "ridge_intensity",
     "flops_per_token", "decode_intensity", "prefill_intensity", "decode_point",
     "prefill_point", "decode_bound_tokens_per_s", "time_decode_step", "plot_roofline",
+    "roofline_figure", "serve_decode", "serve_prefill",
 ]

@@ -1,0 +1,251 @@
+# %% [markdown]
+# # 2 · KV-cache capacity: how many users fit, and what a token costs
+#
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/02_kv_cache_capacity.ipynb)
+# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/02_kv_cache_capacity.py)
+#
+# Notebook 1 watched the KV cache fill up on a live server. This notebook turns that into
+# arithmetic you can do for any model and any GPU before renting one:
+#
+# 1. **bytes per token** for six real models, from their published `config.json` files;
+# 2. a **check against the live engine**: does our formula predict exactly how many KV blocks
+#    the engine carved out of its memory?
+# 3. a **capacity and cost calculator**: does a model fit on a GPU at a given precision,
+#    context and number of users, how fast can it decode at best, and what does that imply
+#    per million tokens?
+#
+# Two mistakes are common in online calculators, and the calculator here avoids both: counting
+# keys and values for every *attention* head (models with grouped-query attention store them
+# only for the fewer *KV* heads), and assuming the cache has the same precision as the weights
+# (4-bit weights with a 16-bit cache is the usual case).
+
+# %%
+# Make the course package importable (from this checkout, or installed on Colab / molab),
+# then connect. Re-running this cell reuses the server it started.
+import importlib.util as _ilu
+import pathlib as _pl
+import subprocess as _sp
+import sys as _sys
+
+if _ilu.find_spec("workshop") is None:
+    _repo = next((p for p in (_pl.Path.cwd(), *_pl.Path.cwd().parents)
+                  if (p / "workshop" / "session.py").exists()), None)
+    if _repo is not None:
+        _sys.path.insert(0, str(_repo))
+    else:
+        _sp.run([_sys.executable, "-m", "pip", "install", "-q", "llm-inference-workshop[notebooks] @ "
+                 "git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+
+import workshop.session
+
+session = workshop.session.connect()
+
+# %% [markdown]
+# ## 1. Bytes per token, from real configs
+#
+# For every token in a conversation, every layer keeps what attention needs to look back at it.
+# In standard and grouped-query attention (GQA) that is one key and one value vector per KV head:
+#
+# $$\text{bytes per token} = 2 \times \text{layers} \times \text{KV heads} \times \text{head dim} \times \text{bytes per number}$$
+#
+# Two newer designs change the formula:
+#
+# * **Multi-head latent attention** (MLA, DeepSeek-V2/V3) caches one compressed vector per layer
+#   and token (`kv_lora_rank` numbers) plus one small shared positional key
+#   (`qk_rope_head_dim`), and rebuilds per-head keys and values from it:
+#   $\text{layers} \times (\text{kv\_lora\_rank} + \text{qk\_rope\_head\_dim}) \times \text{bytes}$
+#   ([DeepSeek-V2 paper](https://arxiv.org/abs/2405.04434), section 2.1).
+# * **Sliding-window layers** (gpt-oss alternates them with full layers) keep only the last
+#   `sliding_window` tokens, so past that length they stop growing.
+#
+# The configs below ship with the course in `workshop/data/models/`, each copied from the
+# linked `config.json`. "Naive" is what you get by counting every attention head at the same
+# precision, the mistake to avoid.
+
+# %%
+from workshop import kvcache, ui
+
+model_table = kvcache.model_rows(context=32_768)
+ui.table(model_table)
+
+# %%
+_llama = kvcache.load_model("llama-3.1-8b")
+_dsv3 = kvcache.load_model("deepseek-v3")
+_oss = kvcache.load_model("gpt-oss-120b")
+_oss_ctx = 32_768
+ui.md(
+    f"Llama 3.1 8B has {_llama.num_heads} attention heads but only {_llama.num_kv_heads} KV "
+    f"heads: counting all heads overstates its cache "
+    f"{kvcache.naive_kv_bytes_per_token(_llama) / kvcache.kv_bytes_per_token(_llama):.0f}x. "
+    f"DeepSeek-V3's config says `num_key_value_heads = {_dsv3.num_kv_heads}`, yet with MLA it "
+    f"caches {kvcache.kv_bytes_per_token(_dsv3):,.0f} bytes per token, "
+    f"{kvcache.naive_kv_bytes_per_token(_dsv3) / kvcache.kv_bytes_per_token(_dsv3):.0f}x less than "
+    f"per-head keys and values would need. gpt-oss-120b at {_oss_ctx:,} tokens averages "
+    f"{kvcache.kv_bytes_per_sequence(_oss, _oss_ctx) / _oss_ctx:,.0f} bytes per token instead of "
+    f"{kvcache.kv_bytes_per_token(_oss):,.0f}, because half of its layers keep only "
+    f"{_oss.sliding_window} tokens."
+)
+
+# %% [markdown]
+# ## 2. Check the formula against the live engine
+#
+# The engine does not trust our formula; it computes its own. vLLM takes a memory budget for
+# the KV cache (on CPU: `VLLM_CPU_KVCACHE_SPACE` or `--kv-cache-memory-bytes`; on GPU: what is
+# left of `--gpu-memory-utilization` after the weights), cuts it into **blocks** of
+# `block_size` tokens, and publishes the result in `/metrics` as `vllm:cache_config_info`.
+# If our bytes per token are right, then *budget / (block size x bytes per token)*, rounded
+# down, is exactly the engine's block count. The model's terms come from the `config.json` the
+# server actually loaded, when it is on this machine.
+
+# %%
+import pathlib
+
+_path = pathlib.Path(str(session.info.get("model_path", "")))
+if (_path / "config.json").exists():
+    served_config = kvcache.from_hf_config(_path / "config.json", name=session.model)
+    served_config_from = f"`{_path / 'config.json'}`"
+else:
+    served_config = kvcache.load_model("smollm2-135m")
+    served_config_from = f"the shipped config ([source]({served_config.source})); the server's " \
+                         "folder is not on this machine"
+engine_cache = kvcache.engine_cache_config(session.metrics_text())
+check = kvcache.engine_check(served_config, engine_cache, session.info)
+ui.table([{k: v for k, v in check.items()}])
+
+# %%
+if check.get("kv_memory_bytes") is not None:
+    check_text = (
+        f"The engine was given **{kvcache.human_bytes(check['kv_memory_bytes'])}** for the KV "
+        f"cache and made **{check['engine_blocks']:,} blocks** of {check['block_size']} tokens. "
+        f"Our formula ({served_config_from}: {check['our_bytes_per_token']:,.0f} bytes per token "
+        f"at cache dtype `{check['cache_dtype']}`) predicts **{check['predicted_blocks']:,} "
+        f"blocks**, i.e. {check['predicted_capacity_tokens']:,} tokens: "
+        + ("**they agree exactly**." if check["agrees"] else "**they differ** - the engine "
+           "stores something our formula does not count (or vice versa); investigate before "
+           "trusting the calculator below.")
+        + f" The server reports a capacity of {check['engine_capacity_tokens']:,} tokens.")
+elif check.get("engine_blocks") is not None:
+    check_text = (
+        f"This engine does not publish its KV byte budget (on a GPU it is whatever memory is "
+        f"left after the weights). It made {check['engine_blocks']:,} blocks of "
+        f"{check['block_size']} tokens, which at {check['our_bytes_per_token']:,.0f} bytes per "
+        f"token is {kvcache.human_bytes(check['implied_kv_memory_bytes'])} of KV cache.")
+else:
+    check_text = ("This server publishes no `vllm:cache_config_info` (not a vLLM engine?), so "
+                  "there is no engine figure to check against.")
+ui.md(check_text)
+
+# %% [markdown]
+# ## 3. A capacity and cost calculator
+#
+# Pick a model, a GPU from the catalogue, the precision of the weights and, separately, of the
+# KV cache, a context length per user and a number of users. (In Jupyter, re-run the cells
+# after the controls once you change them; marimo does it for you.)
+#
+# What the calculator assumes, so you can argue with it:
+#
+# * the engine may use 90% of GPU memory (vLLM's default `--gpu-memory-utilization`); the
+#   weights come out of that, the KV cache gets the rest; activations and fragmentation are
+#   ignored;
+# * one decode step reads all weights once (for mixture-of-experts models: the shared part and
+#   every expert at least one user's token was routed to) plus every user's whole KV cache, and
+#   produces one token per user. Its time is at least *bytes / bandwidth* and at least
+#   *2 x active parameters x users / peak FLOP/s*; the larger wins. These are **bounds**: real
+#   engines reach perhaps half to most of them (notebook 3 measures how close this machine
+#   gets);
+# * cost per million tokens = hourly price / tokens per hour at that bound, so it is a
+#   **lower bound** on cost. GPU specs are vendor datasheet figures, prices are indicative list
+#   prices on a given date (sources in the table at the end): put in your own.
+
+# %%
+calc_model = ui.dropdown(kvcache.list_models(), "llama-3.1-8b", "model")
+calc_model
+
+# %%
+gpu_catalogue = kvcache.load_gpus()
+calc_gpu = ui.dropdown(list(gpu_catalogue), "L4", "GPU")
+calc_gpu
+
+# %%
+calc_weights = ui.dropdown(["bf16", "fp8", "int8", "int4"], "int4", "weight precision")
+calc_weights
+
+# %%
+calc_kv = ui.dropdown(["bf16", "fp8"], "bf16", "KV-cache precision")
+calc_kv
+
+# %%
+calc_context = ui.slider(512, 131_072, 8192, 512, "context per user (tokens)")
+calc_context
+
+# %%
+calc_users = ui.slider(1, 256, 16, 1, "simultaneous users")
+calc_users
+
+# %%
+calc_num_gpus = ui.slider(1, 8, 1, 1, "GPUs (tensor parallel)")
+calc_num_gpus
+
+# %%
+calc_cfg = kvcache.load_model(calc_model.value)
+calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], weight_dtype=calc_weights.value,
+                         kv_dtype=calc_kv.value, context=int(calc_context.value),
+                         users=int(calc_users.value), num_gpus=int(calc_num_gpus.value))
+ui.md("```\n" + kvcache.plan_summary(calc_plan) + "\n```")
+
+# %% [markdown]
+# The same question for every GPU in the catalogue:
+
+# %%
+ui.table(kvcache.gpu_rows(calc_cfg, gpu_catalogue, weight_dtype=calc_weights.value,
+                          kv_dtype=calc_kv.value, context=int(calc_context.value),
+                          users=int(calc_users.value), num_gpus=int(calc_num_gpus.value)))
+
+# %% [markdown]
+# How many users fit as the context grows, with a 16-bit cache, an 8-bit cache, and what the
+# naive calculation would tell you:
+
+# %%
+capacity_plot = kvcache.plot_users_vs_context(calc_cfg, gpu_catalogue[calc_gpu.value],
+                                              calc_weights.value, int(calc_num_gpus.value))
+capacity_plot
+
+# %%
+_room = max(calc_plan.memory_for_kv, 0)
+_ctx = int(calc_context.value)
+_gqa_only = calc_plan.kv_bytes_per_token
+_all_heads = _gqa_only * calc_cfg.num_heads / max(calc_cfg.num_kv_heads, 1) \
+    if calc_cfg.attention == "gqa" else kvcache.naive_kv_bytes_per_token(calc_cfg, calc_kv.value)
+_weight_prec = _gqa_only * kvcache.WEIGHT_BYTES[calc_weights.value] / kvcache.KV_BYTES[calc_kv.value]
+_naive = kvcache.naive_kv_bytes_per_token(calc_cfg, calc_weights.value)
+ui.table([{"how the cache is counted": _how, "bytes per token": round(_b),
+           f"users that fit at {_ctx:,} tokens": int(_room // (_b * _ctx))}
+          for _how, _b in (
+              (f"right: KV heads, {calc_kv.value} cache (sliding window averaged in)", _gqa_only),
+              ("mistake 1: every attention head", _all_heads),
+              (f"mistake 2: cache at the weight precision ({calc_weights.value})", _weight_prec),
+              ("both mistakes", _naive))])
+
+# %%
+ui.md(
+    f"At {calc_plan.users} users the decode step is **{calc_plan.bound_by}-bound** "
+    f"({kvcache.human_bytes(calc_plan.step_bytes)} read per step). The weights are read once "
+    f"per step for everybody, but each user's KV cache is read for that user alone: past some "
+    f"batch size, more users stop amortising anything and only add bytes. The two mistakes in "
+    f"the table can also cancel out (4-bit weights with a 16-bit cache, counting all heads), "
+    f"which is how a wrong calculator can look right on one example."
+)
+
+# %% [markdown]
+# ## Where the GPU numbers come from
+#
+# Peak figures are the vendors' dense (no 2:4 sparsity) bf16 tensor numbers and peak memory
+# bandwidth; prices are one provider's on-demand list price on the date shown and move by 2x
+# or more between providers and months.
+
+# %%
+ui.table([{"GPU": g.name, "memory (GiB)": round(g.memory_bytes / 2**30),
+           "bandwidth (GB/s)": round(g.bandwidth_bytes_s / 1e9),
+           "bf16 TFLOP/s": round(g.flops / 1e12), "spec source": g.spec_source,
+           "$/hour": g.price_usd_hour, "price source": g.price_source}
+          for g in gpu_catalogue.values()])
