@@ -16,6 +16,7 @@ async def serve(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per proxied call is noise
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level=config.log_level, access_log=False,

@@ -121,7 +121,14 @@ class HFEngine(LocalEngine):
         def put(item) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, item)
 
+        def release(_) -> None:
+            self._running = 0
+            self._lock.release()
+
         work = loop.run_in_executor(None, self._decode, prompt_token_ids, params, put, cancel)
+        # The lock is released when the decode thread has really stopped, not when the
+        # client leaves: a cancelled request must not overlap with the next one.
+        work.add_done_callback(release)
         try:
             while True:
                 item = await queue.get()
@@ -131,10 +138,7 @@ class HFEngine(LocalEngine):
                 if item.finish_reason:
                     break
         finally:
-            cancel.set()                      # the client left: stop after this token
-            await asyncio.gather(work, return_exceptions=True)
-            self._running = 0
-            self._lock.release()
+            cancel.set()   # no await here: a cancelled task is re-cancelled at every await
 
     def _decode(self, prompt: list[int], params: SamplingParams,
                 put: Callable[[object], None], cancel: threading.Event) -> None:

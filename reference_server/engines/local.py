@@ -84,8 +84,11 @@ class LocalEngine(Engine):
         """Stream the continuation of ``prompt_token_ids``.
 
         Contract: yields at least one step; the last step has ``finish_reason`` set; the
-        caller may stop iterating at any time (``aclose()``), and the engine must then abort
-        the request and free its KV cache. The prompt already fits: ``len(prompt) +
+        caller may stop iterating at any time (``aclose()``, or a cancellation thrown in at
+        an ``await``), and the engine must then abort the request and free its KV cache.
+        Do that cleanup without awaiting: the server runs on anyio, which cancels a
+        cancelled task again at every suspension, so code after an ``await`` in a
+        ``finally`` may never run. The prompt already fits: ``len(prompt) +
         params.max_tokens <= max_model_len`` was checked by the caller.
         """
 

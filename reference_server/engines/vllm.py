@@ -42,7 +42,8 @@ class VLLMEngine(ProxyEngine):
                "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
                "--gpu-memory-utilization", str(util), "--max-logprobs", str(c.max_logprobs),
                "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
-               "--disable-uvicorn-access-log"]
+               "--disable-uvicorn-access-log",
+               "--enable-prompt-tokens-details"]   # cached-token counts in "usage"
         if self.device == "cpu":
             cmd.append("--enforce-eager")   # no Triton/CUDA graphs on the CPU backend
             if c.kv_cache_gib != int(c.kv_cache_gib):

@@ -1,0 +1,156 @@
+"""The OpenAI API of the reference server, over real HTTP, against every engine."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+
+pytestmark = pytest.mark.engine
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_health_ready_and_models(server):
+    assert httpx.get(server.base_url + "/health").json() == {"status": "ok"}
+    assert httpx.get(server.base_url + "/ready").status_code == 200
+    models = server.openai().models.list().data
+    assert [m.id for m in models] == [server.model]
+    assert models[0].root  # where the weights came from
+
+
+def test_server_info_describes_engine(server):
+    info = httpx.get(server.base_url + "/server_info").json()
+    assert info["engine"] == server.engine
+    assert info["model"] == server.model
+    assert info["max_model_len"] == 2048
+    # 2 (K,V) x 30 layers x 3 KV heads x 64 dims x 2 bytes (bf16)
+    assert info["kv_bytes_per_token"] == 23040
+    assert info["kv_capacity_tokens"] >= 2048
+    assert isinstance(info["prefix_caching"], bool)
+
+
+def test_chat_greedy_answer_and_usage(server):
+    r = server.openai().chat.completions.create(model=server.model, messages=QUESTION,
+                                                max_tokens=20, temperature=0)
+    assert "Paris" in r.choices[0].message.content
+    assert r.choices[0].finish_reason == "stop"
+    assert r.usage.prompt_tokens > 5
+    assert 0 < r.usage.completion_tokens <= 20
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_completion_length_limit(server):
+    r = server.openai().completions.create(model=server.model, prompt="Once upon a time",
+                                           max_tokens=7, temperature=0,
+                                           extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 7
+    assert r.choices[0].text
+
+
+def test_chat_stream_with_usage(server):
+    stream = server.openai().chat.completions.create(
+        model=server.model, messages=QUESTION, max_tokens=16, temperature=0, stream=True,
+        stream_options={"include_usage": True})
+    text, usage, finish = "", None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage
+        for c in chunk.choices:
+            text += c.delta.content or ""
+            finish = c.finish_reason or finish
+    assert "Paris" in text
+    assert finish == "stop"
+    assert usage is not None and usage.completion_tokens > 0
+
+
+def test_completion_stream_matches_non_stream(server):
+    client = server.openai()
+    kw = dict(model=server.model, prompt="The three primary colors are", max_tokens=12,
+              temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].text
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, **kw)
+                       if c.choices)
+    assert streamed == whole
+
+
+def test_seed_makes_sampling_reproducible(server):
+    client = server.openai()
+    kw = dict(model=server.model, prompt="My favourite animal is", max_tokens=12,
+              temperature=1.0, top_p=0.9, seed=1234, extra_body={"ignore_eos": True})
+    assert client.completions.create(**kw).choices[0].text == \
+        client.completions.create(**kw).choices[0].text
+
+
+def test_stop_string_cuts_output(server):
+    r = server.openai().completions.create(model=server.model, prompt="1, 2, 3, 4,",
+                                           max_tokens=30, temperature=0, stop=[" 7"],
+                                           extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop"
+    assert " 7" not in r.choices[0].text
+    assert "6" in r.choices[0].text
+
+
+def test_logprobs(server):
+    r = server.openai().chat.completions.create(model=server.model, messages=QUESTION,
+                                                max_tokens=4, temperature=0, logprobs=True,
+                                                top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for entry in content:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        # greedy: the chosen token is the most likely one
+        assert entry.logprob == pytest.approx(entry.top_logprobs[0].logprob, abs=1e-3)
+
+
+def test_n_choices(server):
+    r = server.openai().completions.create(model=server.model, prompt="A colour:", n=3,
+                                           max_tokens=5, temperature=1.0, seed=7,
+                                           extra_body={"ignore_eos": True})
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert r.usage.completion_tokens == 15
+
+
+def test_metrics_move(server):
+    before_gen = server.metric("vllm:generation_tokens_total")
+    before_prompt = server.metric("vllm:prompt_tokens_total")
+    before_ttft = server.metric("vllm:time_to_first_token_seconds_count")
+    server.openai().completions.create(model=server.model, prompt="Hello", max_tokens=5,
+                                       extra_body={"ignore_eos": True})
+    m = server.metrics()
+    names = {k.split("{")[0] for k in m}
+    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
+                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
+                 "vllm:prefix_cache_hits_total", "vllm:inter_token_latency_seconds_bucket",
+                 "vllm:e2e_request_latency_seconds_bucket", "reference_server_requests_total"):
+        assert name in names, name
+    assert server.metric("vllm:generation_tokens_total") >= before_gen + 5
+    assert server.metric("vllm:prompt_tokens_total") > before_prompt
+    assert server.metric("vllm:time_to_first_token_seconds_count") >= before_ttft + 1
+    ok = sum(v for k, v in m.items() if k.startswith("reference_server_requests_total")
+             and 'status="200"' in k)
+    assert ok >= 1
+
+
+def test_prefix_cache_reset(server):
+    r = httpx.post(server.base_url + "/reset_prefix_cache", headers=server.headers)
+    assert r.status_code == 200
+    assert r.json()["success"] is (server.engine == "vllm")
+
+
+# ---- authentication -------------------------------------------------------------------
+
+def test_requests_without_key_are_refused(server):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": server.api_key}):
+        r = httpx.post(server.base_url + "/v1/chat/completions", headers=headers,
+                       json={"model": server.model, "messages": QUESTION})
+        assert r.status_code == 401
+        assert r.json()["error"]["type"] == "authentication_error"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=server.base_url + "/v1", api_key="nope",
+                      max_retries=0).models.list()
+    # health and metrics stay open for probes and scrapers
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    assert httpx.get(server.base_url + "/metrics").status_code == 200

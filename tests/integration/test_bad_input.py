@@ -1,0 +1,108 @@
+"""Bad input gets a 4xx with an OpenAI-style error body: never a crash, never a hang."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.engine
+
+M = "smollm2-135m"
+MSG = [{"role": "user", "content": "hi"}]
+LONG = "word " * 3000          # ~3000 tokens, over the 2048-token context
+
+CHAT_CASES = {
+    "not json": b"{not json",
+    "not utf-8": b'{"model": "\xff\xfe", "messages": []}',
+    "json array": b"[1, 2, 3]",
+    "empty body": b"",
+    "missing messages": {"model": M},
+    "messages not a list": {"model": M, "messages": "hello"},
+    "empty messages": {"model": M, "messages": []},
+    "message without role": {"model": M, "messages": [{"content": "hi"}]},
+    "unknown role": {"model": M, "messages": [{"role": "wizard", "content": "hi"}]},
+    "content wrong type": {"model": M, "messages": [{"role": "user", "content": 42}]},
+    "only empty content": {"model": M, "messages": [{"role": "user", "content": ""}]},
+    "max_tokens string": {"model": M, "messages": MSG, "max_tokens": "10"},
+    "max_tokens zero": {"model": M, "messages": MSG, "max_tokens": 0},
+    "max_tokens negative": {"model": M, "messages": MSG, "max_tokens": -5},
+    "max_tokens beyond context": {"model": M, "messages": MSG, "max_tokens": 100000},
+    "temperature too high": {"model": M, "messages": MSG, "temperature": 5},
+    "temperature negative": {"model": M, "messages": MSG, "temperature": -1},
+    "temperature string": {"model": M, "messages": MSG, "temperature": "hot"},
+    "top_p zero": {"model": M, "messages": MSG, "top_p": 0},
+    "top_p above one": {"model": M, "messages": MSG, "top_p": 1.5},
+    "n zero": {"model": M, "messages": MSG, "n": 0},
+    "absurd n": {"model": M, "messages": MSG, "n": 100000},
+    "absurd top_logprobs": {"model": M, "messages": MSG, "logprobs": True, "top_logprobs": 5000},
+    "stream not bool": {"model": M, "messages": MSG, "stream": "yes"},
+    "too many stops": {"model": M, "messages": MSG, "stop": ["a", "b", "c", "d", "e"]},
+    "unknown model": {"model": "gpt-9", "messages": MSG},
+    "model missing": {"messages": MSG},
+    "prompt longer than context": {"model": M, "messages": [{"role": "user", "content": LONG}]},
+}
+COMPLETION_CASES = {
+    "empty prompt list": {"model": M, "prompt": []},
+    "prompt wrong type": {"model": M, "prompt": {"text": "hi"}},
+    "negative token id": {"model": M, "prompt": [1, -2, 3]},
+    "absurd logprobs": {"model": M, "prompt": "hi", "logprobs": 1000},
+    "completion longer than context": {"model": M, "prompt": LONG, "max_tokens": 10},
+    "max_tokens beyond context": {"model": M, "prompt": "hi", "max_tokens": 5000},
+}
+
+
+def _post(server, path: str, body) -> httpx.Response:
+    content = body if isinstance(body, bytes) else httpx.Request("POST", "/", json=body).content
+    return httpx.post(server.base_url + path, content=content, timeout=60,
+                      headers={**server.headers, "Content-Type": "application/json"})
+
+
+def _assert_openai_error(r: httpx.Response, status: int | None = None) -> None:
+    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    if status:
+        assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert isinstance(err["message"], str) and err["message"]
+    assert "type" in err
+
+
+@pytest.mark.parametrize("case", list(CHAT_CASES))
+def test_bad_chat_request(server, case):
+    r = _post(server, "/v1/chat/completions", CHAT_CASES[case])
+    _assert_openai_error(r, 404 if case == "unknown model" else None)
+
+
+@pytest.mark.parametrize("case", list(COMPLETION_CASES))
+def test_bad_completion_request(server, case):
+    _assert_openai_error(_post(server, "/v1/completions", COMPLETION_CASES[case]))
+
+
+def test_oversized_body(server):
+    big = {"model": M, "prompt": "x" * (5 * 1024 * 1024)}
+    _assert_openai_error(_post(server, "/v1/completions", big), 413)
+
+
+def test_oversized_chunked_body(server):
+    # No Content-Length: the cap must hold while reading, too.
+    def chunks():
+        yield b'{"model": "smollm2-135m", "prompt": "'
+        for _ in range(80):
+            yield b"x" * 65536
+        yield b'"}'
+    r = httpx.post(server.base_url + "/v1/completions", content=chunks(), timeout=60,
+                   headers={**server.headers, "Content-Type": "application/json"})
+    _assert_openai_error(r, 413)
+
+
+def test_unknown_route_and_method(server):
+    r = httpx.get(server.base_url + "/v1/nothing-here", headers=server.headers)
+    _assert_openai_error(r, 404)
+    r = httpx.get(server.base_url + "/v1/chat/completions", headers=server.headers)
+    _assert_openai_error(r, 405)
+
+
+def test_server_still_serves_after_bad_input(server):
+    for body in list(CHAT_CASES.values())[:6]:
+        _post(server, "/v1/chat/completions", body)
+    r = _post(server, "/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 3})
+    assert r.status_code == 200
