@@ -199,8 +199,10 @@ def _(chunk_times, probe, stream_end, ui, usage):
     tokens_per_s = probe.decode_rate(chunk_times, n_tokens, stream_end)
     ui.md(
         f"**Measured here:** first token after **{first_token_ms:.0f} ms**; then "
-        f"{n_tokens} tokens in {stream_end:.2f} s, i.e. **{tokens_per_s:.1f} tokens/s** after the "
-        f"first one ({n_tokens / stream_end:.1f} tokens/s counting the wait for the first). "
+        f"{n_tokens} tokens in {stream_end:.2f} s, i.e. "
+        + (f"**{tokens_per_s:.1f} tokens/s** after the first one " if tokens_per_s else
+           "too few tokens to measure a speed (ask for a longer answer) ")
+        + f"({n_tokens / stream_end:.1f} tokens/s counting the wait for the first). "
         f"The prompt was {usage.prompt_tokens if usage else '?'} tokens."
     )
     return (n_tokens,)
@@ -231,7 +233,9 @@ def _(mo):
 
     A single run is noisy: the first request after start-up is often slower, and on a laptop other
     programs compete for the cores. Repeat the same request a few times and look at the spread.
-    `workshop.probe.stream_chat` is the stopwatch above, packaged.
+    `workshop.probe.stream_chat` is the stopwatch above, packaged. The repeats set `ignore_eos`, a
+    vLLM extension that keeps generating past the model's end-of-text token, so every run produces
+    exactly `max_tokens` tokens and the runs compare like for like.
     """)
     return
 
@@ -240,7 +244,8 @@ def _(mo):
 def _(client, max_tokens, probe, prompt, session, ui, workshop):
     repeat_runs = [
         probe.stream_chat(client, session.model,
-                          [{"role": "user", "content": prompt.value}], max_tokens=max_tokens.value)
+                          [{"role": "user", "content": prompt.value}], max_tokens=max_tokens.value,
+                          extra_body={"ignore_eos": True})
         for _ in ui.progress(range(workshop.session.sweep(8, 3)), title="repeating the request")
     ]
     repeat_summary = probe.summarize(repeat_runs)

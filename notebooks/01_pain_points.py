@@ -196,7 +196,7 @@ def _(
     users_rows = pain.users_sweep(session, kv, maker, user_counts, user_prompt_tokens.value,
                                   kv_out_tokens, progress=ui.progress)
     ui.table(users_rows)
-    return (users_rows,)
+    return user_counts, users_rows
 
 
 @app.cell
@@ -209,16 +209,30 @@ def _(kv, pain, users_rows):
 
 
 @app.cell
-def _(kv, kv_out_tokens, kvcache, pain, ui, user_prompt_tokens):
+def _(
+    kv,
+    kv_out_tokens,
+    kvcache,
+    pain,
+    ui,
+    user_counts,
+    user_prompt_tokens,
+    users_rows,
+):
     _per_user = user_prompt_tokens.value + kv_out_tokens
     _fit = pain.users_until_full(_per_user, kv.block_size, kv.capacity_tokens)
+    _waited = max(_r["peak waiting"] for _r in users_rows)
     _llama = kvcache.load_model("llama-3.1-8b")
     _llama_bytes = kvcache.kv_bytes_per_token(_llama)
     ui.md(
         f"Each user here holds about {_per_user:,} tokens = "
         f"{pain.blocks_for(_per_user, kv.block_size)} blocks, so this engine fits **{_fit} such users "
-        f"at once**; the peak number waiting in the table shows what happened beyond that. "
-        f"The model here is tiny. The same arithmetic for Llama 3.1 8B "
+        f"at once**. "
+        + (f"In the runs above up to {_waited} requests had to wait in the queue at once (held back "
+           "by KV space or by the engine's per-step token budget). " if _waited else
+           f"The largest run above ({max(user_counts)} users) stayed below that, so no request "
+           "had to wait. ")
+        + f"The model here is tiny. The same arithmetic for Llama 3.1 8B "
         f"([config]({_llama.source})): {_llama_bytes:,.0f} bytes per token, so a single "
         f"8,192-token conversation needs {_llama_bytes * 8192 / 2**30:.2f} GiB and 100 of them "
         f"{100 * _llama_bytes * 8192 / 2**30:.0f} GiB, more than one 80 GB GPU holds besides the "
@@ -257,7 +271,7 @@ def _(pain, ttft_rows, ui):
     ui.md(
         "Not enough lengths to fit a line." if _line is None else
         f"Each extra 1,000 prompt tokens cost about **{_line[0]:.0f} ms** of waiting on this machine "
-        f"(a straight-line fit; {_line[1]:.0f} ms at an empty prompt). A chat application that "
+        "(a straight-line fit through the points above). A chat application that "
         "resends the whole conversation every turn pays this again and again, which is what "
         "prefix caching (notebook 3) avoids."
     )
@@ -293,9 +307,9 @@ def _(workshop):
 
 @app.cell
 def _(hf_session, pain, session, ui, workshop):
-    bench_requests = workshop.session.sweep(32, 8)
-    bench_concurrency = workshop.session.sweep(16, 8)
-    bench_output = workshop.session.sweep(128, 32)
+    bench_requests = workshop.session.sweep(32, 6)
+    bench_concurrency = workshop.session.sweep(16, 6)
+    bench_output = workshop.session.sweep(128, 24)
     engine_rows = pain.compare_engines({"hf": hf_session, "vllm": session}, bench_requests,
                                        bench_concurrency, input_len=128, output_len=bench_output)
     ui.table(engine_rows)
@@ -314,15 +328,8 @@ def _(bench_concurrency, bench_output, bench_requests, engine_rows, pain, ui):
     factors = {r["comparison"]: r["speed-up (x)"] for r in pain.factor_rows(engine_rows, bench_concurrency)}
     ui.md(
         f"Measured here, {bench_requests} requests of 128 prompt + {bench_output} output tokens:\n\n"
-        f"| comparison | speed-up |\n|---|---|\n"
-        + "".join(f"| {k} | {v:.1f}x |\n" for k, v in factors.items())
-        + f"\nThe headline number (vLLM concurrent vs Hugging Face sequential) is "
-        f"{factors['total: vllm concurrent vs hf sequential']:.1f}x, and it is the *product* of "
-        f"the engine alone ({factors['engine alone (both sequential)']:.1f}x) and batching "
-        f"({factors['concurrency with batching (vllm)']:.1f}x). Sending the baseline many requests "
-        f"at once does not help it ({factors['concurrency without batching (hf)']:.2f}x): it still "
-        "runs them one after another, so they only wait longer (see its median TTFT). "
-        "On a GPU both factors grow; on a 2-core CPU the batching factor is capped by compute."
+        + ui.markdown_table([{"comparison": k, "speed-up": f"{v:.1f}x"} for k, v in factors.items()])
+        + "\n\n" + " ".join(pain.explain_factors(factors, engine_rows))
     )
     return
 

@@ -406,3 +406,31 @@ def ttft_slope(rows: list[dict]) -> tuple[float, float] | None:
     my = sum(y for _, y in ok) / n
     slope = sum((x - mx) * (y - my) for x, y in ok) / sum((x - mx) ** 2 for x, _ in ok)
     return slope * 1000, my - slope * mx
+
+
+def explain_factors(factors: dict[str, float], rows: list[dict]) -> list[str]:
+    """Sentences that read the measured factors honestly, whichever way they came out."""
+    total = factors["total: vllm concurrent vs hf sequential"]
+    engine = factors["engine alone (both sequential)"]
+    batching = factors["concurrency with batching (vllm)"]
+    hf_conc = factors["concurrency without batching (hf)"]
+    out = [f"The headline number, vLLM with many requests in flight against Hugging Face one at "
+           f"a time, is **{total:.1f}x**. It is the product of two separate effects: the engine "
+           f"alone, both serving one request at a time ({engine:.1f}x), and batching on vLLM "
+           f"({batching:.1f}x)."]
+    ttft = {(r["engine"], r["in flight"]): r["median TTFT (ms)"] for r in rows}
+    hf_wait = [v for (e, c), v in sorted(ttft.items()) if e == "hf"]
+    if hf_conc < 1.3:
+        out.append(f"Sending the baseline many requests at once barely changes its throughput "
+                   f"({hf_conc:.2f}x): it still runs them one after another, so they only wait "
+                   f"longer (median TTFT {hf_wait[0]:.0f} ms -> {hf_wait[-1]:.0f} ms).")
+    else:
+        out.append(f"The baseline gained {hf_conc:.1f}x from concurrency, more than a "
+                   "one-at-a-time server should: it overlaps only HTTP and tokenization with "
+                   "generation. Most likely the machine was busier during its sequential run; "
+                   "re-run the cell to check.")
+    if batching < 1.5:
+        out.append("Batching helped little here: with few cores the model step is already "
+                   "compute-bound for one request. On a GPU the same step serves dozens of "
+                   "requests for nearly the price of one.")
+    return out

@@ -254,3 +254,118 @@ def test_ttft_slope_fits_a_line_and_needs_two_lengths():
     per_1k, at_zero = pain.ttft_slope(rows)
     assert per_1k == pytest.approx(200) and at_zero == pytest.approx(50)
     assert pain.ttft_slope(rows[:1]) is None
+
+
+def _factor_inputs(hf1, hfc, v1, vc):
+    rows = [{"engine": e, "in flight": c, "output tok/s": v, "median TTFT (ms)": t}
+            for e, c, v, t in (("hf", 1, hf1, 100.0), ("hf", 8, hfc, 900.0),
+                               ("vllm", 1, v1, 50.0), ("vllm", 8, vc, 80.0))]
+    return {r["comparison"]: r["speed-up (x)"] for r in pain.factor_rows(rows, 8)}, rows
+
+
+def test_explain_factors_follows_the_measurement():
+    factors, rows = _factor_inputs(10.0, 10.5, 20.0, 120.0)
+    text = " ".join(pain.explain_factors(factors, rows))
+    assert "**12.0x**" in text and "barely changes" in text and "100 ms -> 900 ms" in text
+    assert "Batching helped little" not in text
+    factors, rows = _factor_inputs(10.0, 30.0, 20.0, 22.0)
+    text = " ".join(pain.explain_factors(factors, rows))
+    assert "barely changes" not in text and "gained 3.0x" in text
+    assert "Batching helped little" in text
+
+
+# -- session.connect against a stand-in server ------------------------------------------------------
+
+import json as _json
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def _fake_server(info: dict | None, api_key: str | None = None):
+    """A server answering the few GETs connect() makes; info=None plays vLLM's own server."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # keep test output quiet
+            pass
+
+        def do_GET(self):
+            if api_key and self.headers.get("Authorization") != f"Bearer {api_key}":
+                return self._send(401, {"error": "unauthorized"})
+            if self.path == "/server_info" and info is not None:
+                return self._send(200, info)
+            if self.path == "/ready" and info is not None:
+                return self._send(200, {"status": "ready"})
+            if self.path == "/health":
+                return self._send(200, {})
+            if self.path == "/v1/models":
+                return self._send(200, {"data": [{"id": "served-name", "root": "/models/x",
+                                                  "max_model_len": 4096}]})
+            return self._send(404, {"error": "not found"})
+
+        def _send(self, code, body):
+            data = _json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for var in ("WORKSHOP_BASE_URL", "WORKSHOP_API_KEY", "WORKSHOP_HF_BASE_URL",
+                "WORKSHOP_HF_API_KEY", "WORKSHOP_MODEL"):
+        monkeypatch.delenv(var, raising=False)
+    return monkeypatch
+
+
+def test_connect_uses_the_environment_and_the_api_key(clean_env, capsys):
+    info = {"engine": "vllm", "engine_version": "0.0", "model": "smol", "model_path": "/m",
+            "dtype": "bfloat16", "device": "cpu", "max_model_len": 2048,
+            "kv_capacity_tokens": 1000}
+    srv = _fake_server(info, api_key="k")
+    try:
+        clean_env.setenv("WORKSHOP_BASE_URL", f"http://127.0.0.1:{srv.server_port}/")
+        clean_env.setenv("WORKSHOP_API_KEY", "k")
+        s = session.connect()
+        assert s.model == "smol" and s.api_key == "k" and s.process is None
+        assert s.base_url == f"http://127.0.0.1:{srv.server_port}" and s.v1.endswith("/v1")
+        out = capsys.readouterr().out
+        assert "vllm 0.0" in out and "$WORKSHOP_BASE_URL" in out and "KV capacity=1000" in out
+        s.stop()   # not ours to stop: must leave the server alone
+        assert session._answers(s.base_url, "k")
+    finally:
+        srv.shutdown()
+
+
+def test_connect_engine_specific_variables(clean_env):
+    srv = _fake_server({"engine": "hf", "model": "smol"})
+    try:
+        clean_env.setenv("WORKSHOP_BASE_URL", "http://127.0.0.1:1")   # must not be used for hf
+        clean_env.setenv("WORKSHOP_HF_BASE_URL", f"http://127.0.0.1:{srv.server_port}")
+        s = session.connect(engine="hf", verbose=False)
+        assert s.engine == "hf" and s.how == "$WORKSHOP_HF_BASE_URL"
+    finally:
+        srv.shutdown()
+
+
+def test_connect_finds_vllms_own_server_on_the_port(clean_env):
+    srv = _fake_server(None)
+    try:
+        s = session.connect(port=srv.server_port, start=False, verbose=False)
+        assert s.model == "served-name" and s.info["max_model_len"] == 4096
+        assert "found running" in s.how
+    finally:
+        srv.shutdown()
+
+
+def test_connect_refuses_a_server_of_another_engine(clean_env):
+    srv = _fake_server({"engine": "hf", "model": "smol"})
+    try:
+        with pytest.raises(RuntimeError, match="not 'vllm'"):
+            session.connect(port=srv.server_port, start=False, verbose=False)
+    finally:
+        srv.shutdown()
