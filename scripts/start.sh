@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Set up (scripts/setup.sh), start the reference server on vLLM with the bundled model, and
+# open the course in marimo. Ctrl-C stops both.
+#
+#   WORKSHOP_MODEL=smollm2-135m|<folder>|<hf id>   the model (default: bundled SmolLM2)
+#   WORKSHOP_PORT=8000  WORKSHOP_UI=marimo|none     server port; `none` serves only the API
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+# shellcheck disable=SC1091
+. "${WORKSHOP_VENV:-.venv}/bin/activate"
+
+port=${WORKSHOP_PORT:-8000}
+model=${WORKSHOP_MODEL:-smollm2-135m}
+log=${WORKSHOP_CACHE:-$HOME/.cache/llm-workshop}/logs/server-$port.log
+mkdir -p "$(dirname "$log")"
+echo "==> starting the reference server (vllm, $model) on port $port; log: $log"
+python -m reference_server --engine vllm --model "$model" --port "$port" >"$log" 2>&1 &
+server=$!
+trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
+until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
+  if ! kill -0 $server 2>/dev/null; then echo "server failed to start:" >&2; tail -30 "$log" >&2; exit 1; fi
+  sleep 2
+done
+echo "==> ready: OpenAI API at http://127.0.0.1:$port/v1 (model $(curl -s "http://127.0.0.1:$port/v1/models" | python -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])'))"
+export WORKSHOP_BASE_URL="http://127.0.0.1:$port"
+if [ "${WORKSHOP_UI:-marimo}" = none ]; then
+  echo "    try: curl http://127.0.0.1:$port/server_info   (Ctrl-C to stop)"
+  wait $server
+else
+  echo "==> opening the course: point a browser at the URL marimo prints below"
+  marimo edit --headless --host 127.0.0.1 --port "${WORKSHOP_UI_PORT:-2718}" notebooks/
+fi
