@@ -61,11 +61,7 @@ def timer_floor(rate: float, seconds: float) -> float:
                 await asyncio.sleep(0)
             late.append((time.perf_counter() - due) * 1e3)
         return float(np.percentile(late, 99))
-    try:
-        import uvloop
-        return uvloop.run(go())
-    except ImportError:
-        return asyncio.run(go())
+    return asyncio.run(go())
 
 
 def main() -> int:

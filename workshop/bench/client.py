@@ -98,8 +98,10 @@ class OpenAIClient:
         await self.session.close()
 
     def body(self, req: Request) -> dict:
+        # No sampling parameters: the server's defaults, as vLLM's and SGLang's benchmark
+        # clients do (greedy and sampled decoding cost differently); set them via extra_body.
         body: dict[str, Any] = {"model": self.model, "max_tokens": req.max_tokens, "stream": True,
-                                "stream_options": {"include_usage": True}, "temperature": 0.0}
+                                "stream_options": {"include_usage": True}}
         if self.ignore_eos:
             body["ignore_eos"] = True
         if req.messages is not None:

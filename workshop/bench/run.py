@@ -132,8 +132,6 @@ def run_benchmark(base_url: str, model: str, workload: str | Workload = "random"
 
 
 def _run(coro):
-    try:
-        import uvloop  # a faster event loop means less schedule lag at high rates
-        return uvloop.run(coro)
-    except ImportError:
-        return asyncio.run(coro)
+    # Plain asyncio, not uvloop: uvloop's millisecond timers wake ~0.7 ms late at the median
+    # (measured here at 300 wake-ups/s), asyncio's epoll timeout lands within microseconds.
+    return asyncio.run(coro)
