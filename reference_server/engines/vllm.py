@@ -84,7 +84,8 @@ class VLLMEngine(ProxyEngine):
             kv_capacity_tokens=int(blocks) * block if blocks and block else None,
             kv_bytes_per_token=per_token, block_size=block,
             prefix_caching=self._cache.get("enable_prefix_caching", "True") == "True",
-            extra={"kv_cache_dtype": kv_dtype, "engine_args": self.config.engine_args})
+            extra={"kv_cache_dtype": kv_dtype, "engine_args": self.config.engine_args,
+                   "upstream_url": self.url})   # the child's own server (loopback only)
 
     async def reset_prefix_cache(self) -> bool:
         resp = await self._client.post("/reset_prefix_cache")

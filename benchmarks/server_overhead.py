@@ -1,0 +1,90 @@
+"""What does our HTTP layer cost? The reference server vs the vLLM server behind it.
+
+Both are measured on the *same* vLLM process: the reference server reports its child's
+address in ``/server_info`` (``extra.upstream_url``), and the harness alternates between
+the two URLs, so engine state, warm caches and machine load are shared and only the extra
+hop differs. Targets (issue 2): output tokens/s within 5 %, TTFT p50 within 3 ms.
+
+    python benchmarks/server_overhead.py [--rounds 3] [--requests 64] [--concurrency 1 32]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from workshop.bench import run_benchmark  # noqa: E402
+
+
+def start_server(port: int, model: str) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-m", "reference_server", "--engine", "vllm",
+                             "--model", model, "--port", str(port), "--log-level", "warning"])
+    for _ in range(600):
+        if proc.poll() is not None:
+            raise SystemExit(f"reference server exited with {proc.returncode}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    proc.terminate()
+    raise SystemExit("reference server did not become ready")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--port", type=int, default=8310)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating A/B rounds per setting")
+    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
+    ap.add_argument("--input-len", type=int, default=128)
+    ap.add_argument("--output-len", type=int, default=64)
+    args = ap.parse_args()
+
+    proc = start_server(args.port, args.model)
+    try:
+        ours = f"http://127.0.0.1:{args.port}"
+        info = httpx.get(ours + "/server_info").json()
+        bare = info["extra"]["upstream_url"]
+        print(f"engine {info['engine']} {info['engine_version']} on {info['device']}, "
+              f"model {info['model']}; ours {ours} -> bare vLLM {bare}")
+        rows = []
+        for conc in args.concurrency:
+            n = max(args.requests if conc > 1 else args.requests // 4, conc)
+            got: dict[str, list[dict]] = {"vllm": [], "ours": []}
+            for r in range(args.rounds):
+                order = [("vllm", bare), ("ours", ours)]
+                for name, url in (order if r % 2 == 0 else order[::-1]):
+                    res = run_benchmark(url, info["model"], "random", num_requests=n,
+                                        concurrency=conc, input_len=args.input_len,
+                                        output_len=args.output_len, seed=r, progress=False)
+                    got[name].append(res.summary)
+            med = {k: {"tput": statistics.median(s["output_throughput"] for s in v),
+                       "ttft": statistics.median(s["ttft_ms"]["median"] for s in v)}
+                   for k, v in got.items()}
+            rows.append((conc, med))
+        print(f"\n{'streams':>7} {'vLLM tok/s':>11} {'ours tok/s':>11} {'ratio':>7} "
+              f"{'vLLM TTFT p50':>14} {'ours TTFT p50':>14} {'delta':>9}")
+        for conc, m in rows:
+            ratio = m["ours"]["tput"] / m["vllm"]["tput"]
+            delta = m["ours"]["ttft"] - m["vllm"]["ttft"]
+            print(f"{conc:>7} {m['vllm']['tput']:>11.1f} {m['ours']['tput']:>11.1f} {ratio:>7.3f} "
+                  f"{m['vllm']['ttft']:>12.1f}ms {m['ours']['ttft']:>12.1f}ms {delta:>7.2f}ms")
+        print("\ntargets: ratio >= 0.95, delta <= 3 ms (medians over rounds; "
+              f"{args.rounds} rounds, {args.input_len} in / {args.output_len} out tokens)")
+    finally:
+        proc.terminate()
+        proc.wait(60)
+
+
+if __name__ == "__main__":
+    main()
