@@ -138,10 +138,10 @@ def _(kv, pain, session, ui, workshop):
 
 
 @app.cell
-def _(context_rows, pain):
+def _(context_rows, kv, pain):
     context_plot = pain.plot_kv(context_rows, "tokens held",
                                 "KV cache of one request grows with its context",
-                                "tokens the request holds (prompt + generated)")
+                                "tokens the request holds (prompt + generated)", kv=kv)
     context_plot
     return
 
@@ -164,9 +164,10 @@ def _(mo):
     mo.md(r"""
     ## 2. Memory grows with users
 
-    Every conversation in flight needs its own KV blocks (different prompts share nothing; notebook 3
-    shows what shared prefixes save). So memory also grows with the number of users served at once,
-    and when the blocks run out new requests must **wait** in the queue (`vllm:num_requests_waiting`).
+    Every conversation in flight needs its own KV blocks (different prompts share nothing; prefix
+    caching, later in the course, is about the prompts that do). So memory also grows with the
+    number of users served at once, and when the blocks run out new requests must **wait** in the
+    queue (`vllm:num_requests_waiting`).
     Choose how long each user's prompt is; the next cell sends that many tokens per user for a
     growing number of simultaneous users. (In Jupyter, re-run the next cell after moving the slider.)
     """)
@@ -273,7 +274,7 @@ def _(pain, ttft_rows, ui):
         f"Each extra 1,000 prompt tokens cost about **{_line[0]:.0f} ms** of waiting on this machine "
         "(a straight-line fit through the points above). A chat application that "
         "resends the whole conversation every turn pays this again and again, which is what "
-        "prefix caching (notebook 3) avoids."
+        "prefix caching, later in the course, avoids."
     )
     return
 

@@ -102,7 +102,7 @@ class PromptMaker:
     """Prompts of exactly ``n`` tokens, each one different from the first word on.
 
     Different first words mean no two prompts share a prefix, so prefix caching cannot make
-    two users share memory (notebook 3 is about when they can).
+    two users share memory (prefix caching, later in the course, is about when they can).
     """
 
     def __init__(self, model: str, model_path: str | None = None, seed: int = 0) -> None:
@@ -338,13 +338,21 @@ def factor_rows(rows: list[dict], concurrency: int) -> list[dict]:
 
 # -- plots ----------------------------------------------------------------------------------------
 
-def plot_kv(rows: list[dict], x: str, title: str, xlabel: str, capacity_mib: float | None = None):
+def plot_kv(rows: list[dict], x: str, title: str, xlabel: str, capacity_mib: float | None = None,
+            kv: ServerKV | None = None):
+    """Measured peaks against the formula; with ``kv`` and x = tokens, the formula's block steps."""
     from workshop.plots import figure
 
     fig, ax = figure(title, xlabel, "KV cache in use (MiB)")
     xs = [r[x] for r in rows]
-    ax.plot(xs, [r["predicted KV (MiB)"] for r in rows], "--", color="tab:gray",
-            label="formula: blocks needed x block size x bytes/token")
+    label = "formula: blocks needed x block size x bytes/token"
+    if kv is not None:
+        grid = range(0, max(xs) + kv.block_size + 1, max(kv.block_size // 8, 1))
+        ax.step(list(grid), [blocks_for(t, kv.block_size) * kv.block_size
+                             * kv.formula.bytes_per_token / MIB for t in grid],
+                where="post", linestyle="--", color="tab:gray", label=label)
+    else:
+        ax.plot(xs, [r["predicted KV (MiB)"] for r in rows], "--", color="tab:gray", label=label)
     ax.plot(xs, [r["measured KV (MiB)"] for r in rows], "o", color="tab:blue", markersize=7,
             label="measured: engine's KV usage gauge (peak while running)")
     if capacity_mib is not None:

@@ -67,6 +67,12 @@ def env_names(engine: str) -> tuple[str, str]:
     return f"WORKSHOP_{tag}_BASE_URL", f"WORKSHOP_{tag}_API_KEY"
 
 
+def root_url(url: str) -> str:
+    """The server root: ``http://h:8000/v1/`` and ``http://h:8000`` both give ``http://h:8000``."""
+    url = url.strip().rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
 def in_colab() -> bool:
     return "google.colab" in sys.modules or importlib.util.find_spec("google.colab") is not None
 
@@ -167,8 +173,9 @@ def connect(engine: str = "vllm", model: str | None = None, base_url: str | None
     base_url = base_url or os.environ.get(url_var)
     session: Session | None = None
     if base_url:
+        base_url = root_url(base_url)
         wait_ready(base_url, api_key, timeout=120.0)
-        session = _describe_server(base_url.rstrip("/"), api_key, engine, how=how)
+        session = _describe_server(base_url, api_key, engine, how=how)
     else:
         port = port or DEFAULT_PORTS.get(engine, 8000)
         local = f"http://127.0.0.1:{port}"

@@ -369,3 +369,20 @@ def test_connect_refuses_a_server_of_another_engine(clean_env):
             session.connect(port=srv.server_port, start=False, verbose=False)
     finally:
         srv.shutdown()
+
+
+def test_root_url_drops_v1_and_slashes():
+    assert session.root_url("http://h:8000/v1/") == "http://h:8000"
+    assert session.root_url(" http://h:8000/ ") == "http://h:8000"
+    assert session.root_url("http://h:8000/api/v1") == "http://h:8000/api"
+
+
+def test_kv_plot_draws_the_block_steps():
+    kv = pain.ServerKV(formula=pain.formula_from_config(SMOL, "bf16"), reported_bytes_per_token=None,
+                       capacity_tokens=1024, block_size=16)
+    rows = [{"tokens held": 40, "measured KV (MiB)": 1.0, "predicted KV (MiB)": 1.0}]
+    fig = pain.plot_kv(rows, "tokens held", "t", "tokens", kv=kv)
+    steps = fig.axes[0].lines[0]
+    ys = list(steps.get_ydata())
+    assert len(set(ys)) >= 3      # 0, 1 block, 2 blocks, 3 blocks ...
+    assert max(ys) == pytest.approx(4 * 16 * 23_040 / 2**20)
