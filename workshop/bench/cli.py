@@ -78,6 +78,8 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     from .results import format_summary
     from .run import run_benchmark
+    if args.concurrency is not None and args.concurrency <= 0:
+        args.concurrency = None  # "0" on the command line: no cap
     out = args.output_dir or _default_out("run", args.workload, args.label)
     res = run_benchmark(args.base_url, args.model, args.workload, num_requests=args.num_requests,
                         concurrency=args.concurrency, request_rate=args.request_rate, burstiness=args.burstiness,
@@ -152,7 +154,7 @@ def add_subcommands(subparsers: Any) -> None:
     _add_common(p)
     p.add_argument("--request-rates", help="open-loop rates, comma-separated, e.g. 1,2,4,8")
     p.add_argument("--concurrencies", help="closed-loop concurrencies, comma-separated, e.g. 1,2,4,8,16")
-    p.add_argument("--max-concurrency", type=int, help="cap on sessions in flight during a rate sweep")
+    p.add_argument("--max-concurrency", type=int, help="cap on sessions in flight during a rate sweep (default none)")
     p.add_argument("--tolerance", type=float, default=0.9, help="achieved/offered ratio that still counts as tracking")
     p.add_argument("--stop-after-knee", action="store_true")
     p.set_defaults(func=cmd_sweep)

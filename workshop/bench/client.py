@@ -192,7 +192,7 @@ class RunLog:
     """What a run produced, in send order."""
 
     records: list[RequestRecord] = field(default_factory=list)
-    sent: list[Sent] = field(default_factory=list)
+    sent: list[Sent | None] = field(default_factory=list)  # aligned with records; None: no request
 
 
 class Runner:
@@ -235,6 +235,7 @@ class Runner:
             rec = RequestRecord(index=len(self.log.records), session=index, tag="session-error",
                                 scheduled=ready, sent=ready, end=self.clock(), error=f"session failed: {e!r}")
             self.log.records.append(rec)
+            self.log.sent.append(None)
             self.on_request_done(rec)
         return state.last_end
 

@@ -105,20 +105,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8199)
-    ap.add_argument("--chunk-delay-s", type=float, default=0.0)
+    ap.add_argument("--chunk-delay-s", type=float, default=0.0, help="gap between token chunks")
+    ap.add_argument("--first-token-delay-s", type=float, default=0.0, help="wait before the first chunk")
     args = ap.parse_args()
 
     async def serve() -> None:
-        s = MockServer(args.chunk_delay_s)
+        s = MockServer(args.chunk_delay_s, args.first_token_delay_s)
         port = await s.start(args.host, args.port)
         print(f"mock server on http://{args.host}:{port}", flush=True)
         await s.server.serve_forever()
 
-    try:
-        import uvloop
-        uvloop.run(serve())
-    except ImportError:
-        asyncio.run(serve())
+    asyncio.run(serve())
 
 
 if __name__ == "__main__":

@@ -86,7 +86,7 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
     records = runner.log.records
     summary = summarize(records, slo)
     summary["server"] = scraper.samples.summary()
-    measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup]
+    measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup and s is not None]
     summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions), **token_stats(measured, tok)}
     result = BenchResult(config=config, summary=summary, records=records, environment=env)
     if output_dir is not None:
