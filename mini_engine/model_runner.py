@@ -96,9 +96,18 @@ class _Group:
     Q: int
     L: int
 
+    fresh: bool = False       # one sequence prefilling from position 0: K/V are all new
+
     def __post_init__(self):
         self.slots_flat = self.slots.reshape(-1)
         self.all_valid = bool(self.valid.all())
+        self.grouped_masks: dict[int, torch.Tensor] = {}
+
+    def grouped_mask(self, grp: int) -> torch.Tensor:
+        """The mask for ``grp`` query heads folded into the query axis (built once a step)."""
+        if grp not in self.grouped_masks:
+            self.grouped_masks[grp] = self.mask.repeat(1, 1, grp, 1) if grp > 1 else self.mask
+        return self.grouped_masks[grp]
 
 
 @dataclass
@@ -300,7 +309,8 @@ class ModelRunner:
         mask = (kj[None, None, :] <= qpos[:, :, None]) & key_ok[:, None, :]    # [B, Q, L]
         pos = torch.where(key_ok, kj[None, :].expand(B, L), torch.zeros_like(kj)[None, :])
         slots = self._slots(tables, pos)
-        return _Group(q_index, valid.reshape(-1), slots, mask[:, None], B, Q, L)
+        fresh = B == 1 and chunks[0].start == 0
+        return _Group(q_index, valid.reshape(-1), slots, mask[:, None], B, Q, L, fresh)
 
     # -- forward -------------------------------------------------------------------------
 
@@ -329,7 +339,7 @@ class ModelRunner:
                 k = k * cos + _rotate_half(k) * sin
                 self.k_cache[li].index_copy_(0, meta.slot_mapping, k)
                 self.v_cache[li].index_copy_(0, meta.slot_mapping, v)
-            attn = self._attention(li, layer, q, meta)
+            attn = self._attention(li, layer, q, meta, None if self.attention == "mla" else (k, v))
             x = x + layer["o"](attn.view(-1, q_dim))
             h = _rms_norm(x, layer["ln2"], cfg.rms_norm_eps)
             gate, up = layer["gate_up"](h).chunk(2, dim=-1)
@@ -354,20 +364,29 @@ class ModelRunner:
         k = k * cos + _rotate_half(k) * sin     # RoPE after expansion: position = index in seq
         return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
 
-    def _attention(self, li: int, layer: dict, q: torch.Tensor, meta: _Meta) -> torch.Tensor:
+    def _attention(self, li: int, layer: dict, q: torch.Tensor, meta: _Meta,
+                   new_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         cfg = self.cfg
         kvh = cfg.num_kv_heads if self.attention == "mla" else self.num_kv_heads
         grp = cfg.num_heads // kvh
         out = torch.empty_like(q)
         for g in meta.groups:
+            if g.fresh and new_kv is not None:
+                # A prompt prefilled from scratch needs no gather: its K/V are the ones just
+                # computed, and a plain causal mask applies.
+                t0 = int(g.q_index[0])
+                sl = slice(t0, t0 + g.Q)
+                k, v = (t[sl].transpose(0, 1).repeat_interleave(grp, dim=0) for t in new_kv)
+                o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k, v, is_causal=True)
+                out[sl] = o.transpose(0, 1)
+                continue
             k, v = self._kv(li, layer, g)
             # Fold the query heads that share a KV head into the query-length axis, so SDPA
             # sees [B, kv_heads, group*Q, d] against [B, kv_heads, L, d]: GQA without
             # copying K/V.
             qg = q.index_select(0, g.q_index).view(g.B, g.Q, kvh, grp, cfg.head_dim)
             qg = qg.permute(0, 2, 3, 1, 4).reshape(g.B, kvh, grp * g.Q, cfg.head_dim)
-            mask = g.mask.repeat(1, 1, grp, 1) if grp > 1 else g.mask
-            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.grouped_mask(grp))
             o = o.view(g.B, kvh, grp, g.Q, cfg.head_dim).permute(0, 3, 1, 2, 4)
             o = o.reshape(g.B * g.Q, cfg.num_heads, cfg.head_dim)
             if g.all_valid:

@@ -1,0 +1,207 @@
+"""Output tokens/s of the teaching engine vs vLLM-CPU, side by side through the reference
+server, at 1 and 32 concurrent streams; plus a profile of where mini's time goes.
+
+    python benchmarks/mini_vs_vllm.py                      # both engines, 1 and 32 streams
+    python benchmarks/mini_vs_vllm.py --engines mini --concurrency 1 32 -- --spec ngram
+    python benchmarks/mini_vs_vllm.py --profile-only       # offline cProfile + torch profiler
+
+Definitions (the same for both engines): each request streams ``--max-tokens`` tokens with
+``ignore_eos`` from a fixed prompt of about ``--input-tokens`` tokens; ``c`` workers keep
+``c`` requests in flight; output tokens/s = total completion tokens (from ``usage``) / wall
+time from the first request sent to the last stream closed. One warm-up request runs first.
+Servers are started one at a time (never both at once) on the same machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_prompts(n: int, words: int, seed: int = 0) -> list[str]:
+    # Different random word salads, so no prefix is shared between requests (no cache help).
+    rng = random.Random(seed)
+    vocab = ("time year people way day man thing woman life child world school state family "
+             "student group country problem hand part place case week company system program "
+             "question work government number night point home water room mother area money "
+             "story fact month lot right study book eye job word business issue side kind head "
+             "house service friend father power hour game line end member law car city").split()
+    return [" ".join(rng.choice(vocab) for _ in range(words)) for _ in range(n)]
+
+
+async def one_request(client: httpx.AsyncClient, prompt: str, max_tokens: int) -> int:
+    body = {"model": "smollm2-135m", "prompt": prompt, "max_tokens": max_tokens,
+            "temperature": 0, "ignore_eos": True, "stream": True,
+            "stream_options": {"include_usage": True}}
+    tokens = 0
+    async with client.stream("POST", "/v1/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    return tokens
+
+
+async def load(base: str, concurrency: int, num_requests: int, prompts: list[str],
+               max_tokens: int) -> dict:
+    async with httpx.AsyncClient(base_url=base, timeout=600) as client:
+        await one_request(client, prompts[0], 4)                # warm-up
+        todo = list(range(num_requests))
+        total = 0
+
+        async def worker():
+            nonlocal total
+            while todo:
+                i = todo.pop()
+                total += await one_request(client, prompts[i % len(prompts)], max_tokens)
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return {"concurrency": concurrency, "requests": num_requests, "output_tokens": total,
+            "seconds": round(wall, 2), "output_tok_s": round(total / wall, 1)}
+
+
+def start_server(engine: str, port: int, engine_args: list[str], kv_gib: float) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "reference_server", "--engine", engine, "--port", str(port),
+           "--device", "cpu", "--kv-cache-gib", str(kv_gib), "--log-level", "warning"]
+    if engine_args:
+        cmd += ["--"] + engine_args
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
+
+
+def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            if httpx.get(base + "/ready", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(1)
+    raise TimeoutError("server not ready")
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)      # our own session: the server and its children
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None) -> str:
+    """Offline: run ``streams`` decodes and report where one step's time goes."""
+    import cProfile
+    import io
+    import pstats
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from mini_engine import LLMEngine, SamplingParams
+    from workshop.models import resolve_model
+    if threads:
+        torch.set_num_threads(threads)
+    eng = LLMEngine(resolve_model("smollm2-135m", prepare=False).path, kv_cache_gib=0.5)
+    for _ in range(streams):
+        eng.add_request([1] + [random.randrange(1000, 40000) for _ in range(128)],
+                        SamplingParams(max_tokens=steps + 40, ignore_eos=True))
+    while any(s.is_prefilling or s.num_computed_tokens == 0 for s in eng.scheduler.running) \
+            or eng.scheduler.waiting:
+        eng.step()
+    out = io.StringIO()
+    t0 = time.perf_counter()
+    for _ in range(5):
+        eng.step()
+    step_ms = (time.perf_counter() - t0) / 5 * 1000
+    print(f"{streams} streams: {step_ms:.1f} ms/step = {streams / step_ms * 1000:.0f} tok/s",
+          file=out)
+    pr = cProfile.Profile()
+    pr.enable()
+    for _ in range(5):
+        eng.step()
+    pr.disable()
+    pstats.Stats(pr, stream=out).sort_stats("tottime").print_stats(12)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(5):
+            eng.step()
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15), file=out)
+    return out.getvalue()
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--engines", nargs="+", default=["mini", "vllm"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 32])
+    ap.add_argument("--requests-per-stream", type=int, default=2)
+    ap.add_argument("--min-requests", type=int, default=4)
+    ap.add_argument("--input-tokens", type=int, default=128)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--port", type=int, default=8711)
+    ap.add_argument("--kv-cache-gib", type=float, default=1.0)
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mini_vs_vllm.json"))
+    ap.add_argument("--profile", action="store_true", help="also profile mini offline")
+    ap.add_argument("--profile-only", action="store_true")
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+
+    if args.profile or args.profile_only:
+        print(profile_mini(threads=args.threads))
+        if args.profile_only:
+            return
+    prompts = make_prompts(256, int(args.input_tokens * 0.75))
+    results = []
+    for engine in args.engines:
+        base = f"http://127.0.0.1:{args.port}"
+        eargs = extra if engine == "mini" else []
+        if engine == "mini" and args.threads:
+            eargs = eargs + ["--threads", str(args.threads)]
+        proc = start_server(engine, args.port, eargs, args.kv_cache_gib)
+        try:
+            wait_ready(base, proc)
+            for c in args.concurrency:
+                n = max(args.min_requests, c * args.requests_per_stream)
+                r = asyncio.run(load(base, c, n, prompts, args.max_tokens))
+                r.update(engine=engine, engine_args=eargs)
+                print(json.dumps(r), flush=True)
+                results.append(r)
+        finally:
+            stop_server(proc)
+    by = {(r["engine"], r["concurrency"]): r["output_tok_s"] for r in results}
+    for c in args.concurrency:
+        if ("mini", c) in by and ("vllm", c) in by:
+            print(f"{c:>3} streams: mini {by['mini', c]:7.1f} tok/s  vLLM {by['vllm', c]:7.1f} "
+                  f"tok/s  ratio {by['mini', c] / by['vllm', c]:.2f}")
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump({"results": results, "argv": sys.argv[1:], "time": time.ctime(),
+                   "load_average": os.getloadavg()}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
