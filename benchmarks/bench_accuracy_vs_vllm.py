@@ -81,7 +81,8 @@ def run_vllm_client(args: argparse.Namespace, tokenizer: str, seed: int, workdir
         raise RuntimeError("vllm.benchmarks.serve failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
     d = json.loads(open(os.path.join(workdir, out)).read())
     return {"ttft": d["median_ttft_ms"], "tpot": d["median_tpot_ms"], "itl": d["median_itl_ms"],
-            "throughput": d["output_throughput"], "completed": d["completed"]}
+            "throughput": d["output_throughput"], "completed": d["completed"],
+            "input_tokens": d.get("total_input_tokens"), "output_tokens": d.get("total_output_tokens")}
 
 
 def run_ours(args: argparse.Namespace, tokenizer: str, seed: int) -> dict:
@@ -91,7 +92,8 @@ def run_ours(args: argparse.Namespace, tokenizer: str, seed: int) -> dict:
                         api="completions", environment=False, scrape_metrics=False)
     s = res.summary
     return {"ttft": s["ttft_ms"]["median"], "tpot": s["tpot_ms"]["median"], "itl": s["itl_ms"]["median"],
-            "throughput": s["output_throughput"], "completed": s["completed"]}
+            "throughput": s["output_throughput"], "completed": s["completed"],
+            "input_tokens": s["total_input_tokens"], "output_tokens": s["total_output_tokens"]}
 
 
 def main() -> int:
@@ -145,7 +147,8 @@ def main() -> int:
                     rows[tool].append(r)
                     print(f"repeat {rep} {tool:>4}: TTFT p50 {r['ttft']:8.2f} ms  TPOT p50 {r['tpot']:7.2f} ms  "
                           f"ITL p50 {r['itl']:7.2f} ms  output {r['throughput']:7.2f} tok/s  "
-                          f"completed {r['completed']}", flush=True)
+                          f"completed {r['completed']}  tokens in/out {r['input_tokens']}/{r['output_tokens']}",
+                          flush=True)
         print(f"\n# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: random {args.input_len}/{args.output_len}, "
               f"{args.num_requests} requests, concurrency {args.concurrency}, {args.repeats} repeats, {args.base_url}")
         print(f"{'metric (median of repeats)':<28}{'vllm bench':>12}{'ours':>12}{'diff':>9}")

@@ -135,3 +135,15 @@ def test_sharegpt_filters_and_seed(tok, tmp_path, monkeypatch):
     second = sent[1].request.messages
     assert [m["role"] for m in second] == ["user", "assistant", "user"]
     assert second[1]["content"] == sent[0].reply  # history carries the model's reply
+
+
+def test_light_tokenizer_renders_the_chat_template(tok):
+    if tok.hf is None:
+        pytest.skip("needs the model tokenizer")
+    text = tok.hf.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
+                                       {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}],
+                                      tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+                    "yo<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
+    ids = tok.prompt_ids(Request(1, messages=[{"role": "user", "content": "hi"}]))
+    assert ids[0] == tok.encode("<|im_start|>")[0] and len(tok.encode("<|im_start|>")) == 1  # special token kept whole

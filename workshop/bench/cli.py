@@ -53,6 +53,8 @@ def _add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--label", help="name of this run in tables and plots (e.g. the engine)")
     p.add_argument("--output-dir", help="results folder (default results/<time>-<kind>-<workload>)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--reset-cache", action="store_true",
+                   help="empty the server's prefix cache first (/reset_prefix_cache or /flush_cache)")
     _add_workload_args(p)
 
 
@@ -86,7 +88,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         api_key=args.api_key, seed=args.seed, warmup=args.warmup, slo_ttft_ms=args.slo_ttft_ms,
                         slo_itl_ms=args.slo_itl_ms, slo_tpot_ms=args.slo_tpot_ms, slo_e2e_ms=args.slo_e2e_ms,
                         progress=not args.no_progress, output_dir=out, label=args.label, tokenizer=args.tokenizer,
-                        **_workload_kwargs(args))
+                        reset_cache=args.reset_cache, **_workload_kwargs(args))
     print(format_summary(res.summary))
     print(f"results: {out}")
     return 1 if res.summary["completed"] == 0 else 0
@@ -102,7 +104,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     slo_ttft_ms=args.slo_ttft_ms, slo_itl_ms=args.slo_itl_ms, tolerance=args.tolerance,
                     seed=args.seed, warmup=args.warmup, progress=not args.no_progress, output_dir=out,
                     stop_after_knee=args.stop_after_knee, api_key=args.api_key, label=args.label,
-                    tokenizer=args.tokenizer, **_workload_kwargs(args))
+                    tokenizer=args.tokenizer, reset_cache=args.reset_cache, **_workload_kwargs(args))
     print(sw.table())
     print(f"knee: {sw.knee}" if sw.knee is not None else "knee: none (even the lowest load fails)")
     print(f"results: {out}")

@@ -87,6 +87,14 @@ class BenchResult:
         from .plots import plot_timeline
         return plot_timeline(self, **kw)
 
+    def plot_percentiles(self, **kw: Any):
+        from .plots import plot_percentiles
+        return plot_percentiles([self], **kw)
+
+    def plot_prefix_hit(self, **kw: Any):
+        from .plots import plot_prefix_hit
+        return plot_prefix_hit([self], **kw)
+
     def print_summary(self) -> None:
         print(format_summary(self.summary))
 
@@ -175,6 +183,8 @@ async def server_environment(session: Any, base_url: str, headers: dict[str, str
     engine = None
     if isinstance(info, dict):
         engine = info.get("engine") or info.get("backend")
+        if engine and "server_version" in info:  # the workshop's reference server, over an engine
+            engine = f"reference-{engine}"
         if engine is None and ("tp_size" in info or "radix" in json.dumps(info)[:20000]):
             engine = "sglang"
     if engine is None and isinstance(out.get("version"), dict) and "version" in out["version"]:

@@ -16,6 +16,40 @@ from .server_metrics import MetricsScraper
 from .workloads import Request, Tokenizer, Workload, build_workload, exact_filler, token_stats
 
 
+def _tokenizer_from_server(base_url: str, model: str, api_key: str | None) -> str | None:
+    """The ``root`` that ``/v1/models`` gives for ``model``, when it is a folder on this machine."""
+    import json
+    import os
+    import urllib.request
+    req = urllib.request.Request(base_url.rstrip("/") + "/v1/models",
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            data = json.loads(resp.read()).get("data", [])
+    except Exception:
+        return None
+    for m in data:
+        root = m.get("root")
+        if m.get("id") == model and isinstance(root, str) and os.path.isdir(root):
+            return root
+    return None
+
+
+async def reset_prefix_cache(session, base_url: str, headers: dict[str, str]) -> str | None:
+    """Empty the server's prefix cache (vLLM and ours: /reset_prefix_cache, SGLang: /flush_cache).
+
+    Returns the endpoint that worked, or None (then the run starts with whatever is cached).
+    """
+    for path in ("/reset_prefix_cache", "/flush_cache"):
+        try:
+            async with session.post(base_url + path, headers=headers) as resp:
+                if resp.status == 200:
+                    return path
+        except Exception:
+            continue
+    return None
+
+
 def _warmup_requests(tok: Tokenizer, n: int, seed: int) -> list[Request]:
     rng = random.Random(f"warmup/{seed}")
     return [Request(8, prompt=exact_filler(tok, rng, 32), tag="warmup") for _ in range(n)]
@@ -29,13 +63,19 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
                          progress: bool = True, output_dir: str | None = None, label: str | None = None,
                          tokenizer: str | None = None, timeout_s: float = 600.0, ignore_eos: bool = True,
                          extra_body: dict | None = None, scrape_metrics: bool = True,
-                         environment: bool = True, **workload_kwargs: Any) -> BenchResult:
+                         environment: bool = True, reset_cache: bool = False,
+                         **workload_kwargs: Any) -> BenchResult:
     """The async form of ``run_benchmark`` (for code already inside an event loop)."""
     if isinstance(workload, Workload):
         wl = workload
         tok = wl.tokenizer or Tokenizer.load(model, tokenizer)
     else:
         tok = Tokenizer.load(model, tokenizer)
+        if tok.hf is None and tokenizer is None:
+            # The served name may not be a local model: the server may say where its weights are.
+            root = await asyncio.to_thread(_tokenizer_from_server, base_url, model, api_key)
+            if root is not None:
+                tok = Tokenizer.load(None, root)
         wl = build_workload(workload, tok, num_requests=num_requests, seed=seed, **workload_kwargs)
     load = Load(concurrency=concurrency, request_rate=request_rate, burstiness=burstiness, seed=seed)
     slo = SLO(ttft_ms=slo_ttft_ms, itl_ms=slo_itl_ms, tpot_ms=slo_tpot_ms, e2e_ms=slo_e2e_ms)
@@ -63,6 +103,8 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
             env = local_environment()
             env["server"] = await server_environment(client.session, client.base_url, client.headers)
         runner = Runner(client, done)
+        if reset_cache:
+            config["prefix_cache_reset"] = await reset_prefix_cache(client.session, client.base_url, client.headers)
         if warmup:
             await runner.warmup(_warmup_requests(tok, warmup, seed))
         scraper = MetricsScraper(client.session, client.base_url, client.headers)
@@ -105,7 +147,8 @@ def run_benchmark(base_url: str, model: str, workload: str | Workload = "random"
     ``request_rate`` is None, else open loop (Poisson for ``burstiness`` 1, gamma otherwise),
     capped at ``concurrency`` unless that is None. ``warmup`` short requests go first and are
     excluded. Extra keyword arguments go to ``arun_benchmark`` (``label``, ``tokenizer``,
-    ``slo_tpot_ms``, ``slo_e2e_ms``, ``extra_body``, ...) or to the workload builder
+    ``slo_tpot_ms``, ``slo_e2e_ms``, ``extra_body``, ``reset_cache`` (empty the server's prefix
+    cache first), ...) or to the workload builder
     (``input_len``, ``output_len``, ``num_groups``, ``branches``, ...). Works inside Jupyter:
     when an event loop is already running, the run happens on a helper thread.
     """

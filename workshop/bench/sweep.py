@@ -175,7 +175,7 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
 
 
 _RUN_KWARGS = {"api_key", "label", "slo_tpot_ms", "slo_e2e_ms", "timeout_s", "ignore_eos", "extra_body",
-               "scrape_metrics", "environment"}
+               "scrape_metrics", "environment", "reset_cache"}
 
 
 def _offered_all(loads: Sequence[float], points: Sequence[BenchResult], per_session: float) -> list[float]:

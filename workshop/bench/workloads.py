@@ -109,8 +109,11 @@ class Tokenizer:
                 path = model if os.path.isdir(model) else None
         if path is None:
             return cls()
-        from transformers import AutoTokenizer
-        return cls(AutoTokenizer.from_pretrained(path, local_files_only=True), name=str(path))
+        try:
+            return cls(LightTokenizer(Path(path)), name=str(path))
+        except Exception:  # no tokenizer.json, an unusual template: the full library
+            from transformers import AutoTokenizer
+            return cls(AutoTokenizer.from_pretrained(path, local_files_only=True), name=str(path))
 
     def encode(self, text: str) -> list[int]:
         if self.hf is None:
@@ -139,6 +142,55 @@ class Tokenizer:
                 words = sorted(k[1:] for k in vocab if re.fullmatch("Ġ[a-z]{3,10}", k))
                 self._words = words or _FALLBACK_WORDS
         return self._words
+
+
+class LightTokenizer:
+    """The parts of a Hugging Face tokenizer the workloads use, from ``tokenizers`` + ``jinja2``.
+
+    Importing ``transformers`` costs seconds (it pulls in torch); a benchmark client should
+    start fast and stay light. Same token ids as ``transformers`` for a ``tokenizer.json``
+    folder; the chat template is rendered the way ``apply_chat_template`` renders it.
+    """
+
+    def __init__(self, folder: Path):
+        import jinja2
+        import jinja2.sandbox
+        from tokenizers import Tokenizer as HFTokenizer
+        self.tk = HFTokenizer.from_file(str(folder / "tokenizer.json"))
+        cfg_path = folder / "tokenizer_config.json"
+        cfg = json.loads(cfg_path.read_text()) if cfg_path.exists() else {}
+        template = cfg.get("chat_template")
+        if template is None and (folder / "chat_template.jinja").exists():
+            template = (folder / "chat_template.jinja").read_text()
+        if isinstance(template, list):  # named templates: take the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        self.chat_template = template
+        tok = lambda v: v.get("content") if isinstance(v, dict) else v  # noqa: E731
+        self.special = {"bos_token": tok(cfg.get("bos_token")) or "", "eos_token": tok(cfg.get("eos_token")) or ""}
+        self._template = None
+        if template is not None:
+            env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+            env.globals["raise_exception"] = _raise
+            self._template = env.from_string(template)
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self.tk.decode(list(ids), skip_special_tokens=False)
+
+    def get_vocab(self) -> dict[str, int]:
+        return self.tk.get_vocab()
+
+    def apply_chat_template(self, messages: list[dict], tokenize: bool = True,
+                            add_generation_prompt: bool = True) -> list[int] | str:
+        text = self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                     **self.special)
+        return self.encode(text) if tokenize else text
+
+
+def _raise(msg: str) -> None:
+    raise ValueError(msg)
 
 
 _FALLBACK_WORDS = ("data model server token cache batch queue request reply stream latency "
@@ -543,7 +595,15 @@ def plan(workload: Workload) -> list[Sent]:
         for s in copy.deepcopy(workload.sessions):
             await s.run(fake_send)
 
-    asyncio.run(main())
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(main())
+    else:  # called from a notebook, whose loop is running: plan on a helper thread
+        import threading
+        t = threading.Thread(target=lambda: asyncio.run(main()))
+        t.start()
+        t.join()
     return sent
 
 
