@@ -237,8 +237,9 @@ def roofline_figure(title: str, machines: Sequence[Machine],
     """A figure with each machine's roof and its points (squares: prefill, circles: decode)."""
     from workshop.plots import figure
     fig, ax = figure(title, "arithmetic intensity (FLOP / byte)", "attained FLOP/s")
-    for m in machines:
-        plot_roofline(ax, m, (points or {}).get(m.name, ()), intensity_range)
+    for i, m in enumerate(machines):
+        # Label the first machine's points only; the others repeat the same labels.
+        plot_roofline(ax, m, (points or {}).get(m.name, ()), intensity_range, annotate=i == 0)
     ax.legend(fontsize=8)
     return fig
 

@@ -178,3 +178,33 @@ def test_engine_cache_config_parses_vllm_labels():
     per_token = kv.kv_bytes_per_token(kv.load_model("smollm2-135m"))
     assert kv.engine_capacity_tokens(1073741824, per_token, 128) == 364 * 128
     assert kv.engine_cache_config("vllm:num_requests_running 0.0\n") == {}
+
+
+def test_engine_check_flags_a_wrong_formula():
+    cfg = kv.load_model("smollm2-135m")
+    cache = {"block_size": "128", "num_gpu_blocks": "364", "kv_cache_memory_bytes": "1073741824",
+             "cache_dtype": "auto"}
+    assert kv.engine_check(cfg, cache, {})["agrees"] is True
+    # Same engine figures, but a config claiming 4 KV heads: the prediction must disagree.
+    wrong = replace(cfg, num_kv_heads=4)
+    assert kv.engine_check(wrong, cache, {})["agrees"] is False
+    # fp8 cache: half the bytes, twice the blocks.
+    fp8 = dict(cache, cache_dtype="fp8", num_gpu_blocks="728")
+    assert kv.engine_check(cfg, fp8, {})["agrees"] is True
+    # No byte budget published: report the implied memory instead.
+    gpu = {"block_size": "16", "num_gpu_blocks": "1000", "cache_dtype": "auto"}
+    assert kv.engine_check(cfg, gpu, {})["implied_kv_memory_bytes"] == 1000 * 16 * 23_040
+
+
+def test_notebook_tables_and_figure():
+    rows = kv.model_rows()
+    assert len(rows) == len(kv.list_models()) and all(set(r) == set(rows[0]) for r in rows)
+    gpus = kv.load_gpus()
+    g_rows = kv.gpu_rows(kv.load_model("qwen2.5-7b"), gpus, weight_dtype="bf16", kv_dtype="fp8",
+                         context=4096, users=8)
+    assert [r["GPU"] for r in g_rows] == list(gpus)
+    assert {r["fits"] for r in g_rows} <= {"yes", "no"}
+    import matplotlib
+    matplotlib.use("Agg")
+    fig = kv.plot_users_vs_context(kv.load_model("qwen2.5-7b"), gpus["L4"], "int4")
+    assert len(fig.axes[0].lines) == 3

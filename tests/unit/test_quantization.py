@@ -181,3 +181,45 @@ def test_heldout_texts_from_the_real_file_are_stable():
         pytest.skip("ShareGPT file missing")
     a = Q.heldout_texts(n=3)
     assert a == Q.heldout_texts(n=3) and all(len(t) >= 400 for t in a)
+
+
+def test_evaluate_variant_measures_and_frees(monkeypatch):
+    monkeypatch.setattr(Q, "load_bf16", lambda path: _tiny_mlp())
+    monkeypatch.setattr(Q, "perplexity", lambda m, tok, texts, max_tokens: 12.5)
+    monkeypatch.setattr(Q, "greedy_answers", lambda m, tok, qs, n: [[1, 2, 3]])
+    forced = iter([[[1, 2, 3]], [[1, 2, 9]]])
+    monkeypatch.setattr(Q, "forced_greedy_agreement",
+                        lambda m, tok, qs, ref: Q.greedy_agreement(ref, next(forced)))
+    monkeypatch.setattr(Q, "decode_tokens_per_s", lambda m, tok, new_tokens: 10.0)
+    ref_row, ref = Q.evaluate_variant("bf16", lambda m: m, "unused", None, [], ["q"])
+    assert ref == [[1, 2, 3]]
+    row, _ = Q.evaluate_variant("int8", lambda m: Q.quantize_model(m, 8), "unused", None, [],
+                                ["q"], reference=ref)
+    assert ref_row["answers identical"] == "100%" and row["answers identical"] == "0%"
+    assert row["tokens before divergence"] == "67%"
+    assert row["weights (MiB)"] < ref_row["weights (MiB)"]
+    assert {"RSS with model (MiB, +)", "RSS after free (MiB, +)", "perplexity"} <= set(row)
+
+
+class _ChatTokenizer(_CharTokenizer):
+    def apply_chat_template(self, messages, **kw):
+        return {"input_ids": torch.tensor([list(messages[0]["content"].encode())])}
+
+
+class _EchoLM(nn.Module):
+    """Predicts 'the same byte again', so its greedy answer to anything repeats the last byte."""
+
+    def forward(self, ids):
+        logits = torch.full((*ids.shape, 256), -1.0)
+        logits.scatter_(2, ids.unsqueeze(-1), 1.0)
+        return type("Out", (), {"logits": logits})()
+
+
+def test_forced_agreement_matches_what_greedy_decoding_would_do():
+    tok, model = _ChatTokenizer(), _EchoLM()
+    last = ord("?")
+    # Greedy decoding of the echo model after "hi?" yields "???"; a reference that says so
+    # agrees fully, one that starts differently diverges at its first token.
+    a = Q.forced_greedy_agreement(model, tok, ["hi?", "hi?"], [[last] * 3, [last, 65, last]])
+    assert a.exact == 0.5
+    assert a.prefix == pytest.approx((1 + 1 / 3) / 2)

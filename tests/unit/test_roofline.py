@@ -98,3 +98,35 @@ def test_time_decode_step_runs_on_a_tiny_model():
     cached = rl.time_decode_step(model, context=32, use_cache=True, repeats=2)
     full = rl.time_decode_step(model, context=32, use_cache=False, repeats=1)
     assert cached > 0 and full > 0
+
+
+def test_roofline_figure_has_one_roof_per_machine():
+    import matplotlib
+    matplotlib.use("Agg")
+    machines = [rl.Machine("a", 1e10, 1e11), rl.Machine("b", 1e12, 1e14)]
+    fig = rl.roofline_figure("t", machines, {"a": [rl.Point("decode b=1", 1.0, 1e9, 1.0)]})
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert labels == ["a roof", "b roof"]
+
+
+class _FakeResult:
+    def __init__(self, summary):
+        self.summary = summary
+
+
+def test_serve_helpers_turn_latencies_into_rates(monkeypatch):
+    import workshop.bench as bench
+    calls = []
+
+    def fake_run_benchmark(**kw):
+        calls.append(kw)
+        return _FakeResult({"tpot_ms": {"median": 50.0}, "ttft_ms": {"median": 200.0},
+                            "completed": kw["num_requests"], "errors": 0})
+    monkeypatch.setattr(bench, "run_benchmark", fake_run_benchmark)
+    session = type("S", (), {"base_url": "http://x", "model": "m", "api_key": None})()
+    d = rl.serve_decode(session, batch=8, input_len=100, output_len=20)
+    assert d["tok/s per request"] == pytest.approx(20.0)
+    assert d["tok/s total"] == pytest.approx(160.0) and d["context"] == 110
+    assert calls[-1]["concurrency"] == 8 and calls[-1]["num_requests"] == 8
+    p = rl.serve_prefill(session, prompt_tokens=400)
+    assert p["prefill tok/s"] == pytest.approx(2000.0) and calls[-1]["concurrency"] == 1

@@ -1,0 +1,254 @@
+# %% [markdown]
+# # 3 · Prefill, decode and the roofline
+#
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/03_prefill_decode_roofline.ipynb)
+# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/03_prefill_decode_roofline.py)
+#
+# An inference request has two phases that stress the hardware in opposite ways:
+#
+# * **prefill** runs the whole prompt through the model at once: every weight read from memory
+#   is used for hundreds of tokens, so the arithmetic units are the limit;
+# * **decode** produces one token per step per request: every weight is read again for one
+#   token (or one per request in the batch), so memory bandwidth is the limit.
+#
+# The **roofline model** makes this precise. We measure this machine's memory bandwidth and
+# matrix-multiply speed, draw its roofline, and place prefill and decode measured on the live
+# server on it. Then we draw the same picture for common GPUs from their datasheets.
+
+# %%
+# Make the course package importable (from this checkout, or installed on Colab / molab),
+# then connect. Re-running this cell reuses the server it started.
+import importlib.util as _ilu
+import pathlib as _pl
+import subprocess as _sp
+import sys as _sys
+
+if _ilu.find_spec("workshop") is None:
+    _repo = next((p for p in (_pl.Path.cwd(), *_pl.Path.cwd().parents)
+                  if (p / "workshop" / "session.py").exists()), None)
+    if _repo is not None:
+        _sys.path.insert(0, str(_repo))
+    else:
+        _sp.run([_sys.executable, "-m", "pip", "install", "-q", "llm-inference-workshop[notebooks] @ "
+                 "git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+
+import workshop.session
+
+session = workshop.session.connect()
+
+# %% [markdown]
+# ## 1. Measure this machine
+#
+# Two numbers define a roofline:
+#
+# * **memory bandwidth** W: we sum a float32 buffer several times larger than the CPU's caches
+#   (one addition per 4 bytes is far below what the cores can compute, so the time is the
+#   time to stream the bytes in);
+# * **peak compute** P: we time square bf16 matrix multiplications (2n³ FLOPs each) of a few
+#   sizes and keep the best.
+#
+# A kernel that does F FLOPs while moving B bytes has **arithmetic intensity** I = F/B and
+# runs at most at min(P, W x I). Below the **ridge point** I = P/W it waits for memory; above
+# it, for arithmetic. On a GPU the server runs on the GPU, so we measure that instead.
+
+# %%
+from workshop import kvcache, roofline, ui
+from workshop.session import quick, sweep
+
+if str(session.info.get("device", "cpu")).startswith("cuda"):
+    machine = roofline.measure_cuda_machine()       # the server runs on this GPU: measure it
+else:
+    machine = roofline.measure_machine("this CPU", mib=sweep(512, 256),
+                                       sizes=sweep((512, 1024, 2048), (512, 1024)),
+                                       repeats=sweep(5, 3))
+ui.md(
+    f"**{machine.name}**: memory bandwidth **{machine.bandwidth / 1e9:,.1f} GB/s**, bf16 matmul "
+    f"**{machine.flops / 1e9:,.0f} GFLOP/s** ({machine.source}). Ridge point: "
+    f"**{machine.ridge:,.1f} FLOP per byte** - a kernel must do that much arithmetic per byte it "
+    "reads to keep the arithmetic units busy. (On a shared machine these numbers move from run "
+    "to run; re-run the cell and compare.)"
+)
+
+# %% [markdown]
+# ## 2. Where prefill and decode should land
+#
+# Every weight is used for 2 FLOPs (a multiply and an add) per token that passes through it.
+# At bf16 a weight is 2 bytes, so:
+#
+# * a decode step for **one** sequence does about 2 FLOPs per 2 bytes read: intensity ~1, deep
+#   in the memory-bound region. Its speed limit is *bandwidth / bytes of weights*;
+# * a decode step for a **batch of B** sequences reads the weights once for B tokens: intensity
+#   ~B, until each sequence's own KV cache (read for that sequence alone) dominates;
+# * a **prefill** of T prompt tokens reads the weights once for T tokens: intensity ~T.
+#
+# Here is that arithmetic for the model this server runs.
+
+# %%
+import pathlib
+
+served_path = pathlib.Path(str(session.info.get("model_path", "")))
+model_cfg = (kvcache.from_hf_config(served_path / "config.json", name=session.model)
+             if (served_path / "config.json").exists() else kvcache.load_model("smollm2-135m"))
+if not model_cfg.params:
+    # A config.json does not state the parameter count; the shipped config for the bundled
+    # model does (and is checked against the real weights in the unit tests).
+    model_cfg = kvcache.load_model("smollm2-135m")
+weight_bytes = kvcache.weight_bytes(model_cfg, "bf16")
+bound_b1 = roofline.decode_bound_tokens_per_s(model_cfg, machine, batch=1, context=128)
+ui.table([{"phase": ph, "tokens per weight read": n,
+           "intensity (FLOP/byte)": round(i, 1),
+           "bound on this machine": ("memory" if i < machine.ridge else "compute")}
+          for ph, n, i in (
+              ("decode, batch 1", 1, roofline.decode_intensity(model_cfg, 1, 128)),
+              ("decode, batch 8", 8, roofline.decode_intensity(model_cfg, 8, 128)),
+              ("decode, batch 64", 64, roofline.decode_intensity(model_cfg, 64, 128)),
+              ("prefill, 512-token prompt", 512, roofline.prefill_intensity(model_cfg, 512)))])
+
+# %% [markdown]
+# ## 3. Decode must use the KV cache
+#
+# A decode step is only cheap because the keys and values of earlier tokens are *cached*: the
+# step runs the newest token alone. A frequent benchmarking mistake is to "decode" by running
+# the whole sequence again for every new token: that is a prefill each time, its cost grows
+# with the context, and it says nothing about decode speed. We time both ways in this process
+# with the Hugging Face implementation of the same model.
+
+# %%
+import torch
+from transformers import AutoModelForCausalLM
+from workshop.models import resolve_model
+
+_hf_model = AutoModelForCausalLM.from_pretrained(
+    str(served_path) if (served_path / "config.json").exists()
+    else resolve_model("smollm2-135m").path, dtype=torch.bfloat16).eval()
+decode_contexts = sweep([64, 256, 512, 1024, 2048], [64, 512])
+decode_rows = []
+for _ctx in ui.progress(decode_contexts, title="timing decode steps"):
+    _cached = roofline.time_decode_step(_hf_model, _ctx, use_cache=True, repeats=sweep(5, 3))
+    _full = roofline.time_decode_step(_hf_model, _ctx, use_cache=False, repeats=sweep(3, 1))
+    decode_rows.append({"context (tokens)": _ctx, "KV-cached step (ms)": _cached * 1e3,
+                        "re-run everything (ms)": _full * 1e3, "ratio": _full / _cached})
+del _hf_model          # free it before the server sweep below competes for the same cores
+ui.table(decode_rows)
+
+# %%
+_first, _last = decode_rows[0], decode_rows[-1]
+ui.md(
+    f"From {_first['context (tokens)']:,} to {_last['context (tokens)']:,} tokens of context "
+    f"the cached step went from {_first['KV-cached step (ms)']:.1f} to "
+    f"{_last['KV-cached step (ms)']:.1f} ms, while re-running everything went from "
+    f"{_first['re-run everything (ms)']:.1f} to {_last['re-run everything (ms)']:.1f} ms "
+    f"({_last['ratio']:.0f}x the cached step). Bandwidth alone would allow a cached batch-1 "
+    f"step in {1e3 / bound_b1:.1f} ms on this machine ({kvcache.human_bytes(weight_bytes)} "
+    f"of weights / {machine.bandwidth / 1e9:,.1f} GB/s)."
+)
+
+# %% [markdown]
+# ## 4. Measure the live server
+#
+# Now the engine itself, through the course's benchmark harness. **Decode**: B requests start
+# together, each asks for a fixed number of tokens (`ignore_eos`), and the median time per
+# output token (TPOT) gives B / TPOT tokens per second for the whole batch. **Prefill**: one
+# request at a time with a long prompt and one output token; prompt tokens / time to first
+# token is the prefill rate (it includes the HTTP round trip, which long prompts make small).
+
+# %%
+decode_batches = sweep([1, 2, 4, 8, 16, 32, 64], [1, 4, 16])
+decode_input, decode_output = 128, sweep(64, 24)
+serve_decode_rows = [roofline.serve_decode(session, _b, decode_input, decode_output)
+                     for _b in ui.progress(decode_batches, title="decode sweep")]
+prefill_lengths = sweep([128, 512, 1024, 1536], [256, 1024])
+serve_prefill_rows = [roofline.serve_prefill(session, _t, repeats=sweep(3, 2))
+                      for _t in ui.progress(prefill_lengths, title="prefill sweep")]
+ui.table(serve_decode_rows)
+
+# %%
+ui.table(serve_prefill_rows)
+
+# %%
+measured_points = (
+    [roofline.decode_point(model_cfg, r["batch"], r["context"], r["tok/s total"])
+     for r in serve_decode_rows]
+    + [roofline.prefill_point(model_cfg, r["prompt tokens"], r["prefill tok/s"])
+       for r in serve_prefill_rows])
+roofline.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
+                         [machine], {machine.name: measured_points}, (0.3, 3000))
+
+# %%
+_b1 = serve_decode_rows[0]
+_bmax = serve_decode_rows[-1]
+_best_prefill = max(serve_prefill_rows, key=lambda r: r["prefill tok/s"])
+_b1_bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1, _b1["context"])
+ui.md(
+    f"**Batch 1** decoded at {_b1['tok/s total']:,.1f} tokens/s; the bandwidth bound "
+    f"(weights / bandwidth) is {_b1_bound:,.0f} tokens/s, so the engine reached "
+    f"**{_b1['tok/s total'] / _b1_bound:.0%} of it**. "
+    f"**Batch {_bmax['batch']}** made {_bmax['tok/s total']:,.0f} tokens/s in total, "
+    f"{_bmax['tok/s total'] / _b1['tok/s total']:.1f}x batch 1, while each request got "
+    f"{_bmax['tok/s per request']:,.1f} tokens/s: batching moves the point right (more FLOPs "
+    f"per byte) and up. **Prefill** of {_best_prefill['prompt tokens']:,} tokens ran at "
+    f"{_best_prefill['prefill tok/s']:,.0f} tokens/s, "
+    f"{_best_prefill['prefill tok/s'] / _b1['tok/s total']:.0f}x the batch-1 decode rate, "
+    f"because each weight read serves every prompt token."
+)
+
+# %% [markdown]
+# **Reading the gap.** On a GPU running a 7B model, batch-1 decode typically lands close to the
+# bandwidth roof: the weights are gigabytes, and streaming them dominates the step. With a
+# 135M-parameter model on a CPU the weights stream in a few milliseconds, so the fixed cost of
+# a step (launching ~30 layers x a dozen operators, the scheduler, sampling, streaming the
+# token back) is comparable or larger, and the point sits below the roof. Compare the
+# in-process KV-cached step above with the bound to see how much of that is the model code and
+# how much the serving stack. Points below the compute roof at high intensity mean the same
+# thing for prefill: the matmuls are not the only work.
+
+# %% [markdown]
+# ## 5. The same picture for common GPUs
+#
+# No GPU is measured here: the roofs come from datasheet peaks (dense bf16 tensor FLOP/s and
+# memory bandwidth, sources in `workshop/data/gpus.json` and at the end of notebook 2), and the
+# points are the *model's* predictions for Llama 3.1 8B in bf16 - the attainable speed at each
+# intensity, not a measurement. Pick a model to see where its decode and prefill fall.
+
+# %%
+gpu_model_choice = ui.dropdown(kvcache.list_models(), "llama-3.1-8b", "model")
+gpu_model_choice
+
+# %%
+gpu_catalogue = kvcache.load_gpus()
+gpu_names = ["L4", "A100-80GB", "H100-SXM", "MI300X"]
+gpu_machines = [roofline.Machine(n, gpu_catalogue[n].bandwidth_bytes_s, gpu_catalogue[n].flops,
+                                 "datasheet") for n in gpu_names]
+gpu_cfg = kvcache.load_model(gpu_model_choice.value)
+gpu_points = {}
+for _m in gpu_machines:
+    _pts = []
+    for _b in (1, 8, 64, 256):
+        _i = roofline.decode_intensity(gpu_cfg, _b, 1024)
+        _pts.append(roofline.Point(f"decode b={_b}", _i,
+                                   float(roofline.attainable_flops(_i, _m.flops, _m.bandwidth)), 0.0))
+    _i = roofline.prefill_intensity(gpu_cfg, 2048)
+    _pts.append(roofline.Point("prefill 2048", _i,
+                               float(roofline.attainable_flops(_i, _m.flops, _m.bandwidth)), 0.0))
+    gpu_points[_m.name] = _pts
+roofline.roofline_figure(f"{gpu_cfg.name}, bf16, 1,024-token context: predicted (datasheet roofs)",
+                         gpu_machines + [machine], gpu_points, (0.3, 3000))
+
+# %%
+ui.table([{"GPU": _m.name, "ridge (FLOP/byte)": round(_m.ridge),
+           "batch-1 decode bound (tok/s)": round(
+               roofline.decode_bound_tokens_per_s(gpu_cfg, _m, 1, 1024), 1),
+           "batch-64 decode bound (tok/s, total)": round(
+               roofline.decode_bound_tokens_per_s(gpu_cfg, _m, 64, 1024)),
+           **{f"compute-bound from batch ({_c:,}-token context)": next(
+               (b for b in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+                if roofline.decode_intensity(gpu_cfg, b, _c) >= _m.ridge),
+               "never: KV reads dominate") for _c in (128, 4096)}}
+          for _m in gpu_machines])
+
+# %% [markdown]
+# GPU ridge points sit at a few hundred FLOP per byte: a GPU needs a batch of hundreds of
+# sequences before decoding stops waiting on memory, and with longer contexts the
+# per-sequence KV reads (which batching does not share) keep it memory-bound at any batch size. That is why serving engines batch as many
+# requests as the KV cache allows (notebook 2), and why shrinking bytes - quantized weights and
+# caches, notebook 4 - speeds up decode almost proportionally.
