@@ -167,3 +167,20 @@ def test_a_crashing_session_is_an_error_not_a_crash():
     s = summarize(log.records)
     assert s["completed"] == 2 and s["errors"] == 1
     assert "bug in a workload script" in next(iter(s["error_kinds"]))
+
+
+def test_capped_open_loop_counts_the_wait_from_arrival():
+    async def go(url, srv):
+        async with OpenAIClient(url, "mock") as c:
+            runner = Runner(c)
+            # 6 arrivals at once (rate inf-like, evenly spaced 1 ms) but only 1 slot
+            await runner.run([SingleRequest(Request(3, prompt="x")) for _ in range(6)],
+                             Load(concurrency=1, request_rate=1000.0, burstiness=float("inf")))
+            return runner.log.records
+    recs = run(with_server(go, chunk_delay_s=0.01))
+    assert all(r.ok for r in recs)
+    # each later request queued behind the previous: admitted at its end, scheduled at its arrival
+    for a, b in zip(recs, recs[1:]):
+        assert b.admitted == pytest.approx(a.end)
+        assert b.scheduled < b.admitted
+        assert b.ttft >= b.first_token - b.admitted

@@ -140,3 +140,14 @@ def test_offered_rate_accounts_for_drain():
     # sessions start at 0, .25, .5, .75; lengths 1, 1, 1, 3.25 -> median 1
     assert offered_rate(recs) == pytest.approx(5 / (0.75 + 1.0))
     assert offered_rate(recs[:1]) is None
+
+
+def test_waiting_for_a_cap_is_queueing_not_lag():
+    r = rec(0, scheduled=1.0, sent=1.5005, chunks=[1.7], end=1.7)
+    r.admitted = 1.5
+    assert r.ttft == pytest.approx(0.7)          # from the arrival
+    assert r.schedule_lag == pytest.approx(0.0005)
+    assert r.queue_wait == pytest.approx(0.5)
+    s = summarize([r, A])
+    assert s["queue_wait_ms"]["mean"] == pytest.approx(500)
+    assert s["schedule_lag_ms"]["mean"] == pytest.approx((0.5 + 1.0) / 2)

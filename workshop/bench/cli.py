@@ -13,7 +13,6 @@ from .workloads import WORKLOADS
 
 
 def _default_out(kind: str, workload: str, label: str | None) -> str:
-    from workshop.models import cache_dir  # noqa: F401  (keeps results out of the package)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return os.path.join("results", f"{stamp}-{kind}-{workload}" + (f"-{label}" if label else ""))
 

@@ -40,7 +40,8 @@ class Load:
     ``request_rate`` None or inf: closed loop, ``concurrency`` sessions at a time (all
     sessions at once when ``concurrency`` is None too). Otherwise open loop: gamma-distributed
     gaps with mean 1/rate and shape ``burstiness`` (1 = Poisson, < 1 burstier, inf = evenly
-    spaced), optionally capped at ``concurrency`` sessions in flight.
+    spaced), capped at ``concurrency`` sessions in flight unless it is None; latency still
+    counts from the arrival, the wait for the cap shows as ``queue_wait``.
     """
 
     concurrency: int | None = None
@@ -181,6 +182,7 @@ class OpenAIClient:
 class _SessionState:
     index: int
     last_end: float  # latest end of any of its requests so far
+    admitted: float | None = None  # capped open loop: slot time, given to the first request
 
 
 _ready_at: contextvars.ContextVar[float] = contextvars.ContextVar("ready_at")
@@ -213,7 +215,8 @@ class Runner:
         # After a fork joins, the next request was ready when the last branch ended.
         scheduled = max(_ready_at.get(), state.last_end)
         rec = RequestRecord(index=len(self.log.records), session=state.index, tag=req.tag,
-                            scheduled=scheduled, warmup=warmup)
+                            scheduled=scheduled, warmup=warmup, admitted=state.admitted)
+        state.admitted = None
         self.log.records.append(rec)
         slot = len(self.log.sent)
         self.log.sent.append(Sent(req, ""))
@@ -225,8 +228,9 @@ class Runner:
         self.on_request_done(rec)
         return Reply(text, ok=rec.error is None)
 
-    async def _run_session(self, index: int, session: Session, ready: float) -> float:
-        state = _SessionState(index, ready)
+    async def _run_session(self, index: int, session: Session, ready: float,
+                           admitted: float | None = None) -> float:
+        state = _SessionState(index, ready, admitted)
         _state.set(state)
         _ready_at.set(ready)
         try:
@@ -280,7 +284,12 @@ class Runner:
             freed = await slots.get()
             end = start
             try:
-                end = await self._run_session(i, s, max(arrival, freed))
+                if load.open_loop:
+                    # The user arrived at ``arrival``: waiting for the cap is part of their
+                    # latency (recorded as queue wait, not as client lag).
+                    end = await self._run_session(i, s, arrival, max(arrival, freed))
+                else:
+                    end = await self._run_session(i, s, max(arrival, freed))
             finally:
                 slots.put_nowait(end)
 

@@ -12,7 +12,8 @@ Definitions (written down in docs/benchmarking.md; tools disagree, see the table
   token have none; the summary averages over requests;
 - ITL: every gap between consecutive text-carrying chunks, pooled over all requests (a chunk
   may carry several tokens, so ITL and TPOT differ when a server batches its stream);
-- schedule lag: sent - scheduled, the client's own lateness.
+- schedule lag: sent - scheduled (or - admitted, after waiting for a concurrency cap), the
+  client's own lateness.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class RequestRecord:
     tag: str = ""                   # workload's label for the request ("turn-2", "branch-1/0", ...)
     scheduled: float = 0.0          # when the harness meant to send it
     sent: float = 0.0               # when the HTTP request actually started
+    admitted: float | None = None   # capped open loop: when a slot freed up (after ``scheduled``)
     first_token: float | None = None
     end: float | None = None
     chunk_times: list[float] = field(default_factory=list)  # arrival of each text-carrying chunk
@@ -69,7 +71,12 @@ class RequestRecord:
 
     @property
     def schedule_lag(self) -> float:
-        return self.sent - self.scheduled
+        """The client's own lateness; a wait for a concurrency cap is queueing, not lag."""
+        return self.sent - (self.admitted if self.admitted is not None else self.scheduled)
+
+    @property
+    def queue_wait(self) -> float:
+        return 0.0 if self.admitted is None else self.admitted - self.scheduled
 
 
 def stats(values: Iterable[float], scale: float = 1.0) -> dict[str, float | None]:
@@ -209,6 +216,8 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None = None) -> dict:
         "itl_ms": stats(itls, 1e3),
         "e2e_ms": stats((r.e2e for r in done), 1e3),
         "schedule_lag_ms": stats((r.schedule_lag for r in measured), 1e3),
+        # time arrivals waited for a free slot under a concurrency cap (open loop only)
+        "queue_wait_ms": stats((r.queue_wait for r in measured if r.admitted is not None), 1e3),
         # Prefix-cache hits as the server reported them per request, when it does.
         "client_cached_token_ratio": (sum(cached) / max(sum(r.prompt_tokens for r in done
                                                             if r.cached_tokens is not None), 1)

@@ -108,8 +108,10 @@ def format_summary(s: dict[str, Any]) -> str:
              f"request throughput {f(s['request_throughput'], 2)} req/s  goodput {f(s['goodput'], 2)} req/s  "
              f"output {f(s['output_throughput'])} tok/s  total {f(s['total_token_throughput'])} tok/s",
              f"{'ms':<16}{'mean':>10}{'median':>10}{'p90':>10}{'p95':>10}{'p99':>10}"]
-    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms"):
-        d = s[k]
+    for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms", "queue_wait_ms"):
+        d = s.get(k)
+        if not d or d["mean"] is None and k == "queue_wait_ms":
+            continue
         lines.append(f"{k[:-3]:<16}" + "".join(f"{f(d[p], 2):>10}" for p in ("mean", "median", "p90", "p95", "p99")))
     srv = s.get("server") or {}
     if srv.get("metrics_available"):
