@@ -157,7 +157,9 @@ class ModelRunner:
             self.k_cache = [torch.zeros(slots, mla_rank, **kw) for _ in range(cfg.num_layers)]
             self.v_cache = None
         else:
-            shape = (slots, self.num_kv_heads, cfg.head_dim)
+            # [kv_heads, slots, head_dim]: a gather along the slot axis then yields K/V already
+            # shaped [kv_heads, B, L, head_dim] for SDPA, with no transpose copy.
+            shape = (self.num_kv_heads, slots, cfg.head_dim)
             self.k_cache = [torch.zeros(shape, **kw) for _ in range(cfg.num_layers)]
             self.v_cache = [torch.zeros(shape, **kw) for _ in range(cfg.num_layers)]
         inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64)
@@ -337,8 +339,8 @@ class ModelRunner:
                 k = qkv[:, q_dim:q_dim + kv_dim].view(-1, self.num_kv_heads, cfg.head_dim)
                 v = qkv[:, q_dim + kv_dim:].view(-1, self.num_kv_heads, cfg.head_dim)
                 k = k * cos + _rotate_half(k) * sin
-                self.k_cache[li].index_copy_(0, meta.slot_mapping, k)
-                self.v_cache[li].index_copy_(0, meta.slot_mapping, v)
+                self.k_cache[li].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
+                self.v_cache[li].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
             attn = self._attention(li, layer, q, meta, None if self.attention == "mla" else (k, v))
             x = x + layer["o"](attn.view(-1, q_dim))
             h = _rms_norm(x, layer["ln2"], cfg.rms_norm_eps)
@@ -348,21 +350,21 @@ class ModelRunner:
         return F.linear(x, self.lm_head).float()
 
     def _kv(self, li: int, layer: dict, g: _Group) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values of the group's context, ``[B, kv_heads, L, head_dim]`` each."""
+        """Keys and values of the group's context, ``[kv_heads, B, L, head_dim]`` each."""
         cfg = self.cfg
         if self.attention != "mla":
-            # index_select on a flat index: much faster on CPU than pool[2-D index]; SDPA
-            # wants contiguous [B, heads, L, d], so pay for one copy here.
-            shape = (g.B, g.L, self.num_kv_heads, cfg.head_dim)
-            k = self.k_cache[li].index_select(0, g.slots_flat).view(shape)
-            v = self.v_cache[li].index_select(0, g.slots_flat).view(shape)
-            return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+            # One index_select per tensor along the slot axis: this gather is what a
+            # paged-attention kernel avoids by reading the blocks in place.
+            shape = (self.num_kv_heads, g.B, g.L, cfg.head_dim)
+            k = self.k_cache[li].index_select(1, g.slots_flat).view(shape)
+            v = self.v_cache[li].index_select(1, g.slots_flat).view(shape)
+            return k, v
         lat = self.k_cache[li].index_select(0, g.slots_flat).view(g.B, g.L, -1)  # [B, L, r]
         k = (lat @ layer["up_k"].T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
         v = (lat @ layer["up_v"].T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
         cos, sin = self.cos[:g.L][None, :, None, :], self.sin[:g.L][None, :, None, :]
         k = k * cos + _rotate_half(k) * sin     # RoPE after expansion: position = index in seq
-        return k.transpose(1, 2).contiguous(), v.transpose(1, 2).contiguous()
+        return k.permute(2, 0, 1, 3).contiguous(), v.permute(2, 0, 1, 3).contiguous()
 
     def _attention(self, li: int, layer: dict, q: torch.Tensor, meta: _Meta,
                    new_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -381,13 +383,14 @@ class ModelRunner:
                 out[sl] = o.transpose(0, 1)
                 continue
             k, v = self._kv(li, layer, g)
-            # Fold the query heads that share a KV head into the query-length axis, so SDPA
-            # sees [B, kv_heads, group*Q, d] against [B, kv_heads, L, d]: GQA without
-            # copying K/V.
+            # SDPA's leading two axes are free batch axes: use (kv_head, sequence). The query
+            # heads sharing a KV head are folded into the query axis, so SDPA sees
+            # [kv_heads, B, group*Q, d] against [kv_heads, B, L, d]: GQA without K/V copies.
             qg = q.index_select(0, g.q_index).view(g.B, g.Q, kvh, grp, cfg.head_dim)
-            qg = qg.permute(0, 2, 3, 1, 4).reshape(g.B, kvh, grp * g.Q, cfg.head_dim)
-            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=g.grouped_mask(grp))
-            o = o.view(g.B, kvh, grp, g.Q, cfg.head_dim).permute(0, 3, 1, 2, 4)
+            qg = qg.permute(2, 0, 3, 1, 4).reshape(kvh, g.B, grp * g.Q, cfg.head_dim)
+            mask = g.grouped_mask(grp).transpose(0, 1)                 # [1, B, group*Q, L]
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+            o = o.view(kvh, g.B, grp, g.Q, cfg.head_dim).permute(1, 3, 0, 2, 4)
             o = o.reshape(g.B * g.Q, cfg.num_heads, cfg.head_dim)
             if g.all_valid:
                 out.index_copy_(0, g.q_index, o)

@@ -215,8 +215,8 @@ class MiniEngine(LocalEngine):
             while not self._stop.is_set():
                 busy = eng.has_unfinished()
                 try:
-                    cmd = self._inbox.get(timeout=None if not busy else 0) if not busy \
-                        else self._inbox.get_nowait()
+                    # idle: sleep until a request (or stop) arrives; busy: just peek
+                    cmd = self._inbox.get_nowait() if busy else self._inbox.get()
                     self._handle(cmd)
                     while True:                       # drain everything that queued up
                         self._handle(self._inbox.get_nowait())
