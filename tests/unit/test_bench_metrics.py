@@ -151,3 +151,16 @@ def test_waiting_for_a_cap_is_queueing_not_lag():
     s = summarize([r, A])
     assert s["queue_wait_ms"]["mean"] == pytest.approx(500)
     assert s["schedule_lag_ms"]["mean"] == pytest.approx((0.5 + 1.0) / 2)
+
+
+def test_warnings_name_what_to_distrust():
+    late = rec(0, 0.0, 0.05, [0.2, 0.3], 0.3)
+    late.max_tokens = 2
+    short = rec(1, 0.0, 0.0, [0.1], 0.1, out=1)
+    short.max_tokens = 8
+    nousage = rec(2, 0.0, 0.0, [0.1, 0.2], 0.2)
+    nousage.usage = False
+    bad = rec(3, 0.0, 0.0, [], 0.1, error="HTTP 500")
+    w = " | ".join(summarize([late, short, nousage, bad])["warnings"])
+    assert "schedule lag" in w and "1 of 4 requests failed" in w and "no usage" in w and "ignore_eos" in w
+    assert summarize([A, B])["warnings"] == []

@@ -175,6 +175,7 @@ class OpenAIClient:
                 rec.cached_tokens = int(details["cached_tokens"])
         else:  # a server without include_usage: one token per text chunk, a lower bound
             rec.output_tokens = len(rec.chunk_times)
+            rec.usage = False
         return "".join(parts)
 
 

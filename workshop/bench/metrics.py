@@ -45,6 +45,7 @@ class RequestRecord:
     max_tokens: int = 0
     error: str | None = None
     warmup: bool = False
+    usage: bool = True              # False: the server sent no usage chunk, tokens = chunks
 
     @property
     def ok(self) -> bool:
@@ -194,7 +195,23 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None = None) -> dict:
     for r in failed:
         key = (r.error or "no response")[:200]
         error_kinds[key] = error_kinds.get(key, 0) + 1
+    warnings = []
+    lag99 = stats((r.schedule_lag for r in measured), 1e3)["p99"]
+    ttft50 = stats((r.ttft for r in done), 1e3)["median"]
+    if lag99 is not None and lag99 > max(5.0, 0.1 * (ttft50 or 0.0)):
+        warnings.append(f"client schedule lag p99 {lag99:.1f} ms: the client (or its machine) was late, "
+                        "so the load offered was lower than asked")
+    if failed:
+        warnings.append(f"{len(failed)} of {len(measured)} requests failed (see error_kinds)")
+    no_usage = sum(1 for r in done if not r.usage)
+    if no_usage:
+        warnings.append(f"{no_usage} responses had no usage chunk: their output tokens are counted as chunks "
+                        "(a lower bound)")
+    short = sum(1 for r in done if r.usage and r.max_tokens and r.output_tokens < r.max_tokens)
+    if short:
+        warnings.append(f"{short} responses stopped before max_tokens (does the server honour ignore_eos?)")
     return {
+        "warnings": warnings,
         "completed": len(done),
         "errors": len(failed),
         "error_kinds": error_kinds,

@@ -124,6 +124,8 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"{f(100 * (wl.get('prefix_reuse_ratio') or 0))}%")
     for err, n in (s.get("error_kinds") or {}).items():
         lines.append(f"error x{n}: {err}")
+    for w in s.get("warnings") or []:
+        lines.append(f"WARNING: {w}")
     return "\n".join(lines)
 
 
