@@ -154,13 +154,10 @@ def _(kvcache, session, ui):
     import pathlib
 
     _path = pathlib.Path(str(session.info.get("model_path", "")))
-    if (_path / "config.json").exists():
-        served_config = kvcache.from_hf_config(_path / "config.json", name=session.model)
-        served_config_from = f"`{_path / 'config.json'}`"
-    else:
-        served_config = kvcache.load_model("smollm2-135m")
-        served_config_from = f"the shipped config ([source]({served_config.source})); the server's " \
-                             "folder is not on this machine"
+    served_config = kvcache.served_model_config(str(session.info.get("model_path") or session.model),
+                                                name=session.model)
+    served_config_from = (f"`{_path / 'config.json'}`" if (_path / "config.json").exists() else
+                          f"the shipped config ([source]({served_config.source}))")
     engine_cache = kvcache.engine_cache_config(session.metrics_text())
     check = kvcache.engine_check(served_config, engine_cache, session.info)
     ui.table([{k: v for k, v in check.items()}])

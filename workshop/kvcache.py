@@ -16,6 +16,7 @@ Two things the usual online calculators get wrong, and this module does not:
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,7 +333,7 @@ __all__ = [
     "ModelConfig", "GPU", "Plan", "WEIGHT_BYTES", "KV_BYTES", "load_model", "list_models",
     "load_gpus", "from_hf_config", "kv_bytes_per_token", "naive_kv_bytes_per_token",
     "kv_bytes_per_sequence", "kv_values_per_token_per_layer", "engine_capacity_tokens",
-    "engine_cache_config",
+    "engine_cache_config", "count_safetensors_params", "served_model_config",
     "weight_bytes", "weights_read_per_step", "plan", "plan_summary", "max_context_for",
     "human_bytes",
 ]
@@ -439,3 +440,30 @@ def plot_users_vs_context(cfg: ModelConfig, gpu: GPU, weight_dtype: str, num_gpu
     ax.set_ylim(bottom=0)
     ax.legend()
     return fig
+
+
+def count_safetensors_params(folder: str | Path) -> int:
+    """Parameters stored in a model folder's ``*.safetensors`` files (headers only, fast)."""
+    import struct
+    total = 0
+    for f in sorted(Path(folder).glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                total += math.prod(meta["shape"])
+    return total
+
+
+def served_model_config(model_path: str, name: str | None = None) -> ModelConfig:
+    """The config of the model a server loaded: its own ``config.json`` and weights when the
+    folder is on this machine, else the shipped config of the bundled model if that is it."""
+    folder = Path(model_path)
+    if (folder / "config.json").exists():
+        return from_hf_config(folder / "config.json", name=name or folder.name,
+                              params=count_safetensors_params(folder))
+    if "smollm2-135m" in model_path.lower():
+        return load_model("smollm2-135m")
+    raise ValueError(f"{model_path} is not a local folder and has no shipped config: copy its "
+                     "config.json into workshop/data/models/ with a params field")

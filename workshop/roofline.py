@@ -210,6 +210,16 @@ def time_decode_step(model, context: int, use_cache: bool, repeats: int = 3) -> 
         return _best_time(step, repeats)
 
 
+def time_weight_stream(model, repeats: int = 3) -> float:
+    """Seconds to read every parameter of ``model`` once (summing each tensor).
+
+    The floor for any decode step that uses all weights: what bandwidth / weight bytes
+    predicts, measured on this model's own tensors instead of a synthetic buffer.
+    """
+    params = list(model.parameters())
+    return _best_time(lambda: [p.sum() for p in params], repeats)
+
+
 def plot_roofline(ax, machine: Machine, points: Sequence[Point] = (),
                   intensity_range: tuple[float, float] = (0.1, 1e4), color: str | None = None,
                   marker: str = "o", annotate: bool = True):
@@ -288,6 +298,7 @@ __all__ = [
     "Machine", "Point", "measure_read_bandwidth", "measure_copy_bandwidth",
     "measure_matmul_flops", "measure_machine", "measure_cuda_machine", "attainable_flops", "ridge_intensity",
     "flops_per_token", "decode_intensity", "prefill_intensity", "decode_point",
-    "prefill_point", "decode_bound_tokens_per_s", "time_decode_step", "plot_roofline",
+    "prefill_point", "decode_bound_tokens_per_s", "time_decode_step", "time_weight_stream",
+    "plot_roofline",
     "roofline_figure", "serve_decode", "serve_prefill",
 ]

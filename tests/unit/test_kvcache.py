@@ -208,3 +208,16 @@ def test_notebook_tables_and_figure():
     matplotlib.use("Agg")
     fig = kv.plot_users_vs_context(kv.load_model("qwen2.5-7b"), gpus["L4"], "int4")
     assert len(fig.axes[0].lines) == 3
+
+
+def test_served_model_config_counts_real_weights():
+    from workshop.models import bundled_model_dir, is_prepared
+    folder = bundled_model_dir()
+    if not is_prepared(folder):
+        pytest.skip("bundled model not prepared")
+    cfg = kv.served_model_config(str(folder))
+    # The shipped parameter count is the one in the real weights (tied embedding once).
+    assert cfg.params == kv.load_model("smollm2-135m").params
+    assert kv.served_model_config("HuggingFaceTB/SmolLM2-135M-Instruct").num_kv_heads == 3
+    with pytest.raises(ValueError):
+        kv.served_model_config("some-org/unknown-model")

@@ -98,6 +98,7 @@ def test_time_decode_step_runs_on_a_tiny_model():
     cached = rl.time_decode_step(model, context=32, use_cache=True, repeats=2)
     full = rl.time_decode_step(model, context=32, use_cache=False, repeats=1)
     assert cached > 0 and full > 0
+    assert rl.time_weight_stream(model, repeats=1) > 0
 
 
 def test_roofline_figure_has_one_roof_per_machine():
