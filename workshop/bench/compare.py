@@ -55,7 +55,7 @@ def compare_figure(results: Sequence[BenchResult]):
         for i, (r, lab) in enumerate(zip(results, labels)):
             ax.bar(x + i * w - 0.4 + w / 2, [r.summary[m][s] or 0 for s in _STATS], w, label=lab)
         ax.set_xticks(x, _STATS)
-        ax.set_ylabel(m.replace("_ms", " (ms)").upper())
+        ax.set_ylabel(m.replace("_ms", "").upper() + " (ms)")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     xi = np.arange(len(results))

@@ -71,7 +71,7 @@ def plot_percentiles(results: Sequence["BenchResult"], metrics: Sequence[str] = 
             vals = [res.summary[m][s] or 0.0 for s in _STATS]
             ax.bar(x + i * w - 0.4 + w / 2, vals, w, label=lab)
         ax.set_xticks(x, _STATS)
-        ax.set_ylabel(m.replace("_ms", " (ms)").upper())
+        ax.set_ylabel(m.replace("_ms", "").upper() + " (ms)")
         ax.grid(axis="y", alpha=0.3)
     axes[0][0].legend(fontsize=8)
     fig.tight_layout()
