@@ -28,7 +28,8 @@ def engine_arg_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reference-server --engine mini --",
                                 description="mini_engine knobs (every mechanism can be switched)")
     p.add_argument("--compute-dtype", default="auto",
-                   help="auto (float32 on CPU, the server's --dtype on CUDA) | float32 | bfloat16")
+                   help="auto (the server's --dtype; float32 on CPUs without native bf16) "
+                        "| float32 | bfloat16")
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--num-blocks", type=int, default=None, help="default: from --kv-cache-gib")
     p.add_argument("--max-num-seqs", type=int, default=64)
@@ -48,6 +49,15 @@ def engine_arg_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _cpu_has_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
 def _engine_config(config, device: str, argv: list[str]):
     from mini_engine import EngineConfig
     try:
@@ -56,7 +66,11 @@ def _engine_config(config, device: str, argv: list[str]):
         raise ValueError(f"bad mini engine arguments {argv!r}") from exc
     dtype = a.compute_dtype
     if dtype == "auto":
-        dtype = "float32" if device == "cpu" else config.dtype
+        # bf16 matmuls only pay off on CPUs with native bf16 dot products (AVX512_BF16 or
+        # AMX); elsewhere they are emulated and slower than fp32.
+        dtype = config.dtype
+        if device == "cpu" and dtype in ("bfloat16", "bf16") and not _cpu_has_bf16():
+            dtype = "float32"
     prefix = a.prefix_cache or ("hash" if config.enable_prefix_caching else "none")
     if a.kv_layout == "contiguous":
         prefix = "none"
