@@ -7,7 +7,8 @@ from .cli import add_subcommands
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workshop.bench")
+    # Named as it will be once wired into the workshop command: "workshop bench ..."
+    parser = argparse.ArgumentParser(prog="workshop")
     sub = parser.add_subparsers(dest="command", required=True)
     add_subcommands(sub)
     args = parser.parse_args(["bench", *(sys.argv[1:] if argv is None else argv)])
