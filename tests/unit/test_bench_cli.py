@@ -1,0 +1,59 @@
+"""The command line: run, compare and workloads end to end against the mock server."""
+
+import asyncio
+import json
+import threading
+
+import pytest
+
+from workshop.bench.__main__ import main
+from workshop.bench.mock_server import MockServer
+
+
+@pytest.fixture(scope="module")
+def mock_url():
+    ready = threading.Event()
+    box = {}
+
+    def serve():
+        async def go():
+            srv = MockServer()
+            box["port"] = await srv.start()
+            box["stop"] = asyncio.Event()
+            box["loop"] = asyncio.get_running_loop()
+            ready.set()
+            await box["stop"].wait()
+            await srv.close()
+        asyncio.run(go())
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    assert ready.wait(10)
+    yield f"http://127.0.0.1:{box['port']}"
+    box["loop"].call_soon_threadsafe(box["stop"].set)
+    t.join(10)
+
+
+def test_run_then_compare(mock_url, tmp_path, capsys):
+    for label, rate in (("a", None), ("b", "50")):
+        argv = ["run", "--base-url", mock_url, "--model", "mock", "--workload", "random", "--num-requests", "5",
+                "--input-len", "8", "--output-len", "3", "--warmup", "1", "--no-progress", "--label", label,
+                "--output-dir", str(tmp_path / label)]
+        if rate:
+            argv += ["--request-rate", rate, "--concurrency", "0"]
+        assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "completed 5  errors 0" in out
+    cfg = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert cfg["request_rate"] == 50.0 and cfg["concurrency"] is None and cfg["label"] == "b"
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output-dir", str(tmp_path / "cmp")]) == 0
+    table = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| a | random | c=8 | 5 | 0 |" in table and "| b | random | 50 req/s | 5 | 0 |" in table
+
+
+def test_workloads_command_prints_stats(capsys):
+    assert main(["workloads", "--workload", "shared-prefix", "--model", "not-a-local-model", "--num-requests", "6",
+                 "--num-groups", "2", "--system-prompt-len", "40", "--question-len", "5", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["workload"] == "shared-prefix" and row["requests"] == 6 and row["tokenizer"] == "whitespace"
+    assert 0.5 < row["prefix_reuse_ratio"] < 1
