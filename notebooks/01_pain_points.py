@@ -169,7 +169,15 @@ def _(mo):
     number of users served at once, and when the blocks run out new requests must **wait** in the
     queue (`vllm:num_requests_waiting`).
     Choose how long each user's prompt is; the next cell sends that many tokens per user for a
-    growing number of simultaneous users. (In Jupyter, re-run the next cell after moving the slider.)
+    growing number of simultaneous users.
+    """)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    *Moving the slider re-runs the sweep below (it takes a little while).*
     """)
     return
 

@@ -184,6 +184,8 @@ def connect(engine: str = "vllm", model: str | None = None, base_url: str | None
         if started is not None and started.process is not None and started.process.poll() is None:
             session = started
         elif _answers(local, api_key):
+            # It may still be loading its model (alive but not ready): wait for it.
+            wait_ready(local, api_key, START_TIMEOUT_S, verbose=verbose)
             session = _describe_server(local, api_key, engine, how=f"found running on :{port}")
             if session.info.get("engine") not in (engine, None, "unknown"):
                 raise RuntimeError(

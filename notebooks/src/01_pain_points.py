@@ -109,7 +109,13 @@ ui.md(
 # number of users served at once, and when the blocks run out new requests must **wait** in the
 # queue (`vllm:num_requests_waiting`).
 # Choose how long each user's prompt is; the next cell sends that many tokens per user for a
-# growing number of simultaneous users. (In Jupyter, re-run the next cell after moving the slider.)
+# growing number of simultaneous users.
+
+# %% [markdown] tags=["jupyter-only"]
+# *In Jupyter, moving the slider re-runs nothing by itself: run the cell after the slider again.*
+
+# %% [markdown] tags=["marimo-only"]
+# *Moving the slider re-runs the sweep below (it takes a little while).*
 
 # %%
 user_prompt_tokens = ui.slider(64, max_len - 128, value=workshop.session.sweep(1024, 256),
