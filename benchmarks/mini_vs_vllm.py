@@ -67,7 +67,10 @@ async def load(base: str, concurrency: int, num_requests: int, prompts: list[str
             nonlocal total
             while todo:
                 i = todo.pop()
-                total += await one_request(client, prompts[i % len(prompts)], max_tokens)
+                # (not `total += await ...`: that reads `total` before awaiting and loses
+                # the other workers' updates)
+                n = await one_request(client, prompts[i % len(prompts)], max_tokens)
+                total += n
 
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
