@@ -11,6 +11,11 @@ random tokens) but not in length.
     python benchmarks/bench_accuracy_vs_vllm.py --base-url http://127.0.0.1:8000 --model smollm2-135m
     python benchmarks/bench_accuracy_vs_vllm.py --mock                # a server with known timings
 
+``--paired`` runs the two clients *at the same time* against the server, each with its own
+requests at ``--concurrency``: both then see the same server, batch and machine noise, so
+their difference is the difference between the clients, not between two moments on a noisy
+machine (the server carries twice the load of a sequential run).
+
 ``--mock`` runs both clients against ``workshop.bench.mock_server`` answering after a fixed
 first-token delay with fixed gaps between chunks: the true TTFT and TPOT are known, and
 server noise (large on a shared CPU machine) is out of the comparison.
@@ -66,9 +71,8 @@ def start_vllm(model_path: str, name: str, port: int, log: str) -> subprocess.Po
     raise RuntimeError(f"vLLM server did not start in 300 s; see {log}")
 
 
-def run_vllm_client(args: argparse.Namespace, tokenizer: str, seed: int, workdir: str) -> dict:
-    out = f"vllm-{seed}.json"
-    cmd = [sys.executable, "-c", VLLM_CLIENT, "--backend", "openai", "--base-url", args.base_url,
+def vllm_client_cmd(args: argparse.Namespace, tokenizer: str, seed: int, workdir: str, out: str) -> list[str]:
+    return [sys.executable, "-u", "-c", VLLM_CLIENT, "--backend", "openai", "--base-url", args.base_url,
            "--endpoint", "/v1/completions", "--model", args.model, "--tokenizer", tokenizer,
            "--dataset-name", "random", "--random-input-len", str(args.input_len),
            "--random-output-len", str(args.output_len), "--random-range-ratio", "0",
@@ -76,18 +80,51 @@ def run_vllm_client(args: argparse.Namespace, tokenizer: str, seed: int, workdir
            "--request-rate", "inf", "--ignore-eos", "--num-warmups", str(args.warmup), "--seed", str(seed),
            "--percentile-metrics", "ttft,tpot,itl,e2el", "--disable-tqdm",
            "--save-result", "--result-dir", workdir, "--result-filename", out]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+
+
+def run_vllm_client(args: argparse.Namespace, tokenizer: str, seed: int, workdir: str) -> dict:
+    out = f"vllm-{seed}.json"
+    proc = subprocess.run(vllm_client_cmd(args, tokenizer, seed, workdir, out), capture_output=True, text=True,
+                          timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError("vllm.benchmarks.serve failed:\n" + proc.stdout[-3000:] + proc.stderr[-3000:])
+    return read_vllm_result(workdir, out)
+
+
+def run_paired(args: argparse.Namespace, tokenizer: str, seed: int, workdir: str) -> tuple[dict, dict]:
+    """Start vLLM's client, wait until it begins its measured run, run ours alongside."""
+    import threading
+    out = f"vllm-paired-{seed}.json"
+    proc = subprocess.Popen(vllm_client_cmd(args, tokenizer, seed, workdir, out), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    lines: list[str] = []
+    for line in proc.stdout:
+        lines.append(line)
+        if "Starting main benchmark run" in line:
+            break
+    else:
+        proc.wait()
+        raise RuntimeError("vllm.benchmarks.serve failed:\n" + "".join(lines)[-3000:])
+    drain = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    drain.start()
+    ours = run_ours(args, tokenizer, seed, warmup=0)
+    if proc.wait(timeout=1800) != 0:
+        raise RuntimeError("vllm.benchmarks.serve failed:\n" + "".join(lines)[-3000:])
+    drain.join(10)
+    return read_vllm_result(workdir, out), ours
+
+
+def read_vllm_result(workdir: str, out: str) -> dict:
     d = json.loads(open(os.path.join(workdir, out)).read())
     return {"ttft": d["median_ttft_ms"], "tpot": d["median_tpot_ms"], "itl": d["median_itl_ms"],
             "throughput": d["output_throughput"], "completed": d["completed"],
             "input_tokens": d.get("total_input_tokens"), "output_tokens": d.get("total_output_tokens")}
 
 
-def run_ours(args: argparse.Namespace, tokenizer: str, seed: int) -> dict:
+def run_ours(args: argparse.Namespace, tokenizer: str, seed: int, warmup: int | None = None) -> dict:
     res = run_benchmark(args.base_url, args.model, "random", num_requests=args.num_requests,
-                        concurrency=args.concurrency, seed=seed, warmup=args.warmup, progress=False,
+                        concurrency=args.concurrency, seed=seed,
+                        warmup=args.warmup if warmup is None else warmup, progress=False,
                         tokenizer=tokenizer, input_len=args.input_len, output_len=args.output_len,
                         api="completions", environment=False, scrape_metrics=False)
     s = res.summary
@@ -108,6 +145,7 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--mock", action="store_true", help="use the mock server with known timings")
+    ap.add_argument("--paired", action="store_true", help="run both clients at the same time")
     ap.add_argument("--mock-ttft-ms", type=float, default=100.0)
     ap.add_argument("--mock-tpot-ms", type=float, default=20.0)
     args = ap.parse_args()
@@ -139,18 +177,24 @@ def main() -> int:
         rows: dict[str, list[dict]] = {"vllm": [], "ours": []}
         with tempfile.TemporaryDirectory() as workdir:
             for rep in range(args.repeats):
+                if args.paired:
+                    pair = dict(zip(("vllm", "ours"), run_paired(args, tokenizer, rep, workdir)))
                 # alternate who goes first so a drifting server does not favour one tool
                 order = ("vllm", "ours") if rep % 2 == 0 else ("ours", "vllm")
                 for tool in order:
-                    r = (run_vllm_client(args, tokenizer, rep, workdir) if tool == "vllm"
-                         else run_ours(args, tokenizer, rep))
+                    if args.paired:
+                        r = pair[tool]
+                    else:
+                        r = (run_vllm_client(args, tokenizer, rep, workdir) if tool == "vllm"
+                             else run_ours(args, tokenizer, rep))
                     rows[tool].append(r)
                     print(f"repeat {rep} {tool:>4}: TTFT p50 {r['ttft']:8.2f} ms  TPOT p50 {r['tpot']:7.2f} ms  "
                           f"ITL p50 {r['itl']:7.2f} ms  output {r['throughput']:7.2f} tok/s  "
                           f"completed {r['completed']}  tokens in/out {r['input_tokens']}/{r['output_tokens']}",
                           flush=True)
         print(f"\n# {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: random {args.input_len}/{args.output_len}, "
-              f"{args.num_requests} requests, concurrency {args.concurrency}, {args.repeats} repeats, {args.base_url}")
+              f"{args.num_requests} requests, concurrency {args.concurrency}, {args.repeats} repeats, "
+              f"{'paired (both clients at once), ' if args.paired else ''}{args.base_url}")
         print(f"{'metric (median of repeats)':<28}{'vllm bench':>12}{'ours':>12}{'diff':>9}")
         worst = 0.0
         for key, name in (("ttft", "TTFT p50 (ms)"), ("tpot", "TPOT p50 (ms)"), ("itl", "ITL p50 (ms)"),
