@@ -83,17 +83,27 @@ def blocks_for(tokens: int, block_size: int) -> int:
     return math.ceil(tokens / block_size) if tokens > 0 else 0
 
 
+# vLLM keeps one block aside (its "null block") and reports usage against the rest:
+# vllm/v1/core/block_pool.py, BlockPool.get_usage.
+RESERVED_BLOCKS = 1
+
+
+def usable_blocks(capacity_tokens: int, block_size: int, reserved: int = RESERVED_BLOCKS) -> int:
+    return capacity_tokens // block_size - reserved
+
+
 def predicted_usage(tokens_per_request: Sequence[int], block_size: int,
-                    capacity_tokens: int) -> float:
-    """Fraction of the KV cache that requests holding these many tokens occupy."""
-    total_blocks = capacity_tokens // block_size
+                    capacity_tokens: int, reserved: int = RESERVED_BLOCKS) -> float:
+    """Fraction of the KV cache, as the engine's gauge reports it, that these requests occupy."""
     used = sum(blocks_for(t, block_size) for t in tokens_per_request)
-    return used / total_blocks
+    return used / usable_blocks(capacity_tokens, block_size, reserved)
 
 
-def users_until_full(tokens_per_user: int, block_size: int, capacity_tokens: int) -> int:
+def users_until_full(tokens_per_user: int, block_size: int, capacity_tokens: int,
+                     reserved: int = RESERVED_BLOCKS) -> int:
     """How many users of this size fit in the KV cache at once."""
-    return (capacity_tokens // block_size) // max(blocks_for(tokens_per_user, block_size), 1)
+    return (usable_blocks(capacity_tokens, block_size, reserved)
+            // max(blocks_for(tokens_per_user, block_size), 1))
 
 
 # -- prompts of a known length -------------------------------------------------------------------
@@ -215,6 +225,12 @@ class ServerKV:
     def capacity_bytes(self) -> float:
         return self.capacity_tokens * self.formula.bytes_per_token
 
+    @property
+    def usable_bytes(self) -> float:
+        """What the usage gauge's 100% stands for: every block but the reserved one."""
+        return (usable_blocks(self.capacity_tokens, self.block_size) * self.block_size
+                * self.formula.bytes_per_token)
+
 
 def server_kv(session: Any) -> ServerKV:
     info = session.info
@@ -235,8 +251,8 @@ def context_sweep(session: Any, kv: ServerKV, maker: PromptMaker, lengths: Seque
         tokens = (r.prompt_tokens or n) + (r.completion_tokens or max_tokens)
         pred = predicted_usage([tokens], kv.block_size, kv.capacity_tokens)
         rows.append({"prompt tokens": r.prompt_tokens or n, "tokens held": tokens,
-                     "measured KV (MiB)": run.peak_usage * kv.capacity_bytes / MIB,
-                     "predicted KV (MiB)": pred * kv.capacity_bytes / MIB,
+                     "measured KV (MiB)": run.peak_usage * kv.usable_bytes / MIB,
+                     "predicted KV (MiB)": pred * kv.usable_bytes / MIB,
                      "measured usage (%)": 100 * run.peak_usage,
                      "predicted usage (%)": 100 * pred,
                      "samples": run.samples_while_running, "error": r.error or ""})
@@ -255,8 +271,8 @@ def users_sweep(session: Any, kv: ServerKV, maker: PromptMaker, users: Sequence[
                 for r in run.requests]
         pred = predicted_usage(held, kv.block_size, kv.capacity_tokens)
         rows.append({"users": u, "tokens held": sum(held),
-                     "measured KV (MiB)": run.peak_usage * kv.capacity_bytes / MIB,
-                     "predicted KV (MiB)": min(pred, 1.0) * kv.capacity_bytes / MIB,
+                     "measured KV (MiB)": run.peak_usage * kv.usable_bytes / MIB,
+                     "predicted KV (MiB)": min(pred, 1.0) * kv.usable_bytes / MIB,
                      "measured usage (%)": 100 * run.peak_usage,
                      "predicted usage (%)": 100 * pred,
                      "peak running": run.peak_running, "peak waiting": run.peak_waiting,

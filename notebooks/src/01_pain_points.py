@@ -57,13 +57,14 @@ kv = pain.server_kv(session)
 kv_bytes = kv.formula.bytes_per_token
 ui.md(
     f"**Formula:** {kv.formula.explain()}.  \n"
-    f"**Server reports:** {kv.reported_bytes_per_token or 'nothing'} bytes per token"
-    + (" (they agree)." if kv.reported_bytes_per_token == kv_bytes else " (they differ!).")
+    + ("**Server reports:** no bytes-per-token figure." if kv.reported_bytes_per_token is None
+       else f"**Server reports:** {kv.reported_bytes_per_token:,} bytes per token"
+       + (" (they agree)." if kv.reported_bytes_per_token == kv_bytes else " (they differ!)."))
     + f"  \n**Capacity:** the engine set aside room for {kv.capacity_tokens:,} tokens, i.e. "
     f"{kv.capacity_bytes / 2**30:.2f} GiB, in blocks of {kv.block_size} tokens "
-    f"({kv.capacity_tokens // kv.block_size} blocks). The attention heads are "
-    f"{kv.formula.attention_heads}; counting them instead of the {kv.formula.kv_heads} KV heads "
-    f"would overstate the cache {kv.formula.attention_heads / kv.formula.kv_heads:.0f}x."
+    f"({kv.capacity_tokens // kv.block_size} blocks). The model has "
+    f"{kv.formula.attention_heads} attention heads but {kv.formula.kv_heads} KV heads; counting "
+    f"the former would overstate the cache {kv.formula.attention_heads / kv.formula.kv_heads:.0f}x."
 )
 
 # %% [markdown]
@@ -72,7 +73,9 @@ ui.md(
 # background thread polls `/metrics` for `vllm:kv_cache_usage_perc`, the fraction of KV blocks
 # in use. That gauge is momentary: once the request finishes its blocks are free again, which
 # is why we sample it *during* the request and keep the peak. The prediction is the formula
-# applied to whole blocks: a request holding 130 tokens in 128-token blocks occupies 2 blocks.
+# applied to whole blocks: a request holding one token more than a block fits occupies two
+# blocks. (vLLM also keeps one block aside and reports usage against the rest; the prediction
+# does the same.)
 
 # %%
 maker = pain.PromptMaker(session.model, session.info.get("model_path"))
@@ -131,7 +134,7 @@ ui.table(users_rows)
 # %%
 users_plot = pain.plot_kv(users_rows, "users", "KV cache grows with simultaneous users",
                           "users sending a request at the same time",
-                          capacity_mib=kv.capacity_bytes / 2**20)
+                          capacity_mib=kv.usable_bytes / 2**20)
 users_plot
 
 # %%

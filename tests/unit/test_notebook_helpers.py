@@ -197,15 +197,23 @@ def test_blocks_round_up():
 
 
 def test_predicted_usage_counts_whole_blocks_per_request():
-    # two requests of 17 tokens: 2 blocks each, out of 100 blocks
-    assert pain.predicted_usage([17, 17], 16, 1600) == pytest.approx(0.04)
+    # 1600 tokens in 16-token blocks = 100 blocks, one reserved: the gauge's 100% is 99 blocks.
+    # two requests of 17 tokens: 2 blocks each
+    assert pain.predicted_usage([17, 17], 16, 1600) == pytest.approx(4 / 99)
     # the same 34 tokens in one request need only 3 blocks
-    assert pain.predicted_usage([34], 16, 1600) == pytest.approx(0.03)
+    assert pain.predicted_usage([34], 16, 1600) == pytest.approx(3 / 99)
+    assert pain.predicted_usage([34], 16, 1600, reserved=0) == pytest.approx(0.03)
+
+
+def test_prediction_matches_vllms_gauge_on_this_server():
+    # Measured on the reference server (46,592 tokens in 128-token blocks): one request
+    # holding 192 tokens read 0.0055096 = 2/363 on vllm:kv_cache_usage_perc.
+    assert pain.predicted_usage([192], 128, 46_592) == pytest.approx(0.0055096, rel=1e-4)
 
 
 def test_users_until_full():
-    assert pain.users_until_full(100, 16, 1600) == 100 // 7
-    assert pain.users_until_full(0, 16, 1600) == 100
+    assert pain.users_until_full(100, 16, 1600) == 99 // 7
+    assert pain.users_until_full(0, 16, 1600) == 99
 
 
 def test_speedup_factors_multiply_to_the_total():
