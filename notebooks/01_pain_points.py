@@ -306,7 +306,8 @@ def _(mo):
     To separate them we send the *same* requests (same prompts, same lengths, `ignore_eos`) four
     ways: to the Hugging Face baseline (`--engine hf`, one request at a time by design) and to
     vLLM, each first one after another, then many at once. The next cell connects to (or starts)
-    the baseline server.
+    the baseline server. The four runs take a few minutes without quick mode, mostly spent
+    waiting for the baseline: that wait is the point.
     """)
     return
 
@@ -319,7 +320,7 @@ def _(workshop):
 
 @app.cell
 def _(hf_session, pain, session, ui, workshop):
-    bench_requests = workshop.session.sweep(32, 6)
+    bench_requests = workshop.session.sweep(16, 6)
     bench_concurrency = workshop.session.sweep(16, 6)
     bench_output = workshop.session.sweep(128, 24)
     engine_rows = pain.compare_engines({"hf": hf_session, "vllm": session}, bench_requests,
