@@ -10,7 +10,7 @@ from workshop.bench.mock_server import MockServer
 from workshop.bench.results import BenchResult
 from workshop.bench.run import arun_benchmark
 from workshop.bench.server_metrics import ServerSamples, parse_prometheus
-from workshop.bench.workloads import Request, Session, SingleRequest, Tokenizer, Workload, build_workload
+from workshop.bench.workloads import Request, Session, SingleRequest
 
 
 def run(coro):

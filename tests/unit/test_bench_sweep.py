@@ -1,6 +1,5 @@
 """Knee detection on synthetic load curves; sweep and compare folders round-trip."""
 
-import pytest
 
 from workshop.bench.compare import compare_folders, compare_table
 from workshop.bench.metrics import RequestRecord, summarize
