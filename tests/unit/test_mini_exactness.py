@@ -122,7 +122,7 @@ def test_single_request_at_a_time(path, prompts, reference):
 CONFIGS = {
     "paged-continuous": {},
     "contiguous-reservation": {"kv_layout": "contiguous", "num_blocks": 20 * 2048 // 16},
-    "static-batching": {"scheduler": "static"},
+    "static-batching": {"scheduler": "static", "max_num_seqs": 8},
     "no-chunked-prefill": {"chunked_prefill": False, "max_num_batched_tokens": 1024},
     "tiny-token-budget": {"max_num_batched_tokens": 24},
     "preemption": {"num_blocks": 64},
