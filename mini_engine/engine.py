@@ -217,9 +217,9 @@ class LLMEngine:
 
     def _cache_blocks(self, seq: Sequence) -> None:
         full = seq.num_computed_tokens // self.config.block_size
-        if full > getattr(seq, "_cached_blocks", 0):
+        if full > seq.num_blocks_offered:
             self.block_manager.cache_full_blocks(seq)
-            seq._cached_blocks = full
+            seq.num_blocks_offered = full
 
     # -- offline use ---------------------------------------------------------------------
 

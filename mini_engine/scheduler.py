@@ -88,6 +88,7 @@ class Scheduler:
         victim = self.running.pop()
         self.bm.free(victim)
         victim.num_computed_tokens = 0
+        victim.num_blocks_offered = 0
         victim.status = SeqStatus.WAITING
         victim.num_preemptions += 1
         self.num_preemptions += 1
