@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field, asdict
+from dataclasses import asdict, dataclass
 from typing import Iterable
 
 import torch
@@ -20,7 +20,7 @@ from mini_engine.model_runner import Chunk, ModelRunner
 from mini_engine.prefix_cache import make_prefix_cache
 from mini_engine.sampler import TokenLogprob, logprob_of, sample_row
 from mini_engine.scheduler import Scheduler
-from mini_engine.sequence import SamplingParams, Sequence, SeqStatus
+from mini_engine.sequence import SamplingParams, Sequence
 from mini_engine.spec_decode import (NgramProposer, SelfDraftProposer, SpecStats,
                                      accept_greedy)
 

@@ -24,7 +24,6 @@ Attention variants (how much KV each token stores):
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path

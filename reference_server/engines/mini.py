@@ -16,7 +16,6 @@ import argparse
 import asyncio
 import queue
 import threading
-import time
 from typing import AsyncIterator, Callable
 
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo
