@@ -149,20 +149,23 @@ def quantize_model(model: nn.Module, bits: int, group_size: int = 128, symmetric
     return model
 
 
-def quantize_dynamic_int8(model: nn.Module) -> nn.Module:
-    """The library path: PyTorch's dynamic int8 quantization of every ``nn.Linear``.
+def quantize_dynamic_int8(model: nn.Module, skip: Sequence[str] = ("lm_head",)) -> nn.Module:
+    """The library path: PyTorch's dynamic int8 quantization of the ``nn.Linear`` layers.
 
-    Weights become int8 with per-row scales; activations are quantized on the fly per batch;
-    the matmul runs in int8 kernels. It needs float32 activations, so the rest of the model is
-    converted to float32 first. (PyTorch marks this API as moving to ``torchao``; it still
-    ships and works in torch 2.13.)
+    Weights become int8 with one scale per output row; **activations** are quantized to int8
+    on the fly, one scale per tensor, and the matmul runs in int8 kernels (W8A8). It needs
+    float32 activations, so the rest of the model is converted to float32 first. ``lm_head``
+    (tied to the embedding in SmolLM2) is left alone, as in ``quantize_model``. (PyTorch marks
+    this API as moving to ``torchao``; it still ships and works in torch 2.13.)
     """
     import warnings
-    from torch.ao.quantization import quantize_dynamic
+    from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
     model = model.float()
+    targets = {name: per_channel_dynamic_qconfig for name, m in model.named_modules()
+               if isinstance(m, nn.Linear) and not name.endswith(tuple(skip))}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+        return quantize_dynamic(model, targets, dtype=torch.qint8)
 
 
 # ---------------------------------------------------------------------------------------
@@ -386,6 +389,32 @@ def decode_tokens_per_s(model: nn.Module, tokenizer, prompt: str = QUESTIONS[0],
     return (new_tokens - 1) / max(total - first, 1e-9)
 
 
+@torch.inference_mode()
+def linear_input_ranges(model: nn.Module, tokenizer, text: str, max_tokens: int = 256) -> list[dict]:
+    """For every ``nn.Linear``: the largest and the mean absolute value of its input.
+
+    Per-tensor int8 activation quantization spends its 127 steps on the largest value; when
+    that is hundreds of times the typical value, typical activations get only a few levels.
+    """
+    stats: dict[str, tuple[float, float]] = {}
+    hooks = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear):
+            def hook(_mod, args, name=name):
+                x = args[0].float().abs()
+                stats[name] = (x.max().item(), x.mean().item())
+            hooks.append(module.register_forward_pre_hook(hook))
+    try:
+        ids = tokenizer(text, return_tensors="pt")["input_ids"][:, :max_tokens]
+        model(ids)
+    finally:
+        for h in hooks:
+            h.remove()
+    return [{"layer input": n, "max |x|": mx, "mean |x|": mean, "max / mean": mx / mean,
+             "int8 levels for a typical value": mean / (mx / 127)}
+            for n, (mx, mean) in stats.items()]
+
+
 # ---------------------------------------------------------------------------------------
 # One variant, measured end to end
 # ---------------------------------------------------------------------------------------
@@ -414,16 +443,19 @@ def evaluate_variant(name: str, make: Callable[[nn.Module], nn.Module], path: st
     they are generated here. Agreement is then measured by ``forced_greedy_agreement`` for
     every variant, the reference included (its row shows the noise floor of comparing a full
     forward pass with step-by-step decoding). Returns the row and the reference answers.
-    RSS is this process's resident memory: measured before loading, with the variant loaded,
-    and after ``del`` + ``release_memory``; the last should return to about the first.
+    RSS is this process's resident memory: measured before loading, with the variant loaded
+    and used once, and after ``del`` + ``release_memory``; the last should return to about
+    the first.
     """
     release_memory()
     rss_before = rss_bytes()
     model = make(load_bf16(path))
-    release_memory()                      # drop what quantizing left behind
-    rss_loaded = rss_bytes()
     weights = state_dict_bytes(model)
     ppl = perplexity(model, tokenizer, texts, max_tokens=max_tokens)
+    # Measured after a forward pass: weights loaded from a memory-mapped file only count
+    # towards RSS once they have been touched.
+    release_memory()
+    rss_loaded = rss_bytes()
     if reference is None:
         reference = greedy_answers(model, tokenizer, questions, new_tokens)
     agreement = forced_greedy_agreement(model, tokenizer, questions, reference)
@@ -434,7 +466,7 @@ def evaluate_variant(name: str, make: Callable[[nn.Module], nn.Module], path: st
     return {
         "variant": name,
         "weights (MiB)": weights / 2**20,
-        "RSS with model (MiB, +)": (rss_loaded - rss_before) / 2**20,
+        "RSS in use (MiB, +)": (rss_loaded - rss_before) / 2**20,
         "RSS after free (MiB, +)": (rss_after - rss_before) / 2**20,
         "perplexity": ppl,
         "answers identical": f"{agreement.exact:.0%}",
@@ -478,6 +510,6 @@ __all__ = [
     "quantize_dynamic_int8", "state_dict_bytes", "param_bytes", "rss_bytes", "release_memory",
     "QUESTIONS", "sharegpt_path", "heldout_texts", "perplexity", "greedy_answers",
     "common_prefix", "Agreement", "greedy_agreement", "chat_ids", "forced_greedy_agreement", "decode_tokens_per_s", "gguf_summary",
-    "VARIANTS", "load_bf16", "evaluate_variant",
+    "VARIANTS", "load_bf16", "evaluate_variant", "linear_input_ranges",
     "distinct_values_per_group",
 ]

@@ -141,7 +141,8 @@ ui.md(
 # Each variant starts from a fresh copy of the bf16 model and is then measured:
 #
 # * **weights**: bytes of its state dict (packed integers and scales included);
-# * **RSS**: how much this process's resident memory grew with the variant loaded, and after
+# * **RSS**: how much this process's resident memory grew with the variant loaded and used
+#   once (weights read from a memory-mapped file count only once touched), and after
 #   it is deleted and freed (`gc.collect()` plus `malloc_trim`, which hands freed heap pages
 #   back to the OS): the last column proves that each variant was really released before the
 #   next one was loaded;
@@ -160,7 +161,9 @@ ui.md(
 # `QuantLinear` (ours) keeps only the packed integers and rebuilds bf16 weights inside every
 # forward call. That saves memory but costs time: fast int4 inference needs kernels that unpack
 # inside the matrix multiply (llama.cpp, Marlin, torchao). PyTorch's dynamic int8 has such
-# kernels for CPUs, but it computes in float32 around them (the embedding becomes float32 too).
+# kernels for CPUs, but it computes in float32 around them (the embedding becomes float32 too),
+# and it is a different scheme: it quantizes the **activations** to int8 as well (W8A8), one
+# scale per tensor, where our variants quantize weights only.
 
 # %%
 from transformers import AutoTokenizer
@@ -185,7 +188,7 @@ for _name in ui.progress(variant_names, title="quantize and measure"):
 ui.table(quality_rows)
 
 # %%
-_ref, *_others = quality_rows
+_ref = quality_rows[0]
 _int4 = next(r for r in quality_rows if r["variant"].startswith("int4 group 64"))
 _grid = next(r for r in quality_rows if "Q4_1" in r["variant"])
 _lib = next(r for r in quality_rows if "library" in r["variant"])
@@ -193,16 +196,45 @@ ui.md(
     f"Held-out text: {len(heldout)} ShareGPT replies; first answer of the reference: "
     f"*\"{reference_answers[0]}\"*.  \n"
     f"Symmetric int4 (group 64) cut the weights from {_ref['weights (MiB)']:.0f} to "
-    f"{_int4['weights (MiB)']:.0f} MiB (the embedding, {gguf_types.get('Q8_0', {}).get('weights', 0) / 1e6:.0f}M "
-    f"of the 135M parameters, stays bf16) and moved perplexity from {_ref['perplexity']:.2f} to "
-    f"{_int4['perplexity']:.2f}; {_int4['answers identical']} of greedy answers stayed "
-    f"identical. The Q4_1-grid variant reached {_grid['perplexity']:.2f}: re-quantizing onto the "
-    f"grid the weights already sit on is nearly free. Our `QuantLinear` decoded at "
+    f"{_int4['weights (MiB)']:.0f} MiB (the embedding, "
+    f"{gguf_types.get('Q8_0', {}).get('weights', 0) / 1e6:.0f}M of the parameters, stays bf16) "
+    f"and moved perplexity from {_ref['perplexity']:.2f} to {_int4['perplexity']:.2f}; greedy "
+    f"decoding would reproduce {_int4['answers identical']} of the answers. The Q4_1-grid "
+    f"variant reached {_grid['perplexity']:.2f}: re-quantizing onto the grid the weights already "
+    f"sit on is nearly free. Our `QuantLinear` int4 decoded at "
     f"{_int4['decode tok/s (batch 1)']:.1f} tokens/s against {_ref['decode tok/s (batch 1)']:.1f} "
-    f"for bf16 - unpacking in Python every step costs more than the bytes it saves - while "
-    f"PyTorch's int8 kernels ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s. After each "
-    f"variant was freed, the process held {max(abs(r['RSS after free (MiB, +)']) for r in quality_rows):.0f} MiB "
-    f"more or less than before it at most."
+    f"for bf16: unpacking in Python at every step costs more than the bytes it saves. PyTorch's "
+    f"W8A8 int8 ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s with perplexity "
+    f"{_lib['perplexity']:.2f}. After each variant was freed the process held at most "
+    f"{max(abs(r['RSS after free (MiB, +)']) for r in quality_rows):.0f} MiB more (or less) "
+    f"than before loading it."
+)
+
+# %% [markdown]
+# Why can weight-only int8 be harmless while int8 activations are not? Per-tensor int8 spends
+# its 127 steps on the largest value in the tensor. Transformers are known to develop a few
+# activation channels hundreds of times larger than the rest
+# ([LLM.int8(), Dettmers et al. 2022](https://arxiv.org/abs/2208.07339);
+# [SmoothQuant, Xiao et al. 2022](https://arxiv.org/abs/2211.10438)). Here are the inputs of
+# this model's linear layers on one held-out text, largest ratio first:
+
+# %%
+_model = quant.load_bf16(model_path)
+activation_rows = sorted(quant.linear_input_ranges(_model, tokenizer, heldout[0]),
+                         key=lambda r: -r["max / mean"])
+del _model
+quant.release_memory()
+ui.table(activation_rows[:6])
+
+# %%
+ui.md(
+    f"In the worst layer input, `{activation_rows[0]['layer input']}`, the largest value is "
+    f"{activation_rows[0]['max / mean']:.0f}x the mean, so a typical value falls within "
+    f"{activation_rows[0]['int8 levels for a typical value']:.1f} int8 steps of zero; the median "
+    f"layer input has a ratio of "
+    f"{sorted(r['max / mean'] for r in activation_rows)[len(activation_rows) // 2]:.0f}. "
+    "Weight-only schemes never round the activations, which is why they are the default for "
+    "LLM inference, and why W8A8 methods first move the outliers into the weights (SmoothQuant)."
 )
 
 # %% [markdown]

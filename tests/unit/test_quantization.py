@@ -108,6 +108,7 @@ def test_library_dynamic_int8_runs_and_shrinks_weights():
     ref = _tiny_mlp()
     x = torch.randn(4, 128)
     model = Q.quantize_dynamic_int8(_tiny_mlp())
+    assert not any(isinstance(m, nn.Linear) and type(m) is nn.Linear for m in model.modules())
     rel = (model(x) - ref(x)).norm() / ref(x).norm()
     assert rel < 0.05
     assert Q.state_dict_bytes(model) < 0.5 * Q.state_dict_bytes(ref)
@@ -198,7 +199,7 @@ def test_evaluate_variant_measures_and_frees(monkeypatch):
     assert ref_row["answers identical"] == "100%" and row["answers identical"] == "0%"
     assert row["tokens before divergence"] == "67%"
     assert row["weights (MiB)"] < ref_row["weights (MiB)"]
-    assert {"RSS with model (MiB, +)", "RSS after free (MiB, +)", "perplexity"} <= set(row)
+    assert {"RSS in use (MiB, +)", "RSS after free (MiB, +)", "perplexity"} <= set(row)
 
 
 class _ChatTokenizer(_CharTokenizer):
@@ -223,3 +224,30 @@ def test_forced_agreement_matches_what_greedy_decoding_would_do():
     a = Q.forced_greedy_agreement(model, tok, ["hi?", "hi?"], [[last] * 3, [last, 65, last]])
     assert a.exact == 0.5
     assert a.prefix == pytest.approx((1 + 1 / 3) / 2)
+
+
+def test_linear_input_ranges_sees_an_outlier():
+    model = _tiny_mlp()
+    tok = _CharTokenizer()
+
+    class Wrapper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.mlp = model
+
+        def forward(self, ids):
+            x = torch.ones(ids.shape[1], 128)
+            x[0, 0] = 1000.0                     # one outlier in the first layer's input
+            return self.mlp(x)
+    rows = {r["layer input"]: r for r in Q.linear_input_ranges(Wrapper(), tok, "abc")}
+    assert set(rows) == {"mlp.0", "mlp.2"}
+    assert rows["mlp.0"]["max |x|"] == 1000.0
+    assert rows["mlp.0"]["int8 levels for a typical value"] < 1
+
+
+def test_dynamic_int8_leaves_lm_head_alone():
+    model = nn.Module()
+    model.body = nn.Linear(32, 32)
+    model.lm_head = nn.Linear(32, 10)
+    q = Q.quantize_dynamic_int8(model)
+    assert type(q.lm_head) is nn.Linear and type(q.body) is not nn.Linear
