@@ -165,7 +165,7 @@ def _(mo):
 
 
 @app.cell
-def _(model_path, roofline, sweep, ui):
+def _(model_path, roofline, session, sweep, ui):
     import torch
     from transformers import AutoModelForCausalLM
     from workshop.models import resolve_model
@@ -173,6 +173,8 @@ def _(model_path, roofline, sweep, ui):
     # The served folder when it is local; a hub id (Colab on a GPU) downloads the same weights.
     _hf_model = AutoModelForCausalLM.from_pretrained(
         resolve_model(model_path).path, dtype=torch.bfloat16).eval()
+    if str(session.info.get("device", "cpu")).startswith("cuda"):
+        _hf_model = _hf_model.cuda()             # time it where the server runs
     weights_stream_s = roofline.time_weight_stream(_hf_model, repeats=sweep(5, 3))
     leaf_modules = sum(1 for _m in _hf_model.modules() if not list(_m.children()))
     decode_contexts = sweep([64, 256, 512, 1024, 2048], [64, 512])

@@ -198,15 +198,17 @@ def time_decode_step(model, context: int, use_cache: bool, repeats: int = 3) -> 
     for every new token, the common benchmarking mistake: its cost grows with the context.
     """
     import torch
-    ids = torch.randint(100, 1000, (1, context))
+    ids = torch.randint(100, 1000, (1, context), device=model.device)
+    sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
         if not use_cache:
-            return _best_time(lambda: model(ids, use_cache=False), repeats)
+            return _best_time(lambda: (model(ids, use_cache=False), sync()), repeats)
         cache = model(ids[:, :-1], use_cache=True).past_key_values
 
         def step():
             model(ids[:, -1:], past_key_values=cache, use_cache=True)
             cache.crop(-1)               # drop the token just added, so every step is equal
+            sync()
         return _best_time(step, repeats)
 
 
@@ -216,8 +218,10 @@ def time_weight_stream(model, repeats: int = 3) -> float:
     The floor for any decode step that uses all weights: what bandwidth / weight bytes
     predicts, measured on this model's own tensors instead of a synthetic buffer.
     """
+    import torch
     params = list(model.parameters())
-    return _best_time(lambda: [p.sum() for p in params], repeats)
+    sync = torch.cuda.synchronize if params[0].is_cuda else (lambda: None)
+    return _best_time(lambda: ([p.sum() for p in params], sync()), repeats)
 
 
 def plot_roofline(ax, machine: Machine, points: Sequence[Point] = (),
