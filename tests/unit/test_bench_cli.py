@@ -57,3 +57,18 @@ def test_workloads_command_prints_stats(capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert row["workload"] == "shared-prefix" and row["requests"] == 6 and row["tokenizer"] == "whitespace"
     assert 0.5 < row["prefix_reuse_ratio"] < 1
+
+
+def test_sweep_command_over_rates_and_concurrencies(mock_url, tmp_path, capsys):
+    from workshop.bench import SweepResult, sweep_load
+    sw = sweep_load(mock_url, "mock", "random", concurrencies=[1, 2], num_requests=4, warmup=0, progress=False,
+                    input_len=8, output_len=2, output_dir=str(tmp_path / "closed"))
+    assert sw.mode == "concurrency" and sw.loads == [1.0, 2.0] and len(sw.points) == 2
+    assert all(p.summary["completed"] == 4 for p in sw.points)
+    assert main(["sweep", "--base-url", mock_url, "--model", "mock", "--request-rates", "20,40", "--num-requests", "4",
+                 "--input-len", "8", "--output-len", "2", "--warmup", "0", "--no-progress",
+                 "--output-dir", str(tmp_path / "open")]) == 0
+    assert "knee:" in capsys.readouterr().out
+    back = SweepResult.load(tmp_path / "open")
+    assert back.mode == "rate" and back.loads == [20.0, 40.0]
+    assert back.points[1].config["request_rate"] == 40.0 and back.points[1].config["concurrency"] is None
