@@ -50,9 +50,13 @@ async def reset_prefix_cache(session, base_url: str, headers: dict[str, str]) ->
     return None
 
 
-def _warmup_requests(tok: Tokenizer, n: int, seed: int) -> list[Request]:
+def _warmup_requests(tok: Tokenizer, n: int, seed: int, api: str) -> list[Request]:
+    """Short requests on the workload's own API (a server may serve chat only)."""
     rng = random.Random(f"warmup/{seed}")
-    return [Request(8, prompt=exact_filler(tok, rng, 32), tag="warmup") for _ in range(n)]
+    texts = [exact_filler(tok, rng, 32) for _ in range(n)]
+    if api == "completions":
+        return [Request(8, prompt=t, tag="warmup") for t in texts]
+    return [Request(8, messages=[{"role": "user", "content": t}], tag="warmup") for t in texts]
 
 
 async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "random", num_requests: int = 32,
@@ -106,7 +110,7 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
         if reset_cache:
             config["prefix_cache_reset"] = await reset_prefix_cache(client.session, client.base_url, client.headers)
         if warmup:
-            await runner.warmup(_warmup_requests(tok, warmup, seed))
+            await runner.warmup(_warmup_requests(tok, warmup, seed, wl.params.get("api", "chat")))
         scraper = MetricsScraper(client.session, client.base_url, client.headers)
         if scrape_metrics:
             scraper.samples.before = await scraper.scrape()
@@ -128,6 +132,9 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
     records = runner.log.records
     summary = summarize(records, slo)
     summary["server"] = scraper.samples.summary()
+    warm_failed = [r for r in records if r.warmup and r.error]
+    if warm_failed:
+        summary["warnings"].append(f"{len(warm_failed)} warm-up requests failed: {warm_failed[0].error[:200]}")
     measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup and s is not None]
     summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions), **token_stats(measured, tok)}
     result = BenchResult(config=config, summary=summary, records=records, environment=env)
