@@ -12,6 +12,7 @@ import json
 import os
 import random
 import re
+import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -52,7 +53,7 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         if self.hf is None:
-            return [hash(w) & 0xFFFFFFF for w in text.split()]
+            return [zlib.crc32(w.encode()) for w in text.split()]  # stable across processes
         return self.hf.encode(text, add_special_tokens=False)
 
     def count(self, text: str) -> int:
