@@ -96,6 +96,7 @@ class _Group:
     L: int
 
     fresh: bool = False       # one sequence prefilling from position 0: K/V are all new
+    identity: bool = False    # the group is every token of the step, in order, no padding
 
     def __post_init__(self):
         self.slots_flat = self.slots.reshape(-1)
@@ -290,6 +291,8 @@ class ModelRunner:
                                            tables[small]))
         for i in big:
             meta.groups.append(self._group([chunks[i]], [offsets[i]], tables[i:i + 1]))
+        if len(meta.groups) == 1 and not big and meta.groups[0].all_valid:
+            meta.groups[0].identity = True
         return input_ids, meta
 
     def _group(self, chunks: list[Chunk], offsets: list[int], tables: torch.Tensor) -> _Group:
@@ -330,18 +333,20 @@ class ModelRunner:
         for li, layer in enumerate(self.layers[:num_layers]):
             h = _rms_norm(x, layer["ln1"], cfg.rms_norm_eps)
             qkv = layer["qkv"](h)
-            q = qkv[:, :q_dim].view(-1, cfg.num_heads, cfg.head_dim)
-            q = q * cos + _rotate_half(q) * sin
             if self.attention == "mla":
+                q = qkv[:, :q_dim].view(-1, cfg.num_heads, cfg.head_dim)
+                q = q * cos + _rotate_half(q) * sin
                 self.k_cache[li].index_copy_(0, meta.slot_mapping, qkv[:, q_dim:].contiguous())
             else:
-                k = qkv[:, q_dim:q_dim + kv_dim].view(-1, self.num_kv_heads, cfg.head_dim)
+                # RoPE on q and k in one go (they sit side by side in the fused output)
+                qk = qkv[:, :q_dim + kv_dim].view(-1, cfg.num_heads + self.num_kv_heads, cfg.head_dim)
+                qk = qk * cos + _rotate_half(qk) * sin
+                q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
                 v = qkv[:, q_dim + kv_dim:].view(-1, self.num_kv_heads, cfg.head_dim)
-                k = k * cos + _rotate_half(k) * sin
                 self.k_cache[li].index_copy_(1, meta.slot_mapping, k.transpose(0, 1))
                 self.v_cache[li].index_copy_(1, meta.slot_mapping, v.transpose(0, 1))
             attn = self._attention(li, layer, q, meta, None if self.attention == "mla" else (k, v))
-            x = x + layer["o"](attn.view(-1, q_dim))
+            x = x + layer["o"](attn.reshape(-1, q_dim))
             h = _rms_norm(x, layer["ln2"], cfg.rms_norm_eps)
             gate, up = layer["gate_up"](h).chunk(2, dim=-1)
             x = x + layer["down"](F.silu(gate) * up)
@@ -385,12 +390,15 @@ class ModelRunner:
             # SDPA's leading two axes are free batch axes: use (kv_head, sequence). The query
             # heads sharing a KV head are folded into the query axis, so SDPA sees
             # [kv_heads, B, group*Q, d] against [kv_heads, B, L, d]: GQA without K/V copies.
-            qg = q.index_select(0, g.q_index).view(g.B, g.Q, kvh, grp, cfg.head_dim)
+            qg = (q if g.identity else q.index_select(0, g.q_index))
+            qg = qg.view(g.B, g.Q, kvh, grp, cfg.head_dim)
             qg = qg.permute(2, 0, 3, 1, 4).reshape(kvh, g.B, grp * g.Q, cfg.head_dim)
             mask = g.grouped_mask(grp).transpose(0, 1)                 # [1, B, group*Q, L]
             o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
             o = o.view(kvh, g.B, grp, g.Q, cfg.head_dim).permute(1, 3, 0, 2, 4)
             o = o.reshape(g.B * g.Q, cfg.num_heads, cfg.head_dim)
+            if g.identity:            # a decode-only step: the group is the whole batch
+                return o
             if g.all_valid:
                 out.index_copy_(0, g.q_index, o)
             else:
