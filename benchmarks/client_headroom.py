@@ -24,6 +24,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
 from workshop.bench import run_benchmark  # noqa: E402
+from workshop.bench.client import SPIN_S  # noqa: E402
 
 
 def free_port() -> int:
@@ -54,7 +55,7 @@ def timer_floor(rate: float, seconds: float) -> float:
         t0 = time.perf_counter()
         for i in range(max(int(rate * seconds), 10)):
             due = t0 + i / rate
-            wait = due - time.perf_counter() - 0.002
+            wait = due - time.perf_counter() - SPIN_S
             if wait > 0:
                 await asyncio.sleep(wait)
             while time.perf_counter() < due:

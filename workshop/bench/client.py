@@ -33,6 +33,9 @@ except ImportError:  # pragma: no cover
     aiohttp = None
 
 
+SPIN_S = 0.001  # open loop: how long before a send the scheduler stops sleeping and yields
+
+
 @dataclass(frozen=True)
 class Load:
     """How sessions arrive.
@@ -303,8 +306,9 @@ class Runner:
             offsets = arrival_times(n, load.request_rate, load.burstiness, load.seed)
             for i, (s, off) in enumerate(zip(sessions, offsets)):
                 due = start + off
-                # asyncio timers wake up to ~1 ms late; sleep most of the way, then yield until due
-                wait = due - self.clock() - 0.002
+                # epoll rounds timeouts up to whole milliseconds: sleep until 1 ms before, then
+                # yield until due (a longer spin costs CPU that a busy machine takes back as lag)
+                wait = due - self.clock() - SPIN_S
                 if wait > 0:
                     await asyncio.sleep(wait)
                 while self.clock() < due:
