@@ -57,8 +57,13 @@ class BenchResult:
                 f.write(json.dumps(dataclasses.asdict(r)) + "\n")
         self.path = folder
         if plots:
-            from . import plots as _plots
-            _plots.save_run_plots(self, folder)
+            try:
+                import matplotlib  # noqa: F401  (optional: the notebooks extra)
+            except ImportError:
+                print("matplotlib is not installed: results saved without plots", file=sys.stderr)
+            else:
+                from . import plots as _plots
+                _plots.save_run_plots(self, folder)
         return folder
 
     @classmethod
