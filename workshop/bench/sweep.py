@@ -112,8 +112,11 @@ class SweepResult:
         (folder / "sweep.json").write_text(json.dumps(
             {"mode": self.mode, "loads": self.loads, "points": names, "knee_index": self.knee_index,
              "knee": self.knee, "config": self.config}, indent=2, default=str))
-        from .plots import plot_load_curve
-        fig = plot_load_curve(self)
+        try:
+            from .plots import plot_load_curve
+            fig = plot_load_curve(self)
+        except ImportError:  # matplotlib is optional
+            return folder
         fig.savefig(folder / "load_curve.png", dpi=120, bbox_inches="tight")
         return folder
 
