@@ -92,6 +92,7 @@ def reference(hf_model, prompts) -> list[list[int]]:
 
 def run_engine(path, prompts, n=NEW_TOKENS, twice=False, **cfg):
     from mini_engine import LLMEngine, SamplingParams
+    cfg.setdefault("kv_cache_gib", 0.25)     # ~5.8k fp32 tokens: plenty, and light on RAM
     eng = LLMEngine(path, num_threads=1, **cfg)
     params = SamplingParams(max_tokens=n, ignore_eos=True)
     out = eng.generate(prompts, params)
@@ -121,7 +122,9 @@ def test_single_request_at_a_time(path, prompts, reference):
 # Every mechanism on and off, all prompts batched together.
 CONFIGS = {
     "paged-continuous": {},
-    "contiguous-reservation": {"kv_layout": "contiguous", "num_blocks": 20 * 2048 // 16},
+    # room for 8 max-length reservations at a time: the other requests wait their turn
+    "contiguous-reservation": {"kv_layout": "contiguous", "max_model_len": 768,
+                               "num_blocks": 8 * 768 // 16},
     "static-batching": {"scheduler": "static", "max_num_seqs": 8},
     "no-chunked-prefill": {"chunked_prefill": False, "max_num_batched_tokens": 1024},
     "tiny-token-budget": {"max_num_batched_tokens": 24},
@@ -168,7 +171,7 @@ def test_variant_matches_hf_with_same_weights(path, prompts, name):
     from transformers import AutoConfig, LlamaForCausalLM
     from mini_engine import LLMEngine, SamplingParams
     few = prompts[:3] + prompts[10:13]
-    eng = LLMEngine(path, num_threads=1, **VARIANTS[name])
+    eng = LLMEngine(path, num_threads=1, kv_cache_gib=0.1, **VARIANTS[name])
     out = eng.generate(few, SamplingParams(max_tokens=32, ignore_eos=True))
     config = AutoConfig.from_pretrained(path)
     if name == "mqa":
