@@ -363,9 +363,10 @@ def plot_kv(rows: list[dict], x: str, title: str, xlabel: str, capacity_mib: flo
     xs = [r[x] for r in rows]
     label = "formula: blocks needed x block size x bytes/token"
     if kv is not None:
-        grid = range(0, max(xs) + kv.block_size + 1, max(kv.block_size // 8, 1))
-        ax.step(list(grid), [blocks_for(t, kv.block_size) * kv.block_size
-                             * kv.formula.bytes_per_token / MIB for t in grid],
+        # The k-th block is taken by token k * block_size + 1: the steps sit exactly there.
+        edges = [0] + list(range(1, max(xs) + kv.block_size + 1, kv.block_size))
+        ax.step(edges, [blocks_for(t, kv.block_size) * kv.block_size
+                        * kv.formula.bytes_per_token / MIB for t in edges],
                 where="post", linestyle="--", color="tab:gray", label=label)
     else:
         ax.plot(xs, [r["predicted KV (MiB)"] for r in rows], "--", color="tab:gray", label=label)
