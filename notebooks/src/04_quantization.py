@@ -207,7 +207,9 @@ ui.md(
     f"W8A8 int8 ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s with perplexity "
     f"{_lib['perplexity']:.2f}. After each variant was freed the process held at most "
     f"{max(abs(r['RSS after free (MiB, +)']) for r in quality_rows):.0f} MiB more (or less) "
-    f"than before loading it."
+    f"than before loading it (the first variant also pays for one-time allocations: "
+    f"{quality_rows[0]['RSS after free (MiB, +)']:.0f} MiB; the others at most "
+    f"{max(abs(r['RSS after free (MiB, +)']) for r in quality_rows[1:]):.0f} MiB)."
 )
 
 # %% [markdown]
@@ -229,8 +231,9 @@ ui.table(activation_rows[:6])
 # %%
 ui.md(
     f"In the worst layer input, `{activation_rows[0]['layer input']}`, the largest value is "
-    f"{activation_rows[0]['max / mean']:.0f}x the mean, so a typical value falls within "
-    f"{activation_rows[0]['int8 levels for a typical value']:.1f} int8 steps of zero; the median "
+    f"{activation_rows[0]['max / mean']:,.0f}x the mean: with one int8 scale for the tensor, a "
+    f"typical value is {activation_rows[0]['int8 levels for a typical value']:.3f} of one int8 "
+    f"step and rounds to zero. The median "
     f"layer input has a ratio of "
     f"{sorted(r['max / mean'] for r in activation_rows)[len(activation_rows) // 2]:.0f}. "
     "Weight-only schemes never round the activations, which is why they are the default for "
@@ -265,7 +268,7 @@ kv_block = int(engine_cache.get("block_size") or session.info.get("block_size") 
 kv_rows = []
 for _dtype in ("bf16", "fp8"):
     _per_token = kvcache.kv_bytes_per_token(served_cfg, _dtype)
-    kv_rows.append({"KV dtype": _dtype, "bytes per token": _per_token,
+    kv_rows.append({"KV dtype": _dtype, "bytes per token": int(_per_token),
                     "capacity (tokens, computed)": (kvcache.engine_capacity_tokens(
                         kv_budget, _per_token, kv_block) if kv_budget else None),
                     "2,048-token users that fit": (kvcache.engine_capacity_tokens(
