@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 
 import uvicorn
@@ -14,6 +15,11 @@ from reference_server.config import parse_args
 
 async def serve(argv: list[str] | None = None) -> int:
     config = parse_args(argv)
+    if config.engine == "hf":
+        # Before torch loads: OpenMP's default busy-waiting makes one-request-at-a-time
+        # decoding several times slower on a small CPU shared with other processes, and the
+        # baseline should be naive, not handicapped.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per proxied call is noise
