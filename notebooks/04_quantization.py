@@ -238,8 +238,8 @@ def _(model_path, quant, ui, workshop):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
-    heldout = quant.heldout_texts(n=workshop.session.sweep(40, 8))
-    questions = quant.QUESTIONS[:workshop.session.sweep(12, 4)]
+    heldout = quant.heldout_texts(n=workshop.session.sweep(40, 4))
+    questions = quant.QUESTIONS[:workshop.session.sweep(12, 3)]
     variant_names = workshop.session.sweep(list(quant.VARIANTS), [
         "bf16 (reference)", "int8 per-channel (ours)", "int4 group 64, symmetric (ours)",
         "int4 group 32, min/max (ours, Q4_1's grid)", "int8 dynamic (PyTorch library)"])
@@ -248,8 +248,8 @@ def _(model_path, quant, ui, workshop):
     for _name in ui.progress(variant_names, title="quantize and measure"):
         _row, _answers = quant.evaluate_variant(
             _name, quant.VARIANTS[_name], model_path, tokenizer, heldout, questions, _reference,
-            max_tokens=workshop.session.sweep(8192, 1024), new_tokens=workshop.session.sweep(32, 12),
-            speed_tokens=workshop.session.sweep(48, 8))
+            max_tokens=workshop.session.sweep(8192, 512), new_tokens=workshop.session.sweep(32, 12),
+            speed_tokens=workshop.session.sweep(48, 6))
         if _reference is None:
             _reference = _answers
             reference_answers = [tokenizer.decode(_a, skip_special_tokens=True) for _a in _answers]
