@@ -52,8 +52,10 @@ def pack_int4(q: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    low, high = packed & 0x0F, packed >> 4
-    return torch.stack((low, high), dim=-1).flatten(-2)
+    out = torch.empty(*packed.shape[:-1], 2 * packed.shape[-1], dtype=torch.uint8)
+    out[..., 0::2] = packed & 0x0F
+    out[..., 1::2] = packed >> 4
+    return out
 
 
 @dataclass
@@ -379,7 +381,7 @@ def decode_tokens_per_s(model: nn.Module, tokenizer, prompt: str = QUESTIONS[0],
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     kwargs = dict(do_sample=False, attention_mask=torch.ones_like(ids),
                   pad_token_id=tokenizer.eos_token_id)
-    model.generate(ids, max_new_tokens=2, **kwargs)                 # warm-up
+    model.generate(ids, max_new_tokens=1, **kwargs)                 # warm-up
     t0 = time.perf_counter()
     model.generate(ids, max_new_tokens=1, min_new_tokens=1, **kwargs)
     first = time.perf_counter() - t0

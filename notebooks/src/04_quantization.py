@@ -180,7 +180,7 @@ for _name in ui.progress(variant_names, title="quantize and measure"):
     _row, _answers = quant.evaluate_variant(
         _name, quant.VARIANTS[_name], model_path, tokenizer, heldout, questions, _reference,
         max_tokens=workshop.session.sweep(8192, 512), new_tokens=workshop.session.sweep(32, 12),
-        speed_tokens=workshop.session.sweep(48, 6))
+        speed_tokens=workshop.session.sweep(48, 4))
     if _reference is None:
         _reference = _answers
         reference_answers = [tokenizer.decode(_a, skip_special_tokens=True) for _a in _answers]
