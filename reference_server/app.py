@@ -224,6 +224,9 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     return app
 
 
+_ENDPOINTS = {"/v1/models", "/v1/completions", "/v1/chat/completions"}
+
+
 class GuardMiddleware:
     """Auth and the body-size cap, before any route runs; counts /v1 answers by status.
 
@@ -266,7 +269,9 @@ class GuardMiddleware:
         else:
             await self.app(scope, receive, counting_send)
         if path.startswith("/v1/"):
-            self.state.metrics.requests.labels(endpoint=path, status=str(status)).inc()
+            # unknown paths share one label value: a scanner must not grow the metric forever
+            endpoint = path if path in _ENDPOINTS else "other"
+            self.state.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
 
 async def _read_body(request: Request, limit: int) -> bytes | Response:
