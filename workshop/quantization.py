@@ -431,8 +431,18 @@ VARIANTS: dict[str, Callable[[nn.Module], nn.Module]] = {
 
 
 def load_bf16(path: str) -> nn.Module:
+    """The model in bf16, copied out of the memory-mapped checkpoint.
+
+    ``from_pretrained`` may leave tensors as views of the mapped file; the mapping then stays
+    (and counts in RSS) as long as any one of them lives, so replacing layers by quantized ones
+    would not visibly free anything. Owning copies make RSS tell the truth.
+    """
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
+    with torch.no_grad():
+        for p in model.parameters():          # shared (tied) parameters appear once
+            p.data = p.data.clone()
+    return model
 
 
 def evaluate_variant(name: str, make: Callable[[nn.Module], nn.Module], path: str, tokenizer,
