@@ -112,7 +112,8 @@ def stop_server(proc: subprocess.Popen) -> None:
             proc.wait()
 
 
-def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None) -> str:
+def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None,
+                 dtype: str = "bfloat16") -> str:
     """Offline: run ``streams`` decodes and report where one step's time goes."""
     import cProfile
     import io
@@ -121,11 +122,13 @@ def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None)
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    sys.path.insert(0, ROOT)        # until mini_engine is in the installed package list
     from mini_engine import LLMEngine, SamplingParams
     from workshop.models import resolve_model
     if threads:
         torch.set_num_threads(threads)
-    eng = LLMEngine(resolve_model("smollm2-135m", prepare=False).path, kv_cache_gib=0.5)
+    eng = LLMEngine(resolve_model("smollm2-135m", prepare=False).path, kv_cache_gib=0.5,
+                    dtype=dtype)
     for _ in range(streams):
         eng.add_request([1] + [random.randrange(1000, 40000) for _ in range(128)],
                         SamplingParams(max_tokens=steps + 40, ignore_eos=True))
@@ -174,7 +177,8 @@ def main() -> None:
     args = ap.parse_args(argv)
 
     if args.profile or args.profile_only:
-        print(profile_mini(threads=args.threads))
+        for streams in (1, 32):
+            print(profile_mini(streams=streams, threads=args.threads))
         if args.profile_only:
             return
     prompts = make_prompts(256, int(args.input_tokens * 0.75))
