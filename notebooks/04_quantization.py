@@ -221,7 +221,8 @@ def _(mo):
       check the variant's top choice at every answer position: greedy decoding reproduces the
       answer exactly when all of them match. The bf16 row applies the same check to the
       reference itself, so it shows the noise floor of that method;
-    * **decode speed** at batch 1 with Hugging Face `generate` in this process.
+    * **decode speed** at batch 1 with Hugging Face `generate` in this process (in quick mode
+      only a few tokens are timed, so treat those speeds as rough).
 
     `QuantLinear` (ours) keeps only the packed integers and rebuilds bf16 weights inside every
     forward call. That saves memory but costs time: fast int4 inference needs kernels that unpack
@@ -275,7 +276,13 @@ def _(gguf_types, heldout, quality_rows, reference_answers, ui):
         f"variant reached {_grid['perplexity']:.2f}: re-quantizing onto the grid the weights already "
         f"sit on is nearly free. Our `QuantLinear` int4 decoded at "
         f"{_int4['decode tok/s (batch 1)']:.1f} tokens/s against {_ref['decode tok/s (batch 1)']:.1f} "
-        f"for bf16: unpacking in Python at every step costs more than the bytes it saves. PyTorch's "
+        f"for bf16"
+        + (": unpacking every weight in Python at every step costs more than the bytes it saves. "
+           if _int4["decode tok/s (batch 1)"] < _ref["decode tok/s (batch 1)"] else
+           ". It unpacks every weight in Python at every step, so a win here is more likely noise "
+           "(a busy machine, or the few tokens timed in quick mode) than a real speed-up; re-run "
+           "the cell. ")
+        + f"PyTorch's "
         f"W8A8 int8 ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s with perplexity "
         f"{_lib['perplexity']:.2f}. After each variant was freed the process held at most "
         f"{max(abs(r['RSS after free (MiB, +)']) for r in quality_rows):.0f} MiB more (or less) "
