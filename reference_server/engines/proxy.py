@@ -50,6 +50,8 @@ class ProxyEngine(Engine):
     class owns the process, readiness, crash detection and the forwarding itself.
     """
 
+    health_path = "/health"    # answers 200 once the engine can serve
+
     def __init__(self, config, model) -> None:
         self.config = config
         self.model = model
@@ -95,7 +97,7 @@ class ProxyEngine(Engine):
                 raise EngineDied(f"{self.name} engine exited with code {self._exit_code} "
                                  "while starting; see its log above")
             try:
-                if (await self._client.get("/health", timeout=2)).status_code == 200:
+                if (await self._client.get(self.health_path, timeout=2)).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
