@@ -5,7 +5,11 @@ address in ``/server_info`` (``extra.upstream_url``), and the harness alternates
 the two URLs, so engine state, warm caches and machine load are shared and only the extra
 hop differs. Targets (issue 2): output tokens/s within 5 %, TTFT p50 within 3 ms.
 
-    python benchmarks/server_overhead.py [--rounds 3] [--requests 64] [--concurrency 1 32]
+``--engine mock`` puts the harness's mock streaming server (fixed 50 ms to first token, 20 ms
+between tokens, almost no CPU) behind the same proxy code instead of vLLM: what remains is the
+layer's own cost, without an engine competing for the same cores.
+
+    python benchmarks/server_overhead.py [--engine vllm|mock] [--rounds 3] [--concurrency 1 32]
 """
 
 from __future__ import annotations
@@ -23,9 +27,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from workshop.bench import run_benchmark  # noqa: E402
 
 
-def start_server(port: int, model: str) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "reference_server", "--engine", "vllm",
-                             "--model", model, "--port", str(port), "--log-level", "warning"])
+def serve_mock_proxy(port: int) -> None:
+    """The reference server's app over a ProxyEngine whose child is the mock server."""
+    import uvicorn
+
+    from reference_server.app import create_app
+    from reference_server.config import ServerConfig
+    from reference_server.engines.base import EngineInfo
+    from reference_server.engines.proxy import ProxyEngine
+    from workshop.models import ModelSpec
+
+    class MockProxy(ProxyEngine):
+        name = "mock"
+        health_path = "/v1/models"
+
+        def command(self):
+            return [sys.executable, "-m", "workshop.bench.mock_server", "--port", str(self.port),
+                    "--chunk-delay-s", "0.02", "--first-token-delay-s", "0.05"]
+
+        def info(self):
+            return EngineInfo("mock", "0", "mock", "mock", "none", "cpu", 4096, None, None,
+                              None, False, extra={"upstream_url": self.url})
+
+        async def reset_prefix_cache(self):
+            return False
+
+    config = ServerConfig(served_model_name="mock")
+    app = create_app(config, engine=MockProxy(config, ModelSpec("mock", "mock", False)))
+    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+
+
+def start_server(port: int, model: str, engine: str) -> subprocess.Popen:
+    if engine == "mock":
+        cmd = [sys.executable, __file__, "--serve-mock-proxy", "--port", str(port)]
+    else:
+        cmd = [sys.executable, "-m", "reference_server", "--engine", "vllm", "--model", model,
+               "--port", str(port), "--log-level", "warning"]
+    proc = subprocess.Popen(cmd)
     for _ in range(600):
         if proc.poll() is not None:
             raise SystemExit(f"reference server exited with {proc.returncode}")
@@ -41,16 +79,21 @@ def start_server(port: int, model: str) -> subprocess.Popen:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--engine", choices=("vllm", "mock"), default="vllm")
+    ap.add_argument("--serve-mock-proxy", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--port", type=int, default=8310)
     ap.add_argument("--rounds", type=int, default=3, help="alternating A/B rounds per setting")
-    ap.add_argument("--requests", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=64, help="per run at the highest "
+                    "concurrency; a quarter of it at concurrency 1")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 32])
     ap.add_argument("--input-len", type=int, default=128)
     ap.add_argument("--output-len", type=int, default=64)
     args = ap.parse_args()
+    if args.serve_mock_proxy:
+        return serve_mock_proxy(args.port)
 
-    proc = start_server(args.port, args.model)
+    proc = start_server(args.port, args.model, args.engine)
     try:
         ours = f"http://127.0.0.1:{args.port}"
         info = httpx.get(ours + "/server_info").json()

@@ -88,8 +88,7 @@ class VLLMEngine(ProxyEngine):
                    "upstream_url": self.url})   # the child's own server (loopback only)
 
     async def reset_prefix_cache(self) -> bool:
-        resp = await self._client.post("/reset_prefix_cache")
-        return resp.status_code == 200
+        return await self.post("/reset_prefix_cache") == 200
 
 
 def _model_config(path: str) -> dict | None:
