@@ -260,6 +260,12 @@ def _(model_path, quant, ui, workshop):
 
 
 @app.cell
+def _(quality_rows, quant):
+    quant.plot_tradeoff(quality_rows)
+    return
+
+
+@app.cell
 def _(gguf_types, heldout, quality_rows, reference_answers, ui):
     _ref = quality_rows[0]
     _int4 = next(r for r in quality_rows if r["variant"].startswith("int4 group 64"))

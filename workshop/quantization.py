@@ -525,3 +525,16 @@ __all__ = [
     "VARIANTS", "load_bf16", "evaluate_variant", "linear_input_ranges",
     "distinct_values_per_group",
 ]
+
+
+def plot_tradeoff(rows: list[dict]):
+    """Weight memory against perplexity, one labelled point per variant (rows as returned by
+    ``evaluate_variant``): the trade-off at a glance, lower-left is better."""
+    from workshop.plots import figure
+
+    fig, ax = figure("Memory vs quality of each weight format", "weights (MiB)",
+                     "perplexity on held-out ShareGPT (lower is better)")
+    for r in rows:
+        ax.scatter(r["weights (MiB)"], r["perplexity"], s=45, label=r["variant"])
+    ax.legend(fontsize=8)
+    return fig

@@ -189,6 +189,9 @@ for _name in ui.progress(variant_names, title="quantize and measure"):
 ui.table(quality_rows)
 
 # %%
+quant.plot_tradeoff(quality_rows)
+
+# %%
 _ref = quality_rows[0]
 _int4 = next(r for r in quality_rows if r["variant"].startswith("int4 group 64"))
 _grid = next(r for r in quality_rows if "Q4_1" in r["variant"])

@@ -251,3 +251,13 @@ def test_dynamic_int8_leaves_lm_head_alone():
     model.lm_head = nn.Linear(32, 10)
     q = Q.quantize_dynamic_int8(model)
     assert type(q.lm_head) is nn.Linear and type(q.body) is not nn.Linear
+
+
+def test_plot_tradeoff_draws_one_point_per_variant():
+    rows = [{"variant": "bf16", "weights (MiB)": 257.0, "perplexity": 24.6},
+            {"variant": "int4", "weights (MiB)": 111.0, "perplexity": 36.2}]
+    fig = Q.plot_tradeoff(rows)
+    ax = fig.axes[0]
+    assert len(ax.collections) == 2
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["bf16", "int4"]
+    assert "MiB" in ax.get_xlabel()
