@@ -74,20 +74,15 @@ class ServerState:
         if self.start_error:
             return error_response(503, f"engine failed to start: {self.start_error}",
                                   "engine_unavailable")
-        if self.engine is None or not self.engine.ready:
+        if self.engine is not None:
             try:
-                if self.engine is not None:
-                    self.engine.check()
+                self.engine.check()
             except EngineDied as exc:
                 self.metrics.engine_up.set(0)
                 return error_response(503, str(exc), "engine_died")
+        if self.engine is None or not self.engine.ready:
             return error_response(503, "engine is still loading; poll /ready",
                                   "engine_unavailable")
-        try:
-            self.engine.check()
-        except EngineDied as exc:
-            self.metrics.engine_up.set(0)
-            return error_response(503, str(exc), "engine_died")
         return None
 
 
