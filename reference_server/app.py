@@ -199,22 +199,22 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         if problem:
             return problem
         state.metrics.in_flight.inc()
+        streaming = False        # a stream hands the in-flight count over to _sse
         try:
             result = await _unless_disconnected(request, getattr(state.engine, method)(parsed))
+            if isinstance(result, dict):
+                return JSONResponse(result)
+            streaming = True
+            return StreamingResponse(_sse(result, state), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache",
+                                              "X-Accel-Buffering": "no"})
         except EngineError as exc:
-            state.metrics.in_flight.dec()
             return JSONResponse(status_code=exc.status_code, content=exc.body())
         except EngineDied as exc:
-            state.metrics.in_flight.dec()
             return error_response(503, str(exc), "engine_died")
-        except BaseException:
-            state.metrics.in_flight.dec()
-            raise
-        if isinstance(result, dict):
-            state.metrics.in_flight.dec()
-            return JSONResponse(result)
-        return StreamingResponse(_sse(result, state), media_type="text/event-stream",
-                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        finally:
+            if not streaming:
+                state.metrics.in_flight.dec()
 
     return app
 
