@@ -8,11 +8,10 @@ the peak is what matters). Knows vLLM's and SGLang's metric names; a server with
 from __future__ import annotations
 
 import asyncio
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+from workshop.metrics import parse_prometheus
 
 # vLLM counters are in tokens; SGLang exports a running hit-rate gauge instead.
 PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
@@ -22,23 +21,6 @@ PREEMPTIONS = ("vllm:num_preemptions_total",)
 SGLANG_HIT_RATE = ("sglang:cache_hit_rate",)
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Metric name -> value summed over label sets (engines label by model / engine index)."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#":
-            continue
-        m = _LINE.match(line)
-        if not m:
-            continue
-        try:
-            value = float(m.group(3))
-        except ValueError:
-            continue
-        out[m.group(1)] = out.get(m.group(1), 0.0) + value
-    return out
 
 
 def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
