@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,11 +182,8 @@ def engine_cache_config(metrics_text: str) -> dict[str, str]:
     vLLM publishes its own view there: ``num_gpu_blocks``, ``block_size``, ``cache_dtype``,
     and (recent versions) ``kv_cache_memory_bytes``. Empty dict if the gauge is absent.
     """
-    for line in metrics_text.splitlines():
-        if line.startswith("vllm:cache_config_info{"):
-            body = line[line.index("{") + 1:line.rindex("}")]
-            return dict(re.findall(r'(\w+)="([^"]*)"', body))
-    return {}
+    from reference_server.engines.vllm import parse_cache_config  # the server reads it too
+    return parse_cache_config(metrics_text)
 
 
 # ---------------------------------------------------------------------------------------
