@@ -283,19 +283,20 @@ async def _merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, tuple
     async def pump(i: int, s: AsyncIterator) -> None:
         try:
             async for item in s:
-                await queue.put((i, item))
-        finally:
-            await queue.put((i, None))
+                queue.put_nowait((i, item))
+            queue.put_nowait((i, None))
+        except Exception as exc:  # handed to the consumer: an engine error must not vanish
+            queue.put_nowait((i, exc))
 
     tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
     try:
         live = len(streams)
         while live:
             i, item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
             if item is None:
                 live -= 1
-                if tasks[i].done() and tasks[i].exception():
-                    raise tasks[i].exception()
                 continue
             yield i, item
     finally:

@@ -196,3 +196,17 @@ def test_adapter_closes_engine_stream_when_consumer_leaves():
 
     asyncio.run(run())
     assert engine.aborted == 1
+
+
+def test_adapter_reports_an_engine_error_in_one_of_n_choices():
+    from reference_server.engines.base import EngineError
+
+    class Failing(ScriptedEngine):
+        async def generate(self, request_id, prompt_token_ids, params):
+            yield GenerationStep([ord("a")])
+            if request_id.endswith("-1"):
+                raise EngineError(500, "the second choice broke")
+            yield GenerationStep([0], finish_reason="stop")
+
+    with pytest.raises(EngineError, match="second choice"):
+        _complete(Failing("a"), n=2, max_tokens=5)
