@@ -185,7 +185,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         if isinstance(body, Response):
             return body
         try:
-            parsed = schema.model_validate_json(body)
+            parsed = schema.model_validate(body)
         except ValidationError as exc:
             return error_response(400, _validation_message(exc), param=_first_loc(exc))
         if parsed.model not in state.model_names and state.model_names:
@@ -269,8 +269,9 @@ class GuardMiddleware:
             self.state.metrics.requests.labels(endpoint=endpoint, status=str(status)).inc()
 
 
-async def _read_body(request: Request, limit: int) -> bytes | Response:
-    """Read the body with a size cap (chunked uploads carry no Content-Length to check)."""
+async def _read_body(request: Request, limit: int) -> dict | Response:
+    """Read and parse the JSON object body, with a size cap (chunked uploads carry no
+    Content-Length to check). Parsed once here; the schema validates the dict."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -282,15 +283,16 @@ async def _read_body(request: Request, limit: int) -> bytes | Response:
     if not body:
         return error_response(400, "request body is empty; send a JSON object")
     try:
-        body.decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError:
         return error_response(400, "request body is not valid UTF-8")
     try:
-        if not isinstance(json.loads(body), dict):
-            return error_response(400, "request body must be a JSON object")
+        payload = json.loads(text)
     except ValueError as exc:
         return error_response(400, f"request body is not valid JSON: {exc}")
-    return body
+    if not isinstance(payload, dict):
+        return error_response(400, "request body must be a JSON object")
+    return payload
 
 
 def _validation_message(exc: ValidationError) -> str:
