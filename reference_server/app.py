@@ -2,6 +2,11 @@
 
 It owns no model. It validates every request itself (so every engine refuses bad input the
 same way), hands it to the engine, and relays the answer: JSON, or server-sent events.
+
+Trust boundary (with an API key): every path but ``/health`` and ``/ready`` needs the key,
+``/metrics`` and ``/docs`` included (prefix-cache hit counters and latencies tell one client
+about the others' prompts); nothing secret is ever shown (``/server_info`` redacts engine
+arguments and never names the child engine's own address).
 """
 
 from __future__ import annotations
@@ -23,17 +28,28 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from reference_server import __version__
 from reference_server.config import ServerConfig
 from reference_server.engines import Engine, EngineDied, EngineError, create_engine
+from reference_server.engines.base import engine_fault
 from reference_server.metrics import ServerMetrics
-from reference_server.protocol import (ChatCompletionRequest, CompletionRequest, RequestLimits,
-                                       check_limits)
+from reference_server.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard,
+                                       ModelList, RequestLimits, check_limits, error_body)
 
 log = logging.getLogger("reference_server")
 
+# Open without the key: liveness and readiness probes (they say nothing but "up" and the
+# served model's name).
+OPEN_PATHS = frozenset({"/health", "/ready"})
+STREAM_FAILED = "reference_server.stream_failed"    # scope key: a 200 stream that failed
+
 
 def error_response(status: int, message: str, type: str = "invalid_request_error",
-                   param: str | None = None, code: str | None = None) -> JSONResponse:
-    return JSONResponse(status_code=status, content={
-        "error": {"message": message, "type": type, "param": param, "code": code}})
+                   param: str | None = None, code: str | None = None,
+                   headers: dict | None = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=error_body(message, type, param, code),
+                        headers=headers)
+
+
+def engine_error_response(exc: EngineError | EngineDied) -> JSONResponse:
+    return JSONResponse(status_code=exc.status_code, content=exc.body())
 
 
 class ServerState:
@@ -49,6 +65,20 @@ class ServerState:
         self.fatal = asyncio.Event()          # set when start-up failed: __main__ exits
         self.metrics = ServerMetrics()
         self.limits = RequestLimits(max_n=config.max_n, max_logprobs=config.max_logprobs)
+        self.active = 0                       # generation requests admitted and not finished
+
+    @property
+    def max_active(self) -> int:
+        running = self.engine.max_running if self.engine is not None else 1
+        return running + self.config.max_queued_requests
+
+    def request_started(self) -> None:
+        self.active += 1
+        self.metrics.in_flight.inc()
+
+    def request_finished(self) -> None:
+        self.active -= 1
+        self.metrics.in_flight.dec()
 
     async def start_engine(self) -> None:
         try:
@@ -79,7 +109,8 @@ class ServerState:
                 self.engine.check()
             except EngineDied as exc:
                 self.metrics.engine_up.set(0)
-                return error_response(503, str(exc), "engine_died")
+                return engine_error_response(exc)
+            self.metrics.engine_up.set(1)
         if self.engine is None or not self.engine.ready:
             return error_response(503, "engine is still loading; poll /ready",
                                   "engine_unavailable")
@@ -140,7 +171,9 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         info = state.engine.info().to_dict()
         info["server_version"] = __version__
         info["limits"] = {"max_body_bytes": config.max_body_bytes, "max_n": config.max_n,
-                          "max_logprobs": config.max_logprobs}
+                          "max_logprobs": config.max_logprobs,
+                          "max_running": state.engine.max_running,
+                          "max_queued_requests": config.max_queued_requests}
         return info
 
     @app.get("/v1/models")
@@ -149,10 +182,9 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         if problem:
             return problem
         info = state.engine.info()
-        return {"object": "list", "data": [{
-            "id": info.model, "object": "model", "created": int(time.time()),
-            "owned_by": "llm-inference-workshop", "root": info.model_path, "parent": None,
-            "max_model_len": info.max_model_len}]}
+        return ModelList(data=[ModelCard(id=info.model, created=int(time.time()),
+                                         root=info.model_path,
+                                         max_model_len=info.max_model_len)]).model_dump()
 
     @app.get("/metrics")
     async def metrics():
@@ -198,23 +230,32 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         problem = state.engine_problem()
         if problem:
             return problem
-        state.metrics.in_flight.inc()
+        if state.active >= state.max_active:
+            # Bounded queue: an overloaded server says so at once instead of growing a
+            # backlog no client will wait for.
+            return error_response(
+                429, f"the server is full ({state.active} requests admitted, "
+                f"{config.max_queued_requests} may wait); retry shortly", "server_overloaded",
+                code="queue_full", headers={"Retry-After": "1"})
+        state.request_started()
         streaming = False        # a stream hands the in-flight count over to _sse
         try:
             result = await _unless_disconnected(request, getattr(state.engine, method)(parsed))
             if isinstance(result, dict):
                 return JSONResponse(result)
             streaming = True
-            return StreamingResponse(_sse(result, state), media_type="text/event-stream",
+            return StreamingResponse(_sse(result, state, request.scope),
+                                     media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache",
                                               "X-Accel-Buffering": "no"})
-        except EngineError as exc:
-            return JSONResponse(status_code=exc.status_code, content=exc.body())
-        except EngineDied as exc:
-            return error_response(503, str(exc), "engine_died")
+        except (EngineError, EngineDied) as exc:
+            return engine_error_response(exc)
+        except Exception as exc:   # an engine bug fails this request, with a proper body
+            log.exception("engine failed a request")
+            return engine_error_response(engine_fault(exc))
         finally:
             if not streaming:
-                state.metrics.in_flight.dec()
+                state.request_finished()
 
     return app
 
@@ -223,7 +264,8 @@ _ENDPOINTS = {"/v1/models", "/v1/completions", "/v1/chat/completions"}
 
 
 class GuardMiddleware:
-    """Auth and the body-size cap, before any route runs; counts /v1 answers by status.
+    """Auth and the body-size cap, before any route runs; counts /v1 answers by status
+    (a 500 from an unhandled error included: it is sent outside this middleware).
 
     Plain ASGI rather than ``BaseHTTPMiddleware``: it adds nothing to a streamed response's
     path, which matters for the proxy's overhead budget.
@@ -241,7 +283,7 @@ class GuardMiddleware:
         path = scope["path"]
         headers = dict(scope["headers"])
         problem = None
-        if self.expected and (path.startswith("/v1/") or path == "/reset_prefix_cache"):
+        if self.expected and path not in OPEN_PATHS:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 problem = error_response(
                     401, "missing or wrong API key: send 'Authorization: Bearer <key>'",
@@ -259,10 +301,18 @@ class GuardMiddleware:
                 status = message["status"]
             await send(message)
 
-        if problem is not None:
-            await problem(scope, receive, send)
-        else:
-            await self.app(scope, receive, counting_send)
+        try:
+            if problem is not None:
+                await problem(scope, receive, send)
+            else:
+                await self.app(scope, receive, counting_send)
+        except Exception:
+            status = status or 500
+            raise
+        finally:
+            self._count(path, 500 if scope.get(STREAM_FAILED) else status)
+
+    def _count(self, path: str, status: int) -> None:
         if path.startswith("/v1/"):
             # unknown paths share one label value: a scanner must not grow the metric forever
             endpoint = path if path in _ENDPOINTS else "other"
@@ -290,6 +340,8 @@ async def _read_body(request: Request, limit: int) -> dict | Response:
         payload = json.loads(text)
     except ValueError as exc:
         return error_response(400, f"request body is not valid JSON: {exc}")
+    except RecursionError:
+        return error_response(400, "request body is nested too deeply")
     if not isinstance(payload, dict):
         return error_response(400, "request body must be a JSON object")
     return payload
@@ -330,8 +382,13 @@ async def _unless_disconnected(request: Request, work):
     raise asyncio.CancelledError("client disconnected")
 
 
-async def _sse(stream: AsyncIterator, state: ServerState) -> AsyncIterator[bytes]:
-    """Frame engine output as server-sent events. Proxies already send framed bytes."""
+async def _sse(stream: AsyncIterator, state: ServerState, scope: dict) -> AsyncIterator[bytes]:
+    """Frame engine output as server-sent events. Proxies already send framed bytes.
+
+    The status line (200) is already sent: a failure now can only be an error event. It is
+    counted as a failed stream (and as a 500 in the request counter), not as a client that
+    left.
+    """
     finished = False
     framed = False
     try:
@@ -344,13 +401,16 @@ async def _sse(stream: AsyncIterator, state: ServerState) -> AsyncIterator[bytes
         if framed:
             yield b"data: [DONE]\n\n"
         finished = True
-    except (EngineError, EngineDied) as exc:
+    except Exception as exc:
         finished = True
-        body = exc.body() if isinstance(exc, EngineError) else {
-            "error": {"message": str(exc), "type": "engine_died", "param": None, "code": None}}
-        yield b"data: " + json.dumps(body).encode() + b"\n\n"
+        state.metrics.stream_failures.inc()
+        scope[STREAM_FAILED] = True
+        if not isinstance(exc, (EngineError, EngineDied)):
+            log.exception("stream failed")
+            exc = engine_fault(exc)
+        yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
     finally:
         if not finished:
             state.metrics.disconnects.inc()
-        state.metrics.in_flight.dec()
+        state.request_finished()
         await stream.aclose()

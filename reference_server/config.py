@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from dataclasses import dataclass, field, fields
 
 ENGINES = ("vllm", "hf", "mini")   # SGLang: a later issue
@@ -22,14 +23,27 @@ class ServerConfig:
     kv_cache_gib: float = 1.0             # CPU: KV space; GPU: ignored (memory fraction rules)
     gpu_memory_utilization: float | None = None   # default: 0.3 on CPU, 0.85 on GPU
     enable_prefix_caching: bool = True
-    api_key: str | None = None
+    api_key: str | None = None            # from $WORKSHOP_API_KEY: a flag shows in `ps`
     max_body_bytes: int = 4 * 1024 * 1024
     max_n: int = 8                        # largest "n" accepted
     max_logprobs: int = 20                # largest top-logprobs count accepted
+    # Back-pressure: requests admitted beyond what the engine runs at once; more get a 429.
+    max_queued_requests: int = 256
+    # Upstream (child engine) timeouts, seconds. Read: the longest silence while a request
+    # runs (a stream sends a chunk per token; a long non-streamed answer sends nothing until
+    # the end). Probe: /health, /metrics and the like, which answer at once when all is well.
+    upstream_read_timeout: float = 600.0
+    upstream_probe_timeout: float = 5.0
+    # Liveness: a child that fails this many probes in a row, one every interval, is hung.
+    liveness_interval: float = 5.0
+    liveness_failures: int = 3
     engine_python: str | None = None      # interpreter for a child engine (own venv for SGLang)
     engine_start_timeout: float = 600.0
     engine_args: list[str] = field(default_factory=list)   # passed verbatim to a child engine
     log_level: str = "info"
+
+    def public_engine_args(self) -> list[str]:
+        return redact_args(self.engine_args)
 
     def resolved_device(self) -> str:
         if self.device != "auto":
@@ -39,6 +53,29 @@ class ServerConfig:
             return "cuda" if torch.cuda.is_available() else "cpu"
         except ImportError:
             return "cpu"
+
+
+_SECRET_FLAG = re.compile(r"key|token|secret|passw|auth|credential", re.I)
+
+
+def redact_args(args: list[str]) -> list[str]:
+    """A command line safe to show: the value of any flag whose name suggests a secret
+    (``--api-key X``, ``--hf-token=X``) replaced by ``***``."""
+    out: list[str] = []
+    hide_next = False
+    for a in args:
+        if hide_next and not a.startswith("-"):
+            out.append("***")
+            hide_next = False
+            continue
+        hide_next = False
+        if a.startswith("-") and _SECRET_FLAG.search(a.split("=", 1)[0]):
+            if "=" in a:
+                a = a.split("=", 1)[0] + "=***"
+            else:
+                hide_next = True
+        out.append(a)
+    return out
 
 
 def parse_args(argv: list[str] | None = None) -> ServerConfig:
@@ -60,10 +97,22 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--gpu-memory-utilization", type=float, default=None)
     p.add_argument("--no-prefix-caching", dest="enable_prefix_caching", action="store_false")
     p.add_argument("--api-key", default=os.environ.get("WORKSHOP_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' (default: $WORKSHOP_API_KEY)")
+                   help="require 'Authorization: Bearer KEY' on everything but /health and "
+                        "/ready. Prefer $WORKSHOP_API_KEY: a flag is visible to every user "
+                        "in `ps`")
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--max-n", type=int, default=d.max_n)
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs)
+    p.add_argument("--max-queued-requests", type=int, default=d.max_queued_requests,
+                   help="requests admitted beyond what the engine runs at once; the next "
+                        "gets a 429 with Retry-After")
+    p.add_argument("--upstream-read-timeout", type=float, default=d.upstream_read_timeout,
+                   help="child engine: longest silence (s) while a request runs")
+    p.add_argument("--upstream-probe-timeout", type=float, default=d.upstream_probe_timeout,
+                   help="child engine: timeout (s) of /health, /metrics and similar calls")
+    p.add_argument("--liveness-interval", type=float, default=d.liveness_interval)
+    p.add_argument("--liveness-failures", type=int, default=d.liveness_failures,
+                   help="failed liveness probes in a row after which the child is hung")
     p.add_argument("--engine-python", default=None,
                    help="Python interpreter that runs a child engine (default: this one)")
     p.add_argument("--engine-start-timeout", type=float, default=d.engine_start_timeout)

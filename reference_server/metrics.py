@@ -99,6 +99,9 @@ class ServerMetrics:
                                "Generation requests being served.", registry=r)
         self.disconnects = Counter("reference_server_client_disconnects",
                                    "Streams the client closed before the end.", registry=r)
+        self.stream_failures = Counter("reference_server_stream_failures",
+                                       "Streams that ended with an error event (the status, "
+                                       "200, was already sent).", registry=r)
         self.engine_up = Gauge("reference_server_engine_up", "1 while the engine serves.",
                                registry=r)
 

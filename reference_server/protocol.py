@@ -1,16 +1,38 @@
-"""The OpenAI request schema we accept, validated strictly before any engine sees it.
+"""The OpenAI API at the server's edge: the request schema we accept (validated strictly
+before any engine sees it), the response shapes we send, and the one error body.
 
 Strict here means: wrong types, unknown roles, empty message lists and out-of-range sampling
 values are refused with a clear 400 by the server itself, whatever the engine would have
-done with them. Unknown extra fields are allowed and passed on (engines have their own
-extensions, e.g. vLLM's ``min_tokens``).
+done with them. Unknown extra fields pass the schema so a proxied engine can answer its own
+extensions (vLLM's ``min_tokens``, ...); an in-process engine refuses every field it does not
+implement (``unsupported_fields``), so nothing is accepted and silently ignored.
 """
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+# ---- errors ----------------------------------------------------------------------------
+
+
+class ErrorInfo(BaseModel):
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+
+class ErrorResponse(BaseModel):
+    error: ErrorInfo
+
+
+def error_body(message: str, type: str = "invalid_request_error", param: str | None = None,
+               code: str | None = None) -> dict:
+    """The one OpenAI error body every part of the server sends."""
+    return ErrorResponse(error=ErrorInfo(message=message, type=type, param=param,
+                                         code=code)).model_dump()
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -51,7 +73,8 @@ class _SamplingFields(BaseModel):
     temperature: float | None = Temperature
     top_p: float | None = TopP
     n: StrictInt | None = Field(default=None, ge=1)
-    seed: StrictInt | None = None
+    # vLLM's range (a C long); torch would take more, but one rule for every engine
+    seed: StrictInt | None = Field(default=None, ge=-2**63, le=2**63 - 1)
     stop: Union[str, list[str], None] = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -123,6 +146,129 @@ class CompletionRequest(_SamplingFields):
     def num_logprobs(self) -> int | None:
         return self.logprobs
 
+
+# ---- what an in-process engine implements -----------------------------------------------
+
+_COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "stream",
+           "stream_options", "ignore_eos", "stop_token_ids", "user", "logprobs"}
+LOCAL_FIELDS = {
+    "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
+    "complete": _COMMON | {"prompt"},
+}
+# Values that ask for nothing: a client library that always sends them is not refused.
+_NEUTRAL: dict[str, tuple] = {
+    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "echo": (False,),
+    "logit_bias": ({},), "response_format": ({"type": "text"},), "best_of": (1,),
+    "parallel_tool_calls": (False,), "tools": ([],), "tool_choice": ("none",),
+}
+
+
+def unsupported_fields(req: ChatCompletionRequest | CompletionRequest, kind: str) -> list[str]:
+    """Fields of ``req`` an in-process engine would ignore: every field outside
+    ``LOCAL_FIELDS[kind]`` that the client set to something other than null or a neutral
+    value, plus the vLLM extension ``stream_options.continuous_usage_stats``."""
+    values = {**{k: getattr(req, k) for k in req.model_fields_set}, **(req.model_extra or {})}
+    out = [k for k, v in values.items() if k not in LOCAL_FIELDS[kind] and v is not None
+           and v not in _NEUTRAL.get(k, ())]
+    if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+        out.append("stream_options.continuous_usage_stats")
+    return sorted(out)
+
+
+# ---- responses -------------------------------------------------------------------------
+# Logprob entries stay plain dicts: their layout differs between the two APIs and they are
+# built once per token.
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: dict[str, int] | None = None
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class DeltaMessage(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatStreamChoice(BaseModel):
+    index: int
+    delta: DeltaMessage
+    finish_reason: str | None = None
+    logprobs: dict[str, Any] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatStreamChoice]
+    usage: Usage | None = None
+
+
+class CompletionChunk(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "llm-inference-workshop"
+    root: str
+    parent: str | None = None
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---- server limits ---------------------------------------------------------------------
 
 class RequestLimits(BaseModel):
     max_n: int

@@ -19,7 +19,15 @@ import pytest
 
 API_KEY = "sk-workshop-test"
 MODEL = "smollm2-135m"
-ENGINES = ("vllm", "hf")
+ENGINES = ("vllm", "hf", "mini")
+# Per-engine server options. The queue bounds are small enough for the queue test to fill
+# them and large enough for the 64-stream load test: vLLM runs 64 at once here (as mini does
+# by default), hf runs one and queues the rest.
+FLEET_ARGS = {
+    "vllm": ("--max-queued-requests", "8", "--", "--max-num-seqs", "64"),
+    "hf": ("--max-queued-requests", "64"),
+    "mini": ("--max-queued-requests", "8"),
+}
 START_TIMEOUT = float(os.environ.get("WORKSHOP_TEST_START_TIMEOUT", "900"))
 LOG_DIR = Path(os.environ.get("WORKSHOP_TEST_LOGS", "/tmp/workshop-test-logs"))
 
@@ -84,9 +92,10 @@ def launch(engine: str, *args: str, api_key: str = API_KEY) -> RunningServer:
     log_path = LOG_DIR / f"{engine}-{port}.log"
     cmd = [sys.executable, "-m", "reference_server", "--engine", engine, "--model", MODEL,
            "--port", str(port), "--max-model-len", "2048", "--kv-cache-gib", "1",
-           "--log-level", "warning", *(("--api-key", api_key) if api_key else ()), *args]
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+           "--log-level", "warning", *args]
+    # the key by environment: a flag would be visible to every user in `ps`
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "WORKSHOP_API_KEY": api_key or ""}
+    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT, env=env)
     return RunningServer(engine, f"http://127.0.0.1:{port}", api_key, MODEL, proc, log_path)
 
 
@@ -129,7 +138,7 @@ class _Fleet:
             from workshop.models import resolve_model
             resolve_model(MODEL)
             for e in ENGINES:
-                self.servers[e] = launch(e)
+                self.servers[e] = launch(e, *FLEET_ARGS.get(e, ()))
         if engine not in self.ready:
             self.ready[engine] = wait_ready(self.servers[engine])
         return self.ready[engine]
@@ -154,6 +163,11 @@ def vllm_server(fleet) -> RunningServer:
 @pytest.fixture(scope="session")
 def hf_server(fleet) -> RunningServer:
     return fleet.get("hf")
+
+
+@pytest.fixture(scope="session")
+def mini_server(fleet) -> RunningServer:
+    return fleet.get("mini")
 
 
 @pytest.fixture(params=ENGINES)

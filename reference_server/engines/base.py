@@ -20,7 +20,7 @@ import abc
 from dataclasses import asdict, dataclass, field
 from typing import Any, AsyncIterator, Union
 
-from reference_server.protocol import ChatCompletionRequest, CompletionRequest
+from reference_server.protocol import ChatCompletionRequest, CompletionRequest, error_body
 
 # A non-streaming answer is one JSON object; a streaming answer is the sequence of chunk
 # objects (without the SSE framing, which the HTTP layer adds) or, for proxies, raw SSE bytes.
@@ -40,12 +40,29 @@ class EngineError(Exception):
         self.code = code
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type,
-                          "param": self.param, "code": self.code}}
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def engine_fault(exc: BaseException) -> EngineError:
+    """The 500 for an engine that failed one request (input was fine, the engine was not)."""
+    return EngineError(500, f"the engine failed this request: {type(exc).__name__}: {exc}",
+                       "engine_error")
 
 
 class EngineDied(RuntimeError):
     """The engine process or loop stopped unexpectedly; the server reports it, never hides it."""
+
+    type = "engine_died"
+    status_code = 503
+
+    def body(self) -> dict:
+        return error_body(str(self), self.type)
+
+
+class EngineHung(EngineDied):
+    """The engine process is alive but stopped answering its liveness probe."""
+
+    type = "engine_unresponsive"
 
 
 @dataclass
@@ -84,7 +101,12 @@ class Engine(abc.ABC):
     * ``metrics_text()`` returns Prometheus exposition text using vLLM's metric names
       (``vllm:num_requests_running``, ``vllm:kv_cache_usage_perc``, ...) whatever the engine,
       so one dashboard or notebook reads every engine.
-    * ``check()`` raises ``EngineDied`` if the engine has crashed since it started.
+    * A failure while serving one request fails that request alone (``EngineError``: 4xx when
+      the input was at fault, 500 ``engine_error`` otherwise); the engine keeps serving.
+    * ``check()`` raises ``EngineDied`` if the engine has crashed since it started (or
+      ``EngineHung`` while it does not answer).
+    * ``max_running`` is how many requests the engine runs at once; the server admits at
+      most that many plus ``--max-queued-requests`` more.
     * ``stop()`` releases everything (child processes, memory) and is safe to call twice.
     """
 
@@ -118,3 +140,8 @@ class Engine(abc.ABC):
 
     def check(self) -> None:
         """Raise ``EngineDied`` if the engine is no longer alive. Default: nothing to check."""
+
+    @property
+    def max_running(self) -> int:
+        """How many requests run at once (the rest wait in the engine's queue)."""
+        return 1

@@ -12,37 +12,11 @@ import asyncio
 import threading
 from typing import AsyncIterator, Callable
 
+from mini_engine.sampler import logprob_of, sample_row
 from reference_server.engines.base import EngineInfo
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
-                                            SamplingParams, TokenLogprob)
+                                            SamplingParams)
 from reference_server.kv import kv_bytes_per_token
-
-
-def sample_next(logits, params: SamplingParams, generator) -> tuple[int, TokenLogprob | None]:
-    """Pick one token from a 1-D logits vector; logprobs are of the raw distribution (as
-    vLLM reports them by default), before temperature and top-p reshape it."""
-    import torch
-
-    logits = logits.float()
-    if params.temperature == 0:
-        token = int(torch.argmax(logits))
-    else:
-        probs = torch.softmax(logits / params.temperature, dim=-1)
-        if params.top_p < 1.0:
-            sorted_p, order = torch.sort(probs, descending=True)
-            # keep the smallest set whose mass reaches top_p (always at least one token)
-            drop = torch.cumsum(sorted_p, dim=-1) - sorted_p >= params.top_p
-            sorted_p[drop] = 0.0
-            probs = torch.zeros_like(probs).scatter(0, order, sorted_p)
-        token = int(torch.multinomial(probs, 1, generator=generator))
-    if params.logprobs is None:
-        return token, None
-    logp = torch.log_softmax(logits, dim=-1)
-    top = []
-    if params.logprobs > 0:
-        values, ids = torch.topk(logp, params.logprobs)
-        top = [(int(i), float(v)) for i, v in zip(ids, values)]
-    return token, TokenLogprob(token, float(logp[token]), top)
 
 
 class HFEngine(LocalEngine):
@@ -82,6 +56,7 @@ class HFEngine(LocalEngine):
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit:
             self.max_model_len = min(self.max_model_len, limit)
+        self.vocab_size = self.model.get_input_embeddings().num_embeddings
 
     async def stop(self) -> None:
         self._ready = False
@@ -158,16 +133,19 @@ class HFEngine(LocalEngine):
                 for i in range(params.max_tokens):
                     if cancel.is_set():
                         return
-                    token, logprob = sample_next(out.logits[0, -1], params, gen)
+                    logits = out.logits[0, -1].float()
+                    token = sample_row(logits, params, gen)
                     finish = ("stop" if token in stop else
                               "length" if i + 1 == params.max_tokens else None)
-                    put(GenerationStep([token], [logprob] if logprob else None, finish))
+                    lps = (None if params.logprobs is None else
+                           [logprob_of(logits, token, params.logprobs)])
+                    put(GenerationStep([token], lps, finish))
                     if finish:
                         return
                     out = self.model(input_ids=torch.tensor([[token]], device=self.device),
                                      past_key_values=out.past_key_values, use_cache=True)
                     self._kv_tokens += 1
-        except Exception as exc:  # surfaces in the request, not as a dead thread
+        except Exception as exc:  # fails this request (a 500), never the engine
             put(exc)
         finally:
             self._kv_tokens = 0

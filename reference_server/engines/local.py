@@ -15,29 +15,23 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
-from reference_server.engines.base import Engine, EngineError
+# One sampler for every in-process engine: the teaching engine's parameters and logprob type
+# (the HF baseline samples with mini_engine.sampler too).
+from mini_engine.sampler import TokenLogprob
+from mini_engine.sequence import SamplingParams
+from reference_server.engines.base import Engine, EngineDied, EngineError, engine_fault
 from reference_server.metrics import EngineMetrics
-from reference_server.protocol import ChatCompletionRequest, CompletionRequest
+from reference_server.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk,
+                                       ChatCompletionRequest, ChatCompletionResponse,
+                                       ChatStreamChoice, CompletionChoice, CompletionChunk,
+                                       CompletionRequest, CompletionResponse, DeltaMessage,
+                                       Usage, unsupported_fields)
 
+__all__ = ["EngineStats", "GenerationStep", "LocalEngine", "SamplingParams", "TokenLogprob"]
 
-@dataclass
-class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` means greedy."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    seed: int | None = None
-    ignore_eos: bool = False
-    stop_token_ids: list[int] = field(default_factory=list)
-    logprobs: int | None = None       # None: no logprobs; k >= 0: the chosen token plus top k
-
-
-@dataclass
-class TokenLogprob:
-    token_id: int
-    logprob: float
-    top: list[tuple[int, float]] = field(default_factory=list)   # (token_id, logprob), best first
+# vLLM's _SAMPLING_EPS: a temperature below it is greedy (dividing logits by 1e-40 would
+# give inf - inf = NaN probabilities).
+SAMPLING_EPS = 1e-5
 
 
 @dataclass
@@ -68,12 +62,13 @@ class EngineStats:
 
 
 class LocalEngine(Engine):
-    """An engine running in this process. Subclasses set ``tokenizer``, ``max_model_len``
-    and ``model_name`` in ``start`` and implement ``generate`` and ``stats``."""
+    """An engine running in this process. Subclasses set ``tokenizer``, ``max_model_len``,
+    ``vocab_size`` and ``model_name`` in ``start`` and implement ``generate`` and ``stats``."""
 
     tokenizer: Any
     max_model_len: int
     model_name: str
+    vocab_size: int | None = None     # rows of the embedding: larger prompt ids are refused
 
     def __init__(self) -> None:
         self.metrics = EngineMetrics()
@@ -97,7 +92,15 @@ class LocalEngine(Engine):
 
     # ---- OpenAI adapter -------------------------------------------------------------
 
+    def _refuse_unsupported(self, request, kind: str) -> None:
+        bad = unsupported_fields(request, kind)
+        if bad:
+            raise EngineError(400, f"{', '.join(bad)}: not supported by the {self.name} engine "
+                              "(it would be ignored); remove it or use --engine vllm",
+                              param=bad[0], code="unsupported_parameter")
+
     async def chat(self, request: ChatCompletionRequest):
+        self._refuse_unsupported(request, "chat")
         messages = [m.model_dump(exclude_none=True) for m in request.messages]
         for m in messages:
             if isinstance(m.get("content"), list):   # [{"type": "text", "text": ...}, ...]
@@ -110,9 +113,14 @@ class LocalEngine(Engine):
         return await self._serve(request, list(prompt_ids), request.num_logprobs, chat=True)
 
     async def complete(self, request: CompletionRequest):
+        self._refuse_unsupported(request, "complete")
         prompt = request.prompt
         if isinstance(prompt, list) and prompt and isinstance(prompt[0], int):
             prompt_ids = list(prompt)
+            top = max(prompt_ids)
+            if self.vocab_size is not None and top >= self.vocab_size:
+                raise EngineError(400, f"token id {top} is out of vocabulary (this model has "
+                                  f"{self.vocab_size} token ids)", param="prompt")
         elif isinstance(prompt, list):
             if len(prompt) != 1:
                 raise EngineError(400, "this engine takes one prompt per request", param="prompt")
@@ -139,9 +147,10 @@ class LocalEngine(Engine):
                               param="max_tokens")
         eos = self.tokenizer.eos_token_id
         stop_ids = [eos] if eos is not None and not request.ignore_eos else []
+        temperature = 1.0 if request.temperature is None else request.temperature
         return SamplingParams(
             max_tokens=max_tokens,
-            temperature=1.0 if request.temperature is None else request.temperature,
+            temperature=0.0 if temperature < SAMPLING_EPS else temperature,
             top_p=1.0 if request.top_p is None else request.top_p,
             seed=request.seed, ignore_eos=bool(request.ignore_eos),
             stop_token_ids=stop_ids + list(request.stop_token_ids or []), logprobs=logprobs)
@@ -160,19 +169,20 @@ class LocalEngine(Engine):
         return await _collect(streams, shape, len(prompt_ids))
 
     async def _run_one(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
-                       stops: list[str]) -> AsyncIterator[tuple[str, list, str | None, int, int]]:
-        """One sequence: yields (text delta, logprob entries, finish_reason, cached tokens,
-        new token count).
+                       stops: list[str]) -> AsyncIterator[SeqDelta]:
+        """One sequence, as the text it adds at each engine step.
 
-        Decoding is incremental over the whole output so multi-byte characters split across
-        tokens come out whole; stop strings are searched in the decoded text and cut.
+        Decoding is incremental (``IncrementalDetokenizer``: constant work per token, UTF-8
+        characters split across tokens come out whole); stop strings are searched in the
+        text not yet sent, of which the longest stop's length is held back.
         """
         t_start = time.perf_counter()
         t_last = None
-        out_ids: list[int] = []
-        sent = 0          # characters of the decoded output already sent
+        detok = IncrementalDetokenizer(self.tokenizer, prompt_ids, params.stop_token_ids)
+        unsent = ""
         cached = 0
         pending = 0       # tokens generated but not yet reported
+        lps: list[dict] = []   # their logprob entries
         hold = max((len(s) for s in stops), default=0)  # keep back what could start a stop
         self.metrics.prompt_tokens.inc(len(prompt_ids))
         gen = self.generate(request_id, prompt_ids, params)
@@ -188,23 +198,26 @@ class LocalEngine(Engine):
                 if step.token_ids:
                     t_last = now
                 self.metrics.generation_tokens.inc(len(step.token_ids))
-                out_ids.extend(step.token_ids)
-                text = self.tokenizer.decode(
-                    [t for t in out_ids if t not in params.stop_token_ids], skip_special_tokens=True)
                 pending += len(step.token_ids)
-                if text.endswith("\ufffd") and not step.finish_reason:
-                    continue  # half a UTF-8 character: wait for the next token
                 finish = step.finish_reason
-                cut = _find_stop(text, stops, sent)
+                unsent += detok.add(step.token_ids, final=bool(finish))
+                cut = _find_stop(unsent, stops, 0)
                 if cut is not None:
-                    text, finish = text[:cut], "stop"
-                safe = len(text) if (finish or cut is not None) else max(sent, len(text) - hold)
-                lp = _format_logprobs(self.tokenizer, step.logprobs) if step.logprobs else []
-                delta, sent = text[sent:safe], max(sent, safe)
-                yield delta, lp, finish, cached, pending
-                pending = 0
+                    unsent, finish = unsent[:cut], "stop"
+                safe = len(unsent) if finish else max(0, len(unsent) - hold)
+                if step.logprobs:
+                    lps += _format_logprobs(self.tokenizer, step.logprobs)
+                if not safe and not finish and detok.holding:
+                    continue  # half a UTF-8 character: report with the next token
+                delta, unsent = unsent[:safe], unsent[safe:]
+                yield SeqDelta(delta, lps, finish, cached, pending)
+                pending, lps = 0, []
                 if finish:
                     break
+        except (EngineError, EngineDied):
+            raise
+        except Exception as exc:  # an engine bug fails this request only, as a 500
+            raise engine_fault(exc) from exc
         finally:
             await gen.aclose()   # on early exit this is what aborts the request in the engine
             self.metrics.e2e.observe(time.perf_counter() - t_start)
@@ -213,6 +226,61 @@ class LocalEngine(Engine):
 
     async def metrics_text(self) -> str:
         return self.metrics.render(self.stats())
+
+
+@dataclass
+class SeqDelta:
+    """What one sequence adds at one engine step."""
+
+    text: str
+    logprobs: list[dict]            # OpenAI chat-style entries, one per new token
+    finish_reason: str | None
+    cached_tokens: int              # prompt tokens served from the prefix cache
+    num_new_tokens: int             # tokens generated since the previous delta
+
+
+# Prompt tokens decoded with the first output tokens: a tokenizer may render a token
+# differently at the start of a text (SentencePiece's leading space), so the window starts
+# inside the prompt, as vLLM's does.
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    """The text of a growing token sequence, for constant work per token.
+
+    Each step decodes only a short window: tokens from ``prefix`` (already rendered, kept as
+    context) to the end. The window's text minus the context's is the new text; it is
+    released only when it does not end in U+FFFD, i.e. when no UTF-8 character is still
+    missing bytes that the next token carries. This is the algorithm of vLLM's and Hugging
+    Face's streaming detokenizers.
+    """
+
+    def __init__(self, tokenizer, prompt_ids: list[int], skip_ids=()) -> None:
+        self.tokenizer = tokenizer
+        self.skip = set(skip_ids)          # stop tokens: not part of the text
+        self.ids = [t for t in prompt_ids[-_CONTEXT_TOKENS:] if t not in self.skip]
+        self.prefix = 0                    # window start
+        self.read = len(self.ids)          # end of what is already rendered
+
+    @property
+    def holding(self) -> bool:
+        """Tokens were added whose text is not released yet."""
+        return self.read < len(self.ids)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, token_ids: list[int], final: bool = False) -> str:
+        """Append tokens; return the text they complete (everything left, if ``final``)."""
+        self.ids.extend(t for t in token_ids if t not in self.skip)
+        if not self.holding:
+            return ""
+        context = self._decode(self.ids[self.prefix:self.read])
+        text = self._decode(self.ids[self.prefix:])
+        if len(text) <= len(context) or (text.endswith("\ufffd") and not final):
+            return ""
+        self.prefix, self.read = self.read, len(self.ids)
+        return text[len(context):]
 
 
 def _find_stop(text: str, stops: list[str], start: int) -> int | None:
@@ -242,23 +310,24 @@ class _ChunkShape:
     chat: bool
 
     def chunk(self, index: int, delta: str, logprobs: list, finish: str | None,
-              first: bool) -> dict:
+              first: bool) -> ChatCompletionChunk | CompletionChunk:
         if self.chat:
-            d: dict = {"role": "assistant", "content": delta} if first else {"content": delta}
-            choice = {"index": index, "delta": d, "finish_reason": finish,
-                      "logprobs": {"content": logprobs} if logprobs else None}
-            obj = "chat.completion.chunk"
-        else:
-            choice = {"index": index, "text": delta, "finish_reason": finish,
-                      "logprobs": _completion_logprobs(logprobs) if logprobs else None}
-            obj = "text_completion"
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
-                "choices": [choice]}
+            d = DeltaMessage(role="assistant", content=delta) if first else \
+                DeltaMessage(content=delta)
+            return ChatCompletionChunk(
+                id=self.id, created=self.created, model=self.model,
+                choices=[ChatStreamChoice(index=index, delta=d, finish_reason=finish,
+                                          logprobs={"content": logprobs} if logprobs else None)])
+        return CompletionChunk(
+            id=self.id, created=self.created, model=self.model,
+            choices=[CompletionChoice(index=index, text=delta, finish_reason=finish,
+                                      logprobs=_completion_logprobs(logprobs) if logprobs
+                                      else None)])
 
-    def usage(self, prompt_tokens: int, completion_tokens: int, cached: int) -> dict:
-        return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-                "total_tokens": prompt_tokens + completion_tokens,
-                "prompt_tokens_details": {"cached_tokens": cached}}
+    def usage(self, prompt_tokens: int, completion_tokens: int, cached: int) -> Usage:
+        return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                     total_tokens=prompt_tokens + completion_tokens,
+                     prompt_tokens_details={"cached_tokens": cached})
 
 
 def _completion_logprobs(entries: list[dict]) -> dict:
@@ -269,7 +338,7 @@ def _completion_logprobs(entries: list[dict]) -> dict:
             "text_offset": []}
 
 
-async def _merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, tuple]]:
+async def _merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, SeqDelta]]:
     """Interleave n sequence streams as their items arrive; close all of them on exit."""
     if len(streams) == 1:
         try:
@@ -310,19 +379,19 @@ async def _stream(streams, shape: _ChunkShape, prompt_tokens: int,
     completion_tokens = 0
     cached = 0
     first = [True] * len(streams)
-    async for i, (delta, lp, finish, c, n_new) in _merge(streams):
-        cached = c
-        completion_tokens += n_new
-        chunk = shape.chunk(i, delta, lp, finish, first[i])
+    # With include_usage every chunk carries "usage": null and a last chunk the totals.
+    exclude = None if include_usage else {"usage"}
+    async for i, d in _merge(streams):
+        cached = d.cached_tokens
+        completion_tokens += d.num_new_tokens
+        chunk = shape.chunk(i, d.text, d.logprobs, d.finish_reason, first[i])
         first[i] = False
-        if include_usage:
-            chunk["usage"] = None
-        yield chunk
+        yield chunk.model_dump(exclude=exclude)
     if include_usage:
-        final = {k: v for k, v in shape.chunk(0, "", [], None, False).items() if k != "choices"}
-        final["choices"] = []
-        final["usage"] = shape.usage(prompt_tokens, completion_tokens, cached)
-        yield final
+        final = shape.chunk(0, "", [], None, False)
+        final.choices = []
+        final.usage = shape.usage(prompt_tokens, completion_tokens, cached)
+        yield final.model_dump()
 
 
 async def _collect(streams, shape: _ChunkShape, prompt_tokens: int) -> dict:
@@ -331,21 +400,22 @@ async def _collect(streams, shape: _ChunkShape, prompt_tokens: int) -> dict:
     finishes: list[str | None] = [None] * len(streams)
     cached = 0
     completion_tokens = 0
-    async for i, (delta, lp, finish, c, n_new) in _merge(streams):
-        completion_tokens += n_new
-        texts[i] += delta
-        lps[i].extend(lp)
-        finishes[i] = finish or finishes[i]
-        cached = c
-    choices = []
-    for i, text in enumerate(texts):
-        if shape.chat:
-            choices.append({"index": i, "message": {"role": "assistant", "content": text},
-                            "finish_reason": finishes[i],
-                            "logprobs": {"content": lps[i]} if lps[i] else None})
-        else:
-            choices.append({"index": i, "text": text, "finish_reason": finishes[i],
-                            "logprobs": _completion_logprobs(lps[i]) if lps[i] else None})
-    return {"id": shape.id, "object": "chat.completion" if shape.chat else "text_completion",
-            "created": shape.created, "model": shape.model, "choices": choices,
-            "usage": shape.usage(prompt_tokens, completion_tokens, cached)}
+    async for i, d in _merge(streams):
+        completion_tokens += d.num_new_tokens
+        texts[i] += d.text
+        lps[i].extend(d.logprobs)
+        finishes[i] = d.finish_reason or finishes[i]
+        cached = d.cached_tokens
+    usage = shape.usage(prompt_tokens, completion_tokens, cached)
+    if shape.chat:
+        return ChatCompletionResponse(
+            id=shape.id, created=shape.created, model=shape.model, usage=usage,
+            choices=[ChatChoice(index=i, message=AssistantMessage(content=text),
+                                finish_reason=finishes[i],
+                                logprobs={"content": lps[i]} if lps[i] else None)
+                     for i, text in enumerate(texts)]).model_dump()
+    return CompletionResponse(
+        id=shape.id, created=shape.created, model=shape.model, usage=usage,
+        choices=[CompletionChoice(index=i, text=text, finish_reason=finishes[i],
+                                  logprobs=_completion_logprobs(lps[i]) if lps[i] else None)
+                 for i, text in enumerate(texts)]).model_dump()

@@ -5,6 +5,11 @@
 ``asyncio.Queue`` that the thread feeds with ``loop.call_soon_threadsafe``; closing the
 stream early posts an abort, which frees the request's KV blocks on the next loop turn.
 
+One request never takes the loop down: a refused request gets a 400, and an exception from
+``step()`` fails the requests of that step (500 ``engine_error``, aborted so their KV is
+freed) while the loop goes on serving the others. Only an error outside that (the loop's
+own machinery) is an engine death.
+
 Engine knobs come after ``--`` on the server command line, e.g.
 ``reference-server --engine mini -- --prefix-cache radix --spec ngram``
 (``--help-engine`` lists them; see ``engine_arg_parser``).
@@ -14,13 +19,17 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import logging
 import queue
 import threading
 from typing import AsyncIterator, Callable
 
-from reference_server.engines.base import EngineDied, EngineError, EngineInfo
+from reference_server.engines.base import EngineDied, EngineError, EngineInfo, engine_fault
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
-                                            SamplingParams, TokenLogprob)
+                                            SamplingParams)
+
+log = logging.getLogger("reference_server")
 
 
 def engine_arg_parser() -> argparse.ArgumentParser:
@@ -126,6 +135,8 @@ class MiniEngine(LocalEngine):
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
         self.engine = LLMEngine(self.spec.path, self.engine_config)
         self.max_model_len = min(self.max_model_len, self.engine.max_model_len)
+        cfg = getattr(self.engine.runner, "cfg", None)
+        self.vocab_size = getattr(cfg, "vocab_size", None) or len(self.tokenizer)
         self._publish()
 
     async def stop(self) -> None:
@@ -139,6 +150,10 @@ class MiniEngine(LocalEngine):
     def check(self) -> None:
         if self._error is not None:
             raise EngineDied(f"mini engine loop died: {self._error!r}")
+
+    @property
+    def max_running(self) -> int:
+        return self.engine_config.max_num_seqs
 
     def info(self) -> EngineInfo:
         e = self.engine
@@ -182,13 +197,11 @@ class MiniEngine(LocalEngine):
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[GenerationStep]:
         self.check()
-        from mini_engine import SamplingParams as MiniParams
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         put = lambda item: loop.call_soon_threadsafe(q.put_nowait, item)  # noqa: E731
-        mp = MiniParams(max_tokens=params.max_tokens, temperature=params.temperature,
-                        top_p=params.top_p, seed=params.seed, ignore_eos=params.ignore_eos,
-                        stop_token_ids=list(params.stop_token_ids), logprobs=params.logprobs)
+        # the engine thread owns what it is given: a copy, not the caller's object
+        mp = dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids))
         self._inbox.put(("add", request_id, list(prompt_token_ids), mp, put))
         done = False
         try:
@@ -212,8 +225,13 @@ class MiniEngine(LocalEngine):
             _, rid, prompt, params, put = cmd
             try:
                 self.engine.add_request(prompt, params, rid)
-            except ValueError as exc:
+            except ValueError as exc:   # the engine's word for "this request cannot be served"
                 put(EngineError(400, str(exc)))
+                return
+            except Exception as exc:
+                log.exception("mini engine failed to add request %s", rid)
+                self.engine.abort(rid)
+                put(engine_fault(exc))
                 return
             self._streams[rid] = put
         elif kind == "abort":
@@ -238,14 +256,24 @@ class MiniEngine(LocalEngine):
                 if not eng.has_unfinished():
                     self._publish()
                     continue
-                for out in eng.step():
+                before = self._running()
+                try:
+                    outputs = eng.step()
+                except Exception as exc:
+                    self._fail_step(before, exc)
+                    outputs = []
+                for out in outputs:
                     put = self._streams.get(out.request_id)
                     if put is None:
                         continue
-                    lps = None
-                    if out.logprobs is not None:
-                        lps = [TokenLogprob(l.token_id, l.logprob, l.top) for l in out.logprobs]
-                    put(GenerationStep(out.new_token_ids, lps, out.finish_reason,
+                    error = getattr(out, "error", None)   # this sequence alone failed
+                    if error:
+                        del self._streams[out.request_id]
+                        eng.abort(out.request_id)
+                        put(EngineError(500, f"the engine failed this request: {error}",
+                                        "engine_error"))
+                        continue
+                    put(GenerationStep(out.new_token_ids, out.logprobs, out.finish_reason,
                                        out.cached_tokens))
                     if out.finish_reason:
                         del self._streams[out.request_id]
@@ -257,6 +285,32 @@ class MiniEngine(LocalEngine):
                 put(died)
             self._streams.clear()
             raise
+
+    def _running(self) -> set[str]:
+        """The scheduler's running set: the requests a step touches (waiting ones own no KV
+        and no step state). Empty when the engine does not expose it."""
+        running = getattr(getattr(self.engine, "scheduler", None), "running", None) or ()
+        return {s.request_id for s in running}
+
+    def _fail_step(self, before: set[str], exc: Exception) -> None:
+        """``step()`` raised: fail and abort the requests it was running, so their KV is
+        freed and the loop goes on. That is whoever was running before the step or is after
+        it (the step admits waiting requests), plus any of ours the engine no longer knows
+        (finished inside the failed step, their last output lost); all of ours when the
+        engine cannot say."""
+        known = getattr(self.engine, "requests", None)
+        victims = before | self._running()
+        victims |= {rid for rid in self._streams if known is not None and rid not in known}
+        if not victims:
+            victims = set(self._streams)
+        log.error("mini engine step failed (%r); failing the %d request(s) in it",
+                  exc, len(victims), exc_info=exc)
+        error = engine_fault(exc)
+        for rid in victims:
+            self.engine.abort(rid)
+            put = self._streams.pop(rid, None)
+            if put is not None:
+                put(error)
 
     def _publish(self) -> None:
         s = self.engine.stats()

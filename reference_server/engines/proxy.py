@@ -4,6 +4,11 @@ Why a child process and not an import: vLLM and SGLang pin conflicting versions 
 packages, so each may live in its own virtual environment (``--engine-python``); and a
 crash in the engine must not take the HTTP layer down with it, so the server can say what
 happened instead of vanishing.
+
+The child is behind our trust boundary: it listens on loopback only and requires a random
+key that only this process knows (``child_key``), so no local process can go around the
+server's own key. Every call to it has a read timeout, and a liveness probe notices a child
+that is alive but no longer answers.
 """
 
 from __future__ import annotations
@@ -13,16 +18,23 @@ import asyncio
 import json
 import logging
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import AsyncIterator
 
 import aiohttp
 
-from reference_server.engines.base import Engine, EngineDied, EngineError
+from reference_server.config import redact_args
+from reference_server.engines.base import Engine, EngineDied, EngineError, EngineHung
+
+# The folder holding reference_server/: a child engine imports our hooks from it, even when
+# it runs in another virtual environment (--engine-python).
+PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 log = logging.getLogger("reference_server")
 
@@ -64,13 +76,22 @@ class ProxyEngine(Engine):
         self._exit_code: int | None = None
         self._stopping = False
         self._watch: asyncio.Task | None = None
+        self._probe: asyncio.Task | None = None
         self._client: aiohttp.ClientSession | None = None
+        self.child_key = secrets.token_urlsafe(32)   # never logged, never on a command line
+        self._hung_since: float | None = None         # monotonic time of the first failed probe
+        self._hung = False
+        self._open: set[aiohttp.ClientResponse] = set()   # upstream answers being relayed
+        self._probe_timeout = aiohttp.ClientTimeout(total=config.upstream_probe_timeout)
 
     @abc.abstractmethod
     def command(self) -> list[str]: ...
 
     def env(self) -> dict[str, str]:
-        return dict(os.environ)
+        env = dict(os.environ)
+        env.pop("WORKSHOP_API_KEY", None)    # the child has its own key, not the server's
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (PROJECT_ROOT, env.get("PYTHONPATH")) if p)
+        return env
 
     @property
     def ready(self) -> bool:
@@ -80,10 +101,15 @@ class ProxyEngine(Engine):
         if self._exit_code is not None and not self._stopping:
             raise EngineDied(f"{self.name} engine process exited with code {self._exit_code}; "
                              "see the server log above for its last words")
+        if self._hung:
+            raise EngineHung(
+                f"{self.name} engine process is running but has not answered its health check "
+                f"for {time.monotonic() - self._hung_since:.0f} s (hung or overloaded); "
+                "requests are refused until it answers again")
 
     async def start(self) -> None:
         cmd = self.command()
-        log.info("starting %s engine: %s", self.name, " ".join(cmd))
+        log.info("starting %s engine: %s", self.name, " ".join(redact_args(cmd)))
         self._proc = subprocess.Popen(cmd, env=self.env(), start_new_session=True,
                                       preexec_fn=_die_with_parent)
         # aiohttp rather than httpx: its C HTTP parser costs less CPU per relayed chunk, and
@@ -91,7 +117,9 @@ class ProxyEngine(Engine):
         # limit: one connection per in-flight stream, as the client would have had.
         self._client = aiohttp.ClientSession(
             base_url=self.url, connector=aiohttp.TCPConnector(limit=0),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10))
+            headers={"Authorization": f"Bearer {self.child_key}"},
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
+                                          sock_read=self.config.upstream_read_timeout))
         deadline = time.monotonic() + self.config.engine_start_timeout
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -112,6 +140,7 @@ class ProxyEngine(Engine):
         await self.on_ready()
         self._ready = True
         self._watch = asyncio.create_task(self._watch_process())
+        self._probe = asyncio.create_task(self._liveness())
 
     async def on_ready(self) -> None:
         """Hook: read whatever ``info`` needs from the running engine."""
@@ -122,9 +151,40 @@ class ProxyEngine(Engine):
         if not self._stopping:
             log.error("%s engine process died with exit code %s", self.name, code)
 
+    async def _liveness(self) -> None:
+        """Probe ``health_path`` forever; after ``liveness_failures`` misses in a row the
+        child is hung: new requests get a 503 and the ones in flight are cut."""
+        c = self.config
+        fails = 0
+        while self._exit_code is None:
+            await asyncio.sleep(c.liveness_interval)
+            try:
+                async with self._client.get(self.health_path,
+                                            timeout=self._probe_timeout) as resp:
+                    ok = resp.status == 200
+            except (aiohttp.ClientError, asyncio.TimeoutError):
+                ok = False
+            if ok:
+                if self._hung:
+                    log.warning("%s engine answers again", self.name)
+                fails, self._hung, self._hung_since = 0, False, None
+                continue
+            fails += 1
+            if fails == 1:
+                self._hung_since = time.monotonic() - c.liveness_interval
+            if fails >= c.liveness_failures and not self._hung and self._exit_code is None:
+                self._hung = True
+                log.error("%s engine does not answer its health check (%d probes): hung",
+                          self.name, fails)
+                for resp in list(self._open):
+                    resp.close()          # their readers fail now instead of at the timeout
+
     async def stop(self) -> None:
         self._stopping = True
         self._ready = False
+        if self._probe is not None:
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
         proc = self._proc
         if proc is not None and proc.poll() is None:
             try:
@@ -154,53 +214,77 @@ class ProxyEngine(Engine):
         self.check()
         body = request.model_dump(exclude_unset=True)
         body["model"] = self.served_name
-        resp = await self._client.post(path, json=body)
+        try:
+            resp = await self._client.post(path, json=body)
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self._upstream_error(exc) from exc
         if resp.status != 200:
             content = await resp.read()
             resp.release()
             raise _engine_error(resp.status, content)
         if not request.stream:
+            self._open.add(resp)
             try:
                 result = await resp.json()
+            except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
+                resp.close()
+                raise self._upstream_error(exc) from exc
             except BaseException:
                 resp.close()     # the client left mid-answer: drop the connection, vLLM aborts
                 raise
+            finally:
+                self._open.discard(resp)
             resp.release()
             return result
-        return _relay(resp)
+        return self._relay(resp)
+
+    async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+        """Pass the engine's SSE bytes through untouched. Leaving early closes the upstream
+        connection (``close``, which needs no await: see ``LocalEngine.generate``), which is
+        how vLLM learns to abort the request."""
+        finished = False
+        self._open.add(resp)
+        try:
+            async for chunk in resp.content.iter_any():
+                yield chunk
+            finished = True
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            raise self._upstream_error(exc) from exc
+        finally:
+            self._open.discard(resp)
+            if finished:
+                resp.release()
+            else:
+                resp.close()
+
+    def _upstream_error(self, exc: BaseException) -> EngineError | EngineDied:
+        """What to tell the client when the child failed to answer."""
+        try:
+            self.check()
+        except EngineDied as died:
+            return died
+        if isinstance(exc, asyncio.TimeoutError):
+            return EngineError(504, f"{self.name} engine sent nothing for "
+                               f"{self.config.upstream_read_timeout:.0f} s", "engine_timeout")
+        return EngineError(502, f"lost the connection to the {self.name} engine: "
+                           f"{type(exc).__name__}", "engine_error")
 
     async def metrics_text(self) -> str:
         self.check()
-        async with self._client.get("/metrics") as resp:
+        async with self._client.get("/metrics", timeout=self._probe_timeout) as resp:
             resp.raise_for_status()
             return await resp.text()
 
     async def get_json(self, path: str) -> dict:
-        async with self._client.get(path) as resp:
+        async with self._client.get(path, timeout=self._probe_timeout) as resp:
             resp.raise_for_status()
             return await resp.json()
 
     async def post(self, path: str) -> int:
         """POST without a body; returns the status code."""
-        async with self._client.post(path) as resp:
+        async with self._client.post(path, timeout=self._probe_timeout) as resp:
             await resp.read()
             return resp.status
-
-
-async def _relay(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-    """Pass the engine's SSE bytes through untouched. Leaving early closes the upstream
-    connection (``close``, which needs no await: see ``LocalEngine.generate``), which is how
-    vLLM learns to abort the request."""
-    finished = False
-    try:
-        async for chunk in resp.content.iter_any():
-            yield chunk
-        finished = True
-    finally:
-        if finished:
-            resp.release()
-        else:
-            resp.close()
 
 
 def _engine_error(status: int, content: bytes) -> EngineError:

