@@ -66,7 +66,9 @@ class RunningServer:
 
     def metrics(self) -> dict[str, float]:
         """Prometheus samples by name+labels -> value (e.g. 'vllm:kv_cache_usage_perc{...}')."""
-        text = httpx.get(self.base_url + "/metrics", timeout=30).text
+        r = httpx.get(self.base_url + "/metrics", headers=self.headers, timeout=30)
+        r.raise_for_status()
+        text = r.text
         out = {}
         for line in text.splitlines():
             if line and not line.startswith("#"):

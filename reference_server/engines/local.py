@@ -12,6 +12,7 @@ import abc
 import asyncio
 import time
 import uuid
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
@@ -351,8 +352,9 @@ async def _merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, SeqDe
 
     async def pump(i: int, s: AsyncIterator) -> None:
         try:
-            async for item in s:
-                queue.put_nowait((i, item))
+            async with aclosing(s):
+                async for item in s:
+                    queue.put_nowait((i, item))
             queue.put_nowait((i, None))
         except Exception as exc:  # handed to the consumer: an engine error must not vanish
             queue.put_nowait((i, exc))
@@ -381,12 +383,15 @@ async def _stream(streams, shape: _ChunkShape, prompt_tokens: int,
     first = [True] * len(streams)
     # With include_usage every chunk carries "usage": null and a last chunk the totals.
     exclude = None if include_usage else {"usage"}
-    async for i, d in _merge(streams):
-        cached = d.cached_tokens
-        completion_tokens += d.num_new_tokens
-        chunk = shape.chunk(i, d.text, d.logprobs, d.finish_reason, first[i])
-        first[i] = False
-        yield chunk.model_dump(exclude=exclude)
+    # aclosing: when the client leaves, this generator is closed, and the close must reach
+    # the engine now (an abandoned inner generator is only finalized later, by the GC)
+    async with aclosing(_merge(streams)) as merged:
+        async for i, d in merged:
+            cached = d.cached_tokens
+            completion_tokens += d.num_new_tokens
+            chunk = shape.chunk(i, d.text, d.logprobs, d.finish_reason, first[i])
+            first[i] = False
+            yield chunk.model_dump(exclude=exclude)
     if include_usage:
         final = shape.chunk(0, "", [], None, False)
         final.choices = []
@@ -400,12 +405,13 @@ async def _collect(streams, shape: _ChunkShape, prompt_tokens: int) -> dict:
     finishes: list[str | None] = [None] * len(streams)
     cached = 0
     completion_tokens = 0
-    async for i, d in _merge(streams):
-        completion_tokens += d.num_new_tokens
-        texts[i] += d.text
-        lps[i].extend(d.logprobs)
-        finishes[i] = d.finish_reason or finishes[i]
-        cached = d.cached_tokens
+    async with aclosing(_merge(streams)) as merged:
+        async for i, d in merged:
+            completion_tokens += d.num_new_tokens
+            texts[i] += d.text
+            lps[i].extend(d.logprobs)
+            finishes[i] = d.finish_reason or finishes[i]
+            cached = d.cached_tokens
     usage = shape.usage(prompt_tokens, completion_tokens, cached)
     if shape.chat:
         return ChatCompletionResponse(

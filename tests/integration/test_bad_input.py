@@ -48,6 +48,20 @@ COMPLETION_CASES = {
     "absurd logprobs": {"model": M, "prompt": "hi", "logprobs": 1000},
     "completion longer than context": {"model": M, "prompt": LONG, "max_tokens": 10},
     "max_tokens beyond context": {"model": M, "prompt": "hi", "max_tokens": 5000},
+    # vLLM refuses these three with a 400; they once killed mini (first) or gave a 500 on hf
+    "token id out of vocabulary": {"model": M, "prompt": [999999, 5], "max_tokens": 2},
+    "seed above 64 bits": {"model": M, "prompt": "hi", "max_tokens": 2, "seed": 2**64},
+    "huge negative seed": {"model": M, "prompt": "hi", "max_tokens": 2, "seed": -2**70},
+}
+# OpenAI parameters the in-process engines do not implement: refused by name, never ignored.
+# (vLLM implements them and answers for itself.)
+UNSUPPORTED = {
+    "logit_bias": {"logit_bias": {"5": 10}},
+    "response_format": {"response_format": {"type": "json_object"}},
+    "presence_penalty": {"presence_penalty": 0.5},
+    "frequency_penalty": {"frequency_penalty": 0.5},
+    "echo": {"echo": True},
+    "frobnicate": {"frobnicate": 1},          # not an OpenAI parameter at all
 }
 
 
@@ -106,3 +120,63 @@ def test_server_still_serves_after_bad_input(server):
         _post(server, "/v1/chat/completions", body)
     r = _post(server, "/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 3})
     assert r.status_code == 200
+
+
+def test_deeply_nested_json_is_a_400(server):
+    depth = 100_000
+    body = b'{"model": "smollm2-135m", "prompt": ' + b"[" * depth + b"]" * depth + b"}"
+    _assert_openai_error(_post(server, "/v1/completions", body), 400)
+
+
+@pytest.mark.parametrize("param", list(UNSUPPORTED))
+@pytest.mark.parametrize("engine", ["hf", "mini"])
+def test_local_engine_refuses_what_it_does_not_implement(request, engine, param):
+    server = request.getfixturevalue(f"{engine}_server")
+    r = _post(server, "/v1/completions",
+              {"model": M, "prompt": "hi", "max_tokens": 2, **UNSUPPORTED[param]})
+    _assert_openai_error(r, 400)
+    assert param in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == param
+
+
+def test_neutral_values_of_unimplemented_parameters_are_accepted(server):
+    # client libraries that always send them must keep working
+    r = _post(server, "/v1/completions", {"model": M, "prompt": "hi", "max_tokens": 2,
+                                          "presence_penalty": 0, "frequency_penalty": 0.0,
+                                          "logit_bias": {}, "echo": False})
+    assert r.status_code == 200, r.text
+
+
+def test_vllm_answers_its_own_parameters(vllm_server):
+    r = _post(vllm_server, "/v1/completions",
+              {"model": M, "prompt": "hi", "max_tokens": 2, "presence_penalty": 0.5,
+               "logit_bias": {"5": 10}})
+    assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("body", [
+    {"prompt": [999999, 5]}, {"prompt": "hi", "seed": 2**64}, {"prompt": "hi", "n": 0}])
+def test_bad_stream_request_is_refused_before_the_first_byte(server, body):
+    r = _post(server, "/v1/completions", {"model": M, "max_tokens": 2, "stream": True, **body})
+    _assert_openai_error(r, 400)
+    assert r.headers["content-type"].startswith("application/json")
+
+
+def test_engine_keeps_serving_after_requests_that_once_broke_it(server):
+    """Isolation: each of these once killed mini for good (503 engine_died ever after) or
+    gave a 500 on hf. Now the bad ones get a 400, the odd ones an answer, and the engine
+    serves the next request."""
+    assert _post(server, "/v1/completions",
+                 {"model": M, "prompt": [999999, 5], "max_tokens": 2}).status_code == 400
+    # a temperature so small that logits / T overflow: greedy, as vLLM treats it
+    tiny = _post(server, "/v1/completions", {"model": M, "prompt": "The sky is",
+                                             "max_tokens": 4, "temperature": 1e-40,
+                                             "ignore_eos": True})
+    assert tiny.status_code == 200, tiny.text
+    greedy = _post(server, "/v1/completions", {"model": M, "prompt": "The sky is",
+                                               "max_tokens": 4, "temperature": 0,
+                                               "ignore_eos": True})
+    assert tiny.json()["choices"][0]["text"] == greedy.json()["choices"][0]["text"]
+    assert httpx.get(server.base_url + "/health").status_code == 200
+    r = _post(server, "/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 3})
+    assert r.status_code == 200, r.text

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
+from contextlib import AsyncExitStack
 
 import httpx
 import pytest
+
+ENGINES = ["vllm", "hf", "mini"]     # the fleet (tests/conftest.py)
 
 pytestmark = pytest.mark.engine
 
@@ -34,24 +38,78 @@ def _eventually(condition, timeout: float = 5.0) -> bool:
     return False
 
 
-def test_64_concurrent_streams_all_complete(vllm_server):
-    client = vllm_server.async_openai()
+def test_64_concurrent_streams_with_clients_leaving(server):
+    """64 streams at once, every fifth client (13, 20 %) hanging up after two chunks: every
+    kept stream completes, and the engine ends with nothing running and an empty KV cache."""
+    _wait_idle(server)
+    tokens = 12 if server.engine != "hf" else 6       # hf runs them one at a time
+    leavers = {i for i in range(64) if i % 5 == 0}
+    left_before = server.metric("reference_server_client_disconnects_total")
 
-    async def one(i: int) -> int:
-        stream = await client.completions.create(
-            model=vllm_server.model, prompt=f"Request {i}: count to ten.", max_tokens=16,
-            temperature=0.8, seed=i, stream=True, stream_options={"include_usage": True},
-            extra_body={"ignore_eos": True})
-        usage = None
-        async for chunk in stream:
-            usage = chunk.usage or usage
-        return usage.completion_tokens
+    async def one(http: httpx.AsyncClient, i: int) -> int | None:
+        body = {"model": server.model, "prompt": f"Request {i}: count to ten.",
+                "max_tokens": tokens, "temperature": 0.8, "seed": i, "stream": True,
+                "stream_options": {"include_usage": True}, "ignore_eos": True}
+        usage, chunks = None, 0
+        async with http.stream("POST", server.base_url + "/v1/completions", json=body,
+                               headers=server.headers) as r:
+            assert r.status_code == 200, await r.aread()
+            async for line in r.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                assert "error" not in chunk, chunk
+                chunks += 1
+                usage = chunk.get("usage") or usage
+                if i in leavers and chunks == 2:
+                    return None          # leaves the block: the connection is dropped
+        return usage["completion_tokens"]
 
     async def all_of_them():
-        return await asyncio.gather(*(one(i) for i in range(64)))
+        limits = httpx.Limits(max_connections=None, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as http:
+            return await asyncio.gather(*(one(http, i) for i in range(64)))
 
-    assert asyncio.run(all_of_them()) == [16] * 64
-    _wait_idle(vllm_server)
+    results = asyncio.run(all_of_them())
+    assert [r for i, r in enumerate(results) if i not in leavers] == [tokens] * (64 - len(leavers))
+    _wait_idle(server, timeout=60)
+    assert _eventually(lambda: server.metric("reference_server_client_disconnects_total")
+                       >= left_before + len(leavers))
+
+
+def test_full_queue_is_refused_with_retry_after(server):
+    """The engine holds at most what it runs plus --max-queued-requests; the next request
+    gets a 429 with Retry-After at once, and the held ones are released when they leave."""
+    _wait_idle(server)
+    limits = httpx.get(server.base_url + "/server_info", headers=server.headers).json()["limits"]
+    capacity = limits["max_running"] + limits["max_queued_requests"]
+    assert capacity <= 80    # the fleet's settings (tests/conftest.py FLEET_ARGS)
+    body = {"model": server.model, "prompt": "Tell me a story.", "max_tokens": 400,
+            "ignore_eos": True, "stream": True}
+
+    async def main():
+        async with AsyncExitStack() as stack:
+            http = await stack.enter_async_context(httpx.AsyncClient(
+                timeout=120, limits=httpx.Limits(max_connections=None)))
+
+            async def hold():
+                r = await stack.enter_async_context(http.stream(
+                    "POST", server.base_url + "/v1/completions", json=body,
+                    headers=server.headers))
+                assert r.status_code == 200
+            await asyncio.gather(*(hold() for _ in range(capacity)))
+            extra = await http.post(server.base_url + "/v1/completions", json=body,
+                                    headers=server.headers)
+            assert extra.status_code == 429, extra.text
+            assert extra.headers["retry-after"] == "1"
+            assert extra.json()["error"]["code"] == "queue_full"
+        # every held stream is closed here
+
+    asyncio.run(main())
+    _wait_idle(server, timeout=60)
+    r = httpx.post(server.base_url + "/v1/completions", headers=server.headers, timeout=60,
+                   json={"model": server.model, "prompt": "hi", "max_tokens": 2})
+    assert r.status_code == 200
 
 
 def test_hf_baseline_serves_concurrent_requests_one_at_a_time(hf_server):
@@ -66,7 +124,8 @@ def test_hf_baseline_serves_concurrent_requests_one_at_a_time(hf_server):
     async def watch(done: asyncio.Event):
         async with httpx.AsyncClient() as http:
             while not done.is_set():
-                text = (await http.get(hf_server.base_url + "/metrics")).text
+                text = (await http.get(hf_server.base_url + "/metrics",
+                                       headers=hf_server.headers)).text
                 for line in text.splitlines():
                     if line.startswith("vllm:num_requests_running"):
                         peak_running.append(float(line.rsplit(" ", 1)[1]))
@@ -84,7 +143,7 @@ def test_hf_baseline_serves_concurrent_requests_one_at_a_time(hf_server):
     assert max(peak_running) == 1   # the lock: never two at once
 
 
-@pytest.mark.parametrize("engine", ["vllm", "hf"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_disconnect_mid_stream_frees_kv(request, engine):
     server = request.getfixturevalue(f"{engine}_server")
     _wait_idle(server)
@@ -122,7 +181,7 @@ def test_disconnect_mid_stream_frees_kv(request, engine):
     assert server.metric("vllm:generation_tokens_total") == produced
 
 
-@pytest.mark.parametrize("engine", ["vllm", "hf"])
+@pytest.mark.parametrize("engine", ENGINES)
 def test_disconnect_non_streaming_frees_kv(request, engine):
     server = request.getfixturevalue(f"{engine}_server")
     _wait_idle(server)

@@ -71,3 +71,87 @@ def test_bad_engine_args_rejected():
     from reference_server.engines.mini import _engine_config
     with pytest.raises(ValueError):
         _engine_config(ServerConfig(engine="mini"), "cpu", ["--spec", "medusa"])
+
+
+def _drain(eng, rid, prompt, n=4):
+    async def run():
+        out = []
+        async for step in eng.generate(rid, prompt, SamplingParams(max_tokens=n, temperature=0,
+                                                                   ignore_eos=True)):
+            out += step.token_ids
+        return out
+    return run()
+
+
+def _wait_idle(eng, loop):
+    async def wait():
+        for _ in range(200):
+            s = eng.stats()
+            if s.num_running == 0 and s.num_waiting == 0 and s.kv_cache_usage == 0:
+                return
+            await asyncio.sleep(0.02)
+    loop.run_until_complete(wait())
+    s = eng.stats()
+    assert s.num_running == 0 and s.kv_cache_usage == 0
+
+
+def test_step_failure_fails_its_requests_and_the_loop_goes_on(engine):
+    from reference_server.engines.base import EngineError
+    eng, loop = engine
+    prompt = eng.tokenizer.encode("The quick brown fox")
+    calls = []
+
+    def flaky():
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("NaN in the sampler")
+        return type(eng.engine).step(eng.engine)
+
+    eng.engine.step = flaky
+    try:
+        with pytest.raises(EngineError) as e:
+            loop.run_until_complete(_drain(eng, "boom", prompt))
+        assert e.value.status_code == 500 and e.value.type == "engine_error"
+        assert "NaN in the sampler" in e.value.message
+        _wait_idle(eng, loop)                    # aborted: its KV blocks are free
+        eng.check()                              # not an engine death
+        assert len(loop.run_until_complete(_drain(eng, "after", prompt))) == 4
+    finally:
+        del eng.engine.step
+
+
+def test_a_sequence_error_fails_that_request_alone(engine):
+    from reference_server.engines.base import EngineError
+    eng, loop = engine
+    prompt = eng.tokenizer.encode("Once upon a time")
+
+    def with_error():
+        outs = type(eng.engine).step(eng.engine)
+        for o in outs:
+            if o.request_id == "bad":
+                o.error = "post-processing failed"    # the field mini_engine reports with
+        return outs
+
+    eng.engine.step = with_error
+    try:
+        async def both():
+            return await asyncio.gather(_drain(eng, "bad", prompt), _drain(eng, "good", prompt),
+                                        return_exceptions=True)
+        bad, good = loop.run_until_complete(both())
+    finally:
+        del eng.engine.step
+    assert isinstance(bad, EngineError) and bad.status_code == 500
+    assert "post-processing failed" in bad.message
+    assert len(good) == 4
+    _wait_idle(eng, loop)
+    eng.check()
+
+
+def test_bad_requests_get_a_400_and_break_nothing(engine):
+    from reference_server.engines.base import EngineError
+    eng, loop = engine
+    with pytest.raises(EngineError) as e:     # more KV blocks than the pool holds
+        loop.run_until_complete(_drain(eng, "huge", list(range(5, 2000)), n=40))
+    assert e.value.status_code == 400
+    eng.check()
+    assert len(loop.run_until_complete(_drain(eng, "fine", [5, 6, 7]))) == 4

@@ -8,13 +8,14 @@ import asyncio
 import pytest
 from pydantic import ValidationError
 
-from reference_server.config import parse_args
-from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
-                                            _find_stop)
+from reference_server.config import ServerConfig, parse_args, redact_args
+from reference_server.engines.base import EngineError
+from reference_server.engines.local import (EngineStats, GenerationStep,
+                                            IncrementalDetokenizer, LocalEngine, _find_stop)
 from reference_server.engines.vllm import parse_cache_config
 from reference_server.kv import kv_bytes_per_token
 from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                       RequestLimits, check_limits)
+                                       RequestLimits, check_limits, unsupported_fields)
 from workshop.models import ModelError, resolve_model
 
 LIMITS = RequestLimits(max_n=4, max_logprobs=5)
@@ -29,6 +30,7 @@ def chat(**kw) -> ChatCompletionRequest:
     {"temperature": 2.5}, {"top_p": 0}, {"max_tokens": 0}, {"n": 0}, {"stream": 1},
     {"stop": ["a"] * 5}, {"stop": ""}, {"messages": []}, {"top_logprobs": -1},
     {"messages": [{"role": "robot", "content": "x"}]}, {"max_tokens": 1.5},
+    {"seed": 2**63}, {"seed": -2**63 - 1},           # vLLM's range: a C long
 ])
 def test_schema_refuses(kw):
     with pytest.raises(ValidationError):
@@ -106,17 +108,21 @@ class _CharTokenizer:
 
 
 class ScriptedEngine(LocalEngine):
-    """Emits a fixed text one character per step, then EOS; records aborts."""
+    """Emits a fixed text one character per step, then EOS; records the requests it was
+    told to abort (closed before their last step) and the parameters it got."""
 
     name = "scripted"
 
-    def __init__(self, text: str):
+    def __init__(self, text: str, tokenizer=None):
         super().__init__()
-        self.text, self.tokenizer, self.max_model_len = text, _CharTokenizer(), 64
-        self.model_name, self.aborted = "m", 0
+        self.text, self.tokenizer, self.max_model_len = text, tokenizer or _CharTokenizer(), 64
+        self.model_name, self.aborted, self.params = "m", 0, None
+        self.vocab_size = 0x110000
 
     async def generate(self, request_id, prompt_token_ids, params):
-        ids = [ord(c) for c in self.text] + [0]
+        self.params = params
+        ids = self.tokenizer.encode(self.text) + [0]
+        finish = None
         try:
             for i, t in enumerate(ids[:params.max_tokens]):
                 last = i + 1 == params.max_tokens
@@ -125,7 +131,8 @@ class ScriptedEngine(LocalEngine):
                 if finish:
                     return
         finally:
-            self.aborted += 1
+            if not finish:
+                self.aborted += 1
 
     def stats(self):
         return EngineStats()
@@ -192,9 +199,11 @@ def test_adapter_closes_engine_stream_when_consumer_leaves():
         async for _ in stream:
             break
         await stream.aclose()
+        # checked here, before asyncio.run's own clean-up would close the engine's stream
+        # whether or not the adapter forwarded the close
+        return engine.aborted
 
-    asyncio.run(run())
-    assert engine.aborted == 1
+    assert asyncio.run(run()) == 1
 
 
 def test_adapter_reports_an_engine_error_in_one_of_n_choices():
@@ -209,3 +218,100 @@ def test_adapter_reports_an_engine_error_in_one_of_n_choices():
 
     with pytest.raises(EngineError, match="second choice"):
         _complete(Failing("a"), n=2, max_tokens=5)
+
+
+def test_adapter_refuses_unimplemented_parameters_by_name():
+    for extra, name in [({"logit_bias": {"1": 5}}, "logit_bias"), ({"echo": True}, "echo"),
+                        ({"presence_penalty": 1}, "presence_penalty"), ({"foo": 1}, "foo"),
+                        ({"response_format": {"type": "json_object"}}, "response_format")]:
+        with pytest.raises(EngineError) as e:
+            _complete(ScriptedEngine("x"), **extra)
+        assert e.value.status_code == 400 and e.value.param == name
+    # neutral values ask for nothing
+    _complete(ScriptedEngine("x"), presence_penalty=0, logit_bias={}, echo=False)
+    assert unsupported_fields(chat(top_logprobs=2, logprobs=True, max_completion_tokens=3),
+                              "chat") == []
+
+
+def test_adapter_refuses_out_of_vocabulary_ids_and_treats_tiny_temperature_as_greedy():
+    engine = ScriptedEngine("ab")
+    with pytest.raises(EngineError) as e:
+        _complete(engine, prompt=[5, 0x110000])
+    assert e.value.status_code == 400 and "vocabulary" in e.value.message
+    _complete(engine, temperature=1e-40, max_tokens=2)
+    assert engine.params.temperature == 0.0 and engine.params.greedy
+    _complete(engine, temperature=0.5, max_tokens=2)
+    assert engine.params.temperature == 0.5
+
+
+def test_adapter_turns_an_engine_bug_into_a_500_engine_error():
+    class Buggy(ScriptedEngine):
+        async def generate(self, request_id, prompt_token_ids, params):
+            yield GenerationStep([ord("a")])
+            raise RuntimeError("probabilities are NaN")
+
+    with pytest.raises(EngineError) as e:
+        _complete(Buggy("a"), max_tokens=5)
+    assert e.value.status_code == 500 and e.value.type == "engine_error"
+
+
+def test_redact_args():
+    assert redact_args(["--kv-cache-dtype", "fp8", "--api-key", "s3cret", "--hf-token=abc",
+                        "--max-num-seqs", "4"]) == \
+        ["--kv-cache-dtype", "fp8", "--api-key", "***", "--hf-token=***", "--max-num-seqs", "4"]
+
+
+# ---- incremental detokenizing ----------------------------------------------------------
+
+class _ByteTokenizer:
+    """Token id = one UTF-8 byte (+1; 0 is EOS): multi-byte characters span tokens."""
+
+    eos_token_id = 0
+
+    def encode(self, text):
+        return [b + 1 for b in text.encode()]
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(i - 1 for i in ids if i).decode("utf-8", errors="replace")
+
+
+def test_detokenizer_never_splits_a_character_and_matches_a_full_decode():
+    tok = _ByteTokenizer()
+    text = "héllo wörld 🙂 日本語 ok"
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer(tok, tok.encode("prompt"))
+    pieces = [detok.add([t]) for t in ids]
+    assert "".join(pieces) == text
+    assert not any("\ufffd" in p for p in pieces)
+    # the window stays short: no step decodes more than a few tokens
+    assert detok.read - detok.prefix <= 4
+
+
+def test_detokenizer_with_the_real_tokenizer():
+    try:
+        spec = resolve_model("smollm2-135m", prepare=False)
+    except ModelError as exc:
+        pytest.skip(f"bundled model not prepared: {exc}")
+    from transformers import AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(spec.path)
+    text = "Größe: 5 µm — “quoted” 🙂🙂 日本語のテキスト, done."
+    ids = tok.encode(text)
+    detok = IncrementalDetokenizer(tok, tok.encode("Say:"))
+    pieces = [detok.add([t]) for t in ids]
+    pieces.append(detok.add([], final=True))
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
+    assert not any("\ufffd" in p for p in pieces)
+
+
+def test_adapter_streams_multibyte_text_whole_and_cuts_stop_strings():
+    tok = _ByteTokenizer()
+    engine = ScriptedEngine("año 🙂 fin STOP más", tokenizer=tok)
+
+    async def run():
+        req = CompletionRequest.model_validate({"model": "m", "prompt": "x", "stream": True,
+                                                "stop": [" STOP"], "max_tokens": 60})
+        return [c["choices"][0]["text"] async for c in await engine.complete(req)]
+
+    pieces = asyncio.run(run())
+    assert "".join(pieces) == "año 🙂 fin"
+    assert not any("\ufffd" in p for p in pieces)
