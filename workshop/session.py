@@ -31,7 +31,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from workshop.metrics import parse_prometheus
+from reference_server import prometheus
 
 T = TypeVar("T")
 
@@ -114,7 +114,7 @@ class Session:
 
     def metrics(self) -> dict[str, float]:
         """Every sample of ``/metrics``, label sets summed: ``{"vllm:num_requests_running": 0.0}``."""
-        return parse_prometheus(self.metrics_text())
+        return prometheus.totals(self.metrics_text())
 
     def openai(self, timeout: float = 600.0):
         """A synchronous ``openai.OpenAI`` client pointed at this server."""
