@@ -168,7 +168,7 @@ def _(mo):
 def _(model_path, roofline, session, sweep, ui):
     import torch
     from transformers import AutoModelForCausalLM
-    from workshop.models import resolve_model
+    from reference_server.models import resolve_model
 
     # The served folder when it is local; a hub id (Colab on a GPU) downloads the same weights.
     _hf_model = AutoModelForCausalLM.from_pretrained(

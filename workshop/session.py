@@ -23,7 +23,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
@@ -31,7 +30,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from reference_server import prometheus
+from reference_server import launch, prometheus
 
 T = TypeVar("T")
 
@@ -149,13 +148,7 @@ class Session:
 
     def stop(self) -> None:
         """Stop the server if this session started it (a no-op for servers found running)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        launch.stop(self.process)
         self.process = None
         for key, s in list(_STARTED.items()):
             if s is self:
@@ -174,7 +167,7 @@ def connect(engine: str = "vllm", model: str | None = None, base_url: str | None
     session: Session | None = None
     if base_url:
         base_url = root_url(base_url)
-        wait_ready(base_url, api_key, timeout=120.0)
+        launch.wait_ready(base_url, timeout=120.0, api_key=api_key)
         session = _describe_server(base_url, api_key, engine, how=how)
     else:
         port = port or DEFAULT_PORTS.get(engine, 8000)
@@ -185,7 +178,8 @@ def connect(engine: str = "vllm", model: str | None = None, base_url: str | None
             session = started
         elif _answers(local, api_key):
             # It may still be loading its model (alive but not ready): wait for it.
-            wait_ready(local, api_key, START_TIMEOUT_S, verbose=verbose)
+            launch.wait_ready(local, timeout=START_TIMEOUT_S, api_key=api_key,
+                              progress=_still_starting if verbose else None)
             session = _describe_server(local, api_key, engine, how=f"found running on :{port}")
             if session.info.get("engine") not in (engine, None, "unknown"):
                 raise RuntimeError(
@@ -211,36 +205,8 @@ def _answers(base_url: str, api_key: str | None) -> bool:
         return False
 
 
-def wait_ready(base_url: str, api_key: str | None, timeout: float,
-               process: subprocess.Popen | None = None, log_path: Path | None = None,
-               verbose: bool = False) -> None:
-    """Poll ``/ready`` (or ``/health`` on servers without it) until it answers 200."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    deadline = time.monotonic() + timeout
-    path = "/ready"
-    last_note = time.monotonic()
-    t0 = last_note
-    while True:
-        if process is not None and process.poll() is not None:
-            tail = log_path.read_text()[-3000:] if log_path and log_path.exists() else ""
-            raise RuntimeError(f"the server exited with code {process.returncode} while "
-                               f"starting; last log lines ({log_path}):\n{tail}")
-        try:
-            r = httpx.get(base_url + path, headers=headers, timeout=5.0)
-            if r.status_code == 404 and path == "/ready":
-                path = "/health"   # vLLM's own server: /health is 200 once the engine is up
-                continue
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        now = time.monotonic()
-        if now > deadline:
-            raise TimeoutError(f"{base_url} not ready after {timeout:.0f} s")
-        if verbose and now - last_note > 15:
-            print(f"  ... still starting ({now - t0:.0f} s)", flush=True)
-            last_note = now
-        time.sleep(0.5)
+def _still_starting(seconds: float) -> None:
+    print(f"  ... still starting ({seconds:.0f} s)", flush=True)
 
 
 def _describe_server(base_url: str, api_key: str | None, engine: str, how: str) -> Session:
@@ -258,10 +224,6 @@ def _describe_server(base_url: str, api_key: str | None, engine: str, how: str) 
     return s
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
 def _start_server(engine: str, model: str | None, port: int, api_key: str | None,
                   server_args: list[str], verbose: bool) -> Session:
     device_args: list[str] = []
@@ -272,42 +234,23 @@ def _start_server(engine: str, model: str | None, port: int, api_key: str | None
             model = model or DEFAULT_GPU_MODEL
             device_args = ["--device", "cuda"]
     model = model or BUNDLED_MODEL
-    from workshop.models import cache_dir
+    from reference_server.models import cache_dir
 
-    log_dir = cache_dir() / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"server-{engine}-{port}.log"
-    cmd = [sys.executable, "-m", "reference_server", "--engine", engine, "--model", model,
-           "--port", str(port), *device_args, *server_args]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    env = dict(os.environ)
-    if engine == "hf":
-        # The baseline decodes in a worker thread while the event loop streams tokens; with
-        # OpenMP's default spin-waiting the idle pool threads starve that loop on a small CPU
-        # (measured here: 1.5-4 tok/s spinning vs 11-17 tok/s passive, same server, same load).
-        # A crippled baseline would inflate every "vLLM is N x faster" number.
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # The child must import this checkout even when it was only put on sys.path by hand.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_repo_root()),
-                                                    env.get("PYTHONPATH")) if p)
+    log_path = cache_dir() / "logs" / f"server-{engine}-{port}.log"
     if verbose:
         print(f"starting the {engine} reference server on :{port} with {model} "
               f"(log: {log_path}); the first start can take a minute or more", flush=True)
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    log.close()
-    base_url = f"http://127.0.0.1:{port}"
-    session = Session(base_url=base_url, api_key=api_key, model=model, engine=engine,
-                      how="started by this notebook", process=proc, log_path=log_path)
+    child = launch.launch(["--engine", engine, "--model", model, *device_args, *server_args],
+                          port=port, log_path=log_path, api_key=api_key)
+    session = Session(base_url=child.base_url, api_key=api_key, model=model, engine=engine,
+                      how="started by this notebook", process=child.proc, log_path=log_path)
     atexit.register(session.stop)
     try:
-        wait_ready(base_url, api_key, START_TIMEOUT_S, proc, log_path, verbose)
+        child.wait_ready(START_TIMEOUT_S, progress=_still_starting if verbose else None)
     except BaseException:
         session.stop()
         raise
-    described = _describe_server(base_url, api_key, engine, session.how)
+    described = _describe_server(child.base_url, api_key, engine, session.how)
     session.info, session.model = described.info, described.model
     return session
 

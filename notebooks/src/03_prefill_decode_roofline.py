@@ -110,7 +110,7 @@ ui.table([{"phase": ph, "tokens per weight read": n,
 # %%
 import torch
 from transformers import AutoModelForCausalLM
-from workshop.models import resolve_model
+from reference_server.models import resolve_model
 
 # The served folder when it is local; a hub id (Colab on a GPU) downloads the same weights.
 _hf_model = AutoModelForCausalLM.from_pretrained(

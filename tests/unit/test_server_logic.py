@@ -13,7 +13,7 @@ from reference_server.engines.local import (EngineStats, GenerationStep, LocalEn
                                             _find_stop)
 from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
                                        RequestLimits, check_limits)
-from workshop.models import ModelError, resolve_model
+from reference_server.models import ModelError, resolve_model
 
 LIMITS = RequestLimits(max_n=4, max_logprobs=5)
 
