@@ -19,7 +19,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from workshop.kvcache import WEIGHT_BYTES, ModelConfig, kv_bytes_per_sequence
+from reference_server.kv import kv_bytes_per_sequence
+from reference_server.model_config import ModelArch
+from workshop.kvcache import WEIGHT_BYTES
 
 
 # ---------------------------------------------------------------------------------------
@@ -128,7 +130,7 @@ def ridge_intensity(peak_flops: float, bandwidth: float) -> float:
     return peak_flops / bandwidth
 
 
-def flops_per_token(cfg: ModelConfig, context: int) -> float:
+def flops_per_token(cfg: ModelArch, context: int) -> float:
     """FLOPs to push one token through the model when it attends to ``context`` tokens.
 
     2 per weight (``active_params`` for mixture-of-experts) plus attention: scores (Q.K) and
@@ -146,7 +148,7 @@ class Point:
     tokens_per_s: float
 
 
-def decode_intensity(cfg: ModelConfig, batch: int, context: int,
+def decode_intensity(cfg: ModelArch, batch: int, context: int,
                      weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> float:
     """FLOP/byte of one decode step: ``batch`` new tokens, each attending to ``context``."""
     flops = batch * flops_per_token(cfg, context)
@@ -155,7 +157,7 @@ def decode_intensity(cfg: ModelConfig, batch: int, context: int,
     return flops / bytes_
 
 
-def prefill_intensity(cfg: ModelConfig, prompt_tokens: int, weight_dtype: str = "bf16",
+def prefill_intensity(cfg: ModelArch, prompt_tokens: int, weight_dtype: str = "bf16",
                       kv_dtype: str = "bf16") -> float:
     """FLOP/byte of one prefill of ``prompt_tokens``: weights read once, KV written once.
 
@@ -167,14 +169,14 @@ def prefill_intensity(cfg: ModelConfig, prompt_tokens: int, weight_dtype: str = 
     return flops / bytes_
 
 
-def decode_point(cfg: ModelConfig, batch: int, context: int, tokens_per_s: float,
+def decode_point(cfg: ModelArch, batch: int, context: int, tokens_per_s: float,
                  label: str | None = None, weight_dtype: str = "bf16") -> Point:
     """A measured decode rate (all sequences together) placed on the roofline."""
     return Point(label or f"decode b={batch}", decode_intensity(cfg, batch, context, weight_dtype),
                  tokens_per_s * flops_per_token(cfg, context), tokens_per_s)
 
 
-def prefill_point(cfg: ModelConfig, prompt_tokens: int, tokens_per_s: float,
+def prefill_point(cfg: ModelArch, prompt_tokens: int, tokens_per_s: float,
                   label: str | None = None, weight_dtype: str = "bf16") -> Point:
     """A measured prefill rate (prompt tokens per second) placed on the roofline."""
     return Point(label or f"prefill {prompt_tokens}",
@@ -182,7 +184,7 @@ def prefill_point(cfg: ModelConfig, prompt_tokens: int, tokens_per_s: float,
                  tokens_per_s * flops_per_token(cfg, prompt_tokens // 2), tokens_per_s)
 
 
-def decode_bound_tokens_per_s(cfg: ModelConfig, machine: Machine, batch: int = 1,
+def decode_bound_tokens_per_s(cfg: ModelArch, machine: Machine, batch: int = 1,
                               context: int = 1, weight_dtype: str = "bf16") -> float:
     """Most tokens/s (all sequences together) the roof allows for decoding."""
     intensity = decode_intensity(cfg, batch, context, weight_dtype)

@@ -11,6 +11,8 @@ from contextlib import AsyncExitStack
 import httpx
 import pytest
 
+from reference_server import prometheus as P
+
 ENGINES = ["vllm", "hf", "mini"]     # the fleet (tests/conftest.py)
 
 pytestmark = pytest.mark.engine
@@ -20,13 +22,13 @@ def _wait_idle(server, timeout: float = 30.0) -> float:
     """Seconds until the engine reports no running request and an empty KV cache."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if (server.metric("vllm:num_requests_running") == 0
-                and server.metric("vllm:kv_cache_usage_perc") == 0):
+        if (server.metric(P.NUM_REQUESTS_RUNNING) == 0
+                and server.metric(P.KV_CACHE_USAGE) == 0):
             return time.monotonic() - t0
         time.sleep(0.25)
     raise AssertionError(f"engine still busy after {timeout} s: running="
-                         f"{server.metric('vllm:num_requests_running')} kv="
-                         f"{server.metric('vllm:kv_cache_usage_perc')}")
+                         f"{server.metric(P.NUM_REQUESTS_RUNNING)} kv="
+                         f"{server.metric(P.KV_CACHE_USAGE)}")
 
 
 def _eventually(condition, timeout: float = 5.0) -> bool:
@@ -44,7 +46,7 @@ def test_64_concurrent_streams_with_clients_leaving(server):
     _wait_idle(server)
     tokens = 12 if server.engine != "hf" else 6       # hf runs them one at a time
     leavers = {i for i in range(64) if i % 5 == 0}
-    left_before = server.metric("reference_server_client_disconnects_total")
+    left_before = server.metric(P.SERVER_CLIENT_DISCONNECTS)
 
     async def one(http: httpx.AsyncClient, i: int) -> int | None:
         body = {"model": server.model, "prompt": f"Request {i}: count to ten.",
@@ -73,7 +75,7 @@ def test_64_concurrent_streams_with_clients_leaving(server):
     results = asyncio.run(all_of_them())
     assert [r for i, r in enumerate(results) if i not in leavers] == [tokens] * (64 - len(leavers))
     _wait_idle(server, timeout=60)
-    assert _eventually(lambda: server.metric("reference_server_client_disconnects_total")
+    assert _eventually(lambda: server.metric(P.SERVER_CLIENT_DISCONNECTS)
                        >= left_before + len(leavers))
 
 
@@ -126,9 +128,7 @@ def test_hf_baseline_serves_concurrent_requests_one_at_a_time(hf_server):
             while not done.is_set():
                 text = (await http.get(hf_server.base_url + "/metrics",
                                        headers=hf_server.headers)).text
-                for line in text.splitlines():
-                    if line.startswith("vllm:num_requests_running"):
-                        peak_running.append(float(line.rsplit(" ", 1)[1]))
+                peak_running.append(P.totals(text).get(P.NUM_REQUESTS_RUNNING, 0.0))
                 await asyncio.sleep(0.05)
 
     async def main():
@@ -169,16 +169,16 @@ def test_disconnect_mid_stream_frees_kv(request, engine):
     try:
         assert streaming.wait(60)
         # gauges are refreshed by the engine loop: give them a moment
-        assert _eventually(lambda: server.metric("vllm:num_requests_running") == 1)
-        assert _eventually(lambda: server.metric("vllm:kv_cache_usage_perc") > 0)
+        assert _eventually(lambda: server.metric(P.NUM_REQUESTS_RUNNING) == 1)
+        assert _eventually(lambda: server.metric(P.KV_CACHE_USAGE) > 0)
     finally:
         hang_up.set()
         reader.join(30)
     # 1500 tokens would take far longer than this at CPU speed: the request was aborted
     _wait_idle(server, timeout=20)
-    produced = server.metric("vllm:generation_tokens_total")
+    produced = server.metric(P.GENERATION_TOKENS)
     time.sleep(1.0)
-    assert server.metric("vllm:generation_tokens_total") == produced
+    assert server.metric(P.GENERATION_TOKENS) == produced
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -21,7 +21,7 @@ import pytest
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineHung, EngineInfo
 from reference_server.engines.proxy import ProxyEngine
-from workshop.models import ModelSpec
+from reference_server.models import ModelSpec
 
 CHILD = """
 import http.server, json, sys, threading, os, time
