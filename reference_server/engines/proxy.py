@@ -236,16 +236,41 @@ class ProxyEngine(Engine):
                 self._open.discard(resp)
             resp.release()
             return result
-        return self._relay(resp)
+        # vLLM validates some input only once its stream has begun (a token id outside the
+        # vocabulary comes back as a 200 whose first event is an error): read the first
+        # event before answering, so such a request still gets its 4xx status.
+        self._open.add(resp)
+        chunks = resp.content.iter_any().__aiter__()
+        first = b""
+        try:
+            while b"\n\n" not in first:
+                first += await chunks.__anext__()
+        except StopAsyncIteration:
+            pass
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self._open.discard(resp)
+            resp.close()
+            raise self._upstream_error(exc) from exc
+        except BaseException:
+            self._open.discard(resp)
+            resp.close()
+            raise
+        if first.startswith(b'data: {"error"'):
+            self._open.discard(resp)
+            resp.close()
+            raise _stream_error(first)
+        return self._relay(resp, first, chunks)
 
-    async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    async def _relay(self, resp: aiohttp.ClientResponse, first: bytes,
+                     chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
         """Pass the engine's SSE bytes through untouched. Leaving early closes the upstream
         connection (``close``, which needs no await: see ``LocalEngine.generate``), which is
         how vLLM learns to abort the request."""
         finished = False
-        self._open.add(resp)
         try:
-            async for chunk in resp.content.iter_any():
+            if first:
+                yield first
+            async for chunk in chunks:
                 yield chunk
             finished = True
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -285,6 +310,17 @@ class ProxyEngine(Engine):
         async with self._client.post(path, timeout=self._probe_timeout) as resp:
             await resp.read()
             return resp.status
+
+
+def _stream_error(first: bytes) -> EngineError:
+    """The error a stream opened with, with the status its ``code`` names (vLLM's way)."""
+    event = first.split(b"\n\n", 1)[0].removeprefix(b"data: ")
+    try:
+        code = json.loads(event)["error"].get("code")
+        status = int(code) if 400 <= int(code) < 600 else 400
+    except (ValueError, TypeError, KeyError, AttributeError):
+        status = 400
+    return _engine_error(status, event)
 
 
 def _engine_error(status: int, content: bytes) -> EngineError:

@@ -8,6 +8,8 @@ import httpx
 import openai
 import pytest
 
+from reference_server.kv import DTYPE_BYTES
+
 pytestmark = pytest.mark.engine
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -26,8 +28,9 @@ def test_server_info_describes_engine(server):
     assert info["engine"] == server.engine
     assert info["model"] == server.model
     assert info["max_model_len"] == 2048
-    # 2 (K,V) x 30 layers x 3 KV heads x 64 dims x 2 bytes (bf16)
-    assert info["kv_bytes_per_token"] == 23040
+    # 2 (K,V) x 30 layers x 3 KV heads x 64 dims x 2 bytes (bf16; mini computes in fp32 on
+    # CPUs without native bf16)
+    assert info["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * DTYPE_BYTES[info["dtype"]]
     assert info["kv_capacity_tokens"] >= 2048
     assert isinstance(info["prefix_caching"], bool)
 
