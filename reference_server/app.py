@@ -201,7 +201,13 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         problem = state.engine_problem()
         if problem:
             return problem
-        return {"success": await state.engine.reset_prefix_cache()}
+        try:
+            return {"success": await state.engine.reset_prefix_cache()}
+        except (EngineError, EngineDied) as exc:
+            return engine_error_response(exc)
+        except Exception as exc:    # e.g. the child's answer timed out
+            log.exception("prefix-cache reset failed")
+            return engine_error_response(engine_fault(exc))
 
     # ---- generation --------------------------------------------------------------------
     @app.post("/v1/chat/completions")
