@@ -201,7 +201,13 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         problem = state.engine_problem()
         if problem:
             return problem
-        return {"success": await state.engine.reset_prefix_cache()}
+        try:
+            return {"success": await state.engine.reset_prefix_cache()}
+        except (EngineError, EngineDied) as exc:
+            return engine_error_response(exc)
+        except Exception as exc:    # e.g. the child's answer timed out
+            log.exception("prefix-cache reset failed")
+            return engine_error_response(engine_fault(exc))
 
     # ---- generation --------------------------------------------------------------------
     @app.post("/v1/chat/completions")
@@ -244,10 +250,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
             if isinstance(result, dict):
                 return JSONResponse(result)
             streaming = True
-            return StreamingResponse(_sse(result, state, request.scope),
-                                     media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache",
-                                              "X-Accel-Buffering": "no"})
+            return _EngineStream(result, state, request.scope)
         except (EngineError, EngineDied) as exc:
             return engine_error_response(exc)
         except Exception as exc:   # an engine bug fails this request, with a proper body
@@ -382,13 +385,42 @@ async def _unless_disconnected(request: Request, work):
     raise asyncio.CancelledError("client disconnected")
 
 
-async def _sse(stream: AsyncIterator, state: ServerState, scope: dict) -> AsyncIterator[bytes]:
+class _EngineStream(StreamingResponse):
+    """An engine stream as server-sent events, and its admission slot.
+
+    The slot and the engine stream are released in ``_sse``'s clean-up, and here again in
+    case Starlette never started the body (the client left before the first byte): an
+    unstarted generator runs no ``finally``, and a leaked slot would shrink the server's
+    capacity for good. Releasing twice does nothing.
+    """
+
+    def __init__(self, stream: AsyncIterator, state: ServerState, scope: dict) -> None:
+        self.engine_stream = stream
+        self.server_state = state
+        self.started = False
+        super().__init__(_sse(self, scope), media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.started:
+                self.started = True
+                self.server_state.metrics.disconnects.inc()
+                self.server_state.request_finished()
+                await self.engine_stream.aclose()
+
+
+async def _sse(response: _EngineStream, scope: dict) -> AsyncIterator[bytes]:
     """Frame engine output as server-sent events. Proxies already send framed bytes.
 
     The status line (200) is already sent: a failure now can only be an error event. It is
     counted as a failed stream (and as a 500 in the request counter), not as a client that
     left.
     """
+    response.started = True
+    stream, state = response.engine_stream, response.server_state
     finished = False
     framed = False
     try:

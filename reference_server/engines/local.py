@@ -166,7 +166,7 @@ class LocalEngine(Engine):
         shape = _ChunkShape(rid, created, self.model_name, chat)
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return _stream(streams, shape, len(prompt_ids), include_usage)
+            return await _Primed.start(_stream(streams, shape, len(prompt_ids), include_usage))
         return await _collect(streams, shape, len(prompt_ids))
 
     async def _run_one(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
@@ -227,6 +227,41 @@ class LocalEngine(Engine):
 
     async def metrics_text(self) -> str:
         return self.metrics.render(self.stats())
+
+
+class _Primed:
+    """A stream whose first chunk is already in hand.
+
+    The engine may still refuse a request once it sees it (mini: more KV blocks than its
+    pool); waiting for the first chunk before answering lets that refusal be a 4xx status
+    instead of an error event after a 200. ``aclose`` closes the stream even if iteration
+    never began.
+    """
+
+    def __init__(self, first: dict, rest: AsyncIterator[dict]) -> None:
+        self.first: dict | None = first
+        self.rest = rest
+
+    @classmethod
+    async def start(cls, stream: AsyncIterator[dict]) -> "_Primed":
+        try:
+            first = await stream.__anext__()
+        except BaseException:
+            await stream.aclose()
+            raise
+        return cls(first, stream)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> dict:
+        if self.first is not None:
+            first, self.first = self.first, None
+            return first
+        return await self.rest.__anext__()
+
+    async def aclose(self) -> None:
+        await self.rest.aclose()
 
 
 @dataclass

@@ -187,9 +187,16 @@ class MiniEngine(LocalEngine):
         return text + "\n".join(extra) + "\n"
 
     async def reset_prefix_cache(self) -> bool:
-        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self.check()
         loop = asyncio.get_running_loop()
-        self._inbox.put(("reset", lambda ok: loop.call_soon_threadsafe(fut.set_result, ok)))
+        fut: asyncio.Future = loop.create_future()
+
+        def answer(result) -> None:
+            if isinstance(result, BaseException):
+                fut.set_exception(result)
+            else:
+                fut.set_result(result)
+        self._inbox.put(("reset", lambda result: loop.call_soon_threadsafe(answer, result)))
         return await fut
 
     # -- requests ------------------------------------------------------------------------
@@ -238,7 +245,12 @@ class MiniEngine(LocalEngine):
             self.engine.abort(cmd[1])
             self._streams.pop(cmd[1], None)
         elif kind == "reset":
-            cmd[1](self.engine.reset_prefix_cache())
+            try:
+                result = self.engine.reset_prefix_cache()
+            except Exception as exc:     # fails the reset call, not the engine
+                log.exception("mini engine failed to reset its prefix cache")
+                result = engine_fault(exc)
+            cmd[1](result)
 
     def _loop(self) -> None:
         eng = self.engine

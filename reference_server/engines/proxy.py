@@ -236,26 +236,30 @@ class ProxyEngine(Engine):
                 self._open.discard(resp)
             resp.release()
             return result
-        return self._relay(resp)
-
-    async def _relay(self, resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
-        """Pass the engine's SSE bytes through untouched. Leaving early closes the upstream
-        connection (``close``, which needs no await: see ``LocalEngine.generate``), which is
-        how vLLM learns to abort the request."""
-        finished = False
+        # vLLM validates some input only once its stream has begun (a token id outside the
+        # vocabulary comes back as a 200 whose first event is an error): read the first
+        # event before answering, so such a request still gets its 4xx status.
         self._open.add(resp)
+        chunks = resp.content.iter_any().__aiter__()
+        first = b""
         try:
-            async for chunk in resp.content.iter_any():
-                yield chunk
-            finished = True
+            while b"\n\n" not in first:
+                first += await chunks.__anext__()
+        except StopAsyncIteration:
+            pass
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise self._upstream_error(exc) from exc
-        finally:
             self._open.discard(resp)
-            if finished:
-                resp.release()
-            else:
-                resp.close()
+            resp.close()
+            raise self._upstream_error(exc) from exc
+        except BaseException:
+            self._open.discard(resp)
+            resp.close()
+            raise
+        if first.startswith(b'data: {"error"'):
+            self._open.discard(resp)
+            resp.close()
+            raise _stream_error(first)
+        return _Relay(self, resp, first, chunks)
 
     def _upstream_error(self, exc: BaseException) -> EngineError | EngineDied:
         """What to tell the client when the child failed to answer."""
@@ -285,6 +289,62 @@ class ProxyEngine(Engine):
         async with self._client.post(path, timeout=self._probe_timeout) as resp:
             await resp.read()
             return resp.status
+
+
+class _Relay:
+    """The engine's SSE bytes, passed through untouched.
+
+    A class rather than an async generator so that ``aclose`` frees the upstream answer even
+    when iteration never began, and without awaiting (see ``LocalEngine.generate``):
+    closing the connection early is how vLLM learns to abort the request.
+    """
+
+    def __init__(self, engine: ProxyEngine, resp: aiohttp.ClientResponse, first: bytes,
+                 chunks: AsyncIterator[bytes]) -> None:
+        self.engine, self.resp, self.first, self.chunks = engine, resp, first, chunks
+        self.done = False
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> bytes:
+        if self.first:
+            first, self.first = self.first, b""
+            return first
+        if self.done:
+            raise StopAsyncIteration
+        try:
+            return await self.chunks.__anext__()
+        except StopAsyncIteration:
+            self._finish(clean=True)
+            raise
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+            self._finish(clean=False)
+            raise self.engine._upstream_error(exc) from exc
+
+    async def aclose(self) -> None:
+        self._finish(clean=False)
+
+    def _finish(self, clean: bool) -> None:
+        if self.done:
+            return
+        self.done = True
+        self.engine._open.discard(self.resp)
+        if clean:
+            self.resp.release()
+        else:
+            self.resp.close()
+
+
+def _stream_error(first: bytes) -> EngineError:
+    """The error a stream opened with, with the status its ``code`` names (vLLM's way)."""
+    event = first.split(b"\n\n", 1)[0].removeprefix(b"data: ")
+    try:
+        code = json.loads(event)["error"].get("code")
+        status = int(code) if 400 <= int(code) < 600 else 400
+    except (ValueError, TypeError, KeyError, AttributeError):
+        status = 400
+    return _engine_error(status, event)
 
 
 def _engine_error(status: int, content: bytes) -> EngineError:

@@ -6,7 +6,6 @@ import asyncio
 import json
 import threading
 import time
-from contextlib import AsyncExitStack
 
 import httpx
 import pytest
@@ -90,28 +89,42 @@ def test_full_queue_is_refused_with_retry_after(server):
             "ignore_eos": True, "stream": True}
 
     async def main():
-        async with AsyncExitStack() as stack:
-            http = await stack.enter_async_context(httpx.AsyncClient(
-                timeout=120, limits=httpx.Limits(max_connections=None)))
+        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=None)) as http:
+            async def hold():    # a client that waits as long as it is let
+                async with http.stream("POST", server.base_url + "/v1/completions", json=body,
+                                       headers=server.headers):
+                    await asyncio.Event().wait()
 
-            async def hold():
-                r = await stack.enter_async_context(http.stream(
-                    "POST", server.base_url + "/v1/completions", json=body,
-                    headers=server.headers))
-                assert r.status_code == 200
-            await asyncio.gather(*(hold() for _ in range(capacity)))
-            extra = await http.post(server.base_url + "/v1/completions", json=body,
-                                    headers=server.headers)
-            assert extra.status_code == 429, extra.text
-            assert extra.headers["retry-after"] == "1"
-            assert extra.json()["error"]["code"] == "queue_full"
-        # every held stream is closed here
+            async def admitted() -> float:
+                r = await http.get(server.base_url + "/metrics", headers=server.headers)
+                return sum(float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
+                           if line.startswith("reference_server_requests_in_flight"))
+
+            held = [asyncio.create_task(hold()) for _ in range(capacity)]
+            try:
+                t0 = time.monotonic()
+                while await admitted() < capacity:
+                    assert time.monotonic() - t0 < 60, await admitted()
+                    await asyncio.sleep(0.2)
+                extra = await http.post(server.base_url + "/v1/completions", json=body,
+                                        headers=server.headers)
+                assert extra.status_code == 429, extra.text
+                assert extra.headers["retry-after"] == "1"
+                assert extra.json()["error"]["code"] == "queue_full"
+            finally:
+                for t in held:
+                    t.cancel()
+                await asyncio.gather(*held, return_exceptions=True)
 
     asyncio.run(main())
     _wait_idle(server, timeout=60)
-    r = httpx.post(server.base_url + "/v1/completions", headers=server.headers, timeout=60,
-                   json={"model": server.model, "prompt": "hi", "max_tokens": 2})
-    assert r.status_code == 200
+    t0 = time.monotonic()      # the slots come back as the server notices the hang-ups
+    while (r := httpx.post(server.base_url + "/v1/completions", headers=server.headers,
+                           timeout=60, json={"model": server.model, "prompt": "hi",
+                                             "max_tokens": 2})).status_code == 429:
+        assert time.monotonic() - t0 < 30
+        time.sleep(0.5)
+    assert r.status_code == 200, r.text
 
 
 def test_hf_baseline_serves_concurrent_requests_one_at_a_time(hf_server):

@@ -296,3 +296,15 @@ def test_adapter_streams_multibyte_text_whole_and_cuts_stop_strings():
     pieces = asyncio.run(run())
     assert "".join(pieces) == "año 🙂 fin"
     assert not any("\ufffd" in p for p in pieces)
+
+
+def test_a_refusal_by_the_engine_comes_before_the_stream_starts():
+    class Refusing(ScriptedEngine):
+        async def generate(self, request_id, prompt_token_ids, params):
+            raise EngineError(400, "needs more KV blocks than the pool holds")
+            yield
+
+    req = CompletionRequest.model_validate({"model": "m", "prompt": "x", "stream": True})
+    with pytest.raises(EngineError) as e:     # raised by complete(), not by the stream
+        asyncio.run(Refusing("x").complete(req))
+    assert e.value.status_code == 400

@@ -291,3 +291,32 @@ def test_key_policy_everything_but_health_and_ready():
             assert ok.status_code == (404 if path == "/nowhere" else 200), path
         assert client.get("/health").status_code == 200
         assert client.get("/ready").status_code == 200
+
+
+def test_client_leaving_before_the_first_byte_frees_its_slot_and_engine_stream():
+    from reference_server.app import _EngineStream
+
+    state = _scripted_app().state.server
+    closed = []
+
+    class EngineStream:
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            raise StopAsyncIteration
+
+        async def aclose(self):
+            closed.append(True)
+
+    async def send(message):
+        raise OSError("the client is gone")
+
+    async def receive():
+        return {"type": "http.disconnect"}
+
+    state.request_started()
+    response = _EngineStream(EngineStream(), state, {})
+    with pytest.raises(Exception):
+        asyncio.run(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send))
+    assert state.active == 0 and closed == [True]
