@@ -22,19 +22,19 @@ class DType:
     name: str                      # canonical: what vLLM's --dtype / --kv-cache-dtype accept
     bytes: float                   # per stored element, scales of block formats included
     short: str                     # the compact label tables and plots use
-    aliases: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()  # other spellings (torch's, vLLM's)
 
 
 DTYPES: tuple[DType, ...] = (
-    DType("float32", 4.0, "fp32", ("fp32", "float", "torch.float32")),
-    DType("bfloat16", 2.0, "bf16", ("bf16", "torch.bfloat16")),
-    DType("float16", 2.0, "fp16", ("fp16", "half", "torch.float16")),
+    DType("float32", 4.0, "fp32", ("float", "torch.float32")),
+    DType("bfloat16", 2.0, "bf16", ("torch.bfloat16",)),
+    DType("float16", 2.0, "fp16", ("half", "torch.float16")),
     # vLLM's --kv-cache-dtype fp8 means e4m3 (its default fp8 flavour).
-    DType("fp8_e4m3", 1.0, "fp8", ("fp8", "float8_e4m3fn", "torch.float8_e4m3fn", "fp8_e4m3fn")),
+    DType("fp8_e4m3", 1.0, "fp8", ("float8_e4m3fn", "torch.float8_e4m3fn", "fp8_e4m3fn")),
     DType("fp8_e5m2", 1.0, "fp8_e5m2", ("float8_e5m2", "torch.float8_e5m2")),
     DType("int8", 1.0, "int8", ("torch.int8",)),
-    DType("int4", 0.5 + 2 / 128, "int4", ("q4",)),
-    DType("mxfp4", 0.5 + 1 / 32, "mxfp4", ()),
+    DType("int4", 0.5 + 2 / 128, "int4"),
+    DType("mxfp4", 0.5 + 1 / 32, "mxfp4"),
 )
 
 _BY_NAME: dict[str, DType] = {}

@@ -26,6 +26,7 @@ import importlib
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -281,14 +282,15 @@ def runtime_requirements(gpu: bool) -> list[str]:
     """The installed course's own dependencies plus its engine extra for this machine."""
     from importlib.metadata import requires
 
-    from packaging.requirements import Requirement
-
+    # Parsed by hand: this runs before anything (``packaging`` included) is installed, and
+    # the project's markers are only ever ``extra == "..."``.
     extra = "cuda" if gpu else "cpu"
     wanted = []
     for line in requires(DISTRIBUTION) or []:
-        req = Requirement(line)
-        if req.marker is None or req.marker.evaluate({"extra": extra}):
-            wanted.append(str(Requirement(line.split(";")[0])))
+        req, _, marker = (part.strip() for part in line.partition(";"))
+        named = re.search(r"""extra\s*==\s*["']([\w-]+)["']""", marker)
+        if not marker or (named and named.group(1) == extra):
+            wanted.append(req.replace(" ", ""))
     return wanted
 
 
@@ -310,17 +312,21 @@ def install_runtime() -> None:
 
 # -- hardware -----------------------------------------------------------------------------
 
-def gpu_name() -> str | None:
-    """Name and memory of the first NVIDIA GPU, from nvidia-smi; None without one."""
+def gpus(fields: str = "name,memory.total") -> list[str]:
+    """One line of nvidia-smi ``--query-gpu`` fields per NVIDIA GPU; empty without one."""
     if shutil.which("nvidia-smi") is None:
-        return None
+        return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.splitlines()[0] if out else None
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def gpu_name() -> str | None:
+    """Name and memory of the first NVIDIA GPU; None without one."""
+    return next(iter(gpus()), None)
 
 
 def cpu_name() -> str:
