@@ -10,15 +10,15 @@ command-line flag, what the server supplies as its default). From that one defin
   when the docs differ from it).
 
 Contract: a flag that is not given leaves the field to the server's default (when the server
-supplies one) or to the dataclass default; the word ``none`` on the command line means
-``None``; ``auto`` for ``--compute-dtype`` means "the server's choice". The whole config is
-passed to ``LLMEngine`` as one object, and every part reads the fields it needs from it.
+supplies one) or to the dataclass default; on the command line the word ``none`` means
+``None``, and ``auto`` for a field the server supplies means "the server's choice". The whole
+config is passed to ``LLMEngine`` as one object; every part reads the fields it needs.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -113,9 +113,9 @@ class EngineConfig:
             raise ValueError(f"bad mini engine arguments {argv!r}: {exc}") from exc
         if unknown:
             raise ValueError(f"unknown mini engine arguments {unknown!r} (see --help-engine)")
-        given = vars(ns)
-        given = {k: v for k, v in given.items() if v is not _UNSET and v != "auto"}
-        given = {k: None if v == "none" else v for k, v in given.items()}
+        served = {f.name for f in fields(cls) if f.metadata["server"]}
+        given = {k: None if v == "none" else v for k, v in vars(ns).items()
+                 if v is not _UNSET and not (v == "auto" and k in served)}
         if given.get("kv_layout", server_defaults.get("kv_layout")) == "contiguous":
             # the no-sharing baseline: the server's default prefix cache does not apply
             server_defaults = {**server_defaults, "prefix_cache": None}
@@ -131,8 +131,8 @@ _UNSET = object()   # a flag left out: lets the server's default through
 
 
 def _flag(f) -> str | None:
-    flag = f.metadata.get("flag")
-    if flag is False or "help" not in f.metadata:
+    flag = f.metadata["flag"]
+    if flag is False:
         return None
     return flag or "--" + f.name.replace("_", "-")
 
@@ -182,7 +182,9 @@ def markdown_table() -> str:
             "|---|---|---|---|"]
     for f in fields(EngineConfig):
         flag = _flag(f)
-        knob_ = f"`{flag}`" if flag else "(offline only)" if not f.metadata["server"] else \
-            "(set by the server)"
-        rows.append(f"| {knob_} | `{f.name}` | {_values(f)} | {f.metadata['help']} |")
+        if flag:
+            where = f"`{flag}`"
+        else:
+            where = "(set by the server)" if f.metadata["server"] else "(offline only)"
+        rows.append(f"| {where} | `{f.name}` | {_values(f)} | {f.metadata['help']} |")
     return "\n".join(rows) + "\n"

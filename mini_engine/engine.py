@@ -211,7 +211,8 @@ class LLMEngine:
         return new
 
     @staticmethod
-    def _logprobs(seq: Sequence, rows: torch.Tensor, tokens: list[int]) -> list[TokenLogprob] | None:
+    def _logprobs(seq: Sequence, rows: torch.Tensor,
+                  tokens: list[int]) -> list[TokenLogprob] | None:
         k = seq.params.logprobs
         if k is None:
             return None

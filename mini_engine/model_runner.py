@@ -34,7 +34,8 @@ class ModelRunner:
         num_blocks = config.num_blocks
         if num_blocks is None:
             per_slot = KVCache.bytes_per_slot(layout, self.cfg.num_layers, self.model.dtype)
-            num_blocks = max(4, int(config.kv_cache_gib * (1 << 30)) // (per_slot * self.block_size))
+            pool_bytes = int(config.kv_cache_gib * (1 << 30))
+            num_blocks = max(4, pool_bytes // (per_slot * self.block_size))
         self.num_blocks = num_blocks
         self.kv_cache = KVCache(layout, self.cfg.num_layers, num_blocks * self.block_size,
                                 self.model.dtype, self.model.device)

@@ -2,10 +2,10 @@
 
 ``ContinuousScheduler``: continuous batching (Orca, vLLM). Every step, first keep the running
 sequences going (decodes and unfinished prefill chunks), then admit waiting ones while the
-token budget and the sequence cap allow. A long prompt is split into chunks so one arrival cannot stall
-everybody's next token (chunked prefill). When the KV pool runs dry, the most recently
-admitted sequence is *preempted by recompute*: its blocks are freed and it goes back to the
-head of the queue, to be prefilled again (prompt + what it had generated) later.
+token budget and the sequence cap allow. A long prompt is split into chunks so one arrival
+cannot stall everybody's next token (chunked prefill). When the KV pool runs dry, the most
+recently admitted sequence is *preempted by recompute*: its blocks are freed and it goes back
+to the head of the queue, to be prefilled again (prompt + what it had generated) later.
 
 ``StaticScheduler``, the comparison mode: a batch is admitted only when the previous one has
 completely finished, and prompts are prefilled whole. Short answers leave their seats empty
