@@ -135,8 +135,9 @@ class LLMEngine:
         if not batch.scheduled:
             return []
         drafts = self._propose(batch)
-        logits = self.runner.forward([self._chunk(s, d) for s, d in zip(batch.scheduled, drafts)])
-        return self._postprocess(batch, drafts, logits, started)
+        chunks = [self._chunk(s, d) for s, d in zip(batch.scheduled, drafts)]
+        logits = self.runner.forward(chunks)
+        return self._postprocess(batch, drafts, chunks, logits, started)
 
     def _propose(self, batch: SchedulerOutput) -> list[list[int]]:
         """Draft tokens per scheduled sequence (empty without speculative decoding)."""
@@ -156,24 +157,22 @@ class LLMEngine:
 
     # -- postprocess: from logits to outputs, one sequence at a time ----------------------
 
-    def _postprocess(self, batch: SchedulerOutput, drafts: list[list[int]],
+    def _postprocess(self, batch: SchedulerOutput, drafts: list[list[int]], chunks: list[Chunk],
                      logits: torch.Tensor, started: float) -> list[RequestOutput]:
         argmax = logits.argmax(-1).tolist()     # one batched argmax: greedy rows and verification
         spec_before = (self.spec_stats.num_accepted_tokens, self.spec_stats.num_draft_tokens)
         outputs, record, row = [], [], 0
-        for s, d in zip(batch.scheduled, drafts):
+        for s, d, c in zip(batch.scheduled, drafts, chunks):
             seq = s.seq
             kind = "verify" if d else ("decode" if s.num_tokens == 1 and seq.num_output_tokens
                                        else "prefill")
-            record.append((seq.request_id, s.num_tokens + len(d), kind))
-            completes = seq.num_computed_tokens + s.num_tokens == seq.num_tokens
+            record.append((seq.request_id, len(c.token_ids), kind))
             seq.num_computed_tokens += s.num_tokens
-            if not completes:                   # a prefill chunk short of the prompt's end
+            if c.num_logits == 0:               # a prefill chunk short of the prompt's end
                 self.block_manager.cache_full_blocks(seq)
                 continue
-            n = 1 + len(d)
-            rows, top = logits[row:row + n], argmax[row:row + n]
-            row += n
+            rows, top = logits[row:row + c.num_logits], argmax[row:row + c.num_logits]
+            row += c.num_logits
             try:
                 new = self._verify(seq, d, top) if d else [self._sample(seq, rows[0], top[0])]
                 outputs.append(self._emit(seq, new, rows))
