@@ -48,7 +48,7 @@ class EngineConfig:
     dtype: str = knob(
         "float32", "weights, activations and KV cache (CPU: fp32 is exact vs HF and often "
         "faster than bf16)", flag="--compute-dtype",
-        values="`auto`, `float32`, `bfloat16`, `float16` (or `fp32`, `bf16`, `fp16`)",
+        values="`float32`, `bfloat16`, `float16` (or `fp32`, `bf16`, `fp16`), `auto`",
         server="the server's `--dtype` (bf16 by default), float32 on CPUs without "
                "AVX512_BF16/AMX")
     device: str = knob("cpu", "torch device", flag=False, server="the server's `--device`")
@@ -170,7 +170,7 @@ def _values(f) -> str:
         order = [default] + [c for c in m["choices"] if c != default]
         shown = ", ".join(f"`{c}`" for c in order)
     else:
-        shown = m["values"] or str(f.default)
+        shown = m["values"] or f"`{f.default}`"
     if m["server"]:
         shown += f"; served: {m['server']}"
     return shown
