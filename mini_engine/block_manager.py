@@ -1,7 +1,7 @@
 """Paged KV memory: fixed-size blocks, a block table per sequence, reference counts.
 
 The KV cache is one big pool of ``num_blocks * block_size`` token slots per layer
-(``model_runner.py`` owns the tensors). This file only does the bookkeeping: which block
+(``kv_cache.py`` owns the tensors). This file only does the bookkeeping: which block
 belongs to whom. Token ``i`` of a sequence lives in slot
 ``block_table[i // block_size] * block_size + i % block_size``.
 

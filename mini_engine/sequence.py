@@ -67,7 +67,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.logprobs: list = []         # TokenLogprob-like tuples, one per output token
         self.num_preemptions = 0
-        self.num_blocks_offered = 0     # full blocks already offered to the prefix cache
+        self.num_blocks_offered = 0     # full blocks offered to the prefix cache (block manager)
         self.arrival_time = time.perf_counter()
         self.generator: torch.Generator | None = None
         if params.seed is not None:
