@@ -1,12 +1,14 @@
 """A teaching inference engine: paged KV cache, continuous batching, prefix caching (hash
 blocks and radix tree), speculative decoding, quantized linears, attention variants.
 
-Read in this order: ``sequence.py``, ``block_manager.py``, ``scheduler.py``,
-``model_runner.py``, ``sampler.py``, ``engine.py``, then ``prefix_cache.py`` and
-``spec_decode.py``, ``quant.py``.
+Read in this order: ``config.py`` (every switch), ``sequence.py``, ``block_manager.py``,
+``scheduler.py``, then the model side: ``loader.py``, ``model.py``, ``kv_cache.py``,
+``attention_metadata.py``, ``model_runner.py``; then ``sampler.py`` and ``engine.py`` (the
+step loop), then ``prefix_cache.py``, ``spec_decode.py``, ``quant.py``.
 """
 
-from mini_engine.engine import EngineConfig, LLMEngine, RequestOutput, StepRecord
+from mini_engine.config import EngineConfig
+from mini_engine.engine import LLMEngine, RequestOutput, StepRecord
 from mini_engine.sequence import SamplingParams, Sequence
 
 __all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams", "Sequence",

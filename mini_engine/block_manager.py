@@ -1,7 +1,7 @@
 """Paged KV memory: fixed-size blocks, a block table per sequence, reference counts.
 
 The KV cache is one big pool of ``num_blocks * block_size`` token slots per layer
-(``model_runner.py`` owns the tensors). This file only does the bookkeeping: which block
+(``kv_cache.py`` owns the tensors). This file only does the bookkeeping: which block
 belongs to whom. Token ``i`` of a sequence lives in slot
 ``block_table[i // block_size] * block_size + i % block_size``.
 
@@ -113,12 +113,13 @@ class BlockManager:
             self.prefix_hits += hit_tokens
 
     def cache_full_blocks(self, seq: "Sequence") -> None:
-        """Offer the blocks whose every token is computed to the prefix cache."""
-        if self.prefix_cache is None:
-            return
+        """Offer the blocks whose every token is computed to the prefix cache, once each
+        (``seq.num_blocks_offered`` remembers how many were; ``free`` resets it)."""
         n = seq.num_computed_tokens // self.block_size
-        if n:
-            self.prefix_cache.insert(seq.token_ids[:n * self.block_size], seq.block_table[:n])
+        if self.prefix_cache is None or n <= seq.num_blocks_offered:
+            return
+        self.prefix_cache.insert(seq.token_ids[:n * self.block_size], seq.block_table[:n])
+        seq.num_blocks_offered = n
 
     # -- allocation ----------------------------------------------------------------------
 
@@ -150,6 +151,7 @@ class BlockManager:
         for b in reversed(seq.block_table):
             self.allocator.decref(b)
         seq.block_table = []
+        seq.num_blocks_offered = 0
 
     # -- introspection -------------------------------------------------------------------
 

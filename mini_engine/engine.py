@@ -1,13 +1,22 @@
-"""``LLMEngine``: the step loop that ties scheduler, block manager, model runner, sampler,
-prefix cache and speculative decoding together.
+"""``LLMEngine``: the step loop that ties scheduler, model runner, sampler, prefix cache and
+speculative decoding together.
 
-``step()`` is the whole engine in twenty lines: schedule, (draft), build chunks, one
-forward, sample or verify, append tokens, cache full blocks, retire finished sequences.
-It is synchronous and single-threaded; the server runs it in a background thread.
+``step()`` is schedule -> run -> postprocess: the scheduler picks sequences and token counts
+(``scheduler.py``), a proposer may add draft tokens (``spec_decode.py``), one forward runs
+every new token of every scheduled sequence (``model_runner.py``), and ``_postprocess`` turns
+the logits into tokens, one sequence at a time, in named parts: spec verification, sampling,
+appending and finishing, logprobs, prefix-cache offers, then one ``StepRecord`` for the step.
+
+Contract: one request never harms another. ``add_request`` rejects what cannot run
+(ValueError: empty prompt, token ids outside the vocabulary, too long for the model or the
+pool); if post-processing one sequence raises, that sequence alone finishes with
+``finish_reason="error"`` and ``RequestOutput.error`` set, its blocks are freed and the others
+go on. Synchronous and single-threaded; the server runs it in a background thread.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -15,43 +24,18 @@ from typing import Iterable
 
 import torch
 
+from mini_engine.attention_metadata import Chunk
 from mini_engine.block_manager import BlockManager
-from mini_engine.model_runner import Chunk, ModelRunner
+from mini_engine.config import EngineConfig
+from mini_engine.model_runner import ModelRunner
 from mini_engine.prefix_cache import make_prefix_cache
 from mini_engine.sampler import TokenLogprob, logprob_of, sample_row
-from mini_engine.scheduler import Scheduler
+from mini_engine.scheduler import ScheduledSeq, SchedulerOutput, make_scheduler
 from mini_engine.sequence import SamplingParams, Sequence
 from mini_engine.spec_decode import (NgramProposer, SelfDraftProposer, SpecStats,
                                      accept_greedy)
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
-
-
-@dataclass
-class EngineConfig:
-    """Every mechanism's switch. Defaults: the vLLM-like configuration."""
-    dtype: str = "float32"                 # CPU: fp32 is exact vs HF and often faster than bf16
-    device: str = "cpu"
-    block_size: int = 16
-    num_blocks: int | None = None          # default: from kv_cache_gib
-    kv_cache_gib: float = 1.0
-    max_model_len: int = 2048
-    max_num_seqs: int = 64
-    max_num_batched_tokens: int = 512
-    scheduler: str = "continuous"          # continuous | static
-    chunked_prefill: bool = True
-    kv_layout: str = "paged"               # paged | contiguous
-    prefix_cache: str | None = None        # None | hash | radix
-    spec: str | None = None                # None | ngram | self
-    num_spec_tokens: int = 4
-    draft_layers: int = 8
-    ngram_max: int = 3
-    attention: str = "gqa"                 # gqa | mqa | mla
-    mla_rank: int = 64
-    quant: str | None = None               # None | int8 | int4
-    num_threads: int | None = None
-    history: int = 2000                    # steps of introspection kept
+__all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "StepRecord"]
 
 
 @dataclass
@@ -62,6 +46,7 @@ class RequestOutput:
     logprobs: list[TokenLogprob] | None
     finish_reason: str | None
     cached_tokens: int
+    error: str | None = None        # set with finish_reason "error": why this request failed
 
 
 @dataclass
@@ -81,36 +66,23 @@ class StepRecord:
 
 class LLMEngine:
     def __init__(self, model_path: str, config: EngineConfig | None = None, **overrides):
-        cfg = config or EngineConfig()
-        for k, v in overrides.items():
-            setattr(cfg, k, v)
-        self.config = cfg
+        self.config = cfg = dataclasses.replace(config or EngineConfig(), **overrides)
+        cfg.validate()
         if cfg.num_threads:
             torch.set_num_threads(cfg.num_threads)
-        self.runner = ModelRunner(
-            model_path, dtype=_DTYPES[cfg.dtype], device=cfg.device, block_size=cfg.block_size,
-            num_blocks=cfg.num_blocks, kv_cache_bytes=int(cfg.kv_cache_gib * (1 << 30)),
-            attention=cfg.attention, mla_rank=cfg.mla_rank, quant=cfg.quant)
+        self.runner = ModelRunner(model_path, cfg)
         self.max_model_len = min(cfg.max_model_len, self.runner.cfg.max_position_embeddings)
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size,
                                           mode=cfg.kv_layout, max_model_len=self.max_model_len)
         self.block_manager.prefix_cache = make_prefix_cache(
             cfg.prefix_cache, self.block_manager.allocator, cfg.block_size)
-        if cfg.kv_layout == "contiguous" and cfg.prefix_cache:
-            raise ValueError("contiguous layout is the no-sharing baseline: no prefix cache")
         self.proposer = None
         if cfg.spec == "ngram":
             self.proposer = NgramProposer(max_n=cfg.ngram_max)
         elif cfg.spec == "self":
             self.proposer = SelfDraftProposer(self.runner, cfg.draft_layers)
-        elif cfg.spec not in (None, "none"):
-            raise ValueError(f"unknown speculative method {cfg.spec!r}: ngram | self")
-        self.scheduler = Scheduler(
-            self.block_manager, max_num_seqs=cfg.max_num_seqs,
-            max_num_batched_tokens=cfg.max_num_batched_tokens, policy=cfg.scheduler,
-            chunked_prefill=cfg.chunked_prefill,
-            num_lookahead=cfg.num_spec_tokens if self.proposer else 0,
-            max_model_len=self.max_model_len)
+        self.scheduler = make_scheduler(cfg, self.block_manager, max_model_len=self.max_model_len,
+                                        num_lookahead=cfg.num_spec_tokens if self.proposer else 0)
         self.spec_stats = SpecStats()
         self.requests: dict[str, Sequence] = {}
         self.history: deque[StepRecord] = deque(maxlen=cfg.history)
@@ -122,6 +94,13 @@ class LLMEngine:
     def add_request(self, prompt_token_ids: list[int], params: SamplingParams | None = None,
                     request_id: str | None = None) -> Sequence:
         params = params or SamplingParams()
+        if not prompt_token_ids:
+            raise ValueError("empty prompt")
+        vocab = self.runner.cfg.vocab_size
+        lo, hi = min(prompt_token_ids), max(prompt_token_ids)
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"prompt token id {lo if lo < 0 else hi} is outside the "
+                             f"vocabulary [0, {vocab})")
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_token_ids)} tokens does not fit "
                              f"max_model_len={self.max_model_len}")
@@ -151,75 +130,115 @@ class LLMEngine:
     # -- the step ------------------------------------------------------------------------
 
     def step(self) -> list[RequestOutput]:
-        t0 = time.perf_counter()
-        sched = self.scheduler.schedule()
-        if not sched.scheduled:
+        started = time.perf_counter()
+        batch = self.scheduler.schedule()
+        if not batch.scheduled:
             return []
-        seqs = [s.seq for s in sched.scheduled]
-        drafts = [[] for _ in seqs]
-        if self.proposer is not None and any(s.lookahead for s in sched.scheduled):
-            drafts = self.proposer.propose(seqs, [s.lookahead for s in sched.scheduled])
-        chunks = []
-        for s, d in zip(sched.scheduled, drafts):
-            seq, start = s.seq, s.seq.num_computed_tokens
-            completes = start + s.num_tokens == seq.num_tokens
-            chunks.append(Chunk(seq.block_table, start, seq.token_ids[start:start + s.num_tokens] + d,
-                                1 + len(d) if completes else 0))
+        drafts = self._propose(batch)
+        chunks = [self._chunk(s, d) for s, d in zip(batch.scheduled, drafts)]
         logits = self.runner.forward(chunks)
-        greedy = logits.argmax(-1).tolist()
+        return self._postprocess(batch, drafts, chunks, logits, started)
 
-        outputs, record = [], []
-        row = 0
-        accepted_total = drafted_total = 0
-        for s, d, c in zip(sched.scheduled, drafts, chunks):
+    def _propose(self, batch: SchedulerOutput) -> list[list[int]]:
+        """Draft tokens per scheduled sequence (empty without speculative decoding)."""
+        looks = [s.lookahead for s in batch.scheduled]
+        if self.proposer is None or not any(looks):
+            return [[] for _ in batch.scheduled]
+        return self.proposer.propose([s.seq for s in batch.scheduled], looks)
+
+    @staticmethod
+    def _chunk(s: ScheduledSeq, drafts: list[int]) -> Chunk:
+        """The tokens to compute for ``s``; logits are wanted once it reaches its last known
+        token (for it and each draft)."""
+        seq, start = s.seq, s.seq.num_computed_tokens
+        completes = start + s.num_tokens == seq.num_tokens
+        return Chunk(seq.block_table, start, seq.token_ids[start:start + s.num_tokens] + drafts,
+                     1 + len(drafts) if completes else 0)
+
+    # -- postprocess: from logits to outputs, one sequence at a time ----------------------
+
+    def _postprocess(self, batch: SchedulerOutput, drafts: list[list[int]], chunks: list[Chunk],
+                     logits: torch.Tensor, started: float) -> list[RequestOutput]:
+        argmax = logits.argmax(-1).tolist()     # one batched argmax: greedy rows and verification
+        spec_before = (self.spec_stats.num_accepted_tokens, self.spec_stats.num_draft_tokens)
+        outputs, record, row = [], [], 0
+        for s, d, c in zip(batch.scheduled, drafts, chunks):
             seq = s.seq
-            kind = "verify" if d else ("decode" if s.num_tokens == 1 and seq.num_output_tokens else "prefill")
+            kind = "verify" if d else ("decode" if s.num_tokens == 1 and seq.num_output_tokens
+                                       else "prefill")
             record.append((seq.request_id, len(c.token_ids), kind))
             seq.num_computed_tokens += s.num_tokens
-            if c.num_logits == 0:
-                self._cache_blocks(seq)
+            if c.num_logits == 0:               # a prefill chunk short of the prompt's end
+                self.block_manager.cache_full_blocks(seq)
                 continue
-            rows = logits[row:row + c.num_logits]
-            if d:
-                new = accept_greedy(d, greedy[row:row + c.num_logits])
-                seq.num_computed_tokens += len(new) - 1     # accepted drafts' KV is valid
-                self.spec_stats.record(len(d), len(new) - 1)
-                accepted_total += len(new) - 1
-                drafted_total += len(d)
-            elif seq.params.greedy:
-                new = [greedy[row]]
-            else:
-                new = [sample_row(rows[0], seq.params, seq.generator)]
+            rows, top = logits[row:row + c.num_logits], argmax[row:row + c.num_logits]
             row += c.num_logits
-            emitted, lps = [], []
-            for i, t in enumerate(new):
-                emitted.append(t)
-                if seq.params.logprobs is not None:
-                    lps.append(logprob_of(rows[i], t, seq.params.logprobs))
-                if seq.append_token(t, self.max_model_len):
-                    break
-            seq.logprobs.extend(lps)
-            self.num_generated += len(emitted)
-            self._cache_blocks(seq)
-            if seq.finish_reason:
-                self.scheduler.finish(seq)
-                self.requests.pop(seq.request_id, None)
-            outputs.append(RequestOutput(seq.request_id, emitted,
-                                         lps if seq.params.logprobs is not None else None,
-                                         seq.finish_reason, seq.num_cached_tokens))
+            try:
+                new = self._verify(seq, d, top) if d else [self._sample(seq, rows[0], top[0])]
+                outputs.append(self._emit(seq, new, rows))
+            except Exception as exc:            # this request fails; the batch goes on
+                outputs.append(self._fail(seq, exc))
+        self._record(batch, record, started, spec_before)
+        return outputs
+
+    def _verify(self, seq: Sequence, drafts: list[int], target: list[int]) -> list[int]:
+        """Speculative verification: accepted drafts plus the target's next token."""
+        new = accept_greedy(drafts, target)
+        seq.num_computed_tokens += len(new) - 1     # accepted drafts' KV is valid
+        self.spec_stats.record(len(drafts), len(new) - 1)
+        return new
+
+    @staticmethod
+    def _sample(seq: Sequence, logits: torch.Tensor, argmax: int) -> int:
+        return argmax if seq.params.greedy else sample_row(logits, seq.params, seq.generator)
+
+    def _emit(self, seq: Sequence, new: list[int], rows: torch.Tensor) -> RequestOutput:
+        emitted = self._append(seq, new)
+        lps = self._logprobs(seq, rows, emitted)
+        self.num_generated += len(emitted)
+        self.block_manager.cache_full_blocks(seq)          # prefix-cache offers
+        if seq.finish_reason:
+            self._retire(seq)
+        return RequestOutput(seq.request_id, emitted, lps, seq.finish_reason,
+                             seq.num_cached_tokens)
+
+    def _append(self, seq: Sequence, new: list[int]) -> list[int]:
+        """Append tokens until one finishes the sequence (stop token or length)."""
+        for i, t in enumerate(new):
+            if seq.append_token(t, self.max_model_len):
+                return new[:i + 1]
+        return new
+
+    @staticmethod
+    def _logprobs(seq: Sequence, rows: torch.Tensor,
+                  tokens: list[int]) -> list[TokenLogprob] | None:
+        k = seq.params.logprobs
+        if k is None:
+            return None
+        lps = [logprob_of(rows[i], t, k) for i, t in enumerate(tokens)]
+        seq.logprobs.extend(lps)
+        return lps
+
+    def _retire(self, seq: Sequence) -> None:
+        self.scheduler.finish(seq)
+        self.requests.pop(seq.request_id, None)
+
+    def _fail(self, seq: Sequence, exc: Exception) -> RequestOutput:
+        seq.finish_reason = "error"
+        self._retire(seq)
+        return RequestOutput(seq.request_id, [], None, "error", seq.num_cached_tokens,
+                             error=f"{type(exc).__name__}: {exc}")
+
+    def _record(self, batch: SchedulerOutput, record: list[tuple[str, int, str]],
+                started: float, spec_before: tuple[int, int]) -> None:
         self.num_steps += 1
         bm = self.block_manager
         self.history.append(StepRecord(
-            self.num_steps, time.perf_counter() - t0, record, sched.num_batched_tokens,
-            [p.request_id for p in sched.preempted], bm.allocator.num_free, bm.num_used_blocks(),
-            len(self.scheduler.waiting), accepted_total, drafted_total))
-        return outputs
-
-    def _cache_blocks(self, seq: Sequence) -> None:
-        full = seq.num_computed_tokens // self.config.block_size
-        if full > seq.num_blocks_offered:
-            self.block_manager.cache_full_blocks(seq)
-            seq.num_blocks_offered = full
+            self.num_steps, time.perf_counter() - started, record, batch.num_batched_tokens,
+            [p.request_id for p in batch.preempted], bm.allocator.num_free, bm.num_used_blocks(),
+            len(self.scheduler.waiting),
+            self.spec_stats.num_accepted_tokens - spec_before[0],
+            self.spec_stats.num_draft_tokens - spec_before[1]))
 
     # -- offline use ---------------------------------------------------------------------
 
@@ -250,6 +269,7 @@ class LLMEngine:
             "num_waiting": len(self.scheduler.waiting),
             "kv_cache_usage": bm.usage(),
             "num_blocks": bm.num_blocks,
+            "kv_bytes_per_token": self.runner.kv_bytes_per_token(),   # measured on the pool
             "free_blocks": bm.allocator.num_free,
             "cached_blocks": pc.num_cached_blocks() if pc is not None else 0,
             "prefix_cache_queries": bm.prefix_queries,

@@ -3,6 +3,9 @@
 Greedy rows are one batched ``argmax``; sampled rows go one by one because each request may
 carry its own seed (its own ``torch.Generator``), which is what makes a seeded request
 reproducible whatever else shares its batch.
+
+Contract: ``sample_row`` returns a token id or raises ValueError (never samples from NaN
+probabilities); a temperature below ``SAMPLING_EPS`` is greedy, as in vLLM.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ def sample_row(logits: torch.Tensor, params: SamplingParams,
     if params.greedy:
         return int(logits.argmax())
     probs = torch.softmax(logits / params.temperature, dim=-1)
+    if not bool(torch.isfinite(probs).all()):
+        raise ValueError(f"no distribution to sample from at temperature {params.temperature}")
     if params.top_p < 1.0:
         p, idx = probs.sort(descending=True)
         # keep the smallest prefix whose mass reaches top_p (always at least one token)

@@ -17,11 +17,14 @@ from dataclasses import dataclass, field
 import torch
 
 
+SAMPLING_EPS = 1e-5   # vLLM's: a temperature below it is greedy (dividing by it would overflow)
+
+
 @dataclass
 class SamplingParams:
-    """How to pick tokens. ``temperature == 0`` is greedy (the default here, so offline runs
-    are reproducible). ``ignore_eos`` disables every stop token, as the server's adapter
-    expects."""
+    """How to pick tokens. ``temperature < SAMPLING_EPS`` is greedy (0, the default here, so
+    offline runs are reproducible). ``ignore_eos`` disables every stop token, as the server's
+    adapter expects."""
 
     max_tokens: int = 16
     temperature: float = 0.0
@@ -33,7 +36,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        return self.temperature < SAMPLING_EPS
 
 
 class SeqStatus(enum.Enum):
@@ -64,7 +67,7 @@ class Sequence:
         self.finish_reason: str | None = None
         self.logprobs: list = []         # TokenLogprob-like tuples, one per output token
         self.num_preemptions = 0
-        self.num_blocks_offered = 0     # full blocks already offered to the prefix cache
+        self.num_blocks_offered = 0     # full blocks offered to the prefix cache (block manager)
         self.arrival_time = time.perf_counter()
         self.generator: torch.Generator | None = None
         if params.seed is not None:

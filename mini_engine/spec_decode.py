@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mini_engine.model_runner import Chunk, ModelRunner
+from mini_engine.attention_metadata import Chunk
+from mini_engine.model_runner import ModelRunner
 from mini_engine.sequence import Sequence
 
 

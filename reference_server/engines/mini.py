@@ -33,28 +33,11 @@ log = logging.getLogger("reference_server")
 
 
 def engine_arg_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="reference-server --engine mini --",
-                                description="mini_engine knobs (every mechanism can be switched)")
-    p.add_argument("--compute-dtype", default="auto",
-                   help="auto (the server's --dtype; float32 on CPUs without native bf16) "
-                        "| float32 | bfloat16")
-    p.add_argument("--block-size", type=int, default=16)
-    p.add_argument("--num-blocks", type=int, default=None, help="default: from --kv-cache-gib")
-    p.add_argument("--max-num-seqs", type=int, default=64)
-    p.add_argument("--max-num-batched-tokens", type=int, default=512)
-    p.add_argument("--scheduler", choices=("continuous", "static"), default="continuous")
-    p.add_argument("--no-chunked-prefill", dest="chunked_prefill", action="store_false")
-    p.add_argument("--kv-layout", choices=("paged", "contiguous"), default="paged")
-    p.add_argument("--prefix-cache", choices=("none", "hash", "radix"), default=None,
-                   help="default: hash, or none with the server's --no-prefix-caching")
-    p.add_argument("--spec", choices=("none", "ngram", "self"), default="none")
-    p.add_argument("--num-spec-tokens", type=int, default=4)
-    p.add_argument("--draft-layers", type=int, default=8)
-    p.add_argument("--attention", choices=("gqa", "mqa", "mla"), default="gqa")
-    p.add_argument("--mla-rank", type=int, default=64)
-    p.add_argument("--quant", choices=("none", "int8", "int4"), default="none")
-    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
-    return p
+    """The engine's flags, generated from ``mini_engine.config.EngineConfig``."""
+    from mini_engine.config import add_cli_arguments
+    return add_cli_arguments(argparse.ArgumentParser(
+        prog="reference-server --engine mini --",
+        description="mini_engine knobs (every mechanism can be switched)"))
 
 
 def _cpu_has_bf16() -> bool:
@@ -67,30 +50,17 @@ def _cpu_has_bf16() -> bool:
 
 
 def _engine_config(config, device: str, argv: list[str]):
-    from mini_engine import EngineConfig
-    try:
-        a = engine_arg_parser().parse_args(argv)
-    except SystemExit as exc:
-        raise ValueError(f"bad mini engine arguments {argv!r}") from exc
-    dtype = a.compute_dtype
-    if dtype == "auto":
-        # bf16 matmuls only pay off on CPUs with native bf16 dot products (AVX512_BF16 or
-        # AMX); elsewhere they are emulated and slower than fp32.
-        dtype = config.dtype
-        if device == "cpu" and dtype in ("bfloat16", "bf16") and not _cpu_has_bf16():
-            dtype = "float32"
-    prefix = a.prefix_cache or ("hash" if config.enable_prefix_caching else "none")
-    if a.kv_layout == "contiguous":
-        prefix = "none"
-    return EngineConfig(
-        dtype=dtype, device=device, block_size=a.block_size, num_blocks=a.num_blocks,
-        kv_cache_gib=config.kv_cache_gib, max_model_len=config.max_model_len,
-        max_num_seqs=a.max_num_seqs, max_num_batched_tokens=a.max_num_batched_tokens,
-        scheduler=a.scheduler, chunked_prefill=a.chunked_prefill, kv_layout=a.kv_layout,
-        prefix_cache=None if prefix == "none" else prefix,
-        spec=None if a.spec == "none" else a.spec, num_spec_tokens=a.num_spec_tokens,
-        draft_layers=a.draft_layers, attention=a.attention, mla_rank=a.mla_rank,
-        quant=None if a.quant == "none" else a.quant, num_threads=a.threads)
+    """``EngineConfig`` from the flags after ``--``, with the server's settings as defaults."""
+    from mini_engine.config import EngineConfig
+    dtype = config.dtype
+    # bf16 matmuls only pay off on CPUs with native bf16 dot products (AVX512_BF16 or AMX);
+    # elsewhere they are emulated and slower than fp32.
+    if device == "cpu" and dtype in ("bfloat16", "bf16") and not _cpu_has_bf16():
+        dtype = "float32"
+    return EngineConfig.from_cli(
+        argv, dtype=dtype, device=device, kv_cache_gib=config.kv_cache_gib,
+        max_model_len=config.max_model_len,
+        prefix_cache="hash" if config.enable_prefix_caching else None)
 
 
 class MiniEngine(LocalEngine):

@@ -16,14 +16,16 @@ from hypothesis import strategies as st
 
 from mini_engine.block_manager import BlockAllocator, BlockManager
 from mini_engine.prefix_cache import HashPrefixCache, RadixPrefixCache, make_prefix_cache
-from mini_engine.scheduler import Scheduler
+from mini_engine.config import EngineConfig
+from mini_engine.scheduler import ContinuousScheduler, Scheduler, StaticScheduler, make_scheduler
 from mini_engine.sequence import SamplingParams, Sequence, SeqStatus
 
 
 def make(num_blocks=64, block_size=4, prefix=None, mode="paged", **sched):
     bm = BlockManager(num_blocks, block_size, mode=mode, max_model_len=256)
     bm.prefix_cache = make_prefix_cache(prefix, bm.allocator, block_size)
-    return bm, Scheduler(bm, max_model_len=256, **sched)
+    config = EngineConfig(block_size=block_size, max_model_len=256, **sched)
+    return bm, make_scheduler(config, bm)
 
 
 def fake_step(sched: Scheduler, rng: random.Random, vocab=6):
@@ -181,7 +183,8 @@ def test_preempted_sequence_is_recomputed_from_scratch():
 
 def test_static_batching_waits_for_whole_batch():
     rng = random.Random(5)
-    bm, sched = make(num_blocks=400, policy="static", max_num_seqs=4)
+    bm, sched = make(num_blocks=400, scheduler="static", max_num_seqs=4)
+    assert isinstance(sched, StaticScheduler)
     seqs = [Sequence([1, 2, 3], SamplingParams(max_tokens=m)) for m in (1, 20, 1, 1, 1, 1)]
     for s in seqs:
         sched.add(s)
@@ -193,6 +196,37 @@ def test_static_batching_waits_for_whole_batch():
     while sched.has_unfinished():
         fake_step(sched, rng)
     assert all(s.finished for s in seqs)
+
+
+def test_continuous_refills_seats_as_soon_as_they_free():
+    """The same workload as above under continuous batching: the seats of the three short
+    requests are refilled at the next step."""
+    rng = random.Random(5)
+    bm, sched = make(num_blocks=400, max_num_seqs=4)
+    assert isinstance(sched, ContinuousScheduler)
+    seqs = [Sequence([1, 2, 3], SamplingParams(max_tokens=m)) for m in (1, 20, 1, 1, 1, 1)]
+    for s in seqs:
+        sched.add(s)
+    fake_step(sched, rng)
+    fake_step(sched, rng)
+    assert seqs[4].status is not SeqStatus.WAITING and seqs[5].status is not SeqStatus.WAITING
+
+
+def test_offers_to_the_prefix_cache_are_tracked_by_the_block_manager():
+    """Each full block is offered once; freeing a sequence (finish or preemption) resets
+    the count, so a recomputed sequence offers its new blocks again. The scheduler leaves
+    this bookkeeping alone."""
+    bm, sched = make(num_blocks=8, block_size=4, prefix="hash")
+    seq = Sequence(list(range(9)), SamplingParams(max_tokens=4))
+    sched.add(seq)
+    out = sched.schedule()
+    seq.num_computed_tokens += out.scheduled[0].num_tokens
+    bm.cache_full_blocks(seq)
+    assert seq.num_blocks_offered == 2 and bm.prefix_cache.num_cached_blocks() == 2
+    bm.cache_full_blocks(seq)                      # nothing new: no second offer
+    assert seq.num_blocks_offered == 2
+    sched._preempt(type(out)())
+    assert seq.num_blocks_offered == 0 and seq.block_table == []
 
 
 # -- prefix caches ---------------------------------------------------------------------------

@@ -3,11 +3,12 @@ quantized linears."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from mini_engine.quant import Int4Linear, Int8Linear
 from mini_engine.sampler import logprob_of, sample_row
-from mini_engine.sequence import SamplingParams
+from mini_engine.sequence import SAMPLING_EPS, SamplingParams
 from mini_engine.spec_decode import NgramProposer, SpecStats, accept_greedy
 
 
@@ -63,3 +64,18 @@ def test_int8_and_int4_reconstruct_weights():
     assert q8.nbytes() < w.numel() * 4 / 3.5 and q4.nbytes() < w.numel() * 4 / 5
     ref = x @ w.T
     assert torch.allclose(q8(x), ref, atol=0.02) and torch.allclose(q4(x), ref, atol=0.2)
+
+
+def test_sampler_tiny_temperature_is_greedy_and_never_nan():
+    logits = torch.tensor([0.0, 3.0, 1.0, 2.9]) * 100
+    for t in (1e-40, 1e-6, 0.0, -1.0):                 # below vLLM's epsilon: greedy
+        assert SamplingParams(temperature=t).greedy
+        assert sample_row(logits, SamplingParams(temperature=t), None) == 1
+    assert not SamplingParams(temperature=SAMPLING_EPS).greedy
+    # just above the epsilon the division is huge but the softmax stays finite
+    g = torch.Generator().manual_seed(0)
+    assert sample_row(logits, SamplingParams(temperature=2e-5), g) == 1
+    with pytest.raises(ValueError):                    # no distribution: an error, not a NaN draw
+        sample_row(logits, SamplingParams(temperature=float("nan")), g)
+    with pytest.raises(ValueError):
+        sample_row(torch.tensor([0.0, float("nan")]), SamplingParams(temperature=1.0), g)

@@ -1,0 +1,134 @@
+"""Where each new token's K/V go, and which cached keys each query may read.
+
+A step's new tokens (one ``Chunk`` per scheduled sequence) are concatenated into one flat
+batch of ``T`` tokens. ``prepare`` turns the chunks into the index tensors the model needs:
+
+* ``positions`` and ``slot_mapping``: the position of each of the ``T`` tokens and the KV
+  slot it writes, ``block_table[pos // block_size] * block_size + pos % block_size``;
+* ``groups``: sequences whose attention runs in one padded SDPA call. All sequences with at
+  most ``SMALL_QUERY`` new tokens (decodes, verifications) share one group; each longer
+  prefill chunk gets its own. A group carries the slots of its context keys and the
+  causal mask;
+* ``logit_rows``: the rows of the flat batch whose logits the engine wants.
+
+Pure index arithmetic: no weights, no KV tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+SMALL_QUERY = 8   # sequences with at most this many new tokens share one padded attention call
+
+
+@dataclass
+class Chunk:
+    """New tokens of one sequence for this forward: positions ``start .. start+len-1``.
+    Logits are wanted for the last ``num_logits`` of them (0 for a partial prefill chunk,
+    1 for a normal step, 1 + drafts when verifying speculative tokens)."""
+
+    block_table: list[int]
+    start: int
+    token_ids: list[int]
+    num_logits: int
+
+
+@dataclass
+class AttentionGroup:
+    """Sequences whose attention runs in one SDPA call (padded to a common shape)."""
+    q_index: torch.Tensor     # [B*Qmax] row of each (seq, query) in the flat batch
+    valid: torch.Tensor       # [B*Qmax] False for padding
+    slots: torch.Tensor       # [B, L] slot of each context token (0 for padding)
+    mask: torch.Tensor        # [B, 1, Qmax, L] True where attention is allowed
+    B: int
+    Q: int
+    L: int
+
+    fresh: bool = False       # one sequence prefilling from position 0: K/V are all new
+    identity: bool = False    # the group is every token of the step, in order, no padding
+
+    def __post_init__(self):
+        self.slots_flat = self.slots.reshape(-1)
+        self.all_valid = bool(self.valid.all())
+        self.grouped_masks: dict[int, torch.Tensor] = {}
+
+    def grouped_mask(self, grp: int) -> torch.Tensor:
+        """The mask for ``grp`` query heads folded into the query axis (built once a step)."""
+        if grp not in self.grouped_masks:
+            self.grouped_masks[grp] = self.mask.repeat(1, 1, grp, 1) if grp > 1 else self.mask
+        return self.grouped_masks[grp]
+
+
+@dataclass
+class AttentionMetadata:
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    groups: list[AttentionGroup] = field(default_factory=list)
+    logit_rows: torch.Tensor | None = None
+
+
+def _slots(table: torch.Tensor, pos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Slot of each position, given block tables ``[B, nblocks]`` and positions ``[B, L]``."""
+    return table.gather(1, pos // block_size) * block_size + pos % block_size
+
+
+def prepare(chunks: list[Chunk], block_size: int,
+            device: torch.device) -> tuple[torch.Tensor, AttentionMetadata]:
+    """The flat batch's token ids and its attention metadata."""
+    dev = device
+    ids, pos, logit_rows = [], [], []
+    offsets = []
+    t = 0
+    for c in chunks:
+        n = len(c.token_ids)
+        ids += c.token_ids
+        pos += range(c.start, c.start + n)
+        logit_rows += range(t + n - c.num_logits, t + n)
+        offsets.append(t)
+        t += n
+    input_ids = torch.tensor(ids, dtype=torch.long, device=dev)
+    positions = torch.tensor(pos, dtype=torch.long, device=dev)
+    width = max(len(c.block_table) for c in chunks)
+    tables = torch.tensor([c.block_table + [0] * (width - len(c.block_table)) for c in chunks],
+                          dtype=torch.long, device=dev)
+    seq_of_token = torch.repeat_interleave(
+        torch.arange(len(chunks), device=dev),
+        torch.tensor([len(c.token_ids) for c in chunks], device=dev))
+    bs = block_size
+    slot_mapping = tables[seq_of_token, positions // bs] * bs + positions % bs
+    meta = AttentionMetadata(positions, slot_mapping,
+                             logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=dev))
+    small = [i for i, c in enumerate(chunks) if len(c.token_ids) <= SMALL_QUERY]
+    big = [i for i, c in enumerate(chunks) if len(c.token_ids) > SMALL_QUERY]
+    if small:
+        meta.groups.append(_group([chunks[i] for i in small], [offsets[i] for i in small],
+                                  tables[small], block_size, dev))
+    for i in big:
+        meta.groups.append(_group([chunks[i]], [offsets[i]], tables[i:i + 1], block_size, dev))
+    if len(meta.groups) == 1 and not big and meta.groups[0].all_valid:
+        meta.groups[0].identity = True
+    return input_ids, meta
+
+
+def _group(chunks: list[Chunk], offsets: list[int], tables: torch.Tensor, block_size: int,
+           dev: torch.device) -> AttentionGroup:
+    B = len(chunks)
+    Q = max(len(c.token_ids) for c in chunks)
+    n = torch.tensor([len(c.token_ids) for c in chunks], device=dev)
+    start = torch.tensor([c.start for c in chunks], device=dev)
+    ctx = start + n
+    L = int(ctx.max())
+    qi = torch.arange(Q, device=dev)
+    q_index = torch.tensor(offsets, device=dev)[:, None] + qi
+    valid = qi[None, :] < n[:, None]
+    q_index = torch.where(valid, q_index, torch.zeros_like(q_index)).reshape(-1)
+    kj = torch.arange(L, device=dev)
+    key_ok = kj[None, :] < ctx[:, None]                                   # [B, L]
+    qpos = start[:, None] + qi[None, :]                                    # [B, Q]
+    mask = (kj[None, None, :] <= qpos[:, :, None]) & key_ok[:, None, :]    # [B, Q, L]
+    pos = torch.where(key_ok, kj[None, :].expand(B, L), torch.zeros_like(kj)[None, :])
+    slots = _slots(tables, pos, block_size)
+    fresh = B == 1 and chunks[0].start == 0
+    return AttentionGroup(q_index, valid.reshape(-1), slots, mask[:, None], B, Q, L, fresh)

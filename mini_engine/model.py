@@ -1,0 +1,184 @@
+"""The Llama transformer, in plain PyTorch: RMSNorm, RoPE, attention over a paged KV cache,
+SwiGLU MLP. Works for Llama-style models: SmolLM2, Llama, Mistral, Qwen2 (q/k/v biases).
+
+``Transformer.forward`` runs one engine step: the new tokens of every scheduled sequence are
+one flat batch of ``T`` tokens, so every linear layer is a single ``[T, hidden]`` matmul
+whatever the mix of prefills and decodes. Only attention needs to know which token belongs
+to which sequence (``attention_metadata.py``): each token writes its K/V into its slot of the
+pool (``kv_cache.py``), then each sequence's queries read its keys back through its block
+table and run ``scaled_dot_product_attention``.
+
+Attention variants (how much KV each token stores; ``loader.py`` converts the weights):
+
+* ``gqa``: as shipped (SmolLM2: 9 query heads share 3 KV heads).
+* ``mqa``: one KV head (KV is 3x smaller for SmolLM2).
+* ``mla``: K and V come from a shared rank-``r`` latent; only the latent is cached and K/V
+  are re-expanded at every step. Less memory, more compute: the DeepSeek-V2 trade, without
+  its decoupled-RoPE trick.
+
+Contract: the model owns weights and RoPE tables, never the KV pool; ``kv_layout()`` says
+what the pool must hold per token and layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from mini_engine.attention_metadata import AttentionGroup, AttentionMetadata
+from mini_engine.kv_cache import KVCache, KVLayout
+
+if TYPE_CHECKING:
+    from mini_engine.loader import ModelConfig
+
+
+@dataclass
+class DecoderLayer:
+    ln1: torch.Tensor             # input_layernorm
+    ln2: torch.Tensor             # post_attention_layernorm
+    qkv: object                   # fused q/k/v projection (for MLA: q and the latent)
+    o: object
+    gate_up: object               # fused gate/up projection
+    down: object
+    up_k: torch.Tensor | None = None   # MLA: latent -> keys
+    up_v: torch.Tensor | None = None   # MLA: latent -> values
+
+
+def rms_norm(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    # Same op order as transformers' LlamaRMSNorm (fp32 statistics), so fp32 runs match it bit
+    # for bit more often than not.
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return w * x.to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def rope_tables(cfg: "ModelConfig", dtype: torch.dtype,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of every position's rotation angles, ``[max_positions, head_dim]``."""
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64)
+                                         .float() / cfg.head_dim))
+    freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
+
+
+class Transformer:
+    """Weights (built by ``loader.load_model``) and the forward pass."""
+
+    def __init__(self, cfg: "ModelConfig", layers: list[DecoderLayer], *, embed: torch.Tensor,
+                 norm: torch.Tensor, lm_head: torch.Tensor, attention: str = "gqa",
+                 mla_rank: int = 64, dtype: torch.dtype = torch.float32,
+                 device: torch.device = torch.device("cpu")):
+        self.cfg, self.layers = cfg, layers
+        self.embed, self.norm, self.lm_head = embed, norm, lm_head
+        self.attention, self.mla_rank = attention, mla_rank
+        self.dtype, self.device = dtype, device
+        self.num_kv_heads = 1 if attention == "mqa" else cfg.num_kv_heads
+        self.cos, self.sin = rope_tables(cfg, dtype, device)
+
+    def kv_layout(self) -> KVLayout:
+        if self.attention == "mla":
+            return KVLayout(((None, self.mla_rank),))
+        # [kv_heads, slots, head_dim]: a gather along the slot axis then yields K/V already
+        # shaped [kv_heads, B, L, head_dim] for SDPA, with no transpose copy.
+        kv = (self.num_kv_heads, None, self.cfg.head_dim)
+        return KVLayout((kv, kv))
+
+    def weight_bytes(self) -> int:
+        n = self.embed.numel() * self.embed.element_size()
+        return n + sum(m.nbytes() for l in self.layers for m in (l.qkv, l.o, l.gate_up, l.down))
+
+    @torch.inference_mode()
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: KVCache,
+                num_layers: int | None = None) -> torch.Tensor:
+        """Run the flat batch through the first ``num_layers`` layers (all by default),
+        writing its K/V into ``kv``; return fp32 logits of ``meta.logit_rows``."""
+        x = F.embedding(input_ids, self.embed)
+        cos = self.cos.index_select(0, meta.positions)[:, None, :]
+        sin = self.sin.index_select(0, meta.positions)[:, None, :]
+        cfg = self.cfg
+        q_dim = cfg.num_heads * cfg.head_dim
+        kv_dim = self.num_kv_heads * cfg.head_dim
+        for li, layer in enumerate(self.layers[:num_layers]):
+            h = rms_norm(x, layer.ln1, cfg.rms_norm_eps)
+            qkv = layer.qkv(h)
+            if self.attention == "mla":
+                q = qkv[:, :q_dim].view(-1, cfg.num_heads, cfg.head_dim)
+                q = q * cos + rotate_half(q) * sin
+                kv.write(li, meta.slot_mapping, qkv[:, q_dim:].contiguous())
+                new_kv = None
+            else:
+                # RoPE on q and k in one go (they sit side by side in the fused output)
+                qk = qkv[:, :q_dim + kv_dim].view(-1, cfg.num_heads + self.num_kv_heads,
+                                                  cfg.head_dim)
+                qk = qk * cos + rotate_half(qk) * sin
+                q, k = qk[:, :cfg.num_heads], qk[:, cfg.num_heads:]
+                v = qkv[:, q_dim + kv_dim:].view(-1, self.num_kv_heads, cfg.head_dim)
+                kv.write(li, meta.slot_mapping, k.transpose(0, 1), v.transpose(0, 1))
+                new_kv = (k, v)
+            attn = self._attention(li, layer, q, meta, kv, new_kv)
+            x = x + layer.o(attn.reshape(-1, q_dim))
+            h = rms_norm(x, layer.ln2, cfg.rms_norm_eps)
+            gate, up = layer.gate_up(h).chunk(2, dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        x = rms_norm(x.index_select(0, meta.logit_rows), self.norm, cfg.rms_norm_eps)
+        return F.linear(x, self.lm_head).float()
+
+    def _context_kv(self, li: int, layer: DecoderLayer, g: AttentionGroup,
+                    kv: KVCache) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of the group's context, ``[kv_heads, B, L, head_dim]`` each."""
+        cfg = self.cfg
+        if self.attention != "mla":
+            shape = (self.num_kv_heads, g.B, g.L, cfg.head_dim)
+            k, v = kv.read(li, g.slots_flat)
+            return k.view(shape), v.view(shape)
+        lat = kv.read(li, g.slots_flat)[0].view(g.B, g.L, -1)                 # [B, L, r]
+        k = (lat @ layer.up_k.T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
+        v = (lat @ layer.up_v.T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
+        cos, sin = self.cos[:g.L][None, :, None, :], self.sin[:g.L][None, :, None, :]
+        k = k * cos + rotate_half(k) * sin     # RoPE after expansion: position = index in seq
+        return k.permute(2, 0, 1, 3).contiguous(), v.permute(2, 0, 1, 3).contiguous()
+
+    def _attention(self, li: int, layer: DecoderLayer, q: torch.Tensor, meta: AttentionMetadata,
+                   kv: KVCache, new_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
+        cfg = self.cfg
+        kvh = cfg.num_kv_heads if self.attention == "mla" else self.num_kv_heads
+        grp = cfg.num_heads // kvh
+        out = torch.empty_like(q)
+        for g in meta.groups:
+            if g.fresh and new_kv is not None:
+                # A prompt prefilled from scratch needs no gather: its K/V are the ones just
+                # computed, and a plain causal mask applies.
+                t0 = int(g.q_index[0])
+                sl = slice(t0, t0 + g.Q)
+                k, v = (t[sl].transpose(0, 1).repeat_interleave(grp, dim=0) for t in new_kv)
+                o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k, v, is_causal=True)
+                out[sl] = o.transpose(0, 1)
+                continue
+            k, v = self._context_kv(li, layer, g, kv)
+            # SDPA's leading two axes are free batch axes: use (kv_head, sequence). The query
+            # heads sharing a KV head are folded into the query axis, so SDPA sees
+            # [kv_heads, B, group*Q, d] against [kv_heads, B, L, d]: GQA without K/V copies.
+            qg = (q if g.identity else q.index_select(0, g.q_index))
+            qg = qg.view(g.B, g.Q, kvh, grp, cfg.head_dim)
+            qg = qg.permute(2, 0, 3, 1, 4).reshape(kvh, g.B, grp * g.Q, cfg.head_dim)
+            mask = g.grouped_mask(grp).transpose(0, 1)                 # [1, B, group*Q, L]
+            o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)
+            o = o.view(kvh, g.B, grp, g.Q, cfg.head_dim).permute(1, 3, 0, 2, 4)
+            o = o.reshape(g.B * g.Q, cfg.num_heads, cfg.head_dim)
+            if g.identity:            # a decode-only step: the group is the whole batch
+                return o
+            if g.all_valid:
+                out.index_copy_(0, g.q_index, o)
+            else:
+                out.index_copy_(0, g.q_index[g.valid], o[g.valid])
+        return out

@@ -1,0 +1,89 @@
+"""The engine as a whole, on the bundled model: what it accepts, how one failing request is
+contained, and what it reports about its memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from workshop.models import ModelError, resolve_model
+
+
+@pytest.fixture(scope="module")
+def path() -> str:
+    torch.set_num_threads(1)
+    try:
+        return resolve_model("smollm2-135m", prepare=False).path
+    except ModelError as exc:
+        pytest.skip(f"bundled model not prepared: {exc}")
+
+
+@pytest.fixture(scope="module")
+def engine(path):
+    from mini_engine import LLMEngine
+    return LLMEngine(path, kv_cache_gib=0.02, prefix_cache="hash", num_threads=1)
+
+
+def run(engine, requests):
+    """Step until every request finished; return {request id: (tokens, last output)}."""
+    got = {rid: ([], None) for rid, _, _ in requests}
+    for rid, prompt, params in requests:
+        engine.add_request(prompt, params, rid)
+    while engine.has_unfinished():
+        for out in engine.step():
+            got[out.request_id] = (got[out.request_id][0] + out.new_token_ids, out)
+    return got
+
+
+@pytest.mark.parametrize("prompt", [[], [1, -1, 2], [1, 49152], [10 ** 9]])
+def test_add_request_rejects_empty_prompts_and_ids_outside_the_vocabulary(engine, prompt):
+    from mini_engine import SamplingParams
+    assert engine.runner.cfg.vocab_size == 49152
+    with pytest.raises(ValueError):
+        engine.add_request(prompt, SamplingParams(max_tokens=2))
+    assert not engine.has_unfinished() and not engine.requests
+
+
+def test_one_failing_request_does_not_harm_the_others(engine):
+    from mini_engine import SamplingParams
+    prompt = [1, 504, 3458, 28, 253, 1978, 42]
+    ok = SamplingParams(max_tokens=6, ignore_eos=True)
+    alone = run(engine, [("alone", prompt, ok)])["alone"][0]
+    # NaN temperature: sampling has no distribution to draw from and raises
+    got = run(engine, [("a", prompt, ok),
+                       ("bad", prompt[:4], SamplingParams(max_tokens=6, temperature=float("nan"))),
+                       ("b", prompt, ok)])
+    tokens, out = got["bad"]
+    assert out.finish_reason == "error" and out.error and "ValueError" in out.error
+    assert tokens == []
+    assert got["a"][0] == alone and got["b"][0] == alone
+    assert got["a"][1].finish_reason == "length" and got["a"][1].error is None
+    st = engine.stats()
+    assert st["num_running"] == 0 and st["free_blocks"] + st["cached_blocks"] == st["num_blocks"]
+    assert not engine.requests
+    assert run(engine, [("after", prompt, ok)])["after"][0] == alone   # still serving
+
+
+@pytest.mark.parametrize("temperature", [1e-40, 1e-6, 0.0])
+def test_tiny_temperature_is_greedy(engine, temperature):
+    from mini_engine import SamplingParams
+    prompt = [1, 504, 3458, 28]
+    greedy = run(engine, [("g", prompt, SamplingParams(max_tokens=4, ignore_eos=True))])["g"][0]
+    got = run(engine, [("t", prompt, SamplingParams(max_tokens=4, ignore_eos=True,
+                                                    temperature=temperature))])["t"]
+    assert got[0] == greedy and got[1].error is None
+
+
+def test_kv_bytes_per_token_is_measured_on_the_pool(path, engine):
+    """The reported figure is pool bytes / slots, checked against the tensors themselves
+    and against the textbook formula (an independent quantity)."""
+    from mini_engine import LLMEngine
+    kv = engine.runner.kv_cache
+    slots = engine.block_manager.num_blocks * engine.config.block_size
+    pool = sum(t.numel() * t.element_size() for layer in kv.layers for t in layer)
+    c = engine.runner.cfg
+    assert engine.stats()["kv_bytes_per_token"] == pool // slots
+    assert pool // slots == c.num_layers * 2 * c.num_kv_heads * c.head_dim * 4   # fp32 K and V
+    assert pool <= 0.02 * (1 << 30)
+    mqa = LLMEngine(path, kv_cache_gib=0.01, attention="mqa", num_threads=1)
+    assert mqa.runner.kv_bytes_per_token() * c.num_kv_heads == engine.runner.kv_bytes_per_token()
