@@ -20,7 +20,9 @@ shortfall counts only when it is larger than twice that.
 Queueing is judged as well, from evidence that does not depend on the window's length:
 
 - the server's own waiting queue (``vllm:num_requests_waiting``, sampled every 0.5 s) grows
-  over the window (second half at least 2 requests and twice the first half);
+  over the window: its mean over the second half exceeds the first half's by more than
+  max(2, Z x sqrt(mean waiting)) (a stable queue fluctuates by about the square root of its
+  length);
 - TTFT grows: the median TTFT of the window's last third of arrivals exceeds the first
   third's by more than one unloaded session length (an overloaded queue adds waiting with
   every arrival; a stable one only fluctuates);
@@ -237,7 +239,8 @@ def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = Non
         h = _halves(series, "waiting", win["start_s"], win["end_s"])
         if h is not None:
             w1, w2, wpeak = h
-            q_grows = w2 - w1 >= 2 and w2 >= 2 * w1
+            # a stable queue fluctuates by about sqrt(its length); growth must exceed Z times that
+            q_grows = w2 - w1 > max(2.0, Z * math.sqrt(max((w1 + w2) / 2, 1.0)))
             if q_grows:
                 reasons.append(f"server queue grows: {w1:.1f} -> {w2:.1f} waiting (window halves)")
         growth = _ttft_growth(records, win["start_s"], win["end_s"])
@@ -283,9 +286,14 @@ def _client_limited(records: Sequence[RequestRecord], win: dict[str, Any] | None
 
 
 def closed_loop_throughput(records: Sequence[RequestRecord], warmup_s: float = 0.0) -> float | None:
-    """Completions per second while every slot was busy: the steady window of a closed loop
-    (from the warm-up to the last session start; None when all sessions started at once)."""
+    """Sessions per second of a closed loop while every slot was busy, by Little's law:
+    mean number in the system over the steady window (warm-up to the last session start) /
+    mean length of the sessions that started in it. Counting completions instead would be
+    quantised: a server with a concurrency limit finishes its requests in waves. None when
+    every session started at once (no steady window)."""
     win = steady_window(records, warmup_s)
-    if win is None or win["seconds"] <= 0 or win["arrivals"] < 2:
+    if win is None or win["arrivals"] < 2:
         return None
-    return win["achieved_rate"]
+    lengths = [e - a for a, e, _ in sessions(records) if win["start_s"] < a <= win["end_s"]]
+    mean = float(np.mean(lengths))
+    return win["mean_in_system"] / mean if mean > 0 else None

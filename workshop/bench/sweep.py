@@ -5,7 +5,8 @@ at every lower one. Each open-loop point is judged by ``saturation.judge`` over 
 window (warm-up and drain left out, as GuideLLM does): throughput must track the offered
 load beyond the noise of a stable queue, the server's waiting queue must not grow, TTFT
 must not grow across the window; the p99 TTFT / ITL objectives must hold; and the client
-must have offered the load (schedule lag). Without given loads the sweep picks them as
+must have offered the load (schedule lag: a point where it could not is left out, neither
+the knee nor a failure). Without given loads the sweep picks them as
 GuideLLM's sweep profile does: a synchronous probe (one request at a time) and a
 maximum-throughput probe (closed loop at high concurrency) first, then rates spaced evenly
 from the synchronous rate to a little past the maximum throughput. For closed-loop sweeps
@@ -151,23 +152,25 @@ class SweepResult:
             rows.append(row)
         return "\n".join(rows)
 
-    def save(self, folder: str | os.PathLike) -> Path:
+    def save(self, folder: str | os.PathLike, plots: bool = True) -> Path:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         names = []
         for i, p in enumerate(self.points):
             name = f"point-{i:02d}"
-            p.save(folder / name)
+            p.save(folder / name, plots=plots)
             names.append(name)
         probes = {}
         for kind, p in self.probes.items():
-            p.save(folder / f"probe-{kind}")
+            p.save(folder / f"probe-{kind}", plots=plots)
             probes[kind] = f"probe-{kind}"
         (folder / "sweep.json").write_text(json.dumps(
             {"mode": self.mode, "loads": self.loads, "points": names, "knee_index": self.knee_index,
              "knee": self.knee, "config": self.config, "probes": probes,
              "overloaded": self.overloaded() if self.mode == "rate" else None,
              "offered": self.offered(), "achieved": self.achieved()}, indent=2, default=str))
+        if not plots:
+            return folder
         try:
             from .plots import plot_load_curve
             fig = plot_load_curve(self)
@@ -317,9 +320,14 @@ def _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain) -> 
     ttft = [p.summary["ttft_ms"]["p99"] for p in points]
     itl = [p.summary["itl_ms"]["p99"] for p in points]
     if mode == "rate":
+        # A point where the client could not offer the load says nothing about the server:
+        # it is left out (neither the knee nor a failure), and shown as client-bound.
         verdicts = [(p.summary.get("saturation") or {}) for p in points]
-        bad = [bool(v.get("overloaded") or v.get("client_limited")) for v in verdicts]
-        return find_knee(loads, loads, ttft, itl, slo_ttft_ms, slo_itl_ms, tolerance, overloaded=bad)
+        valid = [i for i, v in enumerate(verdicts) if not v.get("client_limited")]
+        k = find_knee([loads[i] for i in valid], [loads[i] for i in valid], [ttft[i] for i in valid],
+                      [itl[i] for i in valid], slo_ttft_ms, slo_itl_ms, tolerance,
+                      overloaded=[bool(verdicts[i].get("overloaded")) for i in valid])
+        return None if k is None else valid[k]
     achieved = []
     for p in points:
         steady = closed_loop_throughput(p.records)
