@@ -167,7 +167,7 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--duration", type=float,
                    help="each rate point sends at least rate x DURATION sessions (default: --num-requests each)")
     p.add_argument("--sweep-points", type=int, default=6, help="rates to try when they come from the probes")
-    p.add_argument("--overshoot", type=float, default=1.2,
+    p.add_argument("--overshoot", type=float, default=1.5,
                    help="highest probe-chosen rate, as a multiple of the maximum throughput measured")
     p.add_argument("--probe-requests", type=int, default=10, help="requests of the synchronous probe")
     p.add_argument("--probe-concurrency", type=int,

@@ -14,8 +14,10 @@ the system, so
 
 A server that keeps up has achieved ~= offered; one that does not piles requests up. The
 difference (arrivals - ends in the window) of a stable server is noise of about
-sqrt(2 x mean number in the system) (a Poisson number in the system, at both ends), so a
-shortfall counts only when it is larger than twice that.
+sqrt(2 x mean number in the system) (a Poisson number in the system, at both ends) plus one
+(the last arrival, still in the system when the window closes), so a shortfall counts only
+when it is larger than ``Z`` = 2.5 times that, and the achieved rate is below ``tolerance``
+(0.9) x offered.
 
 Queueing is judged as well, from evidence that does not depend on the window's length:
 
@@ -46,7 +48,7 @@ from .metrics import RequestRecord
 
 WARMUP_FRACTION = 0.1   # the window never starts earlier than this fraction of the arrival span
 MAX_WARMUP_FRACTION = 0.6  # ... nor later: a shorter window is flagged ``short`` instead
-Z = 2.0                 # shortfall must exceed Z x its noise in a stable system
+Z = 2.5                 # a shortfall or a queue's growth must exceed Z x its noise in a stable system
 
 
 @dataclass
@@ -230,7 +232,7 @@ def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = Non
     if win is not None:
         ratio = win["achieved_rate"] / win["offered_rate"] if win["offered_rate"] > 0 else None
         shortfall = win["arrivals"] - win["completions"]
-        noise = math.sqrt(2 * max(win["mean_in_system"], 1.0))
+        noise = math.sqrt(2 * max(win["mean_in_system"], 1.0)) + 1
         falls = ratio is not None and ratio < tolerance and shortfall > Z * noise
         if falls:
             reasons.append(f"throughput falls behind: {win['achieved_rate']:.3g} of {win['offered_rate']:.3g}/s "

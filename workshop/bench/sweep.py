@@ -126,6 +126,11 @@ class SweepResult:
         if k == len(self.loads) - 1:
             return (f"knee: {at} or more (no point tried was overloaded; "
                     f"the server's limit is higher than the highest load tried)")
+        skipped = [self.loads[i] for i in range(k + 1, len(self.points))
+                   if (self.points[i].summary.get("saturation") or {}).get("client_limited")]
+        if k + 1 < len(self.points) and skipped and skipped[0] == self.loads[k + 1]:
+            return (f"knee: {at} at least (the client could not offer "
+                    + ", ".join(f"{x:.3g}" for x in skipped) + " req/s: run again on a quieter machine)")
         nxt = self.points[k + 1].summary
         why = (nxt.get("saturation") or {}).get("reasons") or []
         slo = self.config.get("slo_ttft_ms"), self.config.get("slo_itl_ms")
@@ -198,8 +203,8 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
                slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None, tolerance: float = 0.9,
                min_gain: float = 0.1, seed: int = 0, warmup: int = 2, progress: bool = True,
                output_dir: str | None = None, stop_after_knee: bool = False, duration_s: float | None = None,
-               sweep_points: int = 6, overshoot: float = 1.2, probe_requests: int = 10,
-               probe_concurrency: int | None = None, **kwargs: Any) -> SweepResult:
+               sweep_points: int = 6, overshoot: float = 1.5, probe_requests: int = 10,
+               probe_concurrency: int | None = None, client_retries: int = 1, **kwargs: Any) -> SweepResult:
     """Run the same workload at increasing load and locate the knee.
 
     Open loop over ``request_rates`` (req/s; session arrivals/s for multi-turn workloads) or
@@ -211,7 +216,9 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     point send at least rate x duration sessions (a longer run realises its asked rate more
     closely and has a longer steady window); otherwise every point sends the same
     ``num_requests`` with the same seed, so its realised rate is the same fraction of the
-    asked one at every point. ``stop_after_knee`` stops at the first point past the knee.
+    asked one at every point. A point where the client could not offer the load (its machine
+    stalled) is run again up to ``client_retries`` times. ``stop_after_knee`` stops at the
+    first point past the knee.
     Other keyword arguments go to ``run_benchmark`` / the workload.
     """
     from .run import run_benchmark
@@ -262,13 +269,20 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
             sessions_wanted = math.ceil(load * duration_s) if duration_s else 0
             n = max(num_requests, math.ceil(sessions_wanted * per_session))
             res = point(n, concurrency=max_concurrency, request_rate=load)
+            if baseline is None:  # no probe: the lightest point's first sessions met an idle server
+                baseline = Baseline.from_records(res.records, "first sessions of the lightest point", first=5)
+            _rejudge(res, baseline, tolerance)
+            for _ in range(client_retries):
+                if not res.summary["saturation"]["client_limited"]:
+                    break
+                # The client (its machine) stalled: such a point says nothing about the server;
+                # a busy machine's stalls pass, so try once more.
+                res = point(n, concurrency=max_concurrency, request_rate=load)
+                _rejudge(res, baseline, tolerance)
+                res.config["client_retry"] = True
         else:
             res = point(num_requests, concurrency=int(load), request_rate=None)
         points.append(res)
-        if mode == "rate":
-            if baseline is None:  # no probe: the lightest point's first sessions met an idle server
-                baseline = Baseline.from_records(points[0].records, "first sessions of the lightest point", first=5)
-            _rejudge(res, baseline, tolerance)
         knee = _knee(mode, loads[:i + 1], points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
         if stop_after_knee and knee is not None and knee < i:
             loads = loads[:i + 1]
