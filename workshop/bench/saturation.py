@@ -28,9 +28,11 @@ Queueing is judged as well, from evidence that does not depend on the window's l
 - TTFT grows: the median TTFT of the window's last third of arrivals exceeds the first
   third's by more than one unloaded session length (an overloaded queue adds waiting with
   every arrival; a stable one only fluctuates);
-- and the client itself: a p99 schedule lag above max(5 ms, 10% of the median TTFT) means
-  the load was not offered as asked, so the point cannot vouch for the server
-  (``client_limited``).
+- and the client itself (``client_limited``: the point cannot vouch for the server either
+  way): it sent fewer arrivals per second than scheduled, or its schedule lag grew across the
+  window (a queue inside the client), or its p99 lag exceeds two mean gaps between arrivals
+  (a stall that sent the arrivals it held back as one burst). A steady few milliseconds of
+  lag, the operating system's scheduling noise, does not change the load.
 
 Sessions (not requests) are the unit of arrival: for multi-turn workloads the rates are
 sessions per second, as ``request_rate`` is.
@@ -265,13 +267,20 @@ def _client_limited(records: Sequence[RequestRecord], win: dict[str, Any] | None
     """Why the client did not offer the load as scheduled, or None.
 
     A steady lag (the machine's scheduling noise) delays arrivals without changing the rate;
-    what spoils the load is a lag that *accumulates*: the offered rate falls short of the
-    scheduled one, or the lag grows across the window (a queue inside the client).
+    what spoils the load is a lag that *accumulates* (the offered rate falls short of the
+    scheduled one, or the lag grows across the window: a queue inside the client) or a stall
+    long enough to bunch arrivals (p99 lag over two mean gaps).
     """
     ld = offered_vs_asked(records, None)
     if ld["scheduled_rate"] and ld["offered_rate"] and ld["offered_rate"] < 0.95 * ld["scheduled_rate"]:
         return (f"client-bound: it sent {ld['offered_rate']:.3g}/s of the {ld['scheduled_rate']:.3g}/s "
                 "scheduled")
+    lag = [r.schedule_lag for r in records if not r.warmup]
+    lag99 = float(np.percentile(lag, 99)) if lag else 0.0
+    if ld["offered_rate"] and lag99 > max(0.005, 2.0 / ld["offered_rate"]):
+        # a stall of two mean gaps sends the arrivals it held back as one burst
+        return (f"client-bound: schedule lag p99 {1e3 * lag99:.0f} ms, more than two mean gaps between "
+                "arrivals (the client or its machine stalled)")
     if win is None:
         return None
     rs = sorted((r for r in records if not r.warmup and win["start_s"] < r.scheduled <= win["end_s"]),

@@ -211,7 +211,7 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     closed loop over ``concurrencies``. With neither, the rates are chosen as GuideLLM's sweep
     profile does: a synchronous probe (``probe_requests`` one at a time), a throughput probe
     (closed loop at ``probe_concurrency``, default ``max_concurrency`` or half of
-    ``num_requests``), then ``sweep_points`` rates evenly spaced from the synchronous rate
+    ``num_requests``; at least 3 rounds, and about ``duration_s`` long when given), then ``sweep_points`` rates evenly spaced from the synchronous rate
     (excluded) to ``overshoot`` x the maximum throughput. ``duration_s`` makes each open-loop
     point send at least rate x duration sessions (a longer run realises its asked rate more
     closely and has a longer steady window); otherwise every point sends the same
@@ -255,9 +255,12 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     if mode == "rate" and request_rates is None:
         probes["synchronous"] = point(min(num_requests, probe_requests), concurrency=1, request_rate=None)
         c = probe_concurrency or max_concurrency or max(2, num_requests // 2)
-        probes["throughput"] = point(max(num_requests, 3 * c), concurrency=c, request_rate=None)
         baseline = Baseline.from_records(probes["synchronous"].records, "synchronous probe")
         sync_rate = _closed_rate(probes["synchronous"], baseline)
+        n = max(num_requests, 3 * c)
+        if duration_s:  # enough for about duration_s even if c streams went c times as fast as one
+            n = max(n, min(20 * c, math.ceil(c * sync_rate * duration_s * per_session)))
+        probes["throughput"] = point(n, concurrency=c, request_rate=None)
         max_rate = max(_closed_rate(probes["throughput"], baseline), sync_rate)
         request_rates = [float(r) for r in np.linspace(sync_rate, overshoot * max_rate, sweep_points + 1)[1:]]
         for kind, p in probes.items():
