@@ -103,9 +103,16 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     slo_ttft_ms=args.slo_ttft_ms, slo_itl_ms=args.slo_itl_ms, tolerance=args.tolerance,
                     seed=args.seed, warmup=args.warmup, progress=not args.no_progress, output_dir=out,
                     stop_after_knee=args.stop_after_knee, api_key=args.api_key, label=args.label,
-                    tokenizer=args.tokenizer, reset_cache=args.reset_cache, **_workload_kwargs(args))
+                    tokenizer=args.tokenizer, reset_cache=args.reset_cache, duration_s=args.duration,
+                    sweep_points=args.sweep_points, overshoot=args.overshoot, probe_requests=args.probe_requests,
+                    probe_concurrency=args.probe_concurrency, **_workload_kwargs(args))
+    if sw.probes:
+        c = sw.config
+        print(f"probes: synchronous {c['synchronous_rate']:.3g} req/s, maximum throughput "
+              f"{c['max_throughput_rate']:.3g} req/s (closed loop at {c['probe_concurrency']}) -> rates "
+              + ", ".join(f"{l:.3g}" for l in sw.loads))
     print(sw.table())
-    print(f"knee: {sw.knee}" if sw.knee is not None else "knee: none (even the lowest load fails)")
+    print(sw.knee_note())
     print(f"results: {out}")
     return 0
 
@@ -151,10 +158,20 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--request-rate", type=float, help="open loop: arrivals per second (default: closed loop)")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("sweep", help="a load sweep, with the knee located")
+    p = sub.add_parser("sweep", help="a load sweep, with the knee located",
+                       description="Without --request-rates or --concurrencies the rates come from a synchronous "
+                                   "and a maximum-throughput probe (as GuideLLM's sweep profile).")
     _add_common(p)
-    p.add_argument("--request-rates", help="open-loop rates, comma-separated, e.g. 1,2,4,8")
+    p.add_argument("--request-rates", help="open-loop rates, comma-separated, e.g. 1,2,4,8 (default: from probes)")
     p.add_argument("--concurrencies", help="closed-loop concurrencies, comma-separated, e.g. 1,2,4,8,16")
+    p.add_argument("--duration", type=float,
+                   help="each rate point sends at least rate x DURATION sessions (default: --num-requests each)")
+    p.add_argument("--sweep-points", type=int, default=6, help="rates to try when they come from the probes")
+    p.add_argument("--overshoot", type=float, default=1.5,
+                   help="highest probe-chosen rate, as a multiple of the maximum throughput measured")
+    p.add_argument("--probe-requests", type=int, default=10, help="requests of the synchronous probe")
+    p.add_argument("--probe-concurrency", type=int,
+                   help="concurrency of the throughput probe (default --max-concurrency, else half of --num-requests)")
     p.add_argument("--max-concurrency", type=int, help="cap on sessions in flight during a rate sweep (default none)")
     p.add_argument("--tolerance", type=float, default=0.9, help="achieved/offered ratio that still counts as tracking")
     p.add_argument("--stop-after-knee", action="store_true")

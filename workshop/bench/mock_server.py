@@ -6,6 +6,14 @@ It answers ``/v1/chat/completions`` and ``/v1/completions`` with ``max_tokens`` 
 less CPU per request than the client under test. A request whose ``model`` is
 ``"fail-<code>"`` gets that HTTP status, so error handling can be tested.
 
+A server of known capacity. With ``max_concurrency`` C, at most C requests generate at once;
+the others wait in a first-come queue (``vllm:num_requests_waiting``; the generating ones are
+``vllm:num_requests_running`` and ``vllm:kv_cache_usage_perc`` is running / C). Token i of a
+request is due ``first_token_delay_s + i * chunk_delay_s`` after it got its slot (deadlines,
+not chained sleeps, so timer overshoot does not add up), so a request of L tokens holds a slot
+for S(L) = first_token_delay_s + (L - 1) * chunk_delay_s and the server completes at most
+C / S(L) requests per second: ``capacity(L)``.
+
     python -m workshop.bench.mock_server --port 8199
 """
 
@@ -17,12 +25,28 @@ import json
 
 
 class MockServer:
-    def __init__(self, chunk_delay_s: float = 0.0, first_token_delay_s: float = 0.0):
+    def __init__(self, chunk_delay_s: float = 0.0, first_token_delay_s: float = 0.0,
+                 max_concurrency: int | None = None):
         self.chunk_delay_s = chunk_delay_s
         self.first_token_delay_s = first_token_delay_s
+        self.max_concurrency = max_concurrency
         self.requests = 0
         self.prompt_tokens = 0
+        self.running = 0
+        self.waiting = 0
+        self._slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
         self.server: asyncio.base_events.Server | None = None
+
+    def service_time(self, output_tokens: int) -> float:
+        """Seconds a request of ``output_tokens`` holds a slot (from slot to last token)."""
+        return self.first_token_delay_s + max(output_tokens - 1, 0) * self.chunk_delay_s
+
+    def capacity(self, output_tokens: int) -> float | None:
+        """Requests/s the server sustains when every request asks for ``output_tokens``
+        (None: no concurrency limit, so no finite capacity)."""
+        if not self.max_concurrency:
+            return None
+        return self.max_concurrency / self.service_time(output_tokens)
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> int:
         self.server = await asyncio.start_server(self._conn, host, port, backlog=1024)
@@ -60,8 +84,10 @@ class MockServer:
             text = (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total"
                     f'{{model_name="mock"}} {float(self.prompt_tokens)}\n'
                     f'vllm:prefix_cache_hits_total{{model_name="mock"}} {float(self.prompt_tokens // 2)}\n'
-                    f'vllm:kv_cache_usage_perc{{model_name="mock"}} 0.25\n'
-                    f'vllm:num_preemptions_total{{model_name="mock"}} 0.0\n')
+                    f'vllm:kv_cache_usage_perc{{model_name="mock"}} {self._kv_usage()}\n'
+                    f'vllm:num_preemptions_total{{model_name="mock"}} 0.0\n'
+                    f'vllm:num_requests_running{{model_name="mock"}} {float(self.running)}\n'
+                    f'vllm:num_requests_waiting{{model_name="mock"}} {float(self.waiting)}\n')
             self._simple(writer, 200, text.encode(), "text/plain")
             return
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
@@ -85,12 +111,32 @@ class MockServer:
             data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
             writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
 
-        if self.first_token_delay_s:
-            await asyncio.sleep(self.first_token_delay_s)
+        if self._slots is not None:
+            self.waiting += 1
+            try:
+                await self._slots.acquire()
+            finally:
+                self.waiting -= 1
+        self.running += 1
+        try:
+            await self._generate(n, n_prompt, chat, writer, event)
+        finally:
+            self.running -= 1
+            if self._slots is not None:
+                self._slots.release()
+
+    def _kv_usage(self) -> float:
+        return self.running / self.max_concurrency if self.max_concurrency else 0.25
+
+    async def _generate(self, n: int, n_prompt: int, chat: bool, writer: asyncio.StreamWriter, event) -> None:
+        loop = asyncio.get_running_loop()
+        start = loop.time()
         for i in range(n):
-            if i and self.chunk_delay_s:
-                await writer.drain()
-                await asyncio.sleep(self.chunk_delay_s)
+            due = start + self.first_token_delay_s + i * self.chunk_delay_s
+            if due > loop.time():
+                if i:
+                    await writer.drain()
+                await asyncio.sleep(due - loop.time())
             choice = {"index": 0, "delta": {"content": f" w{i}"}} if chat else {"index": 0, "text": f" w{i}"}
             event({"id": "x", "object": "chunk", "choices": [choice]})
         event({"id": "x", "object": "chunk", "choices": [],
@@ -107,10 +153,11 @@ def main() -> None:
     ap.add_argument("--port", type=int, default=8199)
     ap.add_argument("--chunk-delay-s", type=float, default=0.0, help="gap between token chunks")
     ap.add_argument("--first-token-delay-s", type=float, default=0.0, help="wait before the first chunk")
+    ap.add_argument("--max-concurrency", type=int, help="requests generating at once; the rest wait in a queue")
     args = ap.parse_args()
 
     async def serve() -> None:
-        s = MockServer(args.chunk_delay_s, args.first_token_delay_s)
+        s = MockServer(args.chunk_delay_s, args.first_token_delay_s, args.max_concurrency)
         port = await s.start(args.host, args.port)
         print(f"mock server on http://{args.host}:{port}", flush=True)
         await s.server.serve_forever()

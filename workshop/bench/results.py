@@ -119,7 +119,20 @@ def format_summary(s: dict[str, Any]) -> str:
     srv = s.get("server") or {}
     if srv.get("metrics_available"):
         lines.append("server: " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                            for k, v in srv.items() if k != "metrics_available"))
+                                            for k, v in srv.items() if k not in ("metrics_available", "series")))
+    ld = s.get("load") or {}
+    if ld.get("offered_rate") is not None:
+        band = ld.get("sampling_band_95")
+        lines.append(f"load: asked {f(ld['asked_rate'], 3)}/s, scheduled {f(ld['scheduled_rate'], 3)}/s, offered "
+                     f"{f(ld['offered_rate'], 3)}/s over {ld['arrivals']} arrivals"
+                     + (f" (95% of random schedules: {band[0]:.3g}-{band[1]:.3g})" if band else ""))
+    sat = s.get("saturation")
+    if sat:
+        win = sat.get("window") or {}
+        lines.append(("OVERLOADED" if sat["overloaded"] else "keeps up")
+                     + (f" over the steady window ({f(win.get('seconds'), 1)} s): achieved "
+                        f"{f(win.get('achieved_rate'), 3)} of {f(win.get('offered_rate'), 3)}/s" if win else "")
+                     + "".join(f"; {r}" for r in sat.get("reasons") or []))
     wl = s.get("workload") or {}
     if wl:
         lines.append(f"workload {wl.get('workload')}: {wl.get('requests')} requests, prompt tokens "

@@ -12,6 +12,7 @@ from typing import Any
 from .client import Load, OpenAIClient, Runner
 from .metrics import SLO, summarize
 from .results import BenchResult, local_environment, server_environment
+from .saturation import judge, offered_vs_asked
 from .server_metrics import MetricsScraper
 from .workloads import Request, Tokenizer, Workload, build_workload, exact_filler, token_stats
 
@@ -137,10 +138,30 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
         summary["warnings"].append(f"{len(warm_failed)} warm-up requests failed: {warm_failed[0].error[:200]}")
     measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup and s is not None]
     summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions), **token_stats(measured, tok)}
+    if load.open_loop:
+        summary["load"] = offered_vs_asked(records, request_rate, burstiness)
+        _explain_load(summary)
+        # A sweep judges again with its own baseline (an unloaded probe); alone, a run uses
+        # its first sessions as the unloaded reference.
+        summary["saturation"] = judge(records, summary["server"].get("series")).to_dict()
     result = BenchResult(config=config, summary=summary, records=records, environment=env)
     if output_dir is not None:
         result.save(output_dir)
     return result
+
+
+def _explain_load(summary: dict[str, Any]) -> None:
+    """Warn when the offered load differs from the asked one by more than chance explains."""
+    ld = summary["load"]
+    band, off, sch = ld.get("sampling_band_95"), ld.get("offered_rate"), ld.get("scheduled_rate")
+    if off is None or band is None:
+        return
+    if sch and off < 0.95 * sch:
+        summary["warnings"].append(f"offered {off:.3g}/s but the schedule asked {sch:.3g}/s: the client sent late")
+    elif not band[0] <= off <= band[1]:
+        summary["warnings"].append(
+            f"offered {off:.3g}/s is outside the 95% range of a random schedule of {ld['arrivals']} arrivals at "
+            f"{ld['asked_rate']:g}/s ({band[0]:.3g}-{band[1]:.3g})")
 
 
 def run_benchmark(base_url: str, model: str, workload: str | Workload = "random", num_requests: int = 32,

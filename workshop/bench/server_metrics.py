@@ -66,7 +66,16 @@ class ServerSamples:
         if waiting:
             out["peak_waiting"] = max(waiting)
         out["samples"] = len(self.during)
+        out["series"] = self.series()
         return out
+
+    def series(self) -> dict[str, list]:
+        """The gauges sampled during the run, on the run's clock (s): what the saturation
+        verdict reads (the waiting queue over the steady window). ``None`` where not reported."""
+        return {"t": [t for t, _ in self.during],
+                "running": [_first(m, RUNNING) for _, m in self.during],
+                "waiting": [_first(m, WAITING) for _, m in self.during],
+                "kv_usage": [_first(m, KV_USAGE) for _, m in self.during]}
 
 
 class MetricsScraper:

@@ -1,37 +1,48 @@
 """Load sweeps and the knee.
 
-The knee is the highest offered load at which the server still keeps up: achieved
-throughput tracks offered load (within ``tolerance``) and the p99 TTFT / ITL objectives
-hold, at that load and at every lower one. "Achieved" is the run's request throughput and
-"offered" the throughput a server that keeps up would show on the schedule as realized
-(``metrics.offered_rate``: the arrival span plus the median session length at the sweep's
-lightest point, i.e. the drain of an unloaded server), so short runs are not mistaken for
-saturated ones. For closed-loop sweeps over concurrency there is
-no offered rate, so "keeps up" means adding concurrency still adds throughput (at least
-``min_gain`` relative) while the objectives hold.
+The knee is the highest offered load at which the server still keeps up, at that load and
+at every lower one. Each open-loop point is judged by ``saturation.judge`` over its steady
+window (warm-up and drain left out, as GuideLLM does): throughput must track the offered
+load beyond the noise of a stable queue, the server's waiting queue must not grow, TTFT
+must not grow across the window; the p99 TTFT / ITL objectives must hold; and the client
+must have offered the load (schedule lag: a point where it could not is left out, neither
+the knee nor a failure). Without given loads the sweep picks them as
+GuideLLM's sweep profile does: a synchronous probe (one request at a time) and a
+maximum-throughput probe (closed loop at high concurrency) first, then rates spaced evenly
+from the synchronous rate to a little past the maximum throughput. For closed-loop sweeps
+over concurrency there is no offered rate, so "keeps up" means adding concurrency still adds
+steady throughput (at least ``min_gain`` relative) while the objectives hold.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
+
 from .results import BenchResult
+from .saturation import Baseline, closed_loop_throughput, judge
 from .workloads import Tokenizer, Workload, build_workload
 
 
 def find_knee(offered: Sequence[float], achieved: Sequence[float],
               p99_ttft_ms: Sequence[float | None] | None = None, p99_itl_ms: Sequence[float | None] | None = None,
               slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
-              tolerance: float = 0.9) -> int | None:
-    """Index of the knee among points sorted by ``offered`` (rates), or None if even the lowest fails."""
+              tolerance: float = 0.9, overloaded: Sequence[bool] | None = None) -> int | None:
+    """Index of the knee among points sorted by ``offered`` (rates), or None if even the lowest fails.
+
+    ``overloaded``: per point, the verdict of ``saturation.judge`` (which already holds the
+    throughput test, with its noise); when given it replaces ``achieved >= tolerance x offered``.
+    """
     n = len(offered)
     knee = None
     for i in range(n):
-        ok = achieved[i] >= tolerance * offered[i]
+        ok = (not overloaded[i]) if overloaded is not None else achieved[i] >= tolerance * offered[i]
         ok = ok and _slo_holds(i, p99_ttft_ms, slo_ttft_ms) and _slo_holds(i, p99_itl_ms, slo_itl_ms)
         if not ok:
             break
@@ -73,45 +84,98 @@ class SweepResult:
     points: list[BenchResult]
     knee_index: int | None
     config: dict[str, Any] = field(default_factory=dict)
+    probes: dict[str, BenchResult] = field(default_factory=dict)  # "synchronous", "throughput"
 
     @property
     def knee(self) -> float | None:
+        """The knee as a load that was asked for (req/s, or concurrency)."""
         return None if self.knee_index is None else self.loads[self.knee_index]
 
+    @property
+    def knee_offered(self) -> float | None:
+        """The knee as offered (req/s over its steady window): what the server was really given."""
+        return None if self.knee_index is None else self.offered()[self.knee_index]
+
     def offered(self) -> list[float]:
-        """Offered load in requests/s as realized (session arrivals x requests per session);
-        the loads themselves (concurrency) for closed-loop sweeps."""
+        """Offered load in requests/s: arrivals over each point's steady window (sessions x
+        requests per session); the loads themselves (concurrency) for closed-loop sweeps."""
         if self.mode != "rate":
             return list(self.loads)
-        return _offered_all(self.loads, self.points, self.config.get("requests_per_session", 1.0))
+        per = self.config.get("requests_per_session", 1.0)
+        return [_steady(p, "offered_rate", l) * per for l, p in zip(self.loads, self.points)]
 
     def achieved(self) -> list[float]:
-        """Request throughput of each point, req/s."""
-        return [_achieved(p, self.mode) for p in self.points]
+        """Throughput of each point in requests/s over its steady window (session ends x
+        requests per session); the run's request throughput where no window exists."""
+        per = self.config.get("requests_per_session", 1.0)
+        return [(_steady(p, "achieved_rate", None) * per if _steady(p, "achieved_rate", None) is not None
+                 else p.summary["request_throughput"]) for p in self.points]
+
+    def overloaded(self) -> list[bool | None]:
+        """Each point's verdict (None for closed-loop points)."""
+        return [(p.summary.get("saturation") or {}).get("overloaded") for p in self.points]
+
+    def knee_note(self) -> str:
+        """One line on where the knee is and why, for people."""
+        if self.knee_index is None:
+            first = (self.points[0].summary.get("saturation") or {}).get("reasons") if self.points else None
+            return "knee: none (even the lowest load fails" + (f": {first[0]}" if first else "") + ")"
+        k = self.knee_index
+        unit = "req/s" if self.mode == "rate" else "concurrent"
+        at = f"{self.loads[k]:.3g} {unit}" + (f" asked, {self.knee_offered:.3g} offered" if self.mode == "rate" else "")
+        if k == len(self.loads) - 1:
+            return (f"knee: {at} or more (no point tried was overloaded; "
+                    f"the server's limit is higher than the highest load tried)")
+        skipped = [self.loads[i] for i in range(k + 1, len(self.points))
+                   if (self.points[i].summary.get("saturation") or {}).get("client_limited")]
+        if k + 1 < len(self.points) and skipped and skipped[0] == self.loads[k + 1]:
+            return (f"knee: {at} at least (the client could not offer "
+                    + ", ".join(f"{x:.3g}" for x in skipped) + " req/s: run again on a quieter machine)")
+        nxt = self.points[k + 1].summary
+        why = (nxt.get("saturation") or {}).get("reasons") or []
+        slo = self.config.get("slo_ttft_ms"), self.config.get("slo_itl_ms")
+        if not why and any(slo):
+            why = ["an objective fails (p99 TTFT / ITL)"]
+        return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why) or "no gain") + ")"
 
     def table(self) -> str:
+        rate = self.mode == "rate"
         head = (f"| {self.mode} | offered req/s | achieved req/s | output tok/s | TTFT p99 ms | ITL p99 ms "
-                f"| errors | lag p99 ms |")
-        rows = [head, "|" + "---|" * 8]
+                f"| errors | lag p99 ms |" + (" waiting peak | verdict |" if rate else ""))
+        rows = [head, "|" + "---|" * (10 if rate else 8)]
         for i, (l, p, o, a) in enumerate(zip(self.loads, self.points, self.offered(), self.achieved())):
             s = p.summary
             mark = " (knee)" if i == self.knee_index else ""
-            rows.append(f"| {l:g}{mark} | {o:.2f} | {a:.2f} | {s['output_throughput']:.1f} | "
-                        f"{_fmt(s['ttft_ms']['p99'])} | {_fmt(s['itl_ms']['p99'])} | {s['errors']} | "
-                        f"{_fmt(s['schedule_lag_ms']['p99'], 2)} |")
+            row = (f"| {l:g}{mark} | {o:.2f} | {a:.2f} | {s['output_throughput']:.1f} | "
+                   f"{_fmt(s['ttft_ms']['p99'])} | {_fmt(s['itl_ms']['p99'])} | {s['errors']} | "
+                   f"{_fmt(s['schedule_lag_ms']['p99'], 2)} |")
+            if rate:
+                sat = s.get("saturation") or {}
+                verdict = ("client-bound" if sat.get("client_limited") else
+                           "overloaded" if sat.get("overloaded") else "keeps up" if sat else "-")
+                row += f" {_fmt((s.get('server') or {}).get('peak_waiting'), 0)} | {verdict} |"
+            rows.append(row)
         return "\n".join(rows)
 
-    def save(self, folder: str | os.PathLike) -> Path:
+    def save(self, folder: str | os.PathLike, plots: bool = True) -> Path:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         names = []
         for i, p in enumerate(self.points):
             name = f"point-{i:02d}"
-            p.save(folder / name)
+            p.save(folder / name, plots=plots)
             names.append(name)
+        probes = {}
+        for kind, p in self.probes.items():
+            p.save(folder / f"probe-{kind}", plots=plots)
+            probes[kind] = f"probe-{kind}"
         (folder / "sweep.json").write_text(json.dumps(
             {"mode": self.mode, "loads": self.loads, "points": names, "knee_index": self.knee_index,
-             "knee": self.knee, "config": self.config}, indent=2, default=str))
+             "knee": self.knee, "config": self.config, "probes": probes,
+             "overloaded": self.overloaded() if self.mode == "rate" else None,
+             "offered": self.offered(), "achieved": self.achieved()}, indent=2, default=str))
+        if not plots:
+            return folder
         try:
             from .plots import plot_load_curve
             fig = plot_load_curve(self)
@@ -125,7 +189,8 @@ class SweepResult:
         folder = Path(folder)
         meta = json.loads((folder / "sweep.json").read_text())
         points = [BenchResult.load(folder / n) for n in meta["points"]]
-        return cls(meta["mode"], meta["loads"], points, meta["knee_index"], meta.get("config", {}))
+        probes = {k: BenchResult.load(folder / n) for k, n in (meta.get("probes") or {}).items()}
+        return cls(meta["mode"], meta["loads"], points, meta["knee_index"], meta.get("config", {}), probes)
 
 
 def _fmt(x: float | None, nd: int = 1) -> str:
@@ -137,41 +202,108 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
                num_requests: int = 32, burstiness: float = 1.0, max_concurrency: int | None = None,
                slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None, tolerance: float = 0.9,
                min_gain: float = 0.1, seed: int = 0, warmup: int = 2, progress: bool = True,
-               output_dir: str | None = None, stop_after_knee: bool = False, **kwargs: Any) -> SweepResult:
+               output_dir: str | None = None, stop_after_knee: bool = False, duration_s: float | None = None,
+               sweep_points: int = 6, overshoot: float = 1.5, probe_requests: int = 10,
+               probe_concurrency: int | None = None, client_retries: int = 1, **kwargs: Any) -> SweepResult:
     """Run the same workload at increasing load and locate the knee.
 
     Open loop over ``request_rates`` (req/s; session arrivals/s for multi-turn workloads) or
-    closed loop over ``concurrencies``. Each point uses the same seed, so the same requests.
-    ``stop_after_knee`` stops at the first point past the knee (saves time on slow servers).
+    closed loop over ``concurrencies``. With neither, the rates are chosen as GuideLLM's sweep
+    profile does: a synchronous probe (``probe_requests`` one at a time), a throughput probe
+    (closed loop at ``probe_concurrency``, default ``max_concurrency`` or half of
+    ``num_requests``; at least 3 rounds, and about ``duration_s`` long when given), then ``sweep_points`` rates evenly spaced from the synchronous rate
+    (excluded) to ``overshoot`` x the maximum throughput. ``duration_s`` makes each open-loop
+    point send at least rate x duration sessions (a longer run realises its asked rate more
+    closely and has a longer steady window); otherwise every point sends the same
+    ``num_requests`` with the same seed, so its realised rate is the same fraction of the
+    asked one at every point. A point where the client could not offer the load (its machine
+    stalled) is run again up to ``client_retries`` times. ``stop_after_knee`` stops at the
+    first point past the knee.
     Other keyword arguments go to ``run_benchmark`` / the workload.
     """
     from .run import run_benchmark
-    if (request_rates is None) == (concurrencies is None):
-        raise ValueError("give exactly one of request_rates or concurrencies")
-    mode = "rate" if request_rates is not None else "concurrency"
-    loads = sorted(request_rates if request_rates is not None else concurrencies)
-    if isinstance(workload, str):
-        tok = Tokenizer.load(model, kwargs.pop("tokenizer", None))
-        workload_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RUN_KWARGS}
-        workload = build_workload(workload, tok, num_requests=num_requests, seed=seed, **workload_kwargs)
-    per_session = sum(s.expected_requests() for s in workload.sessions) / max(len(workload.sessions), 1)
+    if request_rates is not None and concurrencies is not None:
+        raise ValueError("give at most one of request_rates or concurrencies")
+    mode = "concurrency" if concurrencies is not None else "rate"
+    tok_name = kwargs.pop("tokenizer", None)
+    workload_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k not in _RUN_KWARGS}
+    name = workload if isinstance(workload, str) else None
+    tok = Tokenizer.load(model, tok_name) if name else None
+    cache: dict[int, Workload] = {}
+
+    def build(n_requests: int) -> Workload:
+        if name is None:
+            return workload
+        if n_requests not in cache:
+            cache[n_requests] = build_workload(name, tok, num_requests=n_requests, seed=seed, **workload_kwargs)
+        return cache[n_requests]
+
+    base = build(num_requests)
+    per_session = sum(s.expected_requests() for s in base.sessions) / max(len(base.sessions), 1)
+    first_warmup = [warmup]
+
+    def point(n_requests: int, **load: Any) -> BenchResult:
+        wl = build(n_requests)
+        res = run_benchmark(base_url, model, wl, num_requests=n_requests, burstiness=burstiness, seed=seed,
+                            warmup=first_warmup[0], slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
+                            progress=progress, **load, **kwargs)
+        first_warmup[0] = 0
+        return res
+
+    probes: dict[str, BenchResult] = {}
+    baseline: Baseline | None = None
+    if mode == "rate" and request_rates is None:
+        probes["synchronous"] = point(min(num_requests, probe_requests), concurrency=1, request_rate=None)
+        c = probe_concurrency or max_concurrency or max(2, num_requests // 2)
+        baseline = Baseline.from_records(probes["synchronous"].records, "synchronous probe")
+        sync_rate = _closed_rate(probes["synchronous"], baseline)
+        n = max(num_requests, 3 * c)
+        if duration_s:  # enough for about duration_s even if c streams went c times as fast as one
+            n = max(n, min(20 * c, math.ceil(c * sync_rate * duration_s * per_session)))
+        probes["throughput"] = point(n, concurrency=c, request_rate=None)
+        max_rate = max(_closed_rate(probes["throughput"], baseline), sync_rate)
+        request_rates = [float(r) for r in np.linspace(sync_rate, overshoot * max_rate, sweep_points + 1)[1:]]
+        for kind, p in probes.items():
+            p.config["probe"] = kind
+    loads = sorted(request_rates if mode == "rate" else concurrencies)
     points: list[BenchResult] = []
     for i, load in enumerate(loads):
-        res = run_benchmark(base_url, model, workload, num_requests=num_requests,
-                            concurrency=(max_concurrency if mode == "rate" else int(load)),
-                            request_rate=(load if mode == "rate" else None), burstiness=burstiness, seed=seed,
-                            warmup=warmup if i == 0 else 0, slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                            progress=progress, **kwargs)
+        if mode == "rate":
+            sessions_wanted = math.ceil(load * duration_s) if duration_s else 0
+            n = max(num_requests, math.ceil(sessions_wanted * per_session))
+            res = point(n, concurrency=max_concurrency, request_rate=load)
+            if baseline is None:  # no probe: the lightest point's first sessions met an idle server
+                baseline = Baseline.from_records(res.records, "first sessions of the lightest point", first=5)
+            _rejudge(res, baseline, tolerance)
+            for _ in range(client_retries):
+                if not res.summary["saturation"]["client_limited"]:
+                    break
+                # The client (its machine) stalled: such a point says nothing about the server;
+                # a busy machine's stalls pass, so try once more.
+                res = point(n, concurrency=max_concurrency, request_rate=load)
+                _rejudge(res, baseline, tolerance)
+                res.config["client_retry"] = True
+        else:
+            res = point(num_requests, concurrency=int(load), request_rate=None)
         points.append(res)
-        knee = _knee(mode, loads[:i + 1], points, per_session, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
+        knee = _knee(mode, loads[:i + 1], points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
         if stop_after_knee and knee is not None and knee < i:
             loads = loads[:i + 1]
             break
-    knee = _knee(mode, loads, points, per_session, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
-    config = {"workload": workload.name, "workload_params": workload.params, "requests_per_session": per_session,
+        if stop_after_knee and knee is None and i == 0:
+            loads = loads[:1]
+            break
+    knee = _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
+    config = {"workload": base.name, "workload_params": base.params, "requests_per_session": per_session,
               "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms, "tolerance": tolerance, "min_gain": min_gain,
-              "burstiness": burstiness, "max_concurrency": max_concurrency, "num_requests": num_requests}
-    result = SweepResult(mode, [float(l) for l in loads], points, knee, config)
+              "burstiness": burstiness, "max_concurrency": max_concurrency, "num_requests": num_requests,
+              "duration_s": duration_s, "loads_from": "probes" if probes else "given",
+              "baseline": vars(baseline) if baseline else None}
+    if probes:
+        config.update(sweep_points=sweep_points, overshoot=overshoot,
+                      synchronous_rate=sync_rate, max_throughput_rate=max_rate,
+                      probe_concurrency=c)
+    result = SweepResult(mode, [float(l) for l in loads], points, knee, config, probes)
     if output_dir is not None:
         result.save(output_dir)
     return result
@@ -181,29 +313,40 @@ _RUN_KWARGS = {"api_key", "label", "slo_tpot_ms", "slo_e2e_ms", "timeout_s", "ig
                "scrape_metrics", "environment", "reset_cache"}
 
 
-def _offered_all(loads: Sequence[float], points: Sequence[BenchResult], per_session: float) -> list[float]:
-    drain = points[0].summary.get("session_median_s") if points else None
-    out = []
-    for l, p in zip(loads, points):
-        s = p.summary
-        n = s["completed"] + s["errors"]
-        span = s.get("arrival_span_s")
-        if drain is None or span is None or s.get("num_sessions", 0) < 2 or span + drain <= 0:
-            out.append(l * per_session)
-        else:
-            out.append(n / (span + drain))
-    return out
+def _closed_rate(p: BenchResult, baseline: Baseline | None) -> float:
+    """A closed-loop probe's throughput (sessions/s) over its steady window, else overall."""
+    rate = closed_loop_throughput(p.records, baseline.session_p90_s if baseline else 0.0)
+    if rate is None:  # every session started at once: no steady window, only the whole run
+        d = p.summary["duration_s"]
+        rate = p.summary["num_sessions"] / d if d > 0 else 0.0
+    return rate
 
 
-def _achieved(p: BenchResult, mode: str) -> float:
-    return p.summary["request_throughput"]
+def _rejudge(p: BenchResult, baseline: Baseline, tolerance: float) -> None:
+    """Judge an open-loop point against the sweep's baseline (replaces the run's own verdict)."""
+    series = (p.summary.get("server") or {}).get("series")
+    p.summary["saturation"] = judge(p.records, series, baseline, tolerance).to_dict()
 
 
-def _knee(mode, loads, points, per_session, slo_ttft_ms, slo_itl_ms, tolerance, min_gain) -> int | None:
-    achieved = [_achieved(p, mode) for p in points]
+def _steady(p: BenchResult, key: str, default: float | None) -> float | None:
+    win = (p.summary.get("saturation") or {}).get("window")
+    return win[key] if win else default
+
+
+def _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain) -> int | None:
     ttft = [p.summary["ttft_ms"]["p99"] for p in points]
     itl = [p.summary["itl_ms"]["p99"] for p in points]
     if mode == "rate":
-        offered = _offered_all(loads, points, per_session)
-        return find_knee(offered, achieved, ttft, itl, slo_ttft_ms, slo_itl_ms, tolerance)
+        # A point where the client could not offer the load says nothing about the server:
+        # it is left out (neither the knee nor a failure), and shown as client-bound.
+        verdicts = [(p.summary.get("saturation") or {}) for p in points]
+        valid = [i for i, v in enumerate(verdicts) if not v.get("client_limited")]
+        k = find_knee([loads[i] for i in valid], [loads[i] for i in valid], [ttft[i] for i in valid],
+                      [itl[i] for i in valid], slo_ttft_ms, slo_itl_ms, tolerance,
+                      overloaded=[bool(verdicts[i].get("overloaded")) for i in valid])
+        return None if k is None else valid[k]
+    achieved = []
+    for p in points:
+        steady = closed_loop_throughput(p.records)
+        achieved.append(steady if steady is not None else p.summary["request_throughput"])
     return find_knee_closed(loads, achieved, ttft, itl, slo_ttft_ms, slo_itl_ms, min_gain)
