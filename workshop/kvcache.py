@@ -51,6 +51,8 @@ class ModelConfig:
     num_experts: int = 0             # routed experts per MoE layer (0 = dense)
     experts_per_token: int = 0
     source: str = ""
+    vocab_size: int = 0
+    hidden_size: int = 0
 
 
 def _from_dict(d: dict, name: str | None = None, source: str = "") -> ModelConfig:
@@ -78,6 +80,8 @@ def _from_dict(d: dict, name: str | None = None, source: str = "") -> ModelConfi
         num_experts=d.get("n_routed_experts") or d.get("num_local_experts") or 0,
         experts_per_token=d.get("num_experts_per_tok") or 0,
         source=d.get("source", source),
+        vocab_size=d.get("vocab_size") or 0,
+        hidden_size=d.get("hidden_size") or 0,
     )
 
 
