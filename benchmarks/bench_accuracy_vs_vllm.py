@@ -29,16 +29,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+from reference_server import launch  # noqa: E402
 from workshop.bench import run_benchmark  # noqa: E402
 
 VLLM_CLIENT = ("import json, sys\n"
@@ -47,28 +45,14 @@ VLLM_CLIENT = ("import json, sys\n"
                "p = FlexibleArgumentParser(); add_cli_args(p); main(p.parse_args(sys.argv[1:]))\n")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_vllm(model_path: str, name: str, port: int, log: str) -> subprocess.Popen:
+def start_vllm(model_path: str, name: str, log: str) -> launch.Launched:
+    """vLLM's own OpenAI server (not the reference server): the tool under comparison's home."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    port = launch.free_port()
     cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--max-model-len", "2048",
            "--enforce-eager", "--gpu-memory-utilization", "0.3", "--dtype", "bfloat16"]
-    proc = subprocess.Popen(cmd, env=env, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
-    deadline = time.time() + 300
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"vLLM server exited; see {log}")
-        try:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=2).read()
-            return proc
-        except Exception:
-            time.sleep(1)
-    raise RuntimeError(f"vLLM server did not start in 300 s; see {log}")
+    return launch.start(cmd, port, log_path=log, env=env).wait_ready(300, path="/health")
 
 
 def vllm_client_cmd(args: argparse.Namespace, tokenizer: str, seed: int, workdir: str, out: str) -> list[str]:
@@ -150,29 +134,22 @@ def main() -> int:
     ap.add_argument("--mock-tpot-ms", type=float, default=20.0)
     args = ap.parse_args()
 
-    from workshop.models import resolve_model
+    from reference_server.models import resolve_model
     tokenizer = args.tokenizer or resolve_model("smollm2-135m", prepare=False).path
     server = None
     if args.mock:
-        port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port),
-                                   "--first-token-delay-s", str(args.mock_ttft_ms / 1e3),
-                                   "--chunk-delay-s", str(args.mock_tpot_ms / 1e3)],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-        args.base_url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                urllib.request.urlopen(args.base_url + "/v1/models", timeout=1).read()
-                break
-            except Exception:
-                time.sleep(0.1)
+        port = launch.free_port()
+        server = launch.start([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port),
+                               "--first-token-delay-s", str(args.mock_ttft_ms / 1e3),
+                               "--chunk-delay-s", str(args.mock_tpot_ms / 1e3)], port)
+        server.wait_ready(10, path="/v1/models")
+        args.base_url = server.base_url
         print(f"mock server: TTFT {args.mock_ttft_ms} ms + transfer, TPOT {args.mock_tpot_ms} ms", flush=True)
     elif args.base_url is None:
-        port = free_port()
-        log = os.path.join(tempfile.gettempdir(), f"bench-accuracy-vllm-{port}.log")
-        print(f"starting vLLM's server on port {port} (log {log}) ...", flush=True)
-        server = start_vllm(tokenizer, args.model, port, log)
-        args.base_url = f"http://127.0.0.1:{port}"
+        log = os.path.join(tempfile.gettempdir(), f"bench-accuracy-vllm-{os.getpid()}.log")
+        print(f"starting vLLM's server (log {log}) ...", flush=True)
+        server = start_vllm(tokenizer, args.model, log)
+        args.base_url = server.base_url
     try:
         rows: dict[str, list[dict]] = {"vllm": [], "ours": []}
         with tempfile.TemporaryDirectory() as workdir:
@@ -212,11 +189,7 @@ def main() -> int:
         return 0
     finally:
         if server is not None:
-            os.killpg(server.pid, signal.SIGTERM)
-            try:
-                server.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(server.pid, signal.SIGKILL)
+            server.stop()
 
 
 if __name__ == "__main__":

@@ -15,33 +15,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
-import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+from reference_server import launch  # noqa: E402
 from workshop.bench import run_benchmark  # noqa: E402
 from workshop.bench.client import SPIN_S  # noqa: E402
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(url: str, timeout_s: float = 20.0) -> None:
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        try:
-            urllib.request.urlopen(url + "/v1/models", timeout=1).read()
-            return
-        except Exception:
-            time.sleep(0.1)
-    raise RuntimeError("mock server did not start")
 
 
 def timer_floor(rate: float, seconds: float) -> float:
@@ -74,14 +55,13 @@ def main() -> int:
     ap.add_argument("--lag-ms", type=float, default=1.0, help="p99 schedule-lag threshold")
     args = ap.parse_args()
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port)],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = launch.free_port()
+    server = launch.start([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port)], port)
+    url = server.base_url
     try:
-        wait_ready(url)
+        server.wait_ready(20, path="/v1/models")
         print(f"# client headroom, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
-              f"{os.cpu_count()} CPUs, mock server pid {server.pid}")
+              f"{os.cpu_count()} CPUs, mock server pid {server.proc.pid}")
         print(f"{'rate':>6} {'achieved':>9} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} {'errors':>6} "
               f"{'floor p99':>9}  (ms; median of {args.repeats}; floor = bare event loop, no HTTP)")
         best = None
@@ -109,8 +89,7 @@ def main() -> int:
               f"{'none' if best is None else f'{best:.0f} req/s'}")
         return 0
     finally:
-        server.terminate()
-        server.wait(timeout=10)
+        server.stop(timeout=10)
 
 
 if __name__ == "__main__":

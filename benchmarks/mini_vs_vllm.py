@@ -19,14 +19,15 @@ import asyncio
 import json
 import os
 import random
-import signal
-import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)        # run from a checkout
+from reference_server import launch  # noqa: E402
 
 
 def make_prompts(n: int, words: int, seed: int = 0) -> list[str]:
@@ -79,39 +80,6 @@ async def load(base: str, concurrency: int, num_requests: int, prompts: list[str
             "seconds": round(wall, 2), "output_tok_s": round(total / wall, 1)}
 
 
-def start_server(engine: str, port: int, engine_args: list[str], kv_gib: float) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "reference_server", "--engine", engine, "--port", str(port),
-           "--device", "cpu", "--kv-cache-gib", str(kv_gib), "--log-level", "warning"]
-    if engine_args:
-        cmd += ["--"] + engine_args
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
-
-
-def wait_ready(base: str, proc: subprocess.Popen, timeout: float = 600) -> None:
-    t0 = time.time()
-    while time.time() - t0 < timeout:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            if httpx.get(base + "/ready", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise TimeoutError("server not ready")
-
-
-def stop_server(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)      # our own session: the server and its children
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None,
                  dtype: str = "bfloat16") -> str:
     """Offline: run ``streams`` decodes and report where one step's time goes."""
@@ -122,9 +90,8 @@ def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None,
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    sys.path.insert(0, ROOT)        # until mini_engine is in the installed package list
     from mini_engine import LLMEngine, SamplingParams
-    from workshop.models import resolve_model
+    from reference_server.models import resolve_model
     if threads:
         torch.set_num_threads(threads)
     eng = LLMEngine(resolve_model("smollm2-135m", prepare=False).path, kv_cache_gib=0.5,
@@ -184,13 +151,16 @@ def main() -> None:
     prompts = make_prompts(256, int(args.input_tokens * 0.75))
     results = []
     for engine in args.engines:
-        base = f"http://127.0.0.1:{args.port}"
         eargs = extra if engine == "mini" else []
         if engine == "mini" and args.threads:
             eargs = eargs + ["--threads", str(args.threads)]
-        proc = start_server(engine, args.port, eargs, args.kv_cache_gib)
+        server = launch.launch(["--engine", engine, "--device", "cpu", "--kv-cache-gib",
+                                str(args.kv_cache_gib), "--log-level", "warning",
+                                *(["--", *eargs] if eargs else [])], port=args.port,
+                               log_path=os.path.join(tempfile.gettempdir(), f"mini_vs_vllm-{engine}.log"))
+        base = server.base_url
         try:
-            wait_ready(base, proc)
+            server.wait_ready(600)
             for c in args.concurrency:
                 n = max(args.min_requests, c * args.requests_per_stream)
                 r = asyncio.run(load(base, c, n, prompts, args.max_tokens))
@@ -198,7 +168,7 @@ def main() -> None:
                 print(json.dumps(r), flush=True)
                 results.append(r)
         finally:
-            stop_server(proc)
+            server.stop()
     by = {(r["engine"], r["concurrency"]): r["output_tok_s"] for r in results}
     for c in args.concurrency:
         if ("mini", c) in by and ("vllm", c) in by:

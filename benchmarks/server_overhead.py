@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from reference_server import launch  # noqa: E402
 from workshop.bench import run_benchmark  # noqa: E402
 
 
@@ -35,7 +34,7 @@ def serve_mock_proxy(port: int) -> None:
     from reference_server.config import ServerConfig
     from reference_server.engines.base import EngineInfo
     from reference_server.engines.proxy import ProxyEngine
-    from workshop.models import ModelSpec
+    from reference_server.models import ModelSpec
 
     class MockProxy(ProxyEngine):
         name = "mock"
@@ -57,24 +56,19 @@ def serve_mock_proxy(port: int) -> None:
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
 
 
-def start_server(port: int, model: str, engine: str) -> subprocess.Popen:
+def start_server(port: int, model: str, engine: str) -> launch.Launched:
+    log = Path(__file__).resolve().parent / "results" / f"server_overhead-{engine}.log"
     if engine == "mock":
-        cmd = [sys.executable, __file__, "--serve-mock-proxy", "--port", str(port)]
+        server = launch.start([sys.executable, __file__, "--serve-mock-proxy", "--port", str(port)],
+                              port, log_path=log)
     else:
-        cmd = [sys.executable, "-m", "reference_server", "--engine", "vllm", "--model", model,
-               "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd)
-    for _ in range(600):
-        if proc.poll() is not None:
-            raise SystemExit(f"reference server exited with {proc.returncode}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/ready", timeout=2).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    proc.terminate()
-    raise SystemExit("reference server did not become ready")
+        server = launch.launch(["--engine", "vllm", "--model", model, "--log-level", "warning"],
+                               port=port, log_path=log)
+    try:
+        return server.wait_ready(600)
+    except BaseException:
+        server.stop()
+        raise
 
 
 def main() -> None:
@@ -93,9 +87,9 @@ def main() -> None:
     if args.serve_mock_proxy:
         return serve_mock_proxy(args.port)
 
-    proc = start_server(args.port, args.model, args.engine)
+    server = start_server(args.port, args.model, args.engine)
     try:
-        ours = f"http://127.0.0.1:{args.port}"
+        ours = server.base_url
         info = httpx.get(ours + "/server_info").json()
         bare = info["extra"]["upstream_url"]
         print(f"engine {info['engine']} {info['engine_version']} on {info['device']}, "
@@ -125,8 +119,7 @@ def main() -> None:
         print("\ntargets: ratio >= 0.95, delta <= 3 ms (medians over rounds; "
               f"{args.rounds} rounds, {args.input_len} in / {args.output_len} out tokens)")
     finally:
-        proc.terminate()
-        proc.wait(60)
+        server.stop(60)
 
 
 if __name__ == "__main__":

@@ -53,7 +53,7 @@ class ServerState:
     async def start_engine(self) -> None:
         try:
             if self.engine is None:
-                from workshop.models import resolve_model
+                from reference_server.models import resolve_model
                 model = await asyncio.to_thread(resolve_model, self.config.model)
                 self.engine = create_engine(self.config, model)
             await self.engine.start()

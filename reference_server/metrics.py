@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from reference_server import prometheus as P
+
 if TYPE_CHECKING:
     from reference_server.engines.local import EngineStats
 
@@ -37,19 +39,19 @@ class _StatsCollector:
         labels = ["model_name"]
         values = [self.model_name]
         for name, doc, value in [
-            ("vllm:num_requests_running", "Requests in the running batch.", s.num_running),
-            ("vllm:num_requests_waiting", "Requests waiting to be scheduled.", s.num_waiting),
-            ("vllm:kv_cache_usage_perc", "KV-cache usage, 0 to 1.", s.kv_cache_usage),
+            (P.NUM_REQUESTS_RUNNING, "Requests in the running batch.", s.num_running),
+            (P.NUM_REQUESTS_WAITING, "Requests waiting to be scheduled.", s.num_waiting),
+            (P.KV_CACHE_USAGE, "KV-cache usage, 0 to 1.", s.kv_cache_usage),
         ]:
             g = GaugeMetricFamily(name, doc, labels=labels)
             g.add_metric(values, float(value))
             yield g
         for name, doc, value in [
-            ("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+            (P.PREFIX_CACHE_QUERIES, "Prompt tokens looked up in the prefix cache.",
              s.prefix_cache_queries),
-            ("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+            (P.PREFIX_CACHE_HITS, "Prompt tokens found in the prefix cache.",
              s.prefix_cache_hits),
-            ("vllm:num_preemptions", "Requests preempted for lack of KV blocks.",
+            (P.NUM_PREEMPTIONS, "Requests preempted for lack of KV blocks.",
              s.num_preemptions),
         ]:
             c = CounterMetricFamily(name, doc, labels=labels)
@@ -66,17 +68,17 @@ class EngineMetrics:
         self._stats = _StatsCollector()
         self._stats.model_name = model_name
         r.register(self._stats)
-        self.ttft = Histogram("vllm:time_to_first_token_seconds", "Time to first token.",
+        self.ttft = Histogram(P.TIME_TO_FIRST_TOKEN, "Time to first token.",
                               buckets=TTFT_BUCKETS, registry=r)
-        self.itl = Histogram("vllm:inter_token_latency_seconds", "Time between output tokens.",
+        self.itl = Histogram(P.INTER_TOKEN_LATENCY, "Time between output tokens.",
                              buckets=ITL_BUCKETS, registry=r)
-        self.e2e = Histogram("vllm:e2e_request_latency_seconds", "Request latency, end to end.",
+        self.e2e = Histogram(P.E2E_REQUEST_LATENCY, "Request latency, end to end.",
                              buckets=E2E_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens processed.",
+        self.prompt_tokens = Counter(P.PROMPT_TOKENS, "Prompt tokens processed.",
                                      registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.",
+        self.generation_tokens = Counter(P.GENERATION_TOKENS, "Tokens generated.",
                                          registry=r)
-        self.requests_success = Counter("vllm:request_success", "Finished requests.",
+        self.requests_success = Counter(P.REQUEST_SUCCESS, "Finished requests.",
                                         ["finished_reason"], registry=r)
 
     def set_model_name(self, name: str) -> None:
@@ -93,13 +95,13 @@ class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("reference_server_requests", "HTTP requests answered.",
+        self.requests = Counter(P.SERVER_REQUESTS, "HTTP requests answered.",
                                 ["endpoint", "status"], registry=r)
-        self.in_flight = Gauge("reference_server_requests_in_flight",
+        self.in_flight = Gauge(P.SERVER_IN_FLIGHT,
                                "Generation requests being served.", registry=r)
-        self.disconnects = Counter("reference_server_client_disconnects",
+        self.disconnects = Counter(P.SERVER_CLIENT_DISCONNECTS,
                                    "Streams the client closed before the end.", registry=r)
-        self.engine_up = Gauge("reference_server_engine_up", "1 while the engine serves.",
+        self.engine_up = Gauge(P.SERVER_ENGINE_UP, "1 while the engine serves.",
                                registry=r)
 
     def render(self) -> str:

@@ -11,6 +11,8 @@ Source conventions (see notebooks/README.md):
 * ``# %%`` starts a code cell, ``# %% [markdown]`` a markdown cell;
 * ``# %% tags=["jupyter-only"]`` / ``tags=["marimo-only"]`` keeps a cell in one format only;
 * ``tags=["hide-code"]`` hides a code cell's source in marimo (markdown is always hidden);
+* ``{{github_repo}}`` stands for the repository's ``owner/name``, taken from
+  ``[project.urls] Repository`` in ``pyproject.toml`` (its one home);
 * every top-level name is defined in exactly one cell (marimo's rule; names starting with
   ``_`` are cell-local in marimo and exempt) -- checked here, so a broken source fails loudly
   instead of being renamed silently.
@@ -54,6 +56,7 @@ MARIMO_SCRIPT_HEADER = """\
 # ]
 # ///"""
 MARIMO_IMPORT_CELL = "import marimo as mo"
+REPO_PLACEHOLDER = "{{github_repo}}"
 
 
 class NotebookSourceError(ValueError):
@@ -192,9 +195,20 @@ def to_ipynb(metadata: dict, cells: list[Cell]) -> str:
     return nbformat.writes(nb, version=4) + "\n"
 
 
+def github_repo(pyproject: Path = ROOT / "pyproject.toml") -> str:
+    """``owner/name`` of the repository, from ``[project.urls] Repository``."""
+    import tomllib
+
+    url = tomllib.loads(pyproject.read_text())["project"]["urls"]["Repository"]
+    m = re.fullmatch(r"https://github\.com/([\w.-]+/[\w.-]+?)(?:\.git)?/?", url)
+    if not m:
+        raise NotebookSourceError(f"pyproject.toml: Repository {url!r} is not a GitHub URL")
+    return m.group(1)
+
+
 def outputs_for(src: Path, out_dir: Path = NOTEBOOKS) -> dict[Path, str]:
     """The two generated files of one source, by path (next to ``src``'s parent by default)."""
-    metadata, cells = read_source(src.read_text())
+    metadata, cells = read_source(src.read_text().replace(REPO_PLACEHOLDER, github_repo()))
     return {
         out_dir / f"{src.stem}.ipynb": to_ipynb(metadata, cells),
         out_dir / f"{src.stem}.py": to_marimo(metadata, cells),

@@ -7,15 +7,14 @@ at once (they load in parallel), so a unit-only run (``-m "not engine"``) starts
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
-import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+
+from reference_server import launch as launcher, prometheus
 
 API_KEY = "sk-workshop-test"
 MODEL = "smollm2-135m"
@@ -25,9 +24,7 @@ LOG_DIR = Path(os.environ.get("WORKSHOP_TEST_LOGS", "/tmp/workshop-test-logs"))
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return launcher.free_port()
 
 
 @dataclass
@@ -56,19 +53,13 @@ class RunningServer:
         return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key=self.api_key,
                                   max_retries=0, timeout=kw.pop("timeout", 300), **kw)
 
-    def metrics(self) -> dict[str, float]:
-        """Prometheus samples by name+labels -> value (e.g. 'vllm:kv_cache_usage_perc{...}')."""
-        text = httpx.get(self.base_url + "/metrics", timeout=30).text
-        out = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                key, _, value = line.rpartition(" ")
-                out[key] = float(value)
-        return out
+    def metrics(self) -> list[prometheus.Sample]:
+        """Every sample of ``/metrics``, with its labels."""
+        return prometheus.parse(httpx.get(self.base_url + "/metrics", timeout=30).text)
 
     def metric(self, name: str) -> float:
         """Sum of every sample of ``name`` (all label sets)."""
-        return sum(v for k, v in self.metrics().items() if k.split("{")[0] == name)
+        return sum(s.value for s in self.metrics() if s.name == name)
 
     def log_tail(self, n: int = 60) -> str:
         try:
@@ -79,41 +70,27 @@ class RunningServer:
 
 def launch(engine: str, *args: str, api_key: str = API_KEY) -> RunningServer:
     """Start ``python -m reference_server`` without waiting for it to be ready."""
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
     port = _free_port()
     log_path = LOG_DIR / f"{engine}-{port}.log"
-    cmd = [sys.executable, "-m", "reference_server", "--engine", engine, "--model", MODEL,
-           "--port", str(port), "--max-model-len", "2048", "--kv-cache-gib", "1",
-           "--log-level", "warning", *(("--api-key", api_key) if api_key else ()), *args]
-    proc = subprocess.Popen(cmd, stdout=open(log_path, "w"), stderr=subprocess.STDOUT,
+    child = launcher.launch(["--engine", engine, "--model", MODEL, "--max-model-len", "2048",
+                             "--kv-cache-gib", "1", "--log-level", "warning", *args],
+                            port=port, log_path=log_path, api_key=api_key,
                             env={**os.environ, "HF_HUB_OFFLINE": "1"})
-    return RunningServer(engine, f"http://127.0.0.1:{port}", api_key, MODEL, proc, log_path)
+    return RunningServer(engine, child.base_url, api_key, MODEL, child.proc, log_path)
 
 
 def wait_ready(server: RunningServer, timeout: float = START_TIMEOUT) -> RunningServer:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if server.proc.poll() is not None:
-            raise RuntimeError(f"{server.engine} server exited with {server.proc.returncode}:\n"
-                               + server.log_tail())
-        try:
-            if httpx.get(server.base_url + "/ready", timeout=5).status_code == 200:
-                return server
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    stop(server)
-    raise RuntimeError(f"{server.engine} server not ready after {timeout} s:\n" + server.log_tail())
+    try:
+        launcher.wait_ready(server.base_url, timeout=timeout, proc=server.proc,
+                            log_path=server.log_path, api_key=server.api_key)
+    except TimeoutError:
+        stop(server)
+        raise
+    return server
 
 
 def stop(server: RunningServer) -> None:
-    if server.proc.poll() is None:
-        server.proc.terminate()
-        try:
-            server.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            server.proc.kill()
-            server.proc.wait()
+    launcher.stop(server.proc, timeout=60)
 
 
 class _Fleet:
@@ -126,7 +103,7 @@ class _Fleet:
     def get(self, engine: str) -> RunningServer:
         if not self.servers:
             # Prepare the bundled model once, before several servers race to do it.
-            from workshop.models import resolve_model
+            from reference_server.models import resolve_model
             resolve_model(MODEL)
             for e in ENGINES:
                 self.servers[e] = launch(e)

@@ -7,14 +7,14 @@ import sys
 
 
 def _model_prepare(args: argparse.Namespace) -> int:
-    from workshop.models import prepare_model
+    from reference_server.models import prepare_model
     folder = prepare_model(force=args.force)
     print(folder)
     return 0
 
 
 def _model_path(args: argparse.Namespace) -> int:
-    from workshop.models import resolve_model
+    from reference_server.models import resolve_model
     print(resolve_model(args.model, prepare=False).path)
     return 0
 

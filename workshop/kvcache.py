@@ -16,98 +16,34 @@ Two things the usual online calculators get wrong, and this module does not:
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from reference_server import dtypes, prometheus
+from reference_server.kv import (engine_capacity_tokens, kv_bytes_per_sequence,  # noqa: F401
+                                 kv_bytes_per_token, kv_values_per_token_per_layer)
+from reference_server.model_config import ModelArch, count_safetensors_params, read_arch
+
 DATA_DIR = Path(__file__).parent / "data"
 
-# Bytes per stored number. "int4" weights also carry one bf16 scale per group of 128
-# weights: 0.5 + 2/128 bytes. MXFP4 (gpt-oss experts) stores one 8-bit scale per 32 values.
+# The precisions the calculator offers, by their short names (bytes from reference_server.dtypes).
 WEIGHT_BYTES: dict[str, float] = {
-    "fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0,
-    "int4": 0.5 + 2 / 128, "mxfp4": 0.5 + 1 / 32,
-}
-KV_BYTES: dict[str, float] = {"fp32": 4.0, "bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "int8": 1.0}
+    n: dtypes.lookup(n).bytes for n in ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4")}
+KV_BYTES: dict[str, float] = {n: dtypes.lookup(n).bytes for n in ("fp32", "bf16", "fp16", "fp8", "int8")}
 
 GIB = 2**30
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    name: str
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    params: int                      # all weights (what must sit in memory)
-    active_params: int               # weights used per token (< params for mixture-of-experts)
-    attention: str = "gqa"           # "gqa" (covers MHA and MQA) or "mla"
-    kv_lora_rank: int = 0            # MLA only: size of the compressed latent
-    qk_rope_head_dim: int = 0        # MLA only: the shared RoPE key stored next to it
-    sliding_window: int = 0          # 0 = every layer sees the whole context
-    num_sliding_layers: int = 0      # how many layers use the window
-    max_context: int = 0
-    num_experts: int = 0             # routed experts per MoE layer (0 = dense)
-    experts_per_token: int = 0
-    source: str = ""
-    vocab_size: int = 0
-    hidden_size: int = 0
-
-
-def _from_dict(d: dict, name: str | None = None, source: str = "") -> ModelConfig:
-    heads = d["num_attention_heads"]
-    layer_types = d.get("layer_types") or []
-    n_sliding = d.get("num_sliding_layers", sum(t == "sliding_attention" for t in layer_types))
-    window = d.get("sliding_window") or 0
-    if window and not n_sliding and not layer_types and d.get("use_sliding_window", True):
-        n_sliding = d["num_hidden_layers"]  # e.g. Mistral v0.1: a window on every layer
-    params = int(d.get("params", 0))
-    return ModelConfig(
-        name=name or d.get("name") or d.get("_name_or_path") or "model",
-        num_layers=d["num_hidden_layers"],
-        num_heads=heads,
-        num_kv_heads=d.get("num_key_value_heads") or heads,
-        head_dim=d.get("head_dim") or d["hidden_size"] // heads,
-        params=params,
-        active_params=int(d.get("active_params", params)),
-        attention=d.get("attention") or ("mla" if d.get("kv_lora_rank") else "gqa"),
-        kv_lora_rank=d.get("kv_lora_rank") or 0,
-        qk_rope_head_dim=d.get("qk_rope_head_dim") or 0,
-        sliding_window=window if n_sliding else 0,
-        num_sliding_layers=n_sliding if window else 0,
-        max_context=d.get("max_position_embeddings", 0),
-        num_experts=d.get("n_routed_experts") or d.get("num_local_experts") or 0,
-        experts_per_token=d.get("num_experts_per_tok") or 0,
-        source=d.get("source", source),
-        vocab_size=d.get("vocab_size") or 0,
-        hidden_size=d.get("hidden_size") or 0,
-    )
-
-
-def from_hf_config(config: dict | str | Path, name: str | None = None,
-                   params: int = 0) -> ModelConfig:
-    """Build a ``ModelConfig`` from a Hugging Face ``config.json`` (a dict or a path)."""
-    source = ""
-    if not isinstance(config, dict):
-        source = str(config)
-        config = json.loads(Path(config).read_text())
-    d = dict(config)
-    if params:
-        d["params"] = params
-    return _from_dict(d, name=name, source=source)
 
 
 def list_models() -> list[str]:
     return sorted(p.stem for p in (DATA_DIR / "models").glob("*.json"))
 
 
-def load_model(key: str) -> ModelConfig:
+def load_model(key: str) -> ModelArch:
     """A shipped config by file name, e.g. ``load_model("llama-3.1-8b")``."""
     path = DATA_DIR / "models" / f"{key}.json"
     if not path.exists():
         raise KeyError(f"no shipped config {key!r}; have {list_models()}")
-    return _from_dict(json.loads(path.read_text()))
+    return read_arch(json.loads(path.read_text()))
 
 
 @dataclass(frozen=True)
@@ -143,41 +79,9 @@ def load_gpus() -> dict[str, GPU]:
 # Bytes per token
 # ---------------------------------------------------------------------------------------
 
-def kv_values_per_token_per_layer(cfg: ModelConfig) -> int:
-    """How many numbers one token leaves in the cache of one layer."""
-    if cfg.attention == "mla":
-        if cfg.kv_lora_rank <= 0:
-            raise ValueError(f"{cfg.name}: MLA config without kv_lora_rank")
-        # One compressed latent (shared by K and V, all heads) plus one shared RoPE key.
-        return cfg.kv_lora_rank + cfg.qk_rope_head_dim
-    return 2 * cfg.num_kv_heads * cfg.head_dim          # K and V, per KV head
-
-
-def kv_bytes_per_token(cfg: ModelConfig, kv_dtype: str = "bf16") -> float:
-    """Bytes per token with every layer caching every token (no sliding window)."""
-    return cfg.num_layers * kv_values_per_token_per_layer(cfg) * KV_BYTES[kv_dtype]
-
-
-def naive_kv_bytes_per_token(cfg: ModelConfig, weight_dtype: str = "bf16") -> float:
+def naive_kv_bytes_per_token(cfg: ModelArch, weight_dtype: str = "bf16") -> float:
     """The common mistake: one K and V per *attention* head, at the *weight* precision."""
     return 2 * cfg.num_layers * cfg.num_heads * cfg.head_dim * WEIGHT_BYTES[weight_dtype]
-
-
-def kv_bytes_per_sequence(cfg: ModelConfig, context: int, kv_dtype: str = "bf16") -> float:
-    """Bytes one sequence of ``context`` tokens occupies; sliding layers keep only the window."""
-    per_layer_token = kv_values_per_token_per_layer(cfg) * KV_BYTES[kv_dtype]
-    full_layers = cfg.num_layers - cfg.num_sliding_layers
-    kept_by_sliding = min(context, cfg.sliding_window) if cfg.num_sliding_layers else 0
-    return per_layer_token * (full_layers * context + cfg.num_sliding_layers * kept_by_sliding)
-
-
-def engine_capacity_tokens(kv_space_bytes: int, bytes_per_token: float, block_size: int) -> int:
-    """Tokens a paged engine can hold: whole blocks of ``block_size`` tokens only.
-
-    vLLM divides its KV space into blocks and reports ``num_blocks * block_size``.
-    """
-    num_blocks = int(kv_space_bytes // (bytes_per_token * block_size))
-    return num_blocks * block_size
 
 
 def engine_cache_config(metrics_text: str) -> dict[str, str]:
@@ -186,19 +90,18 @@ def engine_cache_config(metrics_text: str) -> dict[str, str]:
     vLLM publishes its own view there: ``num_gpu_blocks``, ``block_size``, ``cache_dtype``,
     and (recent versions) ``kv_cache_memory_bytes``. Empty dict if the gauge is absent.
     """
-    from reference_server.engines.vllm import parse_cache_config  # the server reads it too
-    return parse_cache_config(metrics_text)
+    return prometheus.labels_of(metrics_text, prometheus.CACHE_CONFIG_INFO)
 
 
 # ---------------------------------------------------------------------------------------
 # Weights and decode-step traffic
 # ---------------------------------------------------------------------------------------
 
-def weight_bytes(cfg: ModelConfig, weight_dtype: str = "bf16") -> float:
+def weight_bytes(cfg: ModelArch, weight_dtype: str = "bf16") -> float:
     return cfg.params * WEIGHT_BYTES[weight_dtype]
 
 
-def weights_read_per_step(cfg: ModelConfig, batch: int) -> float:
+def weights_read_per_step(cfg: ModelArch, batch: int) -> float:
     """Parameters a decode step must read for ``batch`` tokens.
 
     Dense model: all of them, whatever the batch. Mixture-of-experts: the always-used part
@@ -240,7 +143,7 @@ class Plan:
     usd_per_million_tokens: float | None
 
 
-def plan(cfg: ModelConfig, gpu: GPU, *, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+def plan(cfg: ModelArch, gpu: GPU, *, weight_dtype: str = "bf16", kv_dtype: str = "bf16",
          context: int = 4096, users: int = 1, num_gpus: int = 1,
          memory_utilization: float = 0.9, price_usd_hour: float | None = None) -> Plan:
     """Does ``users`` x ``context`` fit, and how fast / cheap can decoding be at best?
@@ -284,7 +187,7 @@ def plan(cfg: ModelConfig, gpu: GPU, *, weight_dtype: str = "bf16", kv_dtype: st
     )
 
 
-def max_context_for(cfg: ModelConfig, kv_space_bytes: float, users: int,
+def max_context_for(cfg: ModelArch, kv_space_bytes: float, users: int,
                     kv_dtype: str = "bf16") -> int:
     """Longest context such that ``users`` sequences fit in ``kv_space_bytes`` (0 if none).
 
@@ -330,8 +233,8 @@ def plan_summary(p: Plan) -> str:
 
 
 __all__ = [
-    "ModelConfig", "GPU", "Plan", "WEIGHT_BYTES", "KV_BYTES", "load_model", "list_models",
-    "load_gpus", "from_hf_config", "kv_bytes_per_token", "naive_kv_bytes_per_token",
+    "ModelArch", "GPU", "Plan", "WEIGHT_BYTES", "KV_BYTES", "load_model", "list_models",
+    "load_gpus", "read_arch", "kv_bytes_per_token", "naive_kv_bytes_per_token",
     "kv_bytes_per_sequence", "kv_values_per_token_per_layer", "engine_capacity_tokens",
     "engine_cache_config", "count_safetensors_params", "served_model_config",
     "weight_bytes", "weights_read_per_step", "plan", "plan_summary", "max_context_for",
@@ -370,7 +273,7 @@ def model_rows(keys: list[str] | None = None, context: int = 32_768,
     return rows
 
 
-def engine_check(cfg: ModelConfig, cache_config: dict[str, str], server_info: dict) -> dict:
+def engine_check(cfg: ModelArch, cache_config: dict[str, str], server_info: dict) -> dict:
     """Compare our bytes/token with the engine's own block count for its KV memory.
 
     The engine (vLLM) sizes its cache in bytes and divides by its own per-block size; if our
@@ -378,8 +281,7 @@ def engine_check(cfg: ModelConfig, cache_config: dict[str, str], server_info: di
     """
     block = int(cache_config.get("block_size") or server_info.get("block_size") or 16)
     dtype = cache_config.get("cache_dtype", "auto")
-    kv_dtype = "bf16" if dtype in ("auto", "bfloat16", "float16") else (
-        "fp8" if dtype.startswith("fp8") else dtype)
+    kv_dtype = dtypes.canonical(dtype, server_info.get("dtype"), cfg.torch_dtype)
     ours = int(kv_bytes_per_token(cfg, kv_dtype))
     blocks = cache_config.get("num_gpu_blocks")
     memory = cache_config.get("kv_cache_memory_bytes")
@@ -398,7 +300,7 @@ def engine_check(cfg: ModelConfig, cache_config: dict[str, str], server_info: di
     return out
 
 
-def gpu_rows(cfg: ModelConfig, gpus: dict[str, GPU], *, weight_dtype: str, kv_dtype: str,
+def gpu_rows(cfg: ModelArch, gpus: dict[str, GPU], *, weight_dtype: str, kv_dtype: str,
              context: int, users: int, num_gpus: int = 1) -> list[dict]:
     rows = []
     for g in gpus.values():
@@ -418,7 +320,7 @@ def gpu_rows(cfg: ModelConfig, gpus: dict[str, GPU], *, weight_dtype: str, kv_dt
     return rows
 
 
-def plot_users_vs_context(cfg: ModelConfig, gpu: GPU, weight_dtype: str, num_gpus: int = 1,
+def plot_users_vs_context(cfg: ModelArch, gpu: GPU, weight_dtype: str, num_gpus: int = 1,
                           contexts: list[int] | None = None):
     """Max simultaneous users against context: bf16 KV, fp8 KV, and the naive calculator."""
     from workshop.plots import figure
@@ -442,27 +344,13 @@ def plot_users_vs_context(cfg: ModelConfig, gpu: GPU, weight_dtype: str, num_gpu
     return fig
 
 
-def count_safetensors_params(folder: str | Path) -> int:
-    """Parameters stored in a model folder's ``*.safetensors`` files (headers only, fast)."""
-    import struct
-    total = 0
-    for f in sorted(Path(folder).glob("*.safetensors")):
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        for name, meta in header.items():
-            if name != "__metadata__":
-                total += math.prod(meta["shape"])
-    return total
-
-
-def served_model_config(model_path: str, name: str | None = None) -> ModelConfig:
+def served_model_config(model_path: str, name: str | None = None) -> ModelArch:
     """The config of the model a server loaded: its own ``config.json`` and weights when the
     folder is on this machine, else the shipped config of the bundled model if that is it."""
     folder = Path(model_path)
     if (folder / "config.json").exists():
-        return from_hf_config(folder / "config.json", name=name or folder.name,
-                              params=count_safetensors_params(folder))
+        return read_arch(folder, name=name or folder.name,
+                         params=count_safetensors_params(folder))
     if "smollm2-135m" in model_path.lower():
         return load_model("smollm2-135m")
     raise ValueError(f"{model_path} is not a local folder and has no shipped config: copy its "

@@ -1,42 +1,15 @@
-"""Read a server's Prometheus ``/metrics`` text, and sample it while requests run.
+"""Sample a server's Prometheus ``/metrics`` while requests run.
 
-The notebooks only need plain numbers (a gauge's value now, a counter's total), so the parser
-sums every label set of a sample name: ``vllm:num_requests_running{model_name="a"} 2`` and
-``{model_name="b"} 1`` read as 3. Histograms keep their ``_bucket``/``_sum``/``_count``
-sample names, so ``vllm:time_to_first_token_seconds_sum`` is a number too.
+Parsing and the metric names live in ``reference_server.prometheus``; the notebooks read plain
+numbers through ``prometheus.totals`` (each sample name summed over its label sets).
 """
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
-
-
-def parse_prometheus(text: str) -> dict[str, float]:
-    """Map each sample name to the sum of its values over all label sets."""
-    out: dict[str, float] = {}
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        if "{" in line:
-            name = line[:line.index("{")]
-            rest = line[line.rindex("}") + 1:].split()
-        else:
-            name, *rest = line.split()
-        if not rest:
-            continue
-        try:
-            value = float(rest[0])   # "+Inf", "NaN" parse too; a timestamp may follow
-        except ValueError:
-            continue
-        if math.isnan(value):
-            continue
-        out[name] = out.get(name, 0.0) + value
-    return out
 
 
 @dataclass

@@ -15,23 +15,23 @@ ones are exercised by the notebook tests.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from reference_server import dtypes, prometheus
+from reference_server.kv import blocks_for, kv_bytes_per_token
+from reference_server.model_config import ModelArch, read_arch
 from workshop.metrics import MetricsSampler, Samples
 
-KV_USAGE = "vllm:kv_cache_usage_perc"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
+KV_USAGE = prometheus.KV_CACHE_USAGE
+RUNNING = prometheus.NUM_REQUESTS_RUNNING
+WAITING = prometheus.NUM_REQUESTS_WAITING
 MIB = 2**20
-DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2, "bfloat16": 2,
-               "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 
 
 # -- the formula ------------------------------------------------------------------------------
@@ -40,47 +40,42 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "half": 2, "bfl
 class KVFormula:
     """The terms of bytes/token = 2 x layers x KV heads x head_dim x dtype bytes."""
 
-    layers: int
-    kv_heads: int
-    head_dim: int
-    dtype: str
-    dtype_bytes: int
-    attention_heads: int
+    arch: ModelArch
+    dtype: str                 # canonical name, "auto" already resolved
+
+    @property
+    def layers(self) -> int:
+        return self.arch.num_layers
+
+    @property
+    def kv_heads(self) -> int:
+        return self.arch.num_kv_heads
+
+    @property
+    def head_dim(self) -> int:
+        return self.arch.head_dim
+
+    @property
+    def attention_heads(self) -> int:
+        return self.arch.num_heads
+
+    @property
+    def dtype_bytes(self) -> float:
+        return dtypes.bytes_per_element(self.dtype)
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return int(kv_bytes_per_token(self.arch, self.dtype))
 
     def explain(self) -> str:
         return (f"2 (K and V) x {self.layers} layers x {self.kv_heads} KV heads x "
-                f"{self.head_dim} dims x {self.dtype_bytes} bytes ({self.dtype}) = "
+                f"{self.head_dim} dims x {self.dtype_bytes:g} bytes ({self.dtype}) = "
                 f"{self.bytes_per_token:,} bytes per token")
 
 
-def formula_from_config(config: dict, dtype: str) -> KVFormula:
-    """Read the formula's terms from a Hugging Face ``config.json`` dict."""
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    key = str(dtype).lower().replace("torch.", "")
-    if key not in DTYPE_BYTES:
-        raise ValueError(f"unknown KV dtype {dtype!r}; known: {sorted(DTYPE_BYTES)}")
-    return KVFormula(layers=config["num_hidden_layers"], kv_heads=kv_heads, head_dim=head_dim,
-                     dtype=key, dtype_bytes=DTYPE_BYTES[key], attention_heads=heads)
-
-
-def load_model_config(model_path: str) -> dict:
-    """``config.json`` of the served model: a local folder, else the Hugging Face cache/hub."""
-    folder = Path(model_path)
-    if (folder / "config.json").exists():
-        return json.loads((folder / "config.json").read_text())
-    from transformers import AutoConfig   # a hub id (Colab): the server downloaded it already
-    return AutoConfig.from_pretrained(model_path).to_dict()
-
-
-def blocks_for(tokens: int, block_size: int) -> int:
-    """A paged KV cache hands out whole blocks: 17 tokens in 16-token blocks take 2."""
-    return math.ceil(tokens / block_size) if tokens > 0 else 0
+def kv_formula(arch: ModelArch, dtype: str) -> KVFormula:
+    """The formula's terms for ``arch`` with the cache in ``dtype`` ("auto": the model's)."""
+    return KVFormula(arch=arch, dtype=dtypes.canonical(dtype, arch.torch_dtype))
 
 
 # vLLM keeps one block aside (its "null block") and reports usage against the rest:
@@ -234,8 +229,7 @@ class ServerKV:
 
 def server_kv(session: Any) -> ServerKV:
     info = session.info
-    config = load_model_config(info["model_path"])
-    formula = formula_from_config(config, info.get("dtype", "bfloat16"))
+    formula = kv_formula(read_arch(info["model_path"]), info.get("dtype", "auto"))
     return ServerKV(formula=formula, reported_bytes_per_token=info.get("kv_bytes_per_token"),
                     capacity_tokens=int(info["kv_capacity_tokens"]),
                     block_size=int(info.get("block_size") or 16))

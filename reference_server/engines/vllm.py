@@ -6,22 +6,13 @@ differences are a few flags and environment variables, chosen by ``--device``.
 
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
+from reference_server import dtypes, prometheus
 from reference_server.engines.base import EngineInfo
 from reference_server.engines.proxy import ProxyEngine
 from reference_server.kv import kv_bytes_per_token
-
-_INFO_LINE = re.compile(r'^vllm:cache_config_info\{(?P<labels>.*)\}', re.M)
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
-
-
-def parse_cache_config(metrics_text: str) -> dict[str, str]:
-    """Labels of vLLM's ``vllm:cache_config_info`` gauge (block size, block count, ...)."""
-    m = _INFO_LINE.search(metrics_text)
-    return dict(_LABEL.findall(m.group("labels"))) if m else {}
+from reference_server.model_config import read_arch
 
 
 class VLLMEngine(ProxyEngine):
@@ -65,18 +56,21 @@ class VLLMEngine(ProxyEngine):
         return env
 
     async def on_ready(self) -> None:
-        self._cache = parse_cache_config(await self.metrics_text())
+        self._cache = prometheus.labels_of(await self.metrics_text(), prometheus.CACHE_CONFIG_INFO)
         try:
             self._version = (await self.get_json("/version")).get("version", "unknown")
         except Exception:  # /version is informational; never fail start-up over it
             pass
 
     def info(self) -> EngineInfo:
-        cfg = _model_config(self.model.path)
         block = int(self._cache["block_size"]) if self._cache.get("block_size") else None
         blocks = self._cache.get("num_gpu_blocks")
         kv_dtype = self._cache.get("cache_dtype", "auto")
-        per_token = kv_bytes_per_token(cfg, self.config.dtype if kv_dtype == "auto" else kv_dtype) if cfg else None
+        per_token = None
+        if (Path(self.model.path) / "config.json").exists():   # hub ids: resolved by the engine
+            arch = read_arch(self.model.path)
+            per_token = int(kv_bytes_per_token(
+                arch, dtypes.canonical(kv_dtype, self.config.dtype, arch.torch_dtype)))
         return EngineInfo(
             engine="vllm", engine_version=self._version, model=self.served_name,
             model_path=self.model.path, dtype=self.config.dtype, device=self.device,
@@ -89,9 +83,3 @@ class VLLMEngine(ProxyEngine):
 
     async def reset_prefix_cache(self) -> bool:
         return await self.post("/reset_prefix_cache") == 200
-
-
-def _model_config(path: str) -> dict | None:
-    """The model's config.json when the weights are local (hub ids: resolved by the engine)."""
-    f = Path(path) / "config.json"
-    return json.loads(f.read_text()) if f.exists() else None

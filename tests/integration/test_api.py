@@ -6,6 +6,8 @@ import httpx
 import openai
 import pytest
 
+from reference_server import prometheus as P
+
 pytestmark = pytest.mark.engine
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
@@ -114,23 +116,21 @@ def test_n_choices(server):
 
 
 def test_metrics_move(server):
-    before_gen = server.metric("vllm:generation_tokens_total")
-    before_prompt = server.metric("vllm:prompt_tokens_total")
-    before_ttft = server.metric("vllm:time_to_first_token_seconds_count")
+    before_gen = server.metric(P.GENERATION_TOKENS)
+    before_prompt = server.metric(P.PROMPT_TOKENS)
+    before_ttft = server.metric(P.TIME_TO_FIRST_TOKEN + "_count")
     server.openai().completions.create(model=server.model, prompt="Hello", max_tokens=5,
                                        extra_body={"ignore_eos": True})
     m = server.metrics()
-    names = {k.split("{")[0] for k in m}
-    for name in ("vllm:num_requests_running", "vllm:num_requests_waiting",
-                 "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total",
-                 "vllm:prefix_cache_hits_total", "vllm:inter_token_latency_seconds_bucket",
-                 "vllm:e2e_request_latency_seconds_bucket", "reference_server_requests_total"):
+    names = {s.name for s in m}
+    for name in (P.NUM_REQUESTS_RUNNING, P.NUM_REQUESTS_WAITING, P.KV_CACHE_USAGE,
+                 P.PREFIX_CACHE_QUERIES, P.PREFIX_CACHE_HITS, P.INTER_TOKEN_LATENCY + "_bucket",
+                 P.E2E_REQUEST_LATENCY + "_bucket", P.SERVER_REQUESTS):
         assert name in names, name
-    assert server.metric("vllm:generation_tokens_total") >= before_gen + 5
-    assert server.metric("vllm:prompt_tokens_total") > before_prompt
-    assert server.metric("vllm:time_to_first_token_seconds_count") >= before_ttft + 1
-    ok = sum(v for k, v in m.items() if k.startswith("reference_server_requests_total")
-             and 'status="200"' in k)
+    assert server.metric(P.GENERATION_TOKENS) >= before_gen + 5
+    assert server.metric(P.PROMPT_TOKENS) > before_prompt
+    assert server.metric(P.TIME_TO_FIRST_TOKEN + "_count") >= before_ttft + 1
+    ok = sum(s.value for s in m if s.name == P.SERVER_REQUESTS and s.labels.get("status") == "200")
     assert ok >= 1
 
 

@@ -9,6 +9,8 @@ import time
 import httpx
 import pytest
 
+from reference_server import prometheus as P
+
 pytestmark = pytest.mark.engine
 
 
@@ -16,13 +18,13 @@ def _wait_idle(server, timeout: float = 30.0) -> float:
     """Seconds until the engine reports no running request and an empty KV cache."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
-        if (server.metric("vllm:num_requests_running") == 0
-                and server.metric("vllm:kv_cache_usage_perc") == 0):
+        if (server.metric(P.NUM_REQUESTS_RUNNING) == 0
+                and server.metric(P.KV_CACHE_USAGE) == 0):
             return time.monotonic() - t0
         time.sleep(0.25)
     raise AssertionError(f"engine still busy after {timeout} s: running="
-                         f"{server.metric('vllm:num_requests_running')} kv="
-                         f"{server.metric('vllm:kv_cache_usage_perc')}")
+                         f"{server.metric(P.NUM_REQUESTS_RUNNING)} kv="
+                         f"{server.metric(P.KV_CACHE_USAGE)}")
 
 
 def _eventually(condition, timeout: float = 5.0) -> bool:
@@ -67,9 +69,7 @@ def test_hf_baseline_serves_concurrent_requests_one_at_a_time(hf_server):
         async with httpx.AsyncClient() as http:
             while not done.is_set():
                 text = (await http.get(hf_server.base_url + "/metrics")).text
-                for line in text.splitlines():
-                    if line.startswith("vllm:num_requests_running"):
-                        peak_running.append(float(line.rsplit(" ", 1)[1]))
+                peak_running.append(P.totals(text).get(P.NUM_REQUESTS_RUNNING, 0.0))
                 await asyncio.sleep(0.05)
 
     async def main():
@@ -110,16 +110,16 @@ def test_disconnect_mid_stream_frees_kv(request, engine):
     try:
         assert streaming.wait(60)
         # gauges are refreshed by the engine loop: give them a moment
-        assert _eventually(lambda: server.metric("vllm:num_requests_running") == 1)
-        assert _eventually(lambda: server.metric("vllm:kv_cache_usage_perc") > 0)
+        assert _eventually(lambda: server.metric(P.NUM_REQUESTS_RUNNING) == 1)
+        assert _eventually(lambda: server.metric(P.KV_CACHE_USAGE) > 0)
     finally:
         hang_up.set()
         reader.join(30)
     # 1500 tokens would take far longer than this at CPU speed: the request was aborted
     _wait_idle(server, timeout=20)
-    produced = server.metric("vllm:generation_tokens_total")
+    produced = server.metric(P.GENERATION_TOKENS)
     time.sleep(1.0)
-    assert server.metric("vllm:generation_tokens_total") == produced
+    assert server.metric(P.GENERATION_TOKENS) == produced
 
 
 @pytest.mark.parametrize("engine", ["vllm", "hf"])

@@ -9,7 +9,8 @@ from workshop.bench.metrics import summarize
 from workshop.bench.mock_server import MockServer
 from workshop.bench.results import BenchResult
 from workshop.bench.run import arun_benchmark
-from workshop.bench.server_metrics import ServerSamples, parse_prometheus
+from reference_server import prometheus
+from workshop.bench.server_metrics import ServerSamples
 from workshop.bench.workloads import Request, Session, SingleRequest
 
 
@@ -134,11 +135,11 @@ def test_run_benchmark_end_to_end_and_results_round_trip(tmp_path):
         assert (tmp_path / "res" / name).exists()
 
 
-def test_parse_prometheus_sums_label_sets_and_deltas():
+def test_metric_totals_and_run_deltas():
     text = ('# HELP x\nvllm:prefix_cache_queries_total{engine="0"} 100\nvllm:prefix_cache_queries_total{engine="1"} 50\n'
             "vllm:prefix_cache_hits_total 30\nvllm:kv_cache_usage_perc 0.5\nvllm:num_preemptions_total 2\n"
             'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 7\n')
-    m = parse_prometheus(text)
+    m = prometheus.totals(text)
     assert m["vllm:prefix_cache_queries_total"] == 150
     assert m["vllm:time_to_first_token_seconds_bucket"] == 7
     after = dict(m, **{"vllm:prefix_cache_queries_total": 250.0, "vllm:prefix_cache_hits_total": 90.0,

@@ -68,21 +68,21 @@ def test_sliding_window_layers_stop_growing():
     assert kv.kv_bytes_per_sequence(cfg, 10_000) == (18 * 10_000 + 18 * 128) * per_layer_token
 
 
-def test_from_hf_config_reads_layer_types_and_head_dim():
+def test_read_arch_reads_layer_types_and_head_dim():
     hf = {"num_hidden_layers": 4, "num_attention_heads": 8, "num_key_value_heads": 2,
-          "hidden_size": 512, "sliding_window": 16,
+          "hidden_size": 512, "sliding_window": 16, "torch_dtype": "bfloat16",
           "layer_types": ["sliding_attention", "full_attention"] * 2}
-    cfg = kv.from_hf_config(hf, name="toy", params=1000)
+    cfg = kv.read_arch(hf, name="toy", params=1000)
     assert cfg.head_dim == 64 and cfg.num_sliding_layers == 2 and cfg.sliding_window == 16
     assert kv.kv_bytes_per_sequence(cfg, 32) == (2 * 32 + 2 * 16) * 2 * 2 * 64 * 2
 
 
 def test_bundled_model_folder_agrees_with_shipped_config():
-    from workshop.models import bundled_model_dir, is_prepared
+    from reference_server.models import bundled_model_dir, is_prepared
     folder = bundled_model_dir()
     if not is_prepared(folder):
         pytest.skip("bundled model not prepared")
-    live = kv.from_hf_config(folder / "config.json")
+    live = kv.read_arch(folder / "config.json")
     shipped = kv.load_model("smollm2-135m")
     assert kv.kv_bytes_per_token(live) == kv.kv_bytes_per_token(shipped)
     assert json.loads((folder / "config.json").read_text())["num_key_value_heads"] == 3
@@ -211,7 +211,7 @@ def test_notebook_tables_and_figure():
 
 
 def test_served_model_config_counts_real_weights():
-    from workshop.models import bundled_model_dir, is_prepared
+    from reference_server.models import bundled_model_dir, is_prepared
     folder = bundled_model_dir()
     if not is_prepared(folder):
         pytest.skip("bundled model not prepared")

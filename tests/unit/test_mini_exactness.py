@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workshop.models import ModelError, resolve_model
+from reference_server.models import ModelError, resolve_model
 
 NEW_TOKENS = 64
 

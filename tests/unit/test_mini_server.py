@@ -9,7 +9,7 @@ import torch
 
 from reference_server.config import ServerConfig
 from reference_server.engines.local import SamplingParams
-from workshop.models import ModelError, resolve_model
+from reference_server.models import ModelError, resolve_model
 
 
 @pytest.fixture(scope="module")

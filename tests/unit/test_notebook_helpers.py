@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from reference_server.model_config import read_arch
 from workshop import metrics, pain, probe, session, ui
 
 # -- session -----------------------------------------------------------------------------------
@@ -39,28 +40,6 @@ def test_hardware_line_names_the_cpu():
 
 
 # -- metrics -----------------------------------------------------------------------------------
-
-PROM = """\
-# HELP vllm:num_requests_running Number of requests running.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="a"} 2.0
-vllm:num_requests_running{engine="1",model_name="a"} 1.0
-vllm:kv_cache_usage_perc{engine="0",model_name="a",le="x}y"} 0.25
-vllm:time_to_first_token_seconds_bucket{le="+Inf"} 7
-plain_counter_total 3 1700000000000
-broken_line
-nan_gauge NaN
-"""
-
-
-def test_parse_prometheus_sums_label_sets_and_skips_junk():
-    m = metrics.parse_prometheus(PROM)
-    assert m["vllm:num_requests_running"] == 3.0
-    assert m["vllm:kv_cache_usage_perc"] == 0.25      # a brace inside a label value is fine
-    assert m["vllm:time_to_first_token_seconds_bucket"] == 7
-    assert m["plain_counter_total"] == 3               # the timestamp is not the value
-    assert "broken_line" not in m and "nan_gauge" not in m
-
 
 def test_sampler_records_a_gauge_while_it_changes():
     value = {"g": 0.0}
@@ -173,11 +152,11 @@ def test_markdown_table_formats_and_escapes():
 # -- pain: KV arithmetic -------------------------------------------------------------------------
 
 SMOL = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-        "hidden_size": 576}
+        "hidden_size": 576, "torch_dtype": "bfloat16"}
 
 
 def test_formula_matches_the_known_smollm2_figure():
-    f = pain.formula_from_config(SMOL, "bfloat16")
+    f = pain.kv_formula(read_arch(SMOL), "bfloat16")
     assert f.head_dim == 64 and f.kv_heads == 3
     assert f.bytes_per_token == 23_040          # 2 x 30 x 3 x 64 x 2
     assert "23,040" in f.explain()
@@ -185,11 +164,18 @@ def test_formula_matches_the_known_smollm2_figure():
 
 def test_formula_uses_kv_heads_not_attention_heads_and_explicit_head_dim():
     no_gqa = dict(SMOL, num_key_value_heads=None)
-    assert pain.formula_from_config(no_gqa, "bf16").bytes_per_token == 2 * 30 * 9 * 64 * 2
+    assert pain.kv_formula(read_arch(no_gqa), "bf16").bytes_per_token == 2 * 30 * 9 * 64 * 2
     explicit = dict(SMOL, head_dim=128)
-    assert pain.formula_from_config(explicit, "fp8").bytes_per_token == 2 * 30 * 3 * 128 * 1
-    with pytest.raises(ValueError, match="unknown KV dtype"):
-        pain.formula_from_config(SMOL, "int3")
+    assert pain.kv_formula(read_arch(explicit), "fp8").bytes_per_token == 2 * 30 * 3 * 128 * 1
+    with pytest.raises(ValueError, match="unknown dtype"):
+        pain.kv_formula(read_arch(SMOL), "int3")
+
+
+def test_formula_resolves_auto_to_the_models_dtype():
+    # A server started with --dtype auto reports "auto": the config's torch_dtype decides.
+    assert pain.kv_formula(read_arch(SMOL), "auto").dtype == "bfloat16"
+    fp32 = read_arch(dict(SMOL, torch_dtype="float32"))
+    assert pain.kv_formula(fp32, "auto").bytes_per_token == 2 * 30 * 3 * 64 * 4
 
 
 def test_blocks_round_up():
@@ -386,7 +372,7 @@ def test_root_url_drops_v1_and_slashes():
 
 
 def test_kv_plot_draws_the_block_steps():
-    kv = pain.ServerKV(formula=pain.formula_from_config(SMOL, "bf16"), reported_bytes_per_token=None,
+    kv = pain.ServerKV(formula=pain.kv_formula(read_arch(SMOL), "bf16"), reported_bytes_per_token=None,
                        capacity_tokens=1024, block_size=16)
     rows = [{"tokens held": 40, "measured KV (MiB)": 1.0, "predicted KV (MiB)": 1.0}]
     fig = pain.plot_kv(rows, "tokens held", "t", "tokens", kv=kv)

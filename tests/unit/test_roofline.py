@@ -180,14 +180,14 @@ def test_measured_bf16_prefill_lies_under_the_measured_bf16_roof():
     layers, or if the LM head is counted for every prompt token."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
-    from workshop.kvcache import from_hf_config
+    from reference_server.model_config import read_arch
     torch.manual_seed(0)
     hf_cfg = LlamaConfig(vocab_size=32768, hidden_size=256, intermediate_size=688,
                          num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                          tie_word_embeddings=True)
     model = LlamaForCausalLM(hf_cfg).to(torch.bfloat16).eval()
     params = sum(p.numel() for p in model.parameters())     # tied weights counted once
-    cfg = from_hf_config(hf_cfg.to_dict(), name="tiny", params=params)
+    cfg = read_arch(hf_cfg.to_dict(), name="tiny", params=params)
     machine = rl.measure_machine("here", mib=64, sizes=(256, 512), repeats=3)
     t = 256
     ids = torch.randint(0, 32768, (1, t))

@@ -11,11 +11,9 @@ from pydantic import ValidationError
 from reference_server.config import parse_args
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
                                             _find_stop)
-from reference_server.engines.vllm import parse_cache_config
-from reference_server.kv import kv_bytes_per_token
 from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
                                        RequestLimits, check_limits)
-from workshop.models import ModelError, resolve_model
+from reference_server.models import ModelError, resolve_model
 
 LIMITS = RequestLimits(max_n=4, max_logprobs=5)
 
@@ -54,23 +52,6 @@ def test_limits():
 def test_config_passes_engine_args_through():
     cfg = parse_args(["--engine", "hf", "--port", "9", "--", "--kv-cache-dtype", "fp8"])
     assert (cfg.engine, cfg.port, cfg.engine_args) == ("hf", 9, ["--kv-cache-dtype", "fp8"])
-
-
-def test_kv_bytes_per_token_counts_kv_heads_not_query_heads():
-    smollm = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
-              "hidden_size": 576}
-    assert kv_bytes_per_token(smollm, "bfloat16") == 2 * 30 * 3 * 64 * 2
-    assert kv_bytes_per_token(smollm, "fp8") == 2 * 30 * 3 * 64
-    mha = {"num_hidden_layers": 2, "num_attention_heads": 4, "hidden_size": 256}
-    assert kv_bytes_per_token(mha, "float32") == 2 * 2 * 4 * 64 * 4
-
-
-def test_parse_cache_config():
-    text = ('# HELP vllm:cache_config_info x\nvllm:cache_config_info{block_size="128",'
-            'cache_dtype="auto",enable_prefix_caching="True",num_gpu_blocks="364"} 1.0\n')
-    cfg = parse_cache_config(text)
-    assert cfg["block_size"] == "128" and cfg["num_gpu_blocks"] == "364"
-    assert parse_cache_config("nothing here") == {}
 
 
 def test_find_stop():

@@ -15,7 +15,7 @@ import pytest
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineInfo
 from reference_server.engines.proxy import ProxyEngine
-from workshop.models import ModelSpec
+from reference_server.models import ModelSpec
 
 CHILD = """
 import http.server, sys, threading, os

@@ -16,8 +16,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -140,27 +138,6 @@ def _write_json(path: Path, obj: Any) -> None:
     tmp.replace(path)
 
 
-def _cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _gpus() -> list[str]:
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10)
-        return [l.strip() for l in out.stdout.splitlines() if l.strip()]
-    except Exception:
-        return []
-
-
 def local_environment() -> dict[str, Any]:
     """The client machine: Python, OS, CPU, GPUs, versions of the packages that matter."""
     versions = {}
@@ -169,8 +146,10 @@ def local_environment() -> dict[str, Any]:
             versions[p] = importlib.metadata.version(p)
         except importlib.metadata.PackageNotFoundError:
             pass
-    return {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": _cpu_model(),
-            "cpu_count": os.cpu_count(), "gpus": _gpus(), "packages": versions}
+    from workshop.session import cpu_name, gpus
+    return {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu_name(),
+            "cpu_count": os.cpu_count(), "gpus": gpus("name,memory.total,driver_version"),
+            "packages": versions}
 
 
 async def server_environment(session: Any, base_url: str, headers: dict[str, str]) -> dict[str, Any]:

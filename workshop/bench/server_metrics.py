@@ -11,23 +11,18 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any
 
-from workshop.metrics import parse_prometheus
+from reference_server import prometheus as P
+from reference_server.prometheus import first as _first
 
-# vLLM counters are in tokens; SGLang exports a running hit-rate gauge instead.
-PREFIX_QUERIES = ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total")
-PREFIX_HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
-PREEMPTIONS = ("vllm:num_preemptions_total",)
-SGLANG_HIT_RATE = ("sglang:cache_hit_rate",)
-RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
-WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-
-
-def _first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
-    for n in names:
-        if n in metrics:
-            return metrics[n]
-    return None
+# The same quantity under each engine's (and vLLM version's) name. vLLM counters are in
+# tokens; SGLang exports a running hit-rate gauge instead.
+PREFIX_QUERIES = (P.PREFIX_CACHE_QUERIES, P.OLD_PREFIX_CACHE_QUERIES)
+PREFIX_HITS = (P.PREFIX_CACHE_HITS, P.OLD_PREFIX_CACHE_HITS)
+KV_USAGE = (P.KV_CACHE_USAGE, P.OLD_KV_CACHE_USAGE, P.SGLANG_TOKEN_USAGE)
+PREEMPTIONS = (P.NUM_PREEMPTIONS,)
+SGLANG_HIT_RATE = (P.SGLANG_CACHE_HIT_RATE,)
+RUNNING = (P.NUM_REQUESTS_RUNNING, P.SGLANG_NUM_RUNNING)
+WAITING = (P.NUM_REQUESTS_WAITING, P.SGLANG_NUM_QUEUED)
 
 
 def _delta(before: dict[str, float], after: dict[str, float], names: tuple[str, ...]) -> float | None:
@@ -92,7 +87,7 @@ class MetricsScraper:
                 if resp.status != 200:
                     self.available = False
                     return None
-                return parse_prometheus(await resp.text())
+                return P.totals(await resp.text())
         except Exception:
             self.available = False
             return None

@@ -38,7 +38,7 @@ class Tokenizer:
         path = tokenizer
         if path is None and model:
             try:
-                from workshop.models import resolve_model
+                from reference_server.models import resolve_model
                 spec = resolve_model(model, prepare=False)
                 path = spec.path if os.path.isdir(spec.path) else None
             except Exception:

@@ -149,7 +149,7 @@ def sharegpt_pool(path: str | Path | None = None) -> list[list[tuple[str, str]]]
     The 125 MB file is parsed once; a fixed pseudo-random pool of ``_POOL_SIZE`` well-formed
     conversations (human first, alternating) is cached under the workshop cache folder.
     """
-    from workshop.models import cache_dir
+    from reference_server.models import cache_dir
     src = Path(path) if path else sharegpt_path()
     key = hashlib.sha1(f"{src.resolve()}:{src.stat().st_size}:{_POOL_SIZE}:v1".encode()).hexdigest()[:12]
     cached = cache_dir() / "bench" / f"sharegpt-pool-{key}.json"

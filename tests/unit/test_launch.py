@@ -1,0 +1,63 @@
+"""The one launcher: start a child server, wait until it serves, stop it, report why it died.
+
+Uses the benchmark's mock server (plain asyncio, starts in well under a second) and a child
+that fails on purpose; the reference server itself is launched by the engine fixtures.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+import httpx
+import pytest
+
+from reference_server import launch
+
+
+def test_start_wait_stop_a_real_child_server(tmp_path):
+    port = launch.free_port()
+    server = launch.start([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port)],
+                          port, log_path=tmp_path / "mock.log")
+    try:
+        # The mock has no /ready (404): the launcher falls back to /health, which it also
+        # lacks, so ask for the path it does serve.
+        server.wait_ready(30, path="/v1/models")
+        assert httpx.get(server.base_url + "/v1/models").status_code == 200
+    finally:
+        server.stop(10)
+    assert server.proc.poll() is not None
+    server.stop()                                  # idempotent
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(server.base_url + "/v1/models", timeout=2)
+
+
+def test_a_child_that_dies_while_starting_is_reported_with_its_log(tmp_path):
+    port = launch.free_port()
+    dying = launch.start([sys.executable, "-c", "print('no model here'); raise SystemExit(3)"],
+                         port, log_path=tmp_path / "dying.log")
+    with pytest.raises(RuntimeError, match=r"(?s)code 3.*no model here"):
+        dying.wait_ready(30)
+
+
+def test_a_child_that_never_serves_times_out(tmp_path):
+    port = launch.free_port()
+    idle = launch.start([sys.executable, "-c", "import time; time.sleep(60)"], port)
+    try:
+        with pytest.raises(TimeoutError):
+            idle.wait_ready(1.0)
+    finally:
+        idle.stop(5)
+    assert idle.proc.returncode is not None
+
+
+def test_reference_server_command_keeps_engine_args_last(tmp_path):
+    # echo stands in for Python: only the command line is under test here.
+    child = launch.launch(["--engine", "mini", "--", "--spec", "ngram"], port=1, api_key="k",
+                          python=shutil.which("echo"), log_path=tmp_path / "x.log")
+    child.proc.wait(10)
+    args = child.proc.args
+    assert (tmp_path / "x.log").read_text().split() == args[1:]
+    assert args[1:3] == ["-m", "reference_server"]
+    assert args[args.index("--"):] == ["--", "--spec", "ngram"]       # the engine's own flags
+    assert args.index("--port") < args.index("--") and args.index("--api-key") < args.index("--")
