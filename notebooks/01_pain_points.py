@@ -94,29 +94,67 @@ def _(mo):
 
     Models with grouped-query attention (GQA) share each KV head between several query heads,
     which is why the formula uses KV heads, not attention heads. Here are the terms for the model
-    this server runs, read from its `config.json`, next to what the server itself reports.
+    this server runs, read from its `config.json`:
     """)
     return
 
 
 @app.cell
 def _(session):
+    import math
+
     from workshop import kvcache, pain, ui
 
     kv = pain.server_kv(session)
-    kv_bytes = kv.formula.bytes_per_token
-    ui.md(
-        f"**Formula:** {kv.formula.explain()}.  \n"
-        + ("**Server reports:** no bytes-per-token figure." if kv.reported_bytes_per_token is None
-           else f"**Server reports:** {kv.reported_bytes_per_token:,} bytes per token"
-           + (" (they agree)." if kv.reported_bytes_per_token == kv_bytes else " (they differ!)."))
-        + f"  \n**Capacity:** the engine set aside room for {kv.capacity_tokens:,} tokens, i.e. "
-        f"{kv.capacity_bytes / 2**30:.2f} GiB, in blocks of {kv.block_size} tokens "
-        f"({kv.capacity_tokens // kv.block_size} blocks). The model has "
-        f"{kv.formula.attention_heads} attention heads but {kv.formula.kv_heads} KV heads; counting "
-        f"the former would overstate the cache {kv.formula.attention_heads / kv.formula.kv_heads:.0f}x."
-    )
-    return kv, kvcache, pain, ui
+    _f = kv.formula
+    kv_bytes = 2 * _f.layers * _f.kv_heads * _f.head_dim * _f.dtype_bytes     # the formula above
+    ui.md(f"2 (K and V) x {_f.layers} layers x {_f.kv_heads} KV heads x {_f.head_dim} dims x "
+          f"{_f.dtype_bytes:g} bytes ({_f.dtype}) = **{kv_bytes:,.0f} bytes per token**. The model "
+          f"has {_f.attention_heads} attention heads but {_f.kv_heads} KV heads; counting the "
+          f"former would overstate the cache {_f.attention_heads / _f.kv_heads:.0f}x.")
+    return kv, kvcache, math, pain, ui
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **Is the formula right?** The server also reports a bytes-per-token figure, but it computes
+    it with this same formula from the same `config.json`, so agreeing with it would prove
+    nothing. The engine itself measures independently: vLLM is given a KV budget in bytes, sizes
+    one block with its own per-layer tensor shapes, and cuts the budget into whole blocks, which
+    it publishes in `/metrics` (`vllm:cache_config_info`). If the formula is right, *budget /
+    (block size x bytes per token)*, rounded down, is the engine's block count.
+    """)
+    return
+
+
+@app.cell
+def _(kv, kvcache, session, ui):
+    engine_cache = kvcache.engine_cache_config(session.metrics_text())
+    kv_check = kvcache.engine_check(
+        kvcache.served_model_config(str(session.info.get("model_path") or session.model),
+                                    name=session.model), engine_cache, session.info)
+    if kv_check.get("kv_memory_bytes") is not None:
+        _engine_bytes = kv_check["kv_memory_bytes"] / (kv_check["engine_blocks"] * kv_check["block_size"])
+        kv_check_text = (
+            f"The engine was given **{kv_check['kv_memory_bytes']:,} bytes** and made "
+            f"**{kv_check['engine_blocks']:,} blocks** of {kv_check['block_size']} tokens "
+            f"({_engine_bytes:,.1f} bytes per token of budget, the remainder of the last block "
+            f"included). The formula predicts **{kv_check['predicted_blocks']:,} blocks**: "
+            + ("**they agree exactly**." if kv_check["agrees"] else
+               f"**they differ** by {kv_check['engine_blocks'] - kv_check['predicted_blocks']:+,} "
+               "blocks: the engine stores something the formula does not count, or vice versa."))
+    elif kv_check.get("engine_blocks") is not None:
+        kv_check_text = (
+            f"This engine made {kv_check['engine_blocks']:,} blocks of {kv_check['block_size']} "
+            "tokens but does not publish the byte budget it cut them from (on a GPU: what is left "
+            "after the weights), so there is no independent figure to check the formula against.")
+    else:
+        kv_check_text = ("This server publishes no `vllm:cache_config_info`, so there is no "
+                         "engine figure to check the formula against.")
+    ui.md(kv_check_text + f" Capacity: {kv.capacity_tokens:,} tokens in blocks of "
+          f"{kv.block_size}.")
+    return
 
 
 @app.cell(hide_code=True)
@@ -129,7 +167,8 @@ def _(mo):
     is why we sample it *during* the request and keep the peak. The prediction is the formula
     applied to whole blocks: a request holding one token more than a block fits occupies two
     blocks. (vLLM also keeps one block aside and reports usage against the rest; the prediction
-    does the same.)
+    does the same.) The gauge is the measurement; the MiB column is **derived** from it (usage
+    x usable blocks x block size x the formula's bytes per token), so compare the usage columns.
     """)
     return
 
@@ -161,9 +200,10 @@ def _(context_rows, kv, pain):
 def _(context_rows, ui):
     _last = context_rows[-1]
     ui.md(
-        f"At {_last['tokens held']:,} tokens one request held **{_last['measured KV (MiB)']:.1f} MiB** "
-        f"of KV cache (the formula says {_last['predicted KV (MiB)']:.1f} MiB): "
-        f"{_last['measured usage (%)']:.1f}% of this engine's cache. "
+        f"At {_last['tokens held']:,} tokens one request occupied "
+        f"**{_last['measured usage (%)']:.2f}%** of this engine's cache by its own gauge (the "
+        f"formula predicts {_last['predicted usage (%)']:.2f}%), i.e. about "
+        f"{_last['KV in use (MiB, derived)']:.1f} MiB. "
         "The `samples` column counts the `/metrics` readings taken while the request ran; with zero "
         "the request was over before a reading caught it, so its measured value is 0."
     )
@@ -255,8 +295,8 @@ def _(
         + f"The model here is tiny. The same arithmetic for Llama 3.1 8B "
         f"([config]({_llama.source})): {_llama_bytes:,.0f} bytes per token, so a single "
         f"8,192-token conversation needs {_llama_bytes * 8192 / 2**30:.2f} GiB and 100 of them "
-        f"{100 * _llama_bytes * 8192 / 2**30:.0f} GiB, more than one 80 GB GPU holds besides the "
-        "weights. Memory, not arithmetic, usually caps how many users a GPU serves."
+        f"{100 * _llama_bytes * 8192 / 2**30:.0f} GiB, more than one 80 GB "
+        f"({80e9 / 2**30:.1f} GiB) GPU holds besides the weights."
     )
     return
 
@@ -345,12 +385,41 @@ def _(engine_rows, pain):
 
 
 @app.cell
-def _(bench_concurrency, bench_output, bench_requests, engine_rows, pain, ui):
+def _(
+    bench_concurrency,
+    bench_output,
+    bench_requests,
+    engine_rows,
+    math,
+    pain,
+    ui,
+):
     factors = {r["comparison"]: r["speed-up (x)"] for r in pain.factor_rows(engine_rows, bench_concurrency)}
+    _total = factors["total: vllm concurrent vs hf sequential"]
+    _engine = factors["engine alone (both sequential)"]
+    _batching = factors["concurrency with batching (vllm)"]
+    _hf_conc = factors["concurrency without batching (hf)"]
+    _ttft = {(r["engine"], r["in flight"]): r["median TTFT (ms)"] for r in engine_rows}
+    # Which effect is larger, read from this run (their product is the total).
+    batching_share = math.log(_batching) / math.log(_total) if _total > 1 and _batching > 0 else None
     ui.md(
         f"Measured here, {bench_requests} requests of 128 prompt + {bench_output} output tokens:\n\n"
         + ui.markdown_table([{"comparison": k, "speed-up": f"{v:.1f}x"} for k, v in factors.items()])
-        + "\n\n" + " ".join(pain.explain_factors(factors, engine_rows))
+        + f"\n\nThe headline number, vLLM with {bench_concurrency} requests in flight against the "
+        f"baseline one at a time, is **{_total:.1f}x**: the product of the engine alone, both "
+        f"serving one request at a time (**{_engine:.1f}x**), and batching on vLLM "
+        f"(**{_batching:.1f}x**). "
+        + ("In this run **batching** contributed the larger factor. " if _batching > _engine else
+           "In this run the **engine alone** contributed the larger factor, not batching: with "
+           "few cores, one request already keeps them busy, so batching gains less than on a GPU. ")
+        + f"Sending the baseline {bench_concurrency} requests at once changed its throughput "
+        f"{_hf_conc:.2f}x while its median TTFT went from {_ttft[('hf', 1)]:.0f} to "
+        f"{_ttft[('hf', bench_concurrency)]:.0f} ms"
+        + (": it still serves them one after another, so they only wait longer."
+           if _hf_conc < 1.3 else
+           ", more than a one-at-a-time server should gain (it overlaps only HTTP and "
+           "tokenization with generation): the machine was probably busier during its sequential "
+           "run; re-run the cell to check.")
     )
     return
 
@@ -363,8 +432,75 @@ def _(mo):
     * KV memory = tokens held x bytes per token, summed over every request in flight; the engine's
       capacity in tokens is what bounds concurrency.
     * TTFT grows with the prompt; decode speed per user falls as more users share the machine.
-    * Most of "vLLM is N x faster" is batching, which needs many requests in flight and room in
+    * "vLLM is N x faster" multiplies two effects, the engine and batching; section 4 measured
+      how large each one was on this machine. Batching needs many requests in flight and room in
       the KV cache for all of them. The following notebooks open up each of these mechanisms.
+    """)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## Predict, then measure
+
+    Write a number in each prediction cell, then run the cell after it: it measures live and
+    compares.
+
+    **1.** From the TTFT line of section 3: how long (ms) will the first token of a
+    **600-token** prompt take, one request alone?
+    """)
+    return
+
+
+@app.cell
+def _():
+    predict_ttft_600_ms = None       # your prediction in milliseconds
+    return (predict_ttft_600_ms,)
+
+
+@app.cell
+def _(maker, pain, predict_ttft_600_ms, session, ui):
+    exercise_ttft = pain.ttft_sweep(session, maker, [600])
+    ui.compare(predict_ttft_600_ms, exercise_ttft[0]["TTFT (ms)"], "TTFT of a 600-token prompt", "ms")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **2.** Three users at once, each with a **300-token** prompt and 64 output tokens: what
+    peak share (%) of this engine's KV cache will the usage gauge show? (Blocks, not tokens.)
+    """)
+    return
+
+
+@app.cell
+def _():
+    predict_three_users_pct = None   # your prediction in percent
+    return (predict_three_users_pct,)
+
+
+@app.cell
+def _(kv, kv_out_tokens, maker, pain, predict_three_users_pct, session, ui):
+    exercise_users = pain.users_sweep(session, kv, maker, [3], 300, kv_out_tokens)
+    ui.compare(predict_three_users_pct, exercise_users[0]["measured usage (%)"],
+               "peak KV usage, 3 users x (300 + 64) tokens", "%")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## What the real engines do
+
+    * vLLM, SGLang and TensorRT-LLM all page the KV cache in fixed-size blocks, as measured here,
+      so memory is handed out per block rather than per maximum context.
+    * They batch continuously: a request joins the running batch at the next step instead of
+      waiting for the batch to finish, and leaves as soon as it is done.
+    * Long prompts are split into chunks (chunked prefill) so that one long prompt does not stall
+      every other user's next token; prefix caching reuses the KV blocks of a shared prompt
+      start instead of recomputing them.
     """)
     return
 

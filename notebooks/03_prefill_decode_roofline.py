@@ -90,8 +90,11 @@ def _(mo):
     * **memory bandwidth** W: we sum a float32 buffer several times larger than the CPU's caches
       (one addition per 4 bytes is far below what the cores can compute, so the time is the
       time to stream the bytes in);
-    * **peak compute** P: we time square bf16 matrix multiplications (2n³ FLOPs each) of a few
-      sizes and keep the best.
+    * **peak compute** P: we time square matrix products (2n³ FLOPs each) of a few sizes, laid
+      out as a linear layer computes them (`x @ W.T`, the kernel an engine's linear layers use),
+      in bf16 and in float32, and keep the best. The kernel and the dtype matter: a CPU without
+      bf16 instructions runs bf16 far below its float32 peak, so the bf16 figure is drawn as a
+      lower, dashed *ceiling*: an engine serving bf16 weights cannot rise above it.
 
     A kernel that does F FLOPs while moving B bytes has **arithmetic intensity** I = F/B and
     runs at most at min(P, W x I). Below the **ridge point** I = P/W it waits for memory; above
@@ -112,8 +115,10 @@ def _(session):
                                            sizes=sweep((512, 1024, 2048), (512, 1024)),
                                            repeats=sweep(5, 3))
     ui.md(
-        f"**{machine.name}**: memory bandwidth **{machine.bandwidth / 1e9:,.1f} GB/s**, bf16 matmul "
-        f"**{machine.flops / 1e9:,.0f} GFLOP/s** ({machine.source}). Ridge point: "
+        f"**{machine.name}**: memory bandwidth **{machine.bandwidth / 1e9:,.1f} GB/s**, peak "
+        f"**{machine.flops / 1e9:,.1f} GFLOP/s** ("
+        + ", ".join(f"{_dt}: {_f / 1e9:,.1f} GFLOP/s" for _dt, _f in machine.ceilings)
+        + f"; {machine.source}). Ridge point: "
         f"**{machine.ridge:,.1f} FLOP per byte** - a kernel must do that much arithmetic per byte it "
         "reads to keep the arithmetic units busy. (On a shared machine these numbers move from run "
         "to run; re-run the cell and compare.)"
@@ -133,8 +138,29 @@ def _(mo):
       in the memory-bound region. Its speed limit is *bandwidth / bytes of weights*;
     * a decode step for a **batch of B** sequences reads the weights once for B tokens: intensity
       ~B, until each sequence's own KV cache (read for that sequence alone) dominates;
-    * a **prefill** of T prompt tokens reads the weights once for T tokens: intensity ~T.
+    * a **prefill** of T prompt tokens reads the weights once for T tokens: intensity ~T. Only
+      the last prompt token needs logits (the next-token distribution), so engines run the LM
+      head (hidden size x vocabulary weights) once per prompt, not T times;
+    * a **mixture-of-experts** model routes each token to a few experts, so a decode step reads
+      only the shared weights and the experts its tokens chose: *active*, not total, parameters.
 
+    In code (the FLOP counts every helper below uses):
+    """)
+    return
+
+
+@app.cell
+def _(roofline):
+    import inspect
+
+    print(inspect.getsource(roofline.flops_per_token))
+    print(inspect.getsource(roofline.prefill_flops))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     Here is that arithmetic for the model this server runs.
     """)
     return
@@ -145,6 +171,7 @@ def _(kvcache, machine, roofline, session, ui):
     model_path = str(session.info.get("model_path") or session.model)
     # The served model's own config.json and weight count when its folder is on this machine.
     model_cfg = kvcache.served_model_config(model_path, name=session.model)
+    served_dtype = str(session.info.get("dtype", "bfloat16")).replace("torch.", "")
     weight_bytes = kvcache.weight_bytes(model_cfg, "bf16")
     bound_b1 = roofline.decode_bound_tokens_per_s(model_cfg, machine, batch=1, context=128)
     ui.table([{"phase": ph, "tokens per weight read": n,
@@ -155,7 +182,7 @@ def _(kvcache, machine, roofline, session, ui):
                   ("decode, batch 8", 8, roofline.decode_intensity(model_cfg, 8, 128)),
                   ("decode, batch 64", 64, roofline.decode_intensity(model_cfg, 64, 128)),
                   ("prefill, 512-token prompt", 512, roofline.prefill_intensity(model_cfg, 512)))])
-    return bound_b1, model_cfg, model_path, weight_bytes
+    return bound_b1, model_cfg, model_path, served_dtype, weight_bytes
 
 
 @app.cell(hide_code=True)
@@ -249,7 +276,7 @@ def _(roofline, session, sweep, ui):
     serve_prefill_rows = [roofline.serve_prefill(session, _t, repeats=sweep(3, 2))
                           for _t in ui.progress(prefill_lengths, title="prefill sweep")]
     ui.table(serve_decode_rows)
-    return serve_decode_rows, serve_prefill_rows
+    return decode_input, decode_output, serve_decode_rows, serve_prefill_rows
 
 
 @app.cell
@@ -274,6 +301,37 @@ def _(
            for r in serve_prefill_rows])
     roofline.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
                              [machine], {machine.name: measured_points}, (0.3, 3000))
+    return (measured_points,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **A check the picture must pass.** No kernel runs faster than the machine allows, so every
+    measured point must lie on or below its roof: the ceiling of the dtype the server computes
+    in. A point above it would mean a wrong FLOP count, a wrong byte count, or a roof measured
+    with a slower kernel than the engine's. We allow the stated measurement error
+    (`roofline.MEASUREMENT_ERROR`) for run-to-run noise.
+    """)
+    return
+
+
+@app.cell
+def _(machine, measured_points, roofline, served_dtype, ui):
+    roof_check = [{"point": _p.label, "attained (GFLOP/s)": _p.flops / 1e9,
+                   f"{served_dtype} roof there (GFLOP/s)": _p.flops / 1e9
+                   / roofline.roof_ratio(machine, _p, served_dtype),
+                   "attained / roof": roofline.roof_ratio(machine, _p, served_dtype)}
+                  for _p in measured_points]
+    points_above_roof = roofline.above_roof(machine, measured_points, served_dtype)
+    ui.md(ui.markdown_table(roof_check) + "\n\n" + (
+        f"**Every point is under its roof** (within {roofline.MEASUREMENT_ERROR:.0%})."
+        if not points_above_roof else
+        f"**{len(points_above_roof)} point(s) above the roof** beyond the "
+        f"{roofline.MEASUREMENT_ERROR:.0%} allowed: "
+        + ", ".join(f"{_p.label} at {_r:.2f}x" for _p, _r in points_above_roof)
+        + ". Something here is mis-counted or mis-measured: re-run the cells above; if it stays, "
+        "report it."))
     return
 
 
@@ -320,8 +378,9 @@ def _(mo):
 
     No GPU is measured here: the roofs come from datasheet peaks (dense bf16 tensor FLOP/s and
     memory bandwidth, sources in `workshop/data/gpus.json` and at the end of notebook 2), and the
-    points are the *model's* predictions for Llama 3.1 8B in bf16 - the attainable speed at each
-    intensity, not a measurement. Pick a model to see where its decode and prefill fall.
+    points are the roofline's *predictions* for the model you pick, in bf16 - the attainable
+    speed at each intensity, not a measurement. (In Jupyter, re-run the cells below after
+    changing the model.)
     """)
     return
 
@@ -371,14 +430,98 @@ def _(gpu_cfg, gpu_machines, roofline, ui):
     return
 
 
+@app.cell
+def _(gpu_cfg, gpu_machines, roofline, ui):
+    _h100 = next(_m for _m in gpu_machines if _m.name == "H100-SXM")
+    _bf16_bound = roofline.decode_bound_tokens_per_s(gpu_cfg, _h100, 1, 1024, "bf16")
+    _int4_bound = roofline.decode_bound_tokens_per_s(gpu_cfg, _h100, 1, 1024, "int4")
+    _ridges = [_m.ridge for _m in gpu_machines]
+    ui.md(
+        f"For {gpu_cfg.name}, GPU ridge points sit between {min(_ridges):,.0f} and "
+        f"{max(_ridges):,.0f} FLOP per byte, so (table above) decoding stays memory-bound until "
+        f"the batch reaches the listed size, and with long contexts the per-sequence KV reads "
+        f"(which batching does not share) can keep it memory-bound at any batch size. That is why "
+        f"serving engines batch as many requests as the KV cache allows (notebook 2). The same "
+        f"arithmetic says int4 weights would raise the batch-1 decode **bound** on an H100 from "
+        f"{_bf16_bound:,.0f} to {_int4_bound:,.0f} tokens/s ({_int4_bound / _bf16_bound:.1f}x): a "
+        f"bound, reached only by kernels that compute on the packed weights. Notebook 4 measures "
+        f"what quantization does to speed on this machine."
+    )
+    return
+
+
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    GPU ridge points sit at a few hundred FLOP per byte: a GPU needs a batch of hundreds of
-    sequences before decoding stops waiting on memory, and with longer contexts the
-    per-sequence KV reads (which batching does not share) keep it memory-bound at any batch size. That is why serving engines batch as many
-    requests as the KV cache allows (notebook 2), and why shrinking bytes - quantized weights and
-    caches, notebook 4 - speeds up decode almost proportionally.
+    ## Predict, then measure
+
+    Write a number in each prediction cell, then run the cell after it: it measures live and
+    compares. Use the tables above (the decode sweep, the prefill rate) to reason.
+
+    **1.** The decode sweep measured some batch sizes. How many tokens per second **in total**
+    will the server make with **8** requests decoding together?
+    """)
+    return
+
+
+@app.cell
+def _():
+    predict_batch8_tok_s = None      # your prediction, e.g. 120.0
+    return (predict_batch8_tok_s,)
+
+
+@app.cell
+def _(
+    decode_input,
+    decode_output,
+    predict_batch8_tok_s,
+    roofline,
+    session,
+    ui,
+):
+    exercise_batch8 = roofline.serve_decode(session, 8, decode_input, decode_output)
+    ui.compare(predict_batch8_tok_s, exercise_batch8["tok/s total"],
+               "decode rate at batch 8 (all requests)", "tokens/s")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **2.** From the prefill rate measured above: how long (ms) will the first token of a
+    **768-token** prompt take, one request alone?
+    """)
+    return
+
+
+@app.cell
+def _():
+    predict_ttft_768_ms = None       # your prediction in milliseconds
+    return (predict_ttft_768_ms,)
+
+
+@app.cell
+def _(predict_ttft_768_ms, roofline, session, ui):
+    exercise_prefill = roofline.serve_prefill(session, 768, repeats=2)
+    ui.compare(predict_ttft_768_ms, exercise_prefill["TTFT ms (median)"],
+               "time to first token, 768-token prompt", "ms")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## What the real engines do
+
+    * They compute logits only where a token will be sampled (the last prompt position), and
+      fuse small operators so that a decode step is a handful of large kernels rather than
+      hundreds of small ones; vLLM captures CUDA graphs on GPUs to cut the launch cost of each step.
+    * They split long prompts into chunks (*chunked prefill*) and schedule them in the same step
+      as other requests' decode tokens, so the memory-bound decode and the compute-bound prefill
+      share each pass over the weights.
+    * On CPUs, vLLM routes linear layers to oneDNN where the hardware supports the dtype (AMX or
+      AVX-512 bf16) and falls back to PyTorch's kernels otherwise; the roof of this notebook is
+      measured with the kernel the dtype actually gets.
     """)
     return
 

@@ -245,8 +245,8 @@ def context_sweep(session: Any, kv: ServerKV, maker: PromptMaker, lengths: Seque
         tokens = (r.prompt_tokens or n) + (r.completion_tokens or max_tokens)
         pred = predicted_usage([tokens], kv.block_size, kv.capacity_tokens)
         rows.append({"prompt tokens": r.prompt_tokens or n, "tokens held": tokens,
-                     "measured KV (MiB)": run.peak_usage * kv.usable_bytes / MIB,
-                     "predicted KV (MiB)": pred * kv.usable_bytes / MIB,
+                     "KV in use (MiB, derived)": run.peak_usage * kv.usable_bytes / MIB,
+                     "predicted KV (MiB, formula)": pred * kv.usable_bytes / MIB,
                      "measured usage (%)": 100 * run.peak_usage,
                      "predicted usage (%)": 100 * pred,
                      "samples": run.samples_while_running, "error": r.error or ""})
@@ -265,8 +265,8 @@ def users_sweep(session: Any, kv: ServerKV, maker: PromptMaker, users: Sequence[
                 for r in run.requests]
         pred = predicted_usage(held, kv.block_size, kv.capacity_tokens)
         rows.append({"users": u, "tokens held": sum(held),
-                     "measured KV (MiB)": run.peak_usage * kv.usable_bytes / MIB,
-                     "predicted KV (MiB)": min(pred, 1.0) * kv.usable_bytes / MIB,
+                     "KV in use (MiB, derived)": run.peak_usage * kv.usable_bytes / MIB,
+                     "predicted KV (MiB, formula)": min(pred, 1.0) * kv.usable_bytes / MIB,
                      "measured usage (%)": 100 * run.peak_usage,
                      "predicted usage (%)": 100 * pred,
                      "peak running": run.peak_running, "peak waiting": run.peak_waiting,
@@ -363,11 +363,11 @@ def plot_kv(rows: list[dict], x: str, title: str, xlabel: str, capacity_mib: flo
                         * kv.formula.bytes_per_token / MIB for t in edges],
                 where="post", linestyle="--", color="tab:gray", label=label)
     else:
-        ax.plot(xs, [r["predicted KV (MiB)"] for r in rows], "--", color="tab:gray", label=label)
-    ax.plot(xs, [r["measured KV (MiB)"] for r in rows], "o", color="tab:blue", markersize=7,
-            label="measured: engine's KV usage gauge (peak while running)")
+        ax.plot(xs, [r["predicted KV (MiB, formula)"] for r in rows], "--", color="tab:gray", label=label)
+    ax.plot(xs, [r["KV in use (MiB, derived)"] for r in rows], "o", color="tab:blue", markersize=7,
+            label="engine's usage gauge (peak while running) x usable blocks x formula")
     if capacity_mib is not None:
-        top = max(max(r["predicted KV (MiB)"] for r in rows), max(r["measured KV (MiB)"]
+        top = max(max(r["predicted KV (MiB, formula)"] for r in rows), max(r["KV in use (MiB, derived)"]
                                                                    for r in rows))
         if top > 0.5 * capacity_mib:   # only worth a line when the data gets near it
             ax.axhline(capacity_mib, color="tab:red", label=f"KV capacity ({capacity_mib:.0f} MiB)")
@@ -425,31 +425,3 @@ def ttft_slope(rows: list[dict]) -> tuple[float, float] | None:
     my = sum(y for _, y in ok) / n
     slope = sum((x - mx) * (y - my) for x, y in ok) / sum((x - mx) ** 2 for x, _ in ok)
     return slope * 1000, my - slope * mx
-
-
-def explain_factors(factors: dict[str, float], rows: list[dict]) -> list[str]:
-    """Sentences that read the measured factors honestly, whichever way they came out."""
-    total = factors["total: vllm concurrent vs hf sequential"]
-    engine = factors["engine alone (both sequential)"]
-    batching = factors["concurrency with batching (vllm)"]
-    hf_conc = factors["concurrency without batching (hf)"]
-    out = [f"The headline number, vLLM with many requests in flight against Hugging Face one at "
-           f"a time, is **{total:.1f}x**. It is the product of two separate effects: the engine "
-           f"alone, both serving one request at a time ({engine:.1f}x), and batching on vLLM "
-           f"({batching:.1f}x)."]
-    ttft = {(r["engine"], r["in flight"]): r["median TTFT (ms)"] for r in rows}
-    hf_wait = [v for (e, c), v in sorted(ttft.items()) if e == "hf"]
-    if hf_conc < 1.3:
-        out.append(f"Sending the baseline many requests at once barely changes its throughput "
-                   f"({hf_conc:.2f}x): it still runs them one after another, so they only wait "
-                   f"longer (median TTFT {hf_wait[0]:.0f} ms -> {hf_wait[-1]:.0f} ms).")
-    else:
-        out.append(f"The baseline gained {hf_conc:.1f}x from concurrency, more than a "
-                   "one-at-a-time server should: it overlaps only HTTP and tokenization with "
-                   "generation. Most likely the machine was busier during its sequential run; "
-                   "re-run the cell to check.")
-    if batching < 1.5:
-        out.append("Batching helped little here: with few cores the model step is already "
-                   "compute-bound for one request. On a GPU the same step serves dozens of "
-                   "requests for nearly the price of one.")
-    return out

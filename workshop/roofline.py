@@ -6,9 +6,18 @@ and memory bandwidth W (bytes/s) it can run at most ``min(P, W * I)`` FLOP/s: be
 *ridge point* I = P / W it waits on memory, above it on arithmetic.
 
 For a transformer, every weight is used for 2 FLOPs (multiply + add) per token that passes
-through it. Decoding one token per sequence for a batch of B sequences reads all weights once
-and each sequence's KV cache, so its intensity grows with B; a prefill of T prompt tokens
-reads the weights once for all T tokens, so its intensity is about T FLOP/byte at bf16.
+through it. Decoding one token per sequence for a batch of B sequences reads the weights once
+(for mixture-of-experts: the shared part and the experts its tokens were routed to) and each
+sequence's KV cache, so its intensity grows with B; a prefill of T prompt tokens reads the
+weights once for all T tokens, so its intensity is about T FLOP/byte at bf16. Engines compute
+logits only for the last prompt token, so a prefill does the LM head's matmul once, not T times.
+
+The compute roof is the best FLOP/s the machine reaches with the kernel an engine uses for its
+linear layers (``x @ W.T``, ``torch.nn.functional.linear``), over the dtypes it offers. The
+kernel matters: on a CPU without bf16 instructions (AVX2 only) PyTorch's bf16 ``a @ b`` took
+0.5 GFLOP/s where bf16 ``F.linear`` on the same matrices took 3.6 and float32 7.5-145
+(measured 2026-12-01 on the course's 2-core machine), so a roof timed with bf16 ``a @ b`` sat
+below the engine's measured prefill.
 """
 
 from __future__ import annotations
@@ -21,7 +30,7 @@ import numpy as np
 
 from reference_server.kv import kv_bytes_per_sequence
 from reference_server.model_config import ModelArch
-from workshop.kvcache import WEIGHT_BYTES
+from workshop.kvcache import WEIGHT_BYTES, weights_read_per_step
 
 
 # ---------------------------------------------------------------------------------------
@@ -61,12 +70,17 @@ def measure_copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
 
 
 def measure_matmul_flops(n: int = 1024, dtype: str = "bfloat16", repeats: int = 5) -> float:
-    """FLOP/s of an n x n x n matmul (2 n^3 FLOPs) with torch, in ``dtype``."""
+    """FLOP/s of an n x n x n product (2 n^3 FLOPs) in ``dtype``, laid out as a linear layer.
+
+    ``F.linear(x, W)`` computes ``x @ W.T``, the layout of every ``nn.Linear`` and of the
+    engines' linear layers; PyTorch may route a plain ``a @ b`` to a different, much slower
+    kernel (see the module docstring).
+    """
     import torch
     dt = getattr(torch, dtype)
-    a = torch.randn(n, n).to(dt)
-    b = torch.randn(n, n).to(dt)
-    seconds = _best_time(lambda: a @ b, repeats)
+    x = torch.randn(n, n).to(dt)
+    w = torch.randn(n, n).to(dt)
+    seconds = _best_time(lambda: torch.nn.functional.linear(x, w), repeats)
     return 2 * n**3 / seconds
 
 
@@ -74,22 +88,36 @@ def measure_matmul_flops(n: int = 1024, dtype: str = "bfloat16", repeats: int = 
 class Machine:
     name: str
     bandwidth: float        # bytes/s
-    flops: float            # FLOP/s
+    flops: float            # FLOP/s: the roof, the best of ``ceilings``
     source: str = "measured"
+    # FLOP/s per dtype ("bfloat16": ...): lower compute ceilings a kernel in that dtype meets
+    ceilings: tuple[tuple[str, float], ...] = ()
 
     @property
     def ridge(self) -> float:
         return ridge_intensity(self.flops, self.bandwidth)
 
+    def ceiling(self, dtype: str | None = None) -> float:
+        """Peak FLOP/s for kernels in ``dtype`` (the roof when that dtype was not measured)."""
+        return dict(self.ceilings).get(dtype, self.flops) if dtype else self.flops
+
 
 def measure_machine(name: str = "this machine", mib: int = 256,
                     sizes: Sequence[int] = (512, 1024, 2048), repeats: int = 5,
-                    dtype: str = "bfloat16") -> Machine:
-    """Read bandwidth and the best matmul FLOP/s over a few sizes (small ones underuse the
-    cores, big ones spill the caches; on a shared machine the best is the least disturbed)."""
-    flops = max(measure_matmul_flops(n, dtype, repeats) for n in sizes)
-    return Machine(name, measure_read_bandwidth(mib, repeats), flops,
-                   f"measured (torch {dtype} matmul, float32 sum of {mib} MiB)")
+                    dtypes: Sequence[str] = ("bfloat16", "float32")) -> Machine:
+    """Read bandwidth, and the best linear-layer FLOP/s over a few sizes for each dtype.
+
+    The roof is the best dtype (what the hardware can do); each dtype's best is kept as a
+    ceiling, since an engine serving bf16 on a CPU without bf16 instructions cannot reach
+    the float32 roof. Small sizes underuse the cores, big ones spill the caches; on a shared
+    machine the best of several runs is the least disturbed.
+    """
+    ceilings = tuple((dt, max(measure_matmul_flops(n, dt, repeats) for n in sizes))
+                     for dt in dtypes)
+    best = max(ceilings, key=lambda c: c[1])
+    return Machine(name, measure_read_bandwidth(mib, repeats), best[1],
+                   f"measured (torch F.linear, best of {', '.join(dtypes)}: {best[0]}; "
+                   f"float32 sum of {mib} MiB)", ceilings)
 
 
 def measure_cuda_machine(n: int = 4096, mib: int = 1024, repeats: int = 5) -> Machine:
@@ -113,7 +141,8 @@ def measure_cuda_machine(n: int = 4096, mib: int = 1024, repeats: int = 5) -> Ma
         return best
 
     return Machine(torch.cuda.get_device_name(), x.numel() * 4 / timed(lambda: x.sum()),
-                   2 * n**3 / timed(lambda: a @ a), "measured (torch CUDA, bf16 matmul)")
+                   2 * n**3 / timed(lambda: torch.nn.functional.linear(a, a)),
+                   "measured (torch CUDA, bf16 F.linear)")
 
 
 # ---------------------------------------------------------------------------------------
@@ -130,14 +159,29 @@ def ridge_intensity(peak_flops: float, bandwidth: float) -> float:
     return peak_flops / bandwidth
 
 
-def flops_per_token(cfg: ModelArch, context: int) -> float:
+def lm_head_params(cfg: ModelArch) -> int:
+    """Weights of the output projection (hidden -> vocabulary logits)."""
+    return cfg.vocab_size * cfg.hidden_size
+
+
+def flops_per_token(cfg: ModelArch, context: int, logits: bool = True) -> float:
     """FLOPs to push one token through the model when it attends to ``context`` tokens.
 
     2 per weight (``active_params`` for mixture-of-experts) plus attention: scores (Q.K) and
     the weighted sum of V, each 2 x heads x head_dim per cached token per layer.
+    ``logits=False`` leaves out the LM head: engines compute logits only for the last token
+    of a prompt.
     """
     attention = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
-    return 2 * cfg.active_params + attention
+    head = 0 if logits else lm_head_params(cfg)
+    return 2 * (cfg.active_params - head) + attention
+
+
+def prefill_flops(cfg: ModelArch, prompt_tokens: int) -> float:
+    """FLOPs of one prefill: every prompt token through the layers (attending on average to
+    half the prompt), logits for the last one only."""
+    return (prompt_tokens * flops_per_token(cfg, prompt_tokens // 2, logits=False)
+            + 2 * lm_head_params(cfg))
 
 
 @dataclass(frozen=True)
@@ -148,25 +192,27 @@ class Point:
     tokens_per_s: float
 
 
+def weight_bytes_read(cfg: ModelArch, tokens: int, weight_dtype: str = "bf16") -> float:
+    """Weight bytes one forward pass over ``tokens`` tokens reads: all of a dense model; for
+    mixture-of-experts the shared part plus the experts those tokens were routed to."""
+    return weights_read_per_step(cfg, tokens) * WEIGHT_BYTES[weight_dtype]
+
+
 def decode_intensity(cfg: ModelArch, batch: int, context: int,
                      weight_dtype: str = "bf16", kv_dtype: str = "bf16") -> float:
     """FLOP/byte of one decode step: ``batch`` new tokens, each attending to ``context``."""
     flops = batch * flops_per_token(cfg, context)
-    bytes_ = (cfg.params * WEIGHT_BYTES[weight_dtype]
+    bytes_ = (weight_bytes_read(cfg, batch, weight_dtype)
               + batch * kv_bytes_per_sequence(cfg, context, kv_dtype))
     return flops / bytes_
 
 
 def prefill_intensity(cfg: ModelArch, prompt_tokens: int, weight_dtype: str = "bf16",
                       kv_dtype: str = "bf16") -> float:
-    """FLOP/byte of one prefill of ``prompt_tokens``: weights read once, KV written once.
-
-    Attention inside the prompt averages ``prompt_tokens / 2`` tokens of context.
-    """
-    flops = prompt_tokens * flops_per_token(cfg, prompt_tokens // 2)
-    bytes_ = (cfg.params * WEIGHT_BYTES[weight_dtype]
+    """FLOP/byte of one prefill of ``prompt_tokens``: weights read once, KV written once."""
+    bytes_ = (weight_bytes_read(cfg, prompt_tokens, weight_dtype)
               + kv_bytes_per_sequence(cfg, prompt_tokens, kv_dtype))
-    return flops / bytes_
+    return prefill_flops(cfg, prompt_tokens) / bytes_
 
 
 def decode_point(cfg: ModelArch, batch: int, context: int, tokens_per_s: float,
@@ -181,7 +227,7 @@ def prefill_point(cfg: ModelArch, prompt_tokens: int, tokens_per_s: float,
     """A measured prefill rate (prompt tokens per second) placed on the roofline."""
     return Point(label or f"prefill {prompt_tokens}",
                  prefill_intensity(cfg, prompt_tokens, weight_dtype),
-                 tokens_per_s * flops_per_token(cfg, prompt_tokens // 2), tokens_per_s)
+                 tokens_per_s * prefill_flops(cfg, prompt_tokens) / prompt_tokens, tokens_per_s)
 
 
 def decode_bound_tokens_per_s(cfg: ModelArch, machine: Machine, batch: int = 1,
@@ -190,6 +236,28 @@ def decode_bound_tokens_per_s(cfg: ModelArch, machine: Machine, batch: int = 1,
     intensity = decode_intensity(cfg, batch, context, weight_dtype)
     return float(attainable_flops(intensity, machine.flops, machine.bandwidth)
                  / flops_per_token(cfg, context))
+
+
+# Measured points are medians of a few requests on a shared machine, the roof the best of a
+# few runs; 20 % covers the run-to-run spread seen on the course's 2-core machine.
+MEASUREMENT_ERROR = 0.20
+
+
+def roof_ratio(machine: Machine, point: Point, dtype: str | None = None) -> float:
+    """Attained / attainable at the point's intensity, under the ``dtype`` ceiling."""
+    return point.flops / float(attainable_flops(point.intensity, machine.ceiling(dtype),
+                                                machine.bandwidth))
+
+
+def above_roof(machine: Machine, points: Sequence[Point], dtype: str | None = None,
+               error: float = MEASUREMENT_ERROR) -> list[tuple[Point, float]]:
+    """The points that attain more than ``(1 + error)`` x their roof, with their ratio.
+
+    A point measured with ``dtype`` kernels is held to that dtype's ceiling. Physically none
+    can be above: a non-empty answer means a FLOP or byte count, or the roof, is wrong.
+    """
+    ratios = [(p, roof_ratio(machine, p, dtype)) for p in points]
+    return [(p, r) for p, r in ratios if r > 1 + error]
 
 
 def time_decode_step(model, context: int, use_cache: bool, repeats: int = 3) -> float:
@@ -235,6 +303,10 @@ def plot_roofline(ax, machine: Machine, points: Sequence[Point] = (),
     (line,) = ax.loglog(x, y, color=color, label=f"{machine.name} roof")
     c = line.get_color()
     ax.axvline(machine.ridge, color=c, linestyle=":", linewidth=0.8)
+    for dtype, flops in machine.ceilings:
+        if flops < 0.95 * machine.flops:      # a lower ceiling: the roof for that dtype
+            ax.loglog(x, attainable_flops(x, flops, machine.bandwidth), color=c,
+                      linestyle="--", linewidth=0.9, label=f"{machine.name}: {dtype} ceiling")
     for p in points:
         ax.loglog(p.intensity, p.flops, "s" if p.label.startswith("prefill") else marker,
                   color=c)
@@ -303,7 +375,8 @@ def serve_prefill(session, prompt_tokens: int, repeats: int = 3, progress: bool 
 __all__ = [
     "Machine", "Point", "measure_read_bandwidth", "measure_copy_bandwidth",
     "measure_matmul_flops", "measure_machine", "measure_cuda_machine", "attainable_flops", "ridge_intensity",
-    "flops_per_token", "decode_intensity", "prefill_intensity", "decode_point",
+    "flops_per_token", "lm_head_params", "prefill_flops", "weight_bytes_read",
+    "MEASUREMENT_ERROR", "roof_ratio", "above_roof", "decode_intensity", "prefill_intensity", "decode_point",
     "prefill_point", "decode_bound_tokens_per_s", "time_decode_step", "time_weight_stream",
     "plot_roofline",
     "roofline_figure", "serve_decode", "serve_prefill",

@@ -234,8 +234,8 @@ def test_run_together_really_overlaps():
 
 
 def test_plots_have_titles_labels_and_legends():
-    rows = [{"prompt tokens": n, "tokens held": n + 8, "measured KV (MiB)": n / 40,
-             "predicted KV (MiB)": n / 40, "TTFT (ms)": n / 10, "error": ""} for n in (100, 200)]
+    rows = [{"prompt tokens": n, "tokens held": n + 8, "KV in use (MiB, derived)": n / 40,
+             "predicted KV (MiB, formula)": n / 40, "TTFT (ms)": n / 10, "error": ""} for n in (100, 200)]
     for fig in (pain.plot_kv(rows, "tokens held", "t", "tokens"), pain.plot_ttft(rows, 2048)):
         ax = fig.axes[0]
         assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
@@ -248,24 +248,6 @@ def test_ttft_slope_fits_a_line_and_needs_two_lengths():
     per_1k, at_zero = pain.ttft_slope(rows)
     assert per_1k == pytest.approx(200) and at_zero == pytest.approx(50)
     assert pain.ttft_slope(rows[:1]) is None
-
-
-def _factor_inputs(hf1, hfc, v1, vc):
-    rows = [{"engine": e, "in flight": c, "output tok/s": v, "median TTFT (ms)": t}
-            for e, c, v, t in (("hf", 1, hf1, 100.0), ("hf", 8, hfc, 900.0),
-                               ("vllm", 1, v1, 50.0), ("vllm", 8, vc, 80.0))]
-    return {r["comparison"]: r["speed-up (x)"] for r in pain.factor_rows(rows, 8)}, rows
-
-
-def test_explain_factors_follows_the_measurement():
-    factors, rows = _factor_inputs(10.0, 10.5, 20.0, 120.0)
-    text = " ".join(pain.explain_factors(factors, rows))
-    assert "**12.0x**" in text and "barely changes" in text and "100 ms -> 900 ms" in text
-    assert "Batching helped little" not in text
-    factors, rows = _factor_inputs(10.0, 30.0, 20.0, 22.0)
-    text = " ".join(pain.explain_factors(factors, rows))
-    assert "barely changes" not in text and "gained 3.0x" in text
-    assert "Batching helped little" in text
 
 
 # -- session.connect against a stand-in server ------------------------------------------------------
@@ -374,7 +356,7 @@ def test_root_url_drops_v1_and_slashes():
 def test_kv_plot_draws_the_block_steps():
     kv = pain.ServerKV(formula=pain.kv_formula(read_arch(SMOL), "bf16"), reported_bytes_per_token=None,
                        capacity_tokens=1024, block_size=16)
-    rows = [{"tokens held": 40, "measured KV (MiB)": 1.0, "predicted KV (MiB)": 1.0}]
+    rows = [{"tokens held": 40, "KV in use (MiB, derived)": 1.0, "predicted KV (MiB, formula)": 1.0}]
     fig = pain.plot_kv(rows, "tokens held", "t", "tokens", kv=kv)
     steps = fig.axes[0].lines[0]
     ys = list(steps.get_ydata())

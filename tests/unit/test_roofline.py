@@ -51,7 +51,9 @@ def test_points_convert_tokens_to_flops():
     assert p.flops == pytest.approx(50.0 * rl.flops_per_token(cfg, 100))
     assert p.intensity == pytest.approx(rl.decode_intensity(cfg, 4, 100))
     q = rl.prefill_point(cfg, prompt_tokens=256, tokens_per_s=1000.0)
-    assert q.flops == pytest.approx(1000.0 * rl.flops_per_token(cfg, 128))
+    # Prefill: logits for the last prompt token only.
+    assert q.flops == pytest.approx(1000.0 * rl.prefill_flops(cfg, 256) / 256)
+    assert q.flops < 1000.0 * rl.flops_per_token(cfg, 128)
 
 
 def test_decode_bound_batch1_equals_bandwidth_over_bytes():
@@ -131,3 +133,67 @@ def test_serve_helpers_turn_latencies_into_rates(monkeypatch):
     assert calls[-1]["concurrency"] == 8 and calls[-1]["num_requests"] == 8
     p = rl.serve_prefill(session, prompt_tokens=400)
     assert p["prefill tok/s"] == pytest.approx(2000.0) and calls[-1]["concurrency"] == 1
+
+
+def test_moe_decode_reads_active_not_all_parameters():
+    # gpt-oss-120b: 116.8B parameters, 5.1B active. At batch 1 a decode step reads the shared
+    # part and 4 of 128 experts per layer, so an H100's bound is hundreds of tokens/s, not 14.
+    cfg = load_model("gpt-oss-120b")
+    h100 = rl.Machine("H100", bandwidth=3.35e12, flops=989e12)
+    bound = rl.decode_bound_tokens_per_s(cfg, h100, batch=1, context=1)
+    from workshop.kvcache import weights_read_per_step
+    assert weights_read_per_step(cfg, 1) == pytest.approx(cfg.active_params, rel=0.01)
+    assert 300 < bound < 340
+    # A large batch touches nearly every expert: the bytes approach all parameters.
+    assert rl.weight_bytes_read(cfg, 4096) == pytest.approx(cfg.params * 2, rel=0.02)
+    # Dense models: every weight is read at any batch.
+    dense = load_model("llama-3.1-8b")
+    assert rl.weight_bytes_read(dense, 1) == rl.weight_bytes_read(dense, 64) == dense.params * 2
+
+
+def test_prefill_counts_the_lm_head_once():
+    cfg = load_model("smollm2-135m")
+    head = 49152 * 576
+    assert rl.lm_head_params(cfg) == head
+    t = 512
+    attention = 4 * 30 * 9 * 64 * (t // 2)
+    assert rl.prefill_flops(cfg, t) == t * (2 * (cfg.params - head) + attention) + 2 * head
+    # Decode computes logits for every new token.
+    assert rl.flops_per_token(cfg, 10) == 2 * cfg.params + 4 * 30 * 9 * 64 * 10
+
+
+def test_above_roof_flags_only_points_over_the_stated_error():
+    m = rl.Machine("m", bandwidth=1e10, flops=1e11, ceilings=(("bfloat16", 2e10),
+                                                             ("float32", 1e11)))
+    ok = rl.Point("prefill ok", 100.0, 1.1 * 2e10, 1.0)          # within 20 % of bf16's
+    bad = rl.Point("prefill bad", 100.0, 1.3 * 2e10, 1.0)
+    assert [p.label for p, _ in rl.above_roof(m, [ok, bad], dtype="bfloat16")] == ["prefill bad"]
+    assert rl.above_roof(m, [ok, bad], dtype="float32") == []
+    slow = rl.Point("decode", 0.5, 0.9 * 0.5e10, 1.0)            # memory side of the roof
+    assert rl.roof_ratio(m, slow) == pytest.approx(0.9)
+
+
+def test_measured_bf16_prefill_lies_under_the_measured_bf16_roof():
+    """Live: an engine-like prefill (bf16 linears, logits for the last token only) timed in
+    this process must not beat the bf16 ceiling measured by ``measure_machine`` beyond the
+    stated error. It fails if the roof is timed with a slower kernel than the model's linear
+    layers, or if the LM head is counted for every prompt token."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from reference_server.model_config import read_arch
+    torch.manual_seed(0)
+    hf_cfg = LlamaConfig(vocab_size=32768, hidden_size=256, intermediate_size=688,
+                         num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                         tie_word_embeddings=True)
+    model = LlamaForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    params = sum(p.numel() for p in model.parameters())     # tied weights counted once
+    cfg = read_arch(hf_cfg.to_dict(), name="tiny", params=params)
+    machine = rl.measure_machine("here", mib=64, sizes=(256, 512), repeats=3)
+    t = 256
+    ids = torch.randint(0, 32768, (1, t))
+    with torch.inference_mode():
+        seconds = rl._best_time(lambda: model(ids, logits_to_keep=1), 3)
+    point = rl.prefill_point(cfg, t, t / seconds)
+    assert rl.above_roof(machine, [point], dtype="bfloat16") == [], (
+        f"prefill at {point.flops / 1e9:.2f} GFLOP/s, bf16 ceiling "
+        f"{machine.ceiling('bfloat16') / 1e9:.2f}")

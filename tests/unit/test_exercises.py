@@ -1,0 +1,16 @@
+"""The "predict, then measure" verdict: states the ratio, and asks for a missing prediction."""
+
+from workshop import ui
+
+
+def test_compare_states_the_ratio_both_ways():
+    above = ui.compare_text(100, 150, "decode rate", "tok/s")
+    assert "1.50x your prediction" in above and "50% above" in above and "tok/s" in above
+    below = ui.compare_text(200, 150, "decode rate")
+    assert "0.75x" in below and "25% below" in below
+
+
+def test_compare_without_a_prediction_still_shows_the_measurement():
+    text = ui.compare_text(None, 42.0, "TTFT", "ms")
+    assert "42 ms" in text and "prediction" in text
+    assert ui.compare(None, 1.0, "x").text == ui.compare_text(None, 1.0, "x")
