@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from workshop.models import ModelError, resolve_model
+from reference_server.models import ModelError, resolve_model
 
 
 @pytest.fixture(scope="module")
