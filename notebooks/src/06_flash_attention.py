@@ -1,8 +1,8 @@
 # %% [markdown]
 # # 6 · FlashAttention's idea: attention a tile at a time
 #
-# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/06_flash_attention.ipynb)
-# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/06_flash_attention.py)
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/06_flash_attention.ipynb)
+# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/06_flash_attention.py)
 #
 # Attention compares every query with every key: for a prompt of N tokens that is an N x N
 # matrix of scores, per head, per layer. Written the way the formula reads,
@@ -21,8 +21,10 @@
 # 5. measures prefill on the live server, where this attention runs.
 
 # %%
-# Make the course package importable (from this checkout, or installed on Colab / molab),
-# then connect. Re-running this cell reuses the server it started.
+# Make the course importable: from this checkout, or, on Colab and molab (no checkout),
+# installed from its repository with what this runtime lacks (vLLM on a GPU, vLLM's CPU
+# build otherwise). Then connect; re-running this cell reuses the server it started.
+import importlib as _il
 import importlib.util as _ilu
 import pathlib as _pl
 import subprocess as _sp
@@ -34,8 +36,14 @@ if _ilu.find_spec("workshop") is None:
     if _repo is not None:
         _sys.path.insert(0, str(_repo))
     else:
-        _sp.run([_sys.executable, "-m", "pip", "install", "-q", "llm-inference-workshop[notebooks] @ "
-                 "git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+        # pip where the runtime has it (Colab), uv where it does not (molab).
+        _pip = ([_sys.executable, "-m", "pip", "install"] if _ilu.find_spec("pip")
+                else ["uv", "pip", "install", "--python", _sys.executable])
+        _sp.run([*_pip, "-q", "--no-deps",
+                 "llm-inference-workshop @ git+https://github.com/{{github_repo}}"], check=True)
+        _il.invalidate_caches()
+        import workshop.session
+        workshop.session.install_runtime()
 
 import workshop.session
 
