@@ -55,8 +55,10 @@ def _(mo):
 
 @app.cell
 def _():
-    # Make the course package importable (from this checkout, or installed on Colab / molab),
-    # then connect. Re-running this cell reuses the server it started.
+    # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
+    # installed from its repository with what this runtime lacks (vLLM on a GPU, vLLM's CPU
+    # build otherwise). Then connect; re-running this cell reuses the server it started.
+    import importlib as _il
     import importlib.util as _ilu
     import pathlib as _pl
     import subprocess as _sp
@@ -68,8 +70,14 @@ def _():
         if _repo is not None:
             _sys.path.insert(0, str(_repo))
         else:
-            _sp.run([_sys.executable, "-m", "pip", "install", "-q", "llm-inference-workshop[notebooks] @ "
-                     "git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+            # pip where the runtime has it (Colab), uv where it does not (molab).
+            _pip = ([_sys.executable, "-m", "pip", "install"] if _ilu.find_spec("pip")
+                    else ["uv", "pip", "install", "--python", _sys.executable])
+            _sp.run([*_pip, "-q", "--no-deps",
+                     "llm-inference-workshop @ git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+            _il.invalidate_caches()
+            import workshop.session
+            workshop.session.install_runtime()
 
     import workshop.session
 
