@@ -20,7 +20,9 @@ def engine():
         pytest.skip(f"bundled model not prepared: {exc}")
     torch.set_num_threads(1)
     from reference_server.engines.mini import MiniEngine
-    cfg = ServerConfig(engine="mini", device="cpu", kv_cache_gib=0.05,
+    # A pool smaller than the context (about 1.2k tokens in bf16, 0.6k in fp32): one valid
+    # prompt can need more blocks than the pool holds, on any CPU's compute dtype.
+    cfg = ServerConfig(engine="mini", device="cpu", kv_cache_gib=0.025,
                        engine_args=["--prefix-cache", "radix", "--spec", "ngram", "--threads", "1"])
     eng = MiniEngine(cfg, spec)
     loop = asyncio.new_event_loop()
@@ -150,8 +152,11 @@ def test_a_sequence_error_fails_that_request_alone(engine):
 def test_bad_requests_get_a_400_and_break_nothing(engine):
     from reference_server.engines.base import EngineError
     eng, loop = engine
-    with pytest.raises(EngineError) as e:     # more KV blocks than the pool holds
-        loop.run_until_complete(_drain(eng, "huge", list(range(5, 2000)), n=40))
+    huge = list(range(5, 2000))               # within the context, beyond the KV pool
+    bm = eng.engine.block_manager
+    assert len(huge) > bm.num_blocks * bm.block_size
+    with pytest.raises(EngineError) as e:
+        loop.run_until_complete(_drain(eng, "huge", huge, n=40))
     assert e.value.status_code == 400
     eng.check()
     assert len(loop.run_until_complete(_drain(eng, "fine", [5, 6, 7]))) == 4
