@@ -361,29 +361,12 @@ def human_bytes(n: float) -> str:
     return f"{n:,.0f} B"
 
 
-def plan_summary(p: Plan) -> str:
-    """A few readable lines for a notebook."""
-    verdict = "FITS" if p.fits else "DOES NOT FIT"
-    cost = (f"${p.usd_per_million_tokens:,.3f} per million output tokens (at best)"
-            if p.usd_per_million_tokens is not None else "cost: n/a")
-    return "\n".join([
-        f"{p.model} on {p.num_gpus} x {p.gpu}: weights {p.weight_dtype}, KV cache {p.kv_dtype}",
-        f"  weights {human_bytes(p.weight_bytes)}; KV per user at {p.context:,} tokens "
-        f"{human_bytes(p.kv_bytes_per_user)} ({p.kv_bytes_per_token:,.0f} B/token)",
-        f"  room for KV {human_bytes(max(p.memory_for_kv, 0))} -> {verdict} for {p.users} users; "
-        f"max users at this context {p.max_users:,}; max context for {p.users} users "
-        f"{p.max_context:,}",
-        f"  decode bound: {p.decode_tok_s_per_user:,.1f} tok/s per user, "
-        f"{p.decode_tok_s_total:,.0f} tok/s total ({p.bound_by}-bound); {cost}",
-    ])
-
-
 __all__ = [
     "ModelArch", "GPU", "Plan", "WEIGHT_BYTES", "KV_BYTES", "load_model", "list_models",
     "load_gpus", "read_arch", "kv_bytes_per_token", "naive_kv_bytes_per_token",
     "kv_bytes_per_sequence", "kv_values_per_token_per_layer", "engine_capacity_tokens",
     "engine_cache_config", "count_safetensors_params", "served_model_config",
-    "weight_bytes", "weights_read_per_step", "plan", "plan_summary", "max_context_for",
+    "weight_bytes", "weights_read_per_step", "plan", "max_context_for",
     "human_bytes", "DecodeStep", "decode_step", "usd_per_million_tokens", "max_batch_for_tpot",
     "LatencyPlan", "latency_plan", "latency_rows", "plot_tpot_vs_batch",
 ]

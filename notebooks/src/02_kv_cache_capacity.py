@@ -198,7 +198,22 @@ calc_cfg = kvcache.load_model(calc_model.value)
 calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], weight_dtype=calc_weights.value,
                          kv_dtype=calc_kv.value, context=int(calc_context.value),
                          users=int(calc_users.value), num_gpus=int(calc_num_gpus.value))
-ui.md("```\n" + kvcache.plan_summary(calc_plan) + "\n```")
+_p = calc_plan
+ui.md(
+    f"**{_p.model}** on {_p.num_gpus} x {_p.gpu}, weights {_p.weight_dtype}, KV cache "
+    f"{_p.kv_dtype}: the weights take {kvcache.human_bytes(_p.weight_bytes)}, one user at "
+    f"{_p.context:,} tokens {kvcache.human_bytes(_p.kv_bytes_per_user)} of KV cache "
+    f"({_p.kv_bytes_per_token:,.0f} bytes per token), and "
+    f"{kvcache.human_bytes(max(_p.memory_for_kv, 0))} are left for the cache: "
+    + (f"**{_p.users} users fit**" if _p.fits else f"**{_p.users} users do not fit**")
+    + f" (at most {_p.max_users:,} users at this context, or {_p.max_context:,} tokens each "
+    f"for {_p.users} users). "
+    + (f"Decoding runs at best at {_p.decode_tok_s_per_user:,.1f} tokens/s per user, "
+       f"{_p.decode_tok_s_total:,.0f} tokens/s in all ({_p.bound_by}-bound)"
+       + (f", so a million output tokens cost at least **${_p.usd_per_million_tokens:,.3f}**."
+          if _p.usd_per_million_tokens is not None else ".")
+       if _p.fits else "")
+)
 
 # %% [markdown]
 # The same question for every GPU in the catalogue:
@@ -234,13 +249,17 @@ ui.table([{"how the cache is counted": _how, "bytes per token": round(_b),
               ("both mistakes", _naive))])
 
 # %%
+mistakes_cancel = abs(_naive / _gqa_only - 1) < 0.1 and abs(_all_heads / _gqa_only - 1) >= 0.1
 ui.md(
     f"At {calc_plan.users} users the decode step is **{calc_plan.bound_by}-bound** "
     f"({kvcache.human_bytes(calc_plan.step_bytes)} read per step). The weights are read once "
     f"per step for everybody, but each user's KV cache is read for that user alone: past some "
-    f"batch size, more users stop amortising anything and only add bytes. The two mistakes in "
-    f"the table can also cancel out (4-bit weights with a 16-bit cache, counting all heads), "
-    f"which is how a wrong calculator can look right on one example."
+    f"batch size, more users stop amortising anything and only add bytes. "
+    + (f"In the table, the two mistakes together land within "
+       f"{abs(_naive / _gqa_only - 1):.0%} of the right figure although the first alone is "
+       f"{_all_heads / _gqa_only:.1f}x off: they cancel, which is how a wrong calculator can look "
+       "right on one example." if mistakes_cancel else
+       f"In the table, both mistakes together give {_naive / _gqa_only:.2f}x the right figure.")
 )
 
 # %% [markdown]
@@ -295,7 +314,14 @@ ui.table([{"": "closed form (memory-bound, active weights)", "batch": slo_closed
           {"": f"served at {slo_tpot_ms.value} ms ({slo.limited_by})", "batch": slo.batch}])
 
 # %%
-if slo.max_batch_latency == slo_closed_form:
+if slo.batch == 0:
+    _one = kvcache.decode_step(calc_cfg, slo_gpu, 1, int(calc_context.value),
+                               weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
+                               num_gpus=int(calc_num_gpus.value))
+    _why = (f"The weights alone ({kvcache.human_bytes(calc_plan.weight_bytes)}) leave no room "
+            "for a KV cache." if slo.max_batch_memory == 0 else
+            f"One user alone already takes {_one.seconds * 1e3:.1f} ms per token.")
+elif slo.max_batch_latency == slo_closed_form:
     _why = "The full formula agrees with the closed form: these steps are memory-bound."
 elif slo.max_batch_latency < slo_closed_form and calc_cfg.num_experts:
     _why = (f"The full formula allows fewer users than the closed form: with "
