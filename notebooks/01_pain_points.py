@@ -423,8 +423,8 @@ def _(
         f"serving one request at a time (**{_engine:.1f}x**), and batching on vLLM "
         f"(**{_batching:.1f}x**). "
         + ("In this run **batching** contributed the larger factor. " if _batching > _engine else
-           "In this run the **engine alone** contributed the larger factor, not batching, "
-           "against the usual claim. A likely reason on a CPU with few cores: one request already "
+           "In this run the **engine alone** contributed the larger factor, not batching. A "
+           "likely reason on a CPU with few cores: one request already "
            "keeps them busy, so batching has less idle hardware to put to work than on a GPU. ")
         + f"Sending the baseline {bench_concurrency} requests at once changed its throughput "
         f"{_hf_conc:.2f}x while its median TTFT went from {_ttft[('hf', 1)]:.0f} to "
