@@ -365,6 +365,8 @@ def _(calc_cfg, calc_context, calc_kv, calc_plan, calc_weights, kvcache, ui):
         if calc_cfg.attention == "gqa" else kvcache.naive_kv_bytes_per_token(calc_cfg, calc_kv.value)
     _weight_prec = _gqa_only * kvcache.WEIGHT_BYTES[calc_weights.value] / kvcache.KV_BYTES[calc_kv.value]
     _naive = kvcache.naive_kv_bytes_per_token(calc_cfg, calc_weights.value)
+    # how far off each way of counting is, for the next cell's text
+    mistake_factors = {"every head": _all_heads / _gqa_only, "both": _naive / _gqa_only}
     ui.table([{"how the cache is counted": _how, "bytes per token": round(_b),
                f"users that fit at {_ctx:,} tokens": int(_room // (_b * _ctx))}
               for _how, _b in (
@@ -372,22 +374,24 @@ def _(calc_cfg, calc_context, calc_kv, calc_plan, calc_weights, kvcache, ui):
                   ("mistake 1: every attention head", _all_heads),
                   (f"mistake 2: cache at the weight precision ({calc_weights.value})", _weight_prec),
                   ("both mistakes", _naive))])
-    return
+    return (mistake_factors,)
 
 
 @app.cell
-def _(calc_plan, kvcache, ui):
-    mistakes_cancel = abs(_naive / _gqa_only - 1) < 0.1 and abs(_all_heads / _gqa_only - 1) >= 0.1
+def _(calc_plan, kvcache, mistake_factors, ui):
+    mistakes_cancel = (abs(mistake_factors["both"] - 1) < 0.1
+                       and abs(mistake_factors["every head"] - 1) >= 0.1)
     ui.md(
         f"At {calc_plan.users} users the decode step is **{calc_plan.bound_by}-bound** "
         f"({kvcache.human_bytes(calc_plan.step_bytes)} read per step). The weights are read once "
         f"per step for everybody, but each user's KV cache is read for that user alone: past some "
         f"batch size, more users stop amortising anything and only add bytes. "
         + (f"In the table, the two mistakes together land within "
-           f"{abs(_naive / _gqa_only - 1):.0%} of the right figure although the first alone is "
-           f"{_all_heads / _gqa_only:.1f}x off: they cancel, which is how a wrong calculator can look "
-           "right on one example." if mistakes_cancel else
-           f"In the table, both mistakes together give {_naive / _gqa_only:.2f}x the right figure.")
+           f"{abs(mistake_factors['both'] - 1):.0%} of the right figure although the first alone "
+           f"is {mistake_factors['every head']:.1f}x off: they cancel, which is how a wrong "
+           "calculator can look right on one example." if mistakes_cancel else
+           f"In the table, both mistakes together give {mistake_factors['both']:.2f}x the right "
+           "figure.")
     )
     return
 
