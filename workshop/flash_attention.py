@@ -25,6 +25,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from workshop.roofline import flops_per_token, prefill_flops
+
 Attention = Callable[..., np.ndarray]
 
 # Dao et al. 2022, section 2.1: "the A100 GPU has ... 192KB of on-chip SRAM per each of 108
@@ -247,16 +249,14 @@ def timing_figure(rows: Sequence[dict], d: int, tile: int, causal: bool):
     return fig
 
 
-def prefill_flops(cfg, prompt_tokens: int) -> float:
-    """FLOPs of one causal prefill: each prompt token attends to half the prompt on average."""
-    from workshop.roofline import flops_per_token
-    return prompt_tokens * flops_per_token(cfg, prompt_tokens // 2)
-
-
 def attention_share(cfg, prompt_tokens: int) -> float:
-    """Share of a prefill's FLOPs spent in attention (scores and weighted values)."""
-    from workshop.roofline import flops_per_token
-    return 1 - flops_per_token(cfg, 0) / flops_per_token(cfg, prompt_tokens // 2)
+    """Share of a prefill's FLOPs spent in attention (scores and weighted values).
+
+    The rest is the weights' 2 FLOPs per parameter and token (``roofline.prefill_flops``,
+    which counts the output layer for the last prompt token only, as engines do).
+    """
+    return 1 - flops_per_token(cfg, 0, logits=False) / flops_per_token(cfg, prompt_tokens // 2,
+                                                                         logits=False)
 
 
 def prefill_figure(rows: Sequence[dict], engine: str, cfg):
@@ -274,20 +274,10 @@ def prefill_figure(rows: Sequence[dict], engine: str, cfg):
     return fig
 
 
-def prediction_md(guess: float | None, measured: float, what: str, unit: str = "") -> str:
-    """Markdown comparing a learner's number with the measured one."""
-    unit = f" {unit}" if unit else ""
-    if guess is None:
-        return f"Measured {what}: **{measured:,.3g}{unit}**. (Write your guess above and re-run.)"
-    ratio = measured / guess if guess else float("inf")
-    return (f"Your guess: {guess:,.3g}{unit}; measured {what}: **{measured:,.3g}{unit}** "
-            f"(measured / guess = {ratio:.2f}).")
-
-
 __all__ = [
     "A100_SRAM_BYTES_PER_SM", "FLASH_ATTENTION_PAPER", "FLASH_ATTENTION_2_PAPER", "random_qkv",
     "sdpa", "sdpa_kernel", "naive_io_bytes", "tiled_io_bytes", "tile_fast_memory_bytes",
     "largest_tile", "cpu_caches", "peak_extra_bytes", "best_time_s", "memory_rows",
     "timing_rows", "traffic_rows", "memory_figure", "traffic_figure", "timing_figure",
-    "prefill_flops", "attention_share", "prefill_figure", "prediction_md",
+    "attention_share", "prefill_figure",
 ]

@@ -1,5 +1,10 @@
 """KV-cache arithmetic: bytes per token, what fits on a GPU, and what it costs.
 
+Both directions of the capacity question: from a deployment (model, GPU, users, context) to
+what fits, how fast it decodes at best and the cost per token (``plan``), and from a latency
+target (time per output token) to the largest batch and its cost (``latency_plan``). Both
+time a decode step the same way, ``decode_step``.
+
 Everything here is plain arithmetic on numbers that are either read from a model's
 ``config.json`` (shipped in ``workshop/data/models``, each with its source URL) or from a GPU
 datasheet (``workshop/data/gpus.json``). Notebook 02 checks the arithmetic against the live
@@ -120,6 +125,53 @@ def weights_read_per_step(cfg: ModelArch, batch: int) -> float:
 
 
 @dataclass(frozen=True)
+class DecodeStep:
+    """One decode step for ``batch`` users: what it must read and compute, and its time bounds.
+
+    The roofline model of ``workshop/roofline.py`` applied to a whole step: it takes at least
+    ``bytes_read / bandwidth`` and at least ``flops / peak FLOP/s``; the larger one bounds it.
+    Each user gets one token per step, so the step time is the time per output token (TPOT).
+    """
+    batch: int
+    bytes_read: float        # weights (routed experts only, for MoE) once + every user's KV cache
+    flops: float             # 2 per active weight per token
+    memory_s: float
+    compute_s: float
+
+    @property
+    def seconds(self) -> float:
+        return max(self.memory_s, self.compute_s)
+
+    @property
+    def bound_by(self) -> str:
+        return "memory bandwidth" if self.memory_s >= self.compute_s else "compute"
+
+
+def decode_step(cfg: ModelArch, gpu: GPU, batch: int, context: int, *,
+                weight_dtype: str = "bf16", kv_dtype: str = "bf16",
+                num_gpus: int = 1) -> DecodeStep:
+    """Bounds on one decode step of ``batch`` users who each hold ``context`` tokens.
+
+    The weights are read once per step for everybody; each user's KV cache is read for that
+    user alone. Tensor parallelism over ``num_gpus`` adds bandwidth and FLOP/s; communication
+    is ignored, so the bounds are optimistic.
+    """
+    if batch < 1:
+        raise ValueError("batch must be >= 1")
+    bytes_read = (weights_read_per_step(cfg, batch) * WEIGHT_BYTES[weight_dtype]
+                  + batch * kv_bytes_per_sequence(cfg, context, kv_dtype))
+    flops = batch * 2 * cfg.active_params
+    return DecodeStep(batch=batch, bytes_read=bytes_read, flops=flops,
+                      memory_s=bytes_read / (gpu.bandwidth_bytes_s * num_gpus),
+                      compute_s=flops / (gpu.flops * num_gpus))
+
+
+def usd_per_million_tokens(price_usd_hour: float, num_gpus: int, tokens_per_s: float) -> float:
+    """What a million output tokens cost when the GPUs are busy producing ``tokens_per_s``."""
+    return price_usd_hour * num_gpus / (tokens_per_s * 3600) * 1e6
+
+
+@dataclass(frozen=True)
 class Plan:
     """What one deployment can do. Speeds are upper bounds from bandwidth and FLOP/s."""
     model: str
@@ -156,8 +208,6 @@ def plan(cfg: ModelArch, gpu: GPU, *, weight_dtype: str = "bf16", kv_dtype: str 
     if users < 1 or context < 1:
         raise ValueError("users and context must be >= 1")
     memory = gpu.memory_bytes * num_gpus * memory_utilization
-    bandwidth = gpu.bandwidth_bytes_s * num_gpus
-    flops = gpu.flops * num_gpus
     w_bytes = weight_bytes(cfg, weight_dtype)
     kv_user = kv_bytes_per_sequence(cfg, context, kv_dtype)
     free = memory - w_bytes
@@ -165,24 +215,18 @@ def plan(cfg: ModelArch, gpu: GPU, *, weight_dtype: str = "bf16", kv_dtype: str 
     max_ctx = max_context_for(cfg, free, users, kv_dtype)
     fits = free > 0 and users <= max_users and (not cfg.max_context or context <= cfg.max_context)
 
-    # One decode step reads the weights once (shared by all users in the batch) and every
-    # user's whole KV cache (not shared), and produces one token per user.
-    step_bytes = (weights_read_per_step(cfg, users) * WEIGHT_BYTES[weight_dtype]
-                  + users * kv_user)
-    memory_time = step_bytes / bandwidth
-    compute_time = users * 2 * cfg.active_params / flops   # 2 FLOPs per weight per token
-    step_time = max(memory_time, compute_time)
-    per_user = 1 / step_time
+    step = decode_step(cfg, gpu, users, context, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                       num_gpus=num_gpus)
+    per_user = 1 / step.seconds
     total = users * per_user
     price = price_usd_hour if price_usd_hour is not None else gpu.price_usd_hour
-    cost = None if price is None or not fits else price * num_gpus / (total * 3600) * 1e6
+    cost = None if price is None or not fits else usd_per_million_tokens(price, num_gpus, total)
     return Plan(
         model=cfg.name, gpu=gpu.name, num_gpus=num_gpus, weight_dtype=weight_dtype,
         kv_dtype=kv_dtype, context=context, users=users, weight_bytes=w_bytes,
         kv_bytes_per_token=kv_user / context, kv_bytes_per_user=kv_user, memory_for_kv=free,
-        fits=fits, max_users=max_users, max_context=max_ctx, step_bytes=step_bytes,
-        decode_tok_s_per_user=per_user, decode_tok_s_total=total,
-        bound_by="memory bandwidth" if memory_time >= compute_time else "compute",
+        fits=fits, max_users=max_users, max_context=max_ctx, step_bytes=step.bytes_read,
+        decode_tok_s_per_user=per_user, decode_tok_s_total=total, bound_by=step.bound_by,
         usd_per_million_tokens=cost,
     )
 
@@ -201,11 +245,113 @@ def max_context_for(cfg: ModelArch, kv_space_bytes: float, users: int,
         return users * kv_bytes_per_sequence(cfg, n, kv_dtype) <= kv_space_bytes
     if fits(cap):
         return cap
-    lo, hi = 0, cap            # fits(lo) is True (0 bytes), fits(hi) is False
+    return _bisect(fits, 0, cap)       # fits(0) is True (0 bytes), fits(cap) is False
+
+
+def _bisect(meets, lo: int, hi: int) -> int:
+    """Largest n in [lo, hi) with meets(n), given meets(lo), not meets(hi), and meets
+    turning False once for good as n grows."""
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        lo, hi = (mid, hi) if meets(mid) else (lo, mid)
     return lo
+
+
+# ---------------------------------------------------------------------------------------
+# The other direction: from a latency target to a batch, users and cost
+# ---------------------------------------------------------------------------------------
+
+def max_batch_for_tpot(cfg: ModelArch, gpu: GPU, tpot_s: float, context: int, *,
+                       weight_dtype: str = "bf16", kv_dtype: str = "bf16", num_gpus: int = 1,
+                       cap: int = 10**7) -> int:
+    """Largest batch whose decode step (``decode_step``) takes at most ``tpot_s``; 0 if none.
+
+    Memory is not considered here (``latency_plan`` does). A step only gets longer as the
+    batch grows (more KV to read, more FLOPs, for MoE more experts touched), so a doubling
+    search followed by bisection finds the edge.
+    """
+    def meets(batch: int) -> bool:
+        return decode_step(cfg, gpu, batch, context, weight_dtype=weight_dtype,
+                           kv_dtype=kv_dtype, num_gpus=num_gpus).seconds <= tpot_s
+    if not meets(1):
+        return 0
+    lo, hi = 1, 2                  # meets(lo) is True
+    while hi < cap and meets(hi):
+        lo, hi = hi, 2 * hi
+    if hi >= cap:
+        return cap if meets(cap) else _bisect(meets, lo, cap)
+    return _bisect(meets, lo, hi)
+
+
+@dataclass(frozen=True)
+class LatencyPlan:
+    """How many users one deployment serves at a TPOT target, and what a token then costs."""
+    model: str
+    gpu: str
+    num_gpus: int
+    weight_dtype: str
+    kv_dtype: str
+    context: int
+    tpot_target_s: float
+    max_batch_latency: int           # largest batch meeting the target, memory aside
+    max_batch_memory: int            # users whose KV cache fits next to the weights
+    batch: int                       # the smaller of the two
+    step: DecodeStep | None          # at ``batch`` (None when it is 0)
+    usd_per_million_tokens: float | None
+    model_max_context: int = 0       # 0: unknown
+
+    @property
+    def limited_by(self) -> str:
+        if self.model_max_context and self.context > self.model_max_context:
+            return "context: longer than the model's limit"
+        if self.batch == 0:
+            return ("memory: not even one user fits" if self.max_batch_memory == 0
+                    else "latency: one user alone misses the target")
+        return ("latency target" if self.max_batch_latency <= self.max_batch_memory
+                else "KV-cache memory")
+
+    @property
+    def tpot_s(self) -> float | None:
+        return self.step.seconds if self.step else None
+
+    @property
+    def tokens_per_s_total(self) -> float:
+        return self.batch / self.step.seconds if self.step else 0.0
+
+    @property
+    def users_per_gpu(self) -> float:
+        return self.batch / self.num_gpus
+
+
+def latency_plan(cfg: ModelArch, gpu: GPU, tpot_s: float, *, context: int = 4096,
+                 weight_dtype: str = "bf16", kv_dtype: str = "bf16", num_gpus: int = 1,
+                 memory_utilization: float = 0.9,
+                 price_usd_hour: float | None = None) -> LatencyPlan:
+    """The inverse of ``plan``: from a TPOT target to the largest batch, users and cost.
+
+    Memory follows ``plan`` (its ``max_users`` at this context; none beyond the model's
+    context limit); the step time is ``decode_step``; the cost is the price of the GPUs
+    over the tokens they produce at that batch, a lower bound like every figure here.
+    """
+    if tpot_s <= 0 or context < 1:
+        raise ValueError("the TPOT target and the context must be > 0")
+    by_memory = plan(cfg, gpu, weight_dtype=weight_dtype, kv_dtype=kv_dtype, context=context,
+                     users=1, num_gpus=num_gpus, memory_utilization=memory_utilization).max_users
+    if cfg.max_context and context > cfg.max_context:
+        by_memory = 0
+    by_latency = max_batch_for_tpot(cfg, gpu, tpot_s, context, weight_dtype=weight_dtype,
+                                    kv_dtype=kv_dtype, num_gpus=num_gpus)
+    batch = min(by_memory, by_latency)
+    step = (decode_step(cfg, gpu, batch, context, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                        num_gpus=num_gpus) if batch else None)
+    price = price_usd_hour if price_usd_hour is not None else gpu.price_usd_hour
+    cost = (usd_per_million_tokens(price, num_gpus, batch / step.seconds)
+            if step and price is not None else None)
+    return LatencyPlan(model=cfg.name, gpu=gpu.name, num_gpus=num_gpus, weight_dtype=weight_dtype,
+                       kv_dtype=kv_dtype, context=context, tpot_target_s=tpot_s,
+                       max_batch_latency=by_latency, max_batch_memory=by_memory, batch=batch,
+                       step=step, usd_per_million_tokens=cost,
+                       model_max_context=cfg.max_context or 0)
 
 
 def human_bytes(n: float) -> str:
@@ -215,30 +361,14 @@ def human_bytes(n: float) -> str:
     return f"{n:,.0f} B"
 
 
-def plan_summary(p: Plan) -> str:
-    """A few readable lines for a notebook."""
-    verdict = "FITS" if p.fits else "DOES NOT FIT"
-    cost = (f"${p.usd_per_million_tokens:,.3f} per million output tokens (at best)"
-            if p.usd_per_million_tokens is not None else "cost: n/a")
-    return "\n".join([
-        f"{p.model} on {p.num_gpus} x {p.gpu}: weights {p.weight_dtype}, KV cache {p.kv_dtype}",
-        f"  weights {human_bytes(p.weight_bytes)}; KV per user at {p.context:,} tokens "
-        f"{human_bytes(p.kv_bytes_per_user)} ({p.kv_bytes_per_token:,.0f} B/token)",
-        f"  room for KV {human_bytes(max(p.memory_for_kv, 0))} -> {verdict} for {p.users} users; "
-        f"max users at this context {p.max_users:,}; max context for {p.users} users "
-        f"{p.max_context:,}",
-        f"  decode bound: {p.decode_tok_s_per_user:,.1f} tok/s per user, "
-        f"{p.decode_tok_s_total:,.0f} tok/s total ({p.bound_by}-bound); {cost}",
-    ])
-
-
 __all__ = [
     "ModelArch", "GPU", "Plan", "WEIGHT_BYTES", "KV_BYTES", "load_model", "list_models",
     "load_gpus", "read_arch", "kv_bytes_per_token", "naive_kv_bytes_per_token",
     "kv_bytes_per_sequence", "kv_values_per_token_per_layer", "engine_capacity_tokens",
     "engine_cache_config", "count_safetensors_params", "served_model_config",
-    "weight_bytes", "weights_read_per_step", "plan", "plan_summary", "max_context_for",
-    "human_bytes",
+    "weight_bytes", "weights_read_per_step", "plan", "max_context_for",
+    "human_bytes", "DecodeStep", "decode_step", "usd_per_million_tokens", "max_batch_for_tpot",
+    "LatencyPlan", "latency_plan", "latency_rows", "plot_tpot_vs_batch",
 ]
 
 
@@ -341,6 +471,62 @@ def plot_users_vs_context(cfg: ModelArch, gpu: GPU, weight_dtype: str, num_gpus:
     ax.set_yscale("symlog", linthresh=1)
     ax.set_ylim(bottom=0)
     ax.legend()
+    return fig
+
+
+def latency_rows(cfg: ModelArch, gpus: dict[str, GPU], tpot_s: float, *, weight_dtype: str,
+                 kv_dtype: str, context: int, num_gpus: int = 1) -> list[dict]:
+    """``latency_plan`` for every GPU of the catalogue."""
+    rows = []
+    for g in gpus.values():
+        lp = latency_plan(cfg, g, tpot_s, context=context, weight_dtype=weight_dtype,
+                          kv_dtype=kv_dtype, num_gpus=num_gpus)
+        rows.append({
+            "GPU": f"{num_gpus} x {g.name}" if num_gpus > 1 else g.name,
+            "max batch": lp.batch,
+            "limited by": lp.limited_by,
+            "users per GPU": round(lp.users_per_gpu, 1),
+            "TPOT at that batch (ms)": round(lp.tpot_s * 1e3, 1) if lp.step else None,
+            "tok/s total (bound)": round(lp.tokens_per_s_total) if lp.step else None,
+            "$ per M tokens (at best)": (round(lp.usd_per_million_tokens, 3)
+                                         if lp.usd_per_million_tokens is not None else None),
+        })
+    return rows
+
+
+def plot_tpot_vs_batch(cfg: ModelArch, gpu: GPU, tpot_s: float, *, context: int,
+                       weight_dtype: str = "bf16", kv_dtype: str = "bf16", num_gpus: int = 1):
+    """TPOT bound against batch size, with the target, the memory limit and the answer."""
+    import numpy as np
+
+    from workshop.plots import figure
+    lp = latency_plan(cfg, gpu, tpot_s, context=context, weight_dtype=weight_dtype,
+                      kv_dtype=kv_dtype, num_gpus=num_gpus)
+    top = max(int(1.5 * max(lp.max_batch_latency, lp.max_batch_memory)), 8)
+    batches = np.unique(np.linspace(1, top, 200).astype(int))
+    steps = [decode_step(cfg, gpu, int(b), context, weight_dtype=weight_dtype,
+                         kv_dtype=kv_dtype, num_gpus=num_gpus) for b in batches]
+    gpus = f"{num_gpus} x {gpu.name}" if num_gpus > 1 else gpu.name
+    fig, ax = figure(f"{cfg.name} on {gpus}: weights {weight_dtype}, KV {kv_dtype}, "
+                     f"{context:,} tokens per user", "batch (users decoding together)",
+                     "time per output token (ms)")
+    # The bound is drawn wide and pale so that the part it follows stays visible on top.
+    ax.plot(batches, [s.seconds * 1e3 for s in steps], "-", lw=6, alpha=0.3, color="tab:blue",
+            label="TPOT bound = max(memory time, compute time)")
+    ax.plot(batches, [s.memory_s * 1e3 for s in steps], "--", lw=1.3, color="navy",
+            label="memory time: (weights read + batch x KV per user) / bandwidth")
+    ax.plot(batches, [s.compute_s * 1e3 for s in steps], ":", lw=1.8, color="tab:purple",
+            label="compute time: batch x 2 x active params / FLOP/s")
+    ax.axhline(tpot_s * 1e3, color="tab:green", label=f"TPOT target {tpot_s * 1e3:g} ms")
+    if lp.max_batch_memory < top:
+        ax.axvline(lp.max_batch_memory, color="tab:red", linestyle="-.",
+                   label=f"KV cache full: {lp.max_batch_memory:,} users")
+    if lp.step:
+        ax.plot([lp.batch], [lp.tpot_s * 1e3], "o", color="black", markersize=8,
+                label=f"answer: batch {lp.batch:,} ({lp.limited_by})")
+    ax.set_xlim(left=0)
+    ax.set_ylim(0, max(2 * tpot_s * 1e3, min(steps[-1].seconds * 1e3, 4 * tpot_s * 1e3)))
+    ax.legend(fontsize=8)
     return fig
 
 

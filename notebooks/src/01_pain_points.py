@@ -59,17 +59,15 @@ session = workshop.session.connect()
 # this server runs, read from its `config.json`:
 
 # %%
-import math
+from workshop import engine_comparison, kv_usage, kvcache, live_requests, prompt_latency, ui
 
-from workshop import kvcache, pain, ui
-
-kv = pain.server_kv(session)
-_f = kv.formula
-kv_bytes = 2 * _f.layers * _f.kv_heads * _f.head_dim * _f.dtype_bytes     # the formula above
-ui.md(f"2 (K and V) x {_f.layers} layers x {_f.kv_heads} KV heads x {_f.head_dim} dims x "
-      f"{_f.dtype_bytes:g} bytes ({_f.dtype}) = **{kv_bytes:,.0f} bytes per token**. The model "
-      f"has {_f.attention_heads} attention heads but {_f.kv_heads} KV heads; counting the "
-      f"former would overstate the cache {_f.attention_heads / _f.kv_heads:.0f}x.")
+kv = kv_usage.server_kv(session)
+_a = kv.arch
+kv_bytes = 2 * _a.num_layers * _a.num_kv_heads * _a.head_dim * kv.dtype_bytes   # the formula above
+ui.md(f"2 (K and V) x {_a.num_layers} layers x {_a.num_kv_heads} KV heads x {_a.head_dim} dims x "
+      f"{kv.dtype_bytes:g} bytes ({kv.dtype}) = **{kv_bytes:,.0f} bytes per token**. The model "
+      f"has {_a.num_heads} attention heads but {_a.num_kv_heads} KV heads; counting the "
+      f"former would overstate the cache {_a.num_heads / _a.num_kv_heads:.0f}x.")
 
 # %% [markdown]
 # **Is the formula right?** The server also reports a bytes-per-token figure, but it computes
@@ -81,9 +79,7 @@ ui.md(f"2 (K and V) x {_f.layers} layers x {_f.kv_heads} KV heads x {_f.head_dim
 
 # %%
 engine_cache = kvcache.engine_cache_config(session.metrics_text())
-kv_check = kvcache.engine_check(
-    kvcache.served_model_config(str(session.info.get("model_path") or session.model),
-                                name=session.model), engine_cache, session.info)
+kv_check = kvcache.engine_check(kv.arch, engine_cache, session.info)
 if kv_check.get("kv_memory_bytes") is not None:
     _engine_bytes = kv_check["kv_memory_bytes"] / (kv_check["engine_blocks"] * kv_check["block_size"])
     kv_check_text = (
@@ -117,20 +113,20 @@ ui.md(kv_check_text + f" Capacity: {kv.capacity_tokens:,} tokens in blocks of "
 # x usable blocks x block size x the formula's bytes per token), so compare the usage columns.
 
 # %%
-maker = pain.PromptMaker(session.model, session.info.get("model_path"))
+maker = live_requests.PromptMaker(session.model, session.info.get("model_path"))
 max_len = int(session.info.get("max_model_len") or 2048)
 kv_out_tokens = 64
 context_lengths = workshop.session.sweep(
     [64, 256, 512, 1024, 1536, max_len - kv_out_tokens - 8],
     [128, 1024, max_len - kv_out_tokens - 8])
-context_rows = pain.context_sweep(session, kv, maker, context_lengths, kv_out_tokens,
-                                  progress=ui.progress)
+context_rows = kv_usage.context_sweep(session, kv, maker, context_lengths, kv_out_tokens,
+                                      progress=ui.progress)
 ui.table(context_rows)
 
 # %%
-context_plot = pain.plot_kv(context_rows, "tokens held",
-                            "KV cache of one request grows with its context",
-                            "tokens the request holds (prompt + generated)", kv=kv)
+context_plot = kv_usage.plot_kv(context_rows, "tokens held",
+                                "KV cache of one request grows with its context",
+                                "tokens the request holds (prompt + generated)", kv=kv)
 context_plot
 
 # %%
@@ -167,35 +163,45 @@ user_prompt_tokens
 
 # %%
 user_counts = workshop.session.sweep([1, 4, 16, 32, 48], [1, 4, 8])
-users_rows = pain.users_sweep(session, kv, maker, user_counts, user_prompt_tokens.value,
-                              kv_out_tokens, progress=ui.progress)
+users_rows = kv_usage.users_sweep(session, kv, maker, user_counts, user_prompt_tokens.value,
+                                  kv_out_tokens, progress=ui.progress)
 ui.table(users_rows)
 
 # %%
-users_plot = pain.plot_kv(users_rows, "users", "KV cache grows with simultaneous users",
-                          "users sending a request at the same time",
-                          capacity_mib=kv.usable_bytes / 2**20)
+users_plot = kv_usage.plot_kv(users_rows, "users", "KV cache grows with simultaneous users",
+                              "users sending a request at the same time",
+                              capacity_mib=kv.usable_bytes / 2**20)
 users_plot
 
 # %%
 _per_user = user_prompt_tokens.value + kv_out_tokens
-_fit = pain.users_until_full(_per_user, kv.block_size, kv.capacity_tokens)
+_fit = kv_usage.users_until_full(_per_user, kv.block_size, kv.capacity_tokens)
 _waited = max(_r["peak waiting"] for _r in users_rows)
 _llama = kvcache.load_model("llama-3.1-8b")
 _llama_bytes = kvcache.kv_bytes_per_token(_llama)
+_h100 = kvcache.load_gpus()["H100-SXM"]
+_hundred = 100 * _llama_bytes * 8192
+_room = _h100.memory_bytes - kvcache.weight_bytes(_llama, "bf16")
+if _waited:
+    _queue = (f"In the runs above up to {_waited} requests had to wait in the queue at once (held "
+              "back by KV space or by the engine's per-step token budget). ")
+elif max(user_counts) <= _fit:
+    _queue = (f"The largest run above ({max(user_counts)} users) fits, and no request was seen "
+              "waiting. ")
+else:
+    _queue = (f"The largest run above ({max(user_counts)} users) is more than that, yet no "
+              "sample caught a request waiting: look at the `samples` column. ")
 ui.md(
     f"Each user here holds about {_per_user:,} tokens = "
-    f"{pain.blocks_for(_per_user, kv.block_size)} blocks, so this engine fits **{_fit} such users "
-    f"at once**. "
-    + (f"In the runs above up to {_waited} requests had to wait in the queue at once (held back "
-       "by KV space or by the engine's per-step token budget). " if _waited else
-       f"The largest run above ({max(user_counts)} users) stayed below that, so no request "
-       "had to wait. ")
+    f"{kv_usage.blocks_for(_per_user, kv.block_size)} blocks, so this engine fits **{_fit} such "
+    f"users at once**. " + _queue
     + f"The model here is tiny. The same arithmetic for Llama 3.1 8B "
     f"([config]({_llama.source})): {_llama_bytes:,.0f} bytes per token, so a single "
     f"8,192-token conversation needs {_llama_bytes * 8192 / 2**30:.2f} GiB and 100 of them "
-    f"{100 * _llama_bytes * 8192 / 2**30:.0f} GiB, more than one 80 GB "
-    f"({80e9 / 2**30:.1f} GiB) GPU holds besides the weights."
+    f"{_hundred / 2**30:.0f} GiB, against {_room / 2**30:.0f} GiB left on an {_h100.name} "
+    f"({_h100.memory_bytes / 2**30:.0f} GiB, [datasheet]({_h100.spec_source.split()[0]})) "
+    f"after its bf16 weights: "
+    + ("they do not fit on one GPU." if _hundred > _room else "they fit on one GPU.")
 )
 
 # %% [markdown]
@@ -209,13 +215,13 @@ ui.md(
 # %%
 ttft_lengths = workshop.session.sweep(
     [32, 128, 256, 512, 768, 1024, 1536, max_len - 8], [128, 1024, max_len - 8])
-ttft_rows = pain.ttft_sweep(session, maker, ttft_lengths, repeats=workshop.session.sweep(2, 1),
-                            progress=ui.progress)
-ttft_plot = pain.plot_ttft(ttft_rows, max_len)
+ttft_rows = prompt_latency.ttft_sweep(session, maker, ttft_lengths,
+                                      repeats=workshop.session.sweep(2, 1), progress=ui.progress)
+ttft_plot = prompt_latency.plot_ttft(ttft_rows, max_len)
 ttft_plot
 
 # %%
-_line = pain.ttft_slope(ttft_rows)
+_line = prompt_latency.ttft_slope(ttft_rows)
 ui.md(
     "Not enough lengths to fit a line." if _line is None else
     f"Each extra 1,000 prompt tokens cost about **{_line[0]:.0f} ms** of waiting on this machine "
@@ -248,23 +254,23 @@ hf_session = workshop.session.connect(engine="hf")
 bench_requests = workshop.session.sweep(16, 6)
 bench_concurrency = workshop.session.sweep(16, 6)
 bench_output = workshop.session.sweep(128, 24)
-engine_rows = pain.compare_engines({"hf": hf_session, "vllm": session}, bench_requests,
-                                   bench_concurrency, input_len=128, output_len=bench_output)
+engine_rows = engine_comparison.compare_engines(
+    {"hf": hf_session, "vllm": session}, bench_requests, bench_concurrency, input_len=128,
+    output_len=bench_output)
 ui.table(engine_rows)
 
 # %%
-engines_plot = pain.plot_throughput(engine_rows)
+engines_plot = engine_comparison.plot_throughput(engine_rows)
 engines_plot
 
 # %%
-factors = {r["comparison"]: r["speed-up (x)"] for r in pain.factor_rows(engine_rows, bench_concurrency)}
+factors = {r["comparison"]: r["speed-up (x)"]
+           for r in engine_comparison.factor_rows(engine_rows, bench_concurrency)}
 _total = factors["total: vllm concurrent vs hf sequential"]
 _engine = factors["engine alone (both sequential)"]
 _batching = factors["concurrency with batching (vllm)"]
 _hf_conc = factors["concurrency without batching (hf)"]
 _ttft = {(r["engine"], r["in flight"]): r["median TTFT (ms)"] for r in engine_rows}
-# Which effect is larger, read from this run (their product is the total).
-batching_share = math.log(_batching) / math.log(_total) if _total > 1 and _batching > 0 else None
 ui.md(
     f"Measured here, {bench_requests} requests of 128 prompt + {bench_output} output tokens:\n\n"
     + ui.markdown_table([{"comparison": k, "speed-up": f"{v:.1f}x"} for k, v in factors.items()])
@@ -273,8 +279,9 @@ ui.md(
     f"serving one request at a time (**{_engine:.1f}x**), and batching on vLLM "
     f"(**{_batching:.1f}x**). "
     + ("In this run **batching** contributed the larger factor. " if _batching > _engine else
-       "In this run the **engine alone** contributed the larger factor, not batching: with "
-       "few cores, one request already keeps them busy, so batching gains less than on a GPU. ")
+       "In this run the **engine alone** contributed the larger factor, not batching. A "
+       "likely reason on a CPU with few cores: one request already "
+       "keeps them busy, so batching has less idle hardware to put to work than on a GPU. ")
     + f"Sending the baseline {bench_concurrency} requests at once changed its throughput "
     f"{_hf_conc:.2f}x while its median TTFT went from {_ttft[('hf', 1)]:.0f} to "
     f"{_ttft[('hf', bench_concurrency)]:.0f} ms"
@@ -308,7 +315,7 @@ ui.md(
 predict_ttft_600_ms = None       # your prediction in milliseconds
 
 # %%
-exercise_ttft = pain.ttft_sweep(session, maker, [600])
+exercise_ttft = prompt_latency.ttft_sweep(session, maker, [600])
 ui.compare(predict_ttft_600_ms, exercise_ttft[0]["TTFT (ms)"], "TTFT of a 600-token prompt", "ms")
 
 # %% [markdown]
@@ -319,7 +326,7 @@ ui.compare(predict_ttft_600_ms, exercise_ttft[0]["TTFT (ms)"], "TTFT of a 600-to
 predict_three_users_pct = None   # your prediction in percent
 
 # %%
-exercise_users = pain.users_sweep(session, kv, maker, [3], 300, kv_out_tokens)
+exercise_users = kv_usage.users_sweep(session, kv, maker, [3], 300, kv_out_tokens)
 ui.compare(predict_three_users_pct, exercise_users[0]["measured usage (%)"],
            "peak KV usage, 3 users x (300 + 64) tokens", "%")
 

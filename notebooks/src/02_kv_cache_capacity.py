@@ -13,6 +13,8 @@
 # 3. a **capacity and cost calculator**: does a model fit on a GPU at a given precision,
 #    context and number of users, how fast can it decode at best, and what does that imply
 #    per million tokens?
+# 4. the **other direction**: from a latency target (time per output token) to the largest
+#    batch, the users per GPU and the cost per million tokens.
 #
 # Two mistakes are common in online calculators, and the calculator here avoids both: counting
 # keys and values for every *attention* head (models with grouped-query attention store them
@@ -196,7 +198,22 @@ calc_cfg = kvcache.load_model(calc_model.value)
 calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], weight_dtype=calc_weights.value,
                          kv_dtype=calc_kv.value, context=int(calc_context.value),
                          users=int(calc_users.value), num_gpus=int(calc_num_gpus.value))
-ui.md("```\n" + kvcache.plan_summary(calc_plan) + "\n```")
+_p = calc_plan
+ui.md(
+    f"**{_p.model}** on {_p.num_gpus} x {_p.gpu}, weights {_p.weight_dtype}, KV cache "
+    f"{_p.kv_dtype}: the weights take {kvcache.human_bytes(_p.weight_bytes)}, one user at "
+    f"{_p.context:,} tokens {kvcache.human_bytes(_p.kv_bytes_per_user)} of KV cache "
+    f"({_p.kv_bytes_per_token:,.0f} bytes per token), and "
+    f"{kvcache.human_bytes(max(_p.memory_for_kv, 0))} are left for the cache: "
+    + (f"**{_p.users} users fit**" if _p.fits else f"**{_p.users} users do not fit**")
+    + f" (at most {_p.max_users:,} users at this context, or {_p.max_context:,} tokens each "
+    f"for {_p.users} users). "
+    + (f"Decoding runs at best at {_p.decode_tok_s_per_user:,.1f} tokens/s per user, "
+       f"{_p.decode_tok_s_total:,.0f} tokens/s in all ({_p.bound_by}-bound)"
+       + (f", so a million output tokens cost at least **${_p.usd_per_million_tokens:,.3f}**."
+          if _p.usd_per_million_tokens is not None else ".")
+       if _p.fits else "")
+)
 
 # %% [markdown]
 # The same question for every GPU in the catalogue:
@@ -223,6 +240,8 @@ _all_heads = _gqa_only * calc_cfg.num_heads / max(calc_cfg.num_kv_heads, 1) \
     if calc_cfg.attention == "gqa" else kvcache.naive_kv_bytes_per_token(calc_cfg, calc_kv.value)
 _weight_prec = _gqa_only * kvcache.WEIGHT_BYTES[calc_weights.value] / kvcache.KV_BYTES[calc_kv.value]
 _naive = kvcache.naive_kv_bytes_per_token(calc_cfg, calc_weights.value)
+# how far off each way of counting is, for the next cell's text
+mistake_factors = {"every head": _all_heads / _gqa_only, "both": _naive / _gqa_only}
 ui.table([{"how the cache is counted": _how, "bytes per token": round(_b),
            f"users that fit at {_ctx:,} tokens": int(_room // (_b * _ctx))}
           for _how, _b in (
@@ -232,14 +251,165 @@ ui.table([{"how the cache is counted": _how, "bytes per token": round(_b),
               ("both mistakes", _naive))])
 
 # %%
+mistakes_cancel = (abs(mistake_factors["both"] - 1) < 0.1
+                   and abs(mistake_factors["every head"] - 1) >= 0.1)
 ui.md(
     f"At {calc_plan.users} users the decode step is **{calc_plan.bound_by}-bound** "
     f"({kvcache.human_bytes(calc_plan.step_bytes)} read per step). The weights are read once "
     f"per step for everybody, but each user's KV cache is read for that user alone: past some "
-    f"batch size, more users stop amortising anything and only add bytes. The two mistakes in "
-    f"the table can also cancel out (4-bit weights with a 16-bit cache, counting all heads), "
-    f"which is how a wrong calculator can look right on one example."
+    f"batch size, more users stop amortising anything and only add bytes. "
+    + (f"In the table, the two mistakes together land within "
+       f"{abs(mistake_factors['both'] - 1):.0%} of the right figure although the first alone "
+       f"is {mistake_factors['every head']:.1f}x off: they cancel, which is how a wrong "
+       "calculator can look right on one example." if mistakes_cancel else
+       f"In the table, both mistakes together give {mistake_factors['both']:.2f}x the right "
+       "figure.")
 )
+
+# %% [markdown]
+# ## 4. The other direction: from a latency target to users and cost
+#
+# The calculator above starts from a number of users. A service often starts from a promise
+# instead: each user sees a new token at least every *TPOT* milliseconds (time per output
+# token). How many users can then decode together, and what does a token cost?
+#
+# A decode step produces one token for every user in the batch, so the step time *is* the
+# TPOT. With the same assumptions as above (the roofline model, which notebook 3 measures on
+# this machine), a step for a batch of $B$ users takes at least
+#
+# $$\text{TPOT}(B) = \max\left(\frac{\text{weight bytes read} + B \times \text{KV bytes per user}}{\text{bandwidth}},\ \frac{B \times 2 \times \text{active parameters}}{\text{peak FLOP/s}}\right)$$
+#
+# The weights are read once per step whatever $B$; each extra user adds its own KV cache. For a
+# dense model whose steps are memory-bound, solving $\text{TPOT}(B) \le \text{target}$ gives
+#
+# $$B_{\max} = \left\lfloor \frac{\text{target} \times \text{bandwidth} - \text{weight bytes}}{\text{KV bytes per user}} \right\rfloor$$
+#
+# The batch a deployment can serve is the smaller of $B_{\max}$ and the number of users whose
+# KV cache fits in memory; it produces $B / \text{TPOT}$ tokens per second, so a million tokens
+# cost $\text{price per hour} \times \text{GPUs} / (3600 \times B / \text{TPOT}) \times 10^6$.
+#
+# Model, GPU, precisions, context and GPU count are the controls of section 3; choose the
+# target here. (In Jupyter, re-run the cells below after moving it.)
+
+# %%
+slo_tpot_ms = ui.slider(5, 200, 50, 5, "TPOT target (ms per output token)")
+slo_tpot_ms
+
+# %%
+import math
+
+slo_gpu = gpu_catalogue[calc_gpu.value]
+slo_target_s = slo_tpot_ms.value / 1000
+# The closed form above, written out. For a mixture-of-experts model, one token reads only
+# its active parameters: the closed form is then the optimistic case of a batch of one.
+slo_bandwidth = slo_gpu.bandwidth_bytes_s * int(calc_num_gpus.value)
+slo_weight_bytes = calc_cfg.active_params * kvcache.WEIGHT_BYTES[calc_weights.value]
+slo_kv_per_user = kvcache.kv_bytes_per_sequence(calc_cfg, int(calc_context.value), calc_kv.value)
+slo_closed_form = max(math.floor((slo_target_s * slo_bandwidth - slo_weight_bytes)
+                                 / slo_kv_per_user), 0)
+
+# The whole calculation: the compute bound too, the experts a batch touches, and memory.
+slo = kvcache.latency_plan(calc_cfg, slo_gpu, slo_target_s, context=int(calc_context.value),
+                           weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
+                           num_gpus=int(calc_num_gpus.value))
+ui.table([{"": "closed form (memory-bound, active weights)", "batch": slo_closed_form},
+          {"": "latency alone (full TPOT formula)", "batch": slo.max_batch_latency},
+          {"": "KV-cache memory alone", "batch": slo.max_batch_memory},
+          {"": f"served at {slo_tpot_ms.value} ms ({slo.limited_by})", "batch": slo.batch}])
+
+# %%
+if slo.batch == 0:
+    _one = kvcache.decode_step(calc_cfg, slo_gpu, 1, int(calc_context.value),
+                               weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
+                               num_gpus=int(calc_num_gpus.value))
+    _why = (f"The weights alone ({kvcache.human_bytes(calc_plan.weight_bytes)}) leave no room "
+            "for a KV cache." if slo.max_batch_memory == 0 else
+            f"One user alone already takes {_one.seconds * 1e3:.1f} ms per token.")
+elif slo.max_batch_latency == slo_closed_form:
+    _why = "The full formula agrees with the closed form: these steps are memory-bound."
+elif slo.max_batch_latency < slo_closed_form and calc_cfg.num_experts:
+    _why = (f"The full formula allows fewer users than the closed form: with "
+            f"{slo.max_batch_latency:,} users in a step, their tokens are routed to more "
+            f"of the {calc_cfg.num_experts} experts than one token is, so a step reads more "
+            "than the active weights.")
+elif slo.step is not None and slo.step.bound_by == "compute":
+    _why = "The full formula allows fewer users than the closed form: the step is compute-bound."
+else:
+    _why = (f"The full formula allows {slo.max_batch_latency:,} users against the closed "
+            f"form's {slo_closed_form:,}.")
+ui.md(
+    f"At a {slo_tpot_ms.value} ms target, {calc_cfg.name} on {int(calc_num_gpus.value)} x "
+    f"{slo_gpu.name} serves **{slo.batch:,} users at once** "
+    f"({slo.users_per_gpu:,.1f} per GPU), limited by **{slo.limited_by}**. {_why}"
+    + (f" At that batch a step takes {slo.tpot_s * 1e3:.1f} ms and reads "
+       f"{kvcache.human_bytes(slo.step.bytes_read)}; the GPUs produce "
+       f"{slo.tokens_per_s_total:,.0f} tokens/s, so a million tokens cost at least "
+       f"**${slo.usd_per_million_tokens:,.3f}** at ${slo_gpu.price_usd_hour}/hour per GPU."
+       if slo.step is not None and slo.usd_per_million_tokens is not None else "")
+    + (f" Section 3's plan, {calc_plan.users} users, decodes at "
+       f"{1000 / calc_plan.decode_tok_s_per_user:.1f} ms per token for "
+       f"${calc_plan.usd_per_million_tokens:,.3f} per million tokens"
+       + ("; a token served at the target costs "
+          f"{slo.usd_per_million_tokens / calc_plan.usd_per_million_tokens:.2f}x as much."
+          if slo.usd_per_million_tokens is not None else ".")
+       if calc_plan.usd_per_million_tokens is not None else "")
+)
+
+# %%
+slo_plot = kvcache.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s,
+                                      context=int(calc_context.value),
+                                      weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
+                                      num_gpus=int(calc_num_gpus.value))
+slo_plot
+
+# %% [markdown]
+# The same target on every GPU of the catalogue:
+
+# %%
+ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s,
+                              weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
+                              context=int(calc_context.value), num_gpus=int(calc_num_gpus.value)))
+
+# %% [markdown]
+# ## Predict, then compute
+#
+# Relax the promise: allow **twice** the TPOT target above, same model, GPU and context. How
+# many users can decode together now? Write the batch you expect, then run the cell after it.
+
+# %%
+predict_batch_at_double_target = None   # your guess: the largest batch at 2 x the target
+
+# %%
+slo_double = kvcache.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s,
+                                  context=int(calc_context.value),
+                                  weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
+                                  num_gpus=int(calc_num_gpus.value))
+ui.compare(predict_batch_at_double_target, slo_double.batch,
+           f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users")
+
+# %%
+if slo.batch == 0 or slo_double.batch == 0:
+    _reading = "Here at least one of the two serves nobody, so there is no ratio to read."
+else:
+    _ratio = slo_double.batch / slo.batch
+    _reading = (f"Twice the target gave **{_ratio:.2f}x** the users ({slo.batch:,} -> "
+                f"{slo_double.batch:,}), limited by {slo_double.limited_by}. ")
+    _weights_share = (kvcache.weights_read_per_step(calc_cfg, slo.batch)
+                      * kvcache.WEIGHT_BYTES[calc_weights.value] / slo.step.bytes_read)
+    if slo_double.limited_by == "KV-cache memory":
+        _reading += ("Memory, not latency, caps it now: loosening the target further adds no "
+                     "users.")
+    elif _ratio > 2.005:
+        _reading += (f"More than double: the weights, {_weights_share:.0%} of the bytes of a "
+                     f"step at {slo.batch:,} users, take the same time in every step, so all of "
+                     "the extra time goes to more users' KV caches.")
+    else:
+        _reading += (f"About double or less: the weights are only {_weights_share:.1%} of the "
+                     f"bytes of a step at {slo.batch:,} users, so the step time grows almost in "
+                     "proportion to the users"
+                     + (", and these steps are compute-bound." if slo.step.bound_by == "compute"
+                        else "."))
+ui.md(_reading)
 
 # %% [markdown]
 # ## Where the GPU numbers come from

@@ -178,12 +178,16 @@ my_naive_peak_mib = None    # your prediction, e.g. 100
 exercise_n = 4096
 _q, _k, _v = fa.random_qkv(exercise_n, 64)
 exercise_peak_mib = fa.peak_extra_bytes(naive_attention, _q, _k, _v) / 2**20
-ui.md(fa.prediction_md(my_naive_peak_mib, exercise_peak_mib,
-                       f"peak of naive attention at N = {exercise_n:,}", "MiB")
-      + f" One {exercise_n:,} x {exercise_n:,} fp32 matrix is {exercise_n**2 * 4 / 2**20:,.0f} "
-        f"MiB; the measured peak is {exercise_peak_mib / (exercise_n**2 * 4 / 2**20):.1f} of "
-        "them, because NumPy materialises temporaries too (the scaled scores, scores − max, "
-        "their exponential).")
+ui.compare(my_naive_peak_mib, exercise_peak_mib, f"peak of naive attention at N = {exercise_n:,}",
+           "MiB")
+
+# %%
+_matrix_mib = exercise_n**2 * 4 / 2**20
+_matrices = exercise_peak_mib / _matrix_mib
+ui.md(f"One {exercise_n:,} x {exercise_n:,} fp32 matrix is {_matrix_mib:,.0f} MiB; the measured "
+      f"peak is {_matrices:.1f} of them"
+      + (", because NumPy materialises temporaries too (the scaled scores, scores − max, their "
+         "exponential)." if _matrices >= 1.5 else "."))
 
 # %%
 memory_lengths = sweep([256, 512, 1024, 2048, 4096, 8192], [256, 512, 1024, 2048, 4096])
@@ -291,9 +295,14 @@ _naive_s = fa.best_time_s(lambda: naive_attention(_q, _k, _v, causal=True), swee
 _tiled_s = fa.best_time_s(lambda: tiled_attention(_q, _k, _v, tile=tile_size.value, causal=True),
                           sweep(5, 3))
 exercise_ratio = _tiled_s / _naive_s
-ui.md(fa.prediction_md(my_tiled_over_naive, exercise_ratio,
-                       f"tiled / naive time at N = 2,048, tile {tile_size.value}")
-      + f" (naive {_naive_s * 1e3:.1f} ms, tiled {_tiled_s * 1e3:.1f} ms.)")
+exercise_times_ms = {"naive": _naive_s * 1e3, "tiled": _tiled_s * 1e3}
+ui.compare(my_tiled_over_naive, exercise_ratio,
+           f"tiled / naive time at N = 2,048, tile {tile_size.value}")
+
+# %%
+ui.md(f"Naive {exercise_times_ms['naive']:.1f} ms, tiled {exercise_times_ms['tiled']:.1f} ms: "
+      + ("the tiled NumPy version was faster here." if exercise_ratio < 1 else
+         "the tiled NumPy version was slower here."))
 
 # %%
 timing_lengths = sweep([256, 512, 1024, 2048, 4096, 8192], [256, 1024, 2048])
@@ -344,8 +353,9 @@ ui.md(
 # cached keys, which is N work, not N². So the N² part shows up, if at all, in the time to
 # first token of long prompts. We time prefill on the server (one request at a time, one
 # output token) and compare with what the model's FLOP count predicts: the weights cost
-# 2 x parameters FLOPs per token, attention 4 x layers x heads x d FLOPs per token for each
-# token it attends to (`workshop/roofline.py`).
+# 2 x parameters FLOPs per token (the output layer's only for the last prompt token: engines
+# compute logits for that one alone), attention 4 x layers x heads x d FLOPs per token for
+# each token it attends to (`roofline.prefill_flops`).
 
 # %%
 from workshop import roofline
@@ -374,8 +384,8 @@ my_ttft_ms = None    # your prediction, e.g. 500
 
 # %%
 exercise_prefill = roofline.serve_prefill(session, exercise_prompt, repeats=sweep(3, 1))
-ui.md(fa.prediction_md(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
-                       f"TTFT for a {exercise_prompt:,}-token prompt", "ms"))
+ui.compare(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
+           f"TTFT for a {exercise_prompt:,}-token prompt", "ms")
 
 # %%
 prefill_all = sorted(prefill_results + [exercise_prefill], key=lambda r: r["prompt tokens"])
@@ -384,8 +394,8 @@ fa.prefill_figure(prefill_all, str(session.info.get("engine", session.engine)), 
 # %%
 _short, _long = prefill_all[0], prefill_all[-1]
 _measured = _long["TTFT ms (median)"] / _short["TTFT ms (median)"]
-_predicted = (fa.prefill_flops(served_cfg, _long["prompt tokens"])
-              / fa.prefill_flops(served_cfg, _short["prompt tokens"]))
+_predicted = (roofline.prefill_flops(served_cfg, _long["prompt tokens"])
+              / roofline.prefill_flops(served_cfg, _short["prompt tokens"]))
 _share = fa.attention_share(served_cfg, _long["prompt tokens"])
 _long_share = fa.attention_share(long_cfg, 131_072)
 if _measured > 1.2 * _predicted:

@@ -100,6 +100,15 @@ def test_peak_memory_sees_the_score_matrix(nb):
     assert tiled < n * n * 4 / 4              # far below it
 
 
-def test_prediction_md():
-    assert "measured / guess = 2.00" in fa.prediction_md(1.0, 2.0, "x")
-    assert "Write your guess" in fa.prediction_md(None, 2.0, "x")
+def test_attention_share_counts_by_hand():
+    # One layer, 2 heads of 4 dims, 100 parameters, no output layer: a token attending to c
+    # tokens costs 2 x 100 FLOPs in weights and 4 x 1 x 2 x 4 x c = 32 c in attention.
+    from reference_server.model_config import read_arch
+    cfg = read_arch({"num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8,
+                     "vocab_size": 0}, params=100)
+    assert fa.attention_share(cfg, 1) == 0                 # attends to 1 // 2 = 0 tokens
+    assert fa.attention_share(cfg, 50) == pytest.approx(32 * 25 / (200 + 32 * 25))
+    # the output layer is not part of a prompt token's cost: the share does not depend on it
+    big_head = read_arch({"num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8,
+                          "vocab_size": 10}, params=180)
+    assert fa.attention_share(big_head, 50) == pytest.approx(fa.attention_share(cfg, 50))

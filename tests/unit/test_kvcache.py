@@ -221,3 +221,98 @@ def test_served_model_config_counts_real_weights():
     assert kv.served_model_config("HuggingFaceTB/SmolLM2-135M-Instruct").num_kv_heads == 3
     with pytest.raises(ValueError):
         kv.served_model_config("some-org/unknown-model")
+
+
+# -- from a TPOT target to a batch ------------------------------------------------------------
+
+def _llama_on_l4_terms():
+    """Llama 3.1 8B, int4 weights, bf16 cache, 8,192 tokens, L4: the terms written out by hand."""
+    cfg, gpu = kv.load_model("llama-3.1-8b"), kv.load_gpus()["L4"]
+    weights = cfg.params * (0.5 + 2 / 128)          # int4: half a byte, plus a bf16 scale per 128
+    kv_user = 2 * 32 * 8 * 128 * 2 * 8192                    # K and V x layers x KV heads x dim
+    return cfg, gpu, weights, kv_user
+
+
+def test_max_batch_matches_the_closed_form_for_a_dense_memory_bound_model():
+    cfg, gpu, weights, kv_user = _llama_on_l4_terms()
+    for target in (0.02, 0.05, 0.1):
+        closed = int((target * 300e9 - weights) // kv_user)   # (T x bandwidth - W) / KV per user
+        assert kv.max_batch_for_tpot(cfg, gpu, target, 8192, weight_dtype="int4") == closed
+    # just below one user's step: nobody can be served
+    one_user = (weights + kv_user) / 300e9
+    assert kv.max_batch_for_tpot(cfg, gpu, 0.999 * one_user, 8192, weight_dtype="int4") == 0
+    assert kv.max_batch_for_tpot(cfg, gpu, 1.001 * one_user, 8192, weight_dtype="int4") == 1
+
+
+def test_max_batch_stops_at_the_compute_bound():
+    # One-token contexts leave almost no KV to read: past a few hundred users the FLOPs win.
+    cfg, gpu = kv.load_model("smollm2-135m"), kv.load_gpus()["H100-SXM"]
+    target = 0.001
+    batch = kv.max_batch_for_tpot(cfg, gpu, target, 1)
+    assert batch == int(target * 989e12 // (2 * cfg.active_params))
+    assert kv.decode_step(cfg, gpu, batch + 1, 1).bound_by == "compute"
+
+
+def test_moe_batch_sits_between_active_and_total_weights():
+    cfg, gpu = kv.load_model("gpt-oss-120b"), kv.load_gpus()["H100-SXM"]
+    kv_user = kv.kv_bytes_per_sequence(cfg, 4096)
+    target, bw = 0.02, gpu.bandwidth_bytes_s
+    batch = kv.max_batch_for_tpot(cfg, gpu, target, 4096)
+    if_only_active = (target * bw - 2 * cfg.active_params) // kv_user
+    if_all_experts = (target * bw - 2 * cfg.params) // kv_user
+    assert if_all_experts < batch < if_only_active
+
+
+@settings(max_examples=40, deadline=None)
+@given(a=st.floats(0.001, 0.5), b=st.floats(0.001, 0.5),
+       model=st.sampled_from(["smollm2-135m", "qwen2.5-7b", "gpt-oss-120b"]),
+       context=st.integers(1, 100_000))
+def test_max_batch_is_the_edge_and_grows_with_the_target(a, b, model, context):
+    cfg, gpu = kv.load_model(model), kv.load_gpus()["A100-80GB"]
+    lo, hi = sorted((a, b))
+    b_lo = kv.max_batch_for_tpot(cfg, gpu, lo, context)
+    assert b_lo <= kv.max_batch_for_tpot(cfg, gpu, hi, context)
+    if b_lo:
+        assert kv.decode_step(cfg, gpu, b_lo, context).seconds <= lo
+    assert kv.decode_step(cfg, gpu, b_lo + 1, context).seconds > lo
+
+
+def test_latency_plan_takes_the_tighter_limit_and_prices_it():
+    cfg, gpu, weights, kv_user = _llama_on_l4_terms()
+    tight = kv.latency_plan(cfg, gpu, 0.05, context=8192, weight_dtype="int4")
+    assert tight.limited_by == "latency target" and tight.batch == tight.max_batch_latency
+    tpot = (weights + tight.batch * kv_user) / 300e9
+    assert tight.tpot_s == pytest.approx(tpot)
+    assert tight.usd_per_million_tokens == pytest.approx(0.80 / (tight.batch / tpot * 3600) * 1e6)
+    loose = kv.latency_plan(cfg, gpu, 0.5, context=8192, weight_dtype="int4")
+    fits = int((24 * 2**30 * 0.9 - weights) // kv_user)      # 90% of memory, weights first
+    assert loose.limited_by == "KV-cache memory" and loose.batch == fits
+    assert loose.max_batch_latency > fits
+    two = kv.latency_plan(cfg, gpu, 0.05, context=8192, weight_dtype="int4", num_gpus=2)
+    assert two.users_per_gpu == two.batch / 2 and two.batch > tight.batch
+
+
+def test_latency_plan_when_nothing_fits():
+    none = kv.latency_plan(kv.load_model("deepseek-v3"), kv.load_gpus()["H100-SXM"], 0.05,
+                           weight_dtype="fp8")
+    assert none.batch == 0 and none.step is None and none.usd_per_million_tokens is None
+    assert none.limited_by.startswith("memory")
+    small = kv.load_model("smollm2-135m")      # its KV would fit, but not past its context limit
+    beyond = kv.latency_plan(small, kv.load_gpus()["H200"], 0.05, context=small.max_context + 1)
+    assert beyond.batch == 0 and beyond.max_batch_latency > 0
+    assert beyond.limited_by.startswith("context")
+    with pytest.raises(ValueError):
+        kv.latency_plan(kv.load_model("llama-3.1-8b"), kv.load_gpus()["H200"], 0)
+
+
+def test_latency_table_and_figure():
+    import matplotlib
+    matplotlib.use("Agg")
+    cfg, gpus = kv.load_model("qwen2.5-7b"), kv.load_gpus()
+    rows = kv.latency_rows(cfg, gpus, 0.03, weight_dtype="int4", kv_dtype="bf16", context=4096)
+    assert [r["GPU"] for r in rows] == list(gpus)
+    fig = kv.plot_tpot_vs_batch(cfg, gpus["L4"], 0.03, context=4096, weight_dtype="int4")
+    ax = fig.axes[0]
+    assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert any("target 30 ms" in t for t in labels) and any(t.startswith("answer") for t in labels)

@@ -1,15 +1,19 @@
-"""Pure logic behind notebooks 0 and 1: session plumbing, metrics parsing, timing, KV maths."""
+"""Pure logic behind notebooks 0 and 1: session plumbing, metrics parsing, timing, KV usage,
+prompt latency and the engine comparison."""
 
 from __future__ import annotations
 
+import json as _json
 import math
 import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from reference_server.model_config import read_arch
-from workshop import metrics, pain, probe, session, ui
+from workshop import (engine_comparison, kv_usage, live_requests, metrics, probe, prompt_latency,
+                      session, ui)
 
 # -- session -----------------------------------------------------------------------------------
 
@@ -149,63 +153,85 @@ def test_markdown_table_formats_and_escapes():
     assert ui.markdown_table([]) == "_(no rows)_"
 
 
-# -- pain: KV arithmetic -------------------------------------------------------------------------
+# -- kv_usage: the gauge's block arithmetic ---------------------------------------------------------
 
 SMOL = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
         "hidden_size": 576, "torch_dtype": "bfloat16"}
 
 
-def test_formula_matches_the_known_smollm2_figure():
-    f = pain.kv_formula(read_arch(SMOL), "bfloat16")
-    assert f.head_dim == 64 and f.kv_heads == 3
-    assert f.bytes_per_token == 23_040          # 2 x 30 x 3 x 64 x 2
-    assert "23,040" in f.explain()
+def _server_kv(config: dict, dtype: str = "bfloat16", capacity: int = 1024, block: int = 16):
+    return kv_usage.ServerKV(arch=read_arch(config), dtype=dtype, capacity_tokens=capacity,
+                             block_size=block)
 
 
-def test_formula_uses_kv_heads_not_attention_heads_and_explicit_head_dim():
-    no_gqa = dict(SMOL, num_key_value_heads=None)
-    assert pain.kv_formula(read_arch(no_gqa), "bf16").bytes_per_token == 2 * 30 * 9 * 64 * 2
-    explicit = dict(SMOL, head_dim=128)
-    assert pain.kv_formula(read_arch(explicit), "fp8").bytes_per_token == 2 * 30 * 3 * 128 * 1
+def test_server_kv_bytes_match_the_known_smollm2_figure():
+    kv = _server_kv(SMOL)
+    assert kv.arch.head_dim == 64 and kv.arch.num_kv_heads == 3 and kv.dtype_bytes == 2
+    assert kv.bytes_per_token == 23_040          # 2 x 30 x 3 x 64 x 2
+    assert kv.usable_bytes == (1024 // 16 - 1) * 16 * 23_040
+
+
+def test_server_kv_uses_kv_heads_not_attention_heads_and_explicit_head_dim():
+    assert _server_kv(dict(SMOL, num_key_value_heads=None)).bytes_per_token == 2 * 30 * 9 * 64 * 2
+    assert _server_kv(dict(SMOL, head_dim=128), "fp8").bytes_per_token == 2 * 30 * 3 * 128 * 1
     with pytest.raises(ValueError, match="unknown dtype"):
-        pain.kv_formula(read_arch(SMOL), "int3")
+        _ = _server_kv(SMOL, "int3").bytes_per_token
 
 
-def test_formula_resolves_auto_to_the_models_dtype():
+def test_server_kv_reads_the_served_config_and_resolves_auto(tmp_path):
     # A server started with --dtype auto reports "auto": the config's torch_dtype decides.
-    assert pain.kv_formula(read_arch(SMOL), "auto").dtype == "bfloat16"
-    fp32 = read_arch(dict(SMOL, torch_dtype="float32"))
-    assert pain.kv_formula(fp32, "auto").bytes_per_token == 2 * 30 * 3 * 64 * 4
+    (tmp_path / "config.json").write_text(_json.dumps(dict(SMOL, torch_dtype="float32")))
+
+    class FakeSession:
+        model = "smol"
+        info = {"model_path": str(tmp_path), "dtype": "auto", "kv_capacity_tokens": 4096,
+                "block_size": 32, "kv_bytes_per_token": 46_080}
+
+    kv = kv_usage.server_kv(FakeSession())
+    assert kv.dtype == "float32" and kv.bytes_per_token == 2 * 30 * 3 * 64 * 4
+    assert (kv.capacity_tokens, kv.block_size, kv.reported_bytes_per_token) == (4096, 32, 46_080)
 
 
 def test_blocks_round_up():
-    assert [pain.blocks_for(t, 16) for t in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
+    assert [kv_usage.blocks_for(t, 16) for t in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
 
 
 def test_predicted_usage_counts_whole_blocks_per_request():
     # 1600 tokens in 16-token blocks = 100 blocks, one reserved: the gauge's 100% is 99 blocks.
     # two requests of 17 tokens: 2 blocks each
-    assert pain.predicted_usage([17, 17], 16, 1600) == pytest.approx(4 / 99)
+    assert kv_usage.predicted_usage([17, 17], 16, 1600) == pytest.approx(4 / 99)
     # the same 34 tokens in one request need only 3 blocks
-    assert pain.predicted_usage([34], 16, 1600) == pytest.approx(3 / 99)
-    assert pain.predicted_usage([34], 16, 1600, reserved=0) == pytest.approx(0.03)
+    assert kv_usage.predicted_usage([34], 16, 1600) == pytest.approx(3 / 99)
+    assert kv_usage.predicted_usage([34], 16, 1600, reserved=0) == pytest.approx(0.03)
 
 
 def test_prediction_matches_vllms_gauge_on_this_server():
     # Measured on the reference server (46,592 tokens in 128-token blocks): one request
     # holding 192 tokens read 0.0055096 = 2/363 on vllm:kv_cache_usage_perc.
-    assert pain.predicted_usage([192], 128, 46_592) == pytest.approx(0.0055096, rel=1e-4)
+    assert kv_usage.predicted_usage([192], 128, 46_592) == pytest.approx(0.0055096, rel=1e-4)
 
 
 def test_users_until_full():
-    assert pain.users_until_full(100, 16, 1600) == 99 // 7
-    assert pain.users_until_full(0, 16, 1600) == 99
+    assert kv_usage.users_until_full(100, 16, 1600) == 99 // 7
+    assert kv_usage.users_until_full(0, 16, 1600) == 99
 
+
+def test_kv_plot_draws_the_block_steps():
+    kv = _server_kv(SMOL, "bf16")
+    rows = [{"tokens held": 40, "KV in use (MiB, derived)": 1.0, "predicted KV (MiB, formula)": 1.0}]
+    fig = kv_usage.plot_kv(rows, "tokens held", "t", "tokens", kv=kv)
+    steps = fig.axes[0].lines[0]
+    ys = list(steps.get_ydata())
+    assert len(set(ys)) >= 3      # 0, 1 block, 2 blocks, 3 blocks ...
+    assert max(ys) == pytest.approx(4 * 16 * 23_040 / 2**20)
+
+
+# -- engine_comparison ------------------------------------------------------------------------------
 
 def test_speedup_factors_multiply_to_the_total():
-    T = pain.Trial
+    T = engine_comparison.Trial
     tput = {T("hf", 1): 20.0, T("hf", 8): 21.0, T("vllm", 1): 30.0, T("vllm", 8): 240.0}
-    f = pain.speedup_factors(tput, 8)
+    f = engine_comparison.speedup_factors(tput, 8)
     assert f["engine alone (both sequential)"] == pytest.approx(1.5)
     assert f["concurrency with batching (vllm)"] == pytest.approx(8.0)
     assert f["concurrency without batching (hf)"] == pytest.approx(1.05)
@@ -218,25 +244,74 @@ def test_speedup_factors_multiply_to_the_total():
 def test_factor_rows_reads_benchmark_rows():
     rows = [{"engine": e, "in flight": c, "output tok/s": v}
             for e, c, v in (("hf", 1, 10.0), ("hf", 4, 10.0), ("vllm", 1, 20.0), ("vllm", 4, 60.0))]
-    out = {r["comparison"]: r["speed-up (x)"] for r in pain.factor_rows(rows, 4)}
+    out = {r["comparison"]: r["speed-up (x)"] for r in engine_comparison.factor_rows(rows, 4)}
     assert out["total: vllm concurrent vs hf sequential"] == pytest.approx(6.0)
 
 
+def test_throughput_plot_has_one_legend_entry_per_engine():
+    rows = [{"engine": e, "in flight": c, "output tok/s": v}
+            for e, c, v in (("hf", 1, 10.0), ("hf", 4, 10.0), ("vllm", 1, 20.0), ("vllm", 4, 60.0))]
+    ax = engine_comparison.plot_throughput(rows).axes[0]
+    assert ax.get_title() and ax.get_ylabel()
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["Hugging Face baseline (hf)",
+                                                                    "vLLM"]
+
+
+# -- live_requests ----------------------------------------------------------------------------------
+
 def test_run_together_really_overlaps():
-    def slow(p: str) -> pain.Timed:
+    def slow(p: str) -> live_requests.Timed:
         time.sleep(0.2)
-        return pain.Timed(end=0.2, prompt_tokens=len(p))
+        return live_requests.Timed(end=0.2, prompt_tokens=len(p))
 
     t0 = time.perf_counter()
-    out = pain.run_together(slow, ["a"] * 5)
+    out = live_requests.run_together(slow, ["a"] * 5)
     assert time.perf_counter() - t0 < 0.6 and len(out) == 5
     assert threading.active_count() >= 1
 
 
+class _CompletionChunk:
+    def __init__(self, text=None, usage=None):
+        self.choices = [] if text is None else [type("C", (), {"text": text})()]
+        self.usage = usage
+
+
+class _FakeCompletions:
+    def __init__(self, chunks=None, error=None):
+        self.chunks, self.error, self.kwargs = chunks or [], error, None
+        self.completions = self
+
+    def create(self, **kwargs):
+        self.kwargs = kwargs
+        if self.error:
+            raise self.error
+        for c in self.chunks:
+            time.sleep(0.01)
+            yield c
+
+
+def test_stream_completion_times_the_first_text_and_reads_usage():
+    usage = type("U", (), {"prompt_tokens": 5, "completion_tokens": 2})()
+    client = _FakeCompletions([_CompletionChunk(""), _CompletionChunk("a"), _CompletionChunk("b"),
+                               _CompletionChunk(usage=usage)])
+    t = live_requests.stream_completion(client, "m", "p", 2)
+    assert t.error is None and 0.015 < t.ttft < t.end
+    assert (t.prompt_tokens, t.completion_tokens) == (5, 2)
+    assert client.kwargs["extra_body"] == {"ignore_eos": True}
+
+
+def test_stream_completion_reports_a_failure_instead_of_raising():
+    t = live_requests.stream_completion(_FakeCompletions(error=ConnectionError("down")), "m", "p", 2)
+    assert t.ttft is None and t.error == "ConnectionError: down"
+
+
+# -- prompt_latency ---------------------------------------------------------------------------------
+
 def test_plots_have_titles_labels_and_legends():
     rows = [{"prompt tokens": n, "tokens held": n + 8, "KV in use (MiB, derived)": n / 40,
              "predicted KV (MiB, formula)": n / 40, "TTFT (ms)": n / 10, "error": ""} for n in (100, 200)]
-    for fig in (pain.plot_kv(rows, "tokens held", "t", "tokens"), pain.plot_ttft(rows, 2048)):
+    for fig in (kv_usage.plot_kv(rows, "tokens held", "t", "tokens"),
+                prompt_latency.plot_ttft(rows, 2048)):
         ax = fig.axes[0]
         assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
         assert ax.get_legend() is not None
@@ -245,16 +320,12 @@ def test_plots_have_titles_labels_and_legends():
 def test_ttft_slope_fits_a_line_and_needs_two_lengths():
     rows = [{"prompt tokens": n, "TTFT (ms)": 50 + 0.2 * n, "error": ""} for n in (100, 500, 900)]
     rows.append({"prompt tokens": 300, "TTFT (ms)": 1e9, "error": "Timeout"})  # ignored
-    per_1k, at_zero = pain.ttft_slope(rows)
+    per_1k, at_zero = prompt_latency.ttft_slope(rows)
     assert per_1k == pytest.approx(200) and at_zero == pytest.approx(50)
-    assert pain.ttft_slope(rows[:1]) is None
+    assert prompt_latency.ttft_slope(rows[:1]) is None
 
 
 # -- session.connect against a stand-in server ------------------------------------------------------
-
-import json as _json
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 
 def _fake_server(info: dict | None, api_key: str | None = None):
     """A server answering the few GETs connect() makes; info=None plays vLLM's own server."""
@@ -351,14 +422,3 @@ def test_root_url_drops_v1_and_slashes():
     assert session.root_url("http://h:8000/v1/") == "http://h:8000"
     assert session.root_url(" http://h:8000/ ") == "http://h:8000"
     assert session.root_url("http://h:8000/api/v1") == "http://h:8000/api"
-
-
-def test_kv_plot_draws_the_block_steps():
-    kv = pain.ServerKV(formula=pain.kv_formula(read_arch(SMOL), "bf16"), reported_bytes_per_token=None,
-                       capacity_tokens=1024, block_size=16)
-    rows = [{"tokens held": 40, "KV in use (MiB, derived)": 1.0, "predicted KV (MiB, formula)": 1.0}]
-    fig = pain.plot_kv(rows, "tokens held", "t", "tokens", kv=kv)
-    steps = fig.axes[0].lines[0]
-    ys = list(steps.get_ydata())
-    assert len(set(ys)) >= 3      # 0, 1 block, 2 blocks, 3 blocks ...
-    assert max(ys) == pytest.approx(4 * 16 * 23_040 / 2**20)

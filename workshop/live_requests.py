@@ -1,0 +1,87 @@
+"""Sending requests to a live server and timing them.
+
+What the measuring notebooks share: prompts of an exact token length, one streamed completion
+timed to its first token and its end, several sent at once, and emptying the server's prefix
+cache so that a measurement starts from nothing. No arithmetic and no plots here; the topics
+that use these (``kv_usage``, ``prompt_latency``) keep their own.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+class PromptMaker:
+    """Prompts of exactly ``n`` tokens, each one different from the first word on.
+
+    Different first words mean no two prompts share a prefix, so prefix caching cannot make
+    two users share memory (prefix caching, later in the course, is about when they can).
+    """
+
+    def __init__(self, model: str, model_path: str | None = None, seed: int = 0) -> None:
+        from workshop.bench.workloads import Tokenizer
+        tokenizer = model_path if model_path and Path(model_path).is_dir() else None
+        self.tok = Tokenizer.load(model, tokenizer)
+        self.rng = random.Random(seed)
+
+    @property
+    def exact(self) -> bool:
+        return self.tok.hf is not None
+
+    def make(self, n_tokens: int) -> str:
+        from workshop.bench.workloads import exact_filler
+        return exact_filler(self.tok, self.rng, n_tokens)
+
+
+@dataclass
+class Timed:
+    """One streamed completion. Times are seconds after it was sent."""
+
+    ttft: float | None = None
+    end: float = 0.0
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+
+
+def stream_completion(client: Any, model: str, prompt: str, max_tokens: int,
+                      ignore_eos: bool = True) -> Timed:
+    """Stream one ``/v1/completions`` request and time its first token and its end."""
+    t = Timed()
+    start = time.perf_counter()
+    try:
+        stream = client.completions.create(
+            model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": ignore_eos})
+        for chunk in stream:
+            if chunk.usage is not None:
+                t.prompt_tokens = chunk.usage.prompt_tokens
+                t.completion_tokens = chunk.usage.completion_tokens
+            if t.ttft is None and chunk.choices and chunk.choices[0].text:
+                t.ttft = time.perf_counter() - start
+    except Exception as e:   # reported in the table, not raised: one failure must not hide the rest
+        t.error = f"{type(e).__name__}: {e}"
+    t.end = time.perf_counter() - start
+    return t
+
+
+def run_together(fn: Callable[[str], Timed], prompts: Sequence[str]) -> list[Timed]:
+    """Send every prompt at once (one thread each) and wait for all of them."""
+    with ThreadPoolExecutor(max_workers=max(len(prompts), 1)) as pool:
+        return list(pool.map(fn, prompts))
+
+
+def reset_prefix_cache(session: Any) -> None:
+    import httpx
+    try:
+        httpx.post(session.base_url + "/reset_prefix_cache", headers=session.headers, timeout=30)
+    except httpx.HTTPError:
+        pass   # a server without the endpoint simply keeps its cache
+
+
+__all__ = ["PromptMaker", "Timed", "stream_completion", "run_together", "reset_prefix_cache"]

@@ -1,0 +1,62 @@
+"""Time to first token against prompt length: the prefill is paid before any output appears.
+
+``ttft_slope`` is arithmetic (unit-tested); ``ttft_sweep`` times single requests on a live
+server, one prompt length after another, with nothing else running.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+from workshop.live_requests import PromptMaker, reset_prefix_cache, stream_completion
+
+
+def ttft_slope(rows: list[dict]) -> tuple[float, float] | None:
+    """Least-squares line through (prompt tokens, TTFT ms): (ms per 1000 tokens, ms at 0)."""
+    ok = [(r["prompt tokens"], r["TTFT (ms)"]) for r in rows
+          if not r["error"] and not math.isnan(r["TTFT (ms)"])]
+    if len({x for x, _ in ok}) < 2:
+        return None
+    n = len(ok)
+    mx = sum(x for x, _ in ok) / n
+    my = sum(y for _, y in ok) / n
+    slope = sum((x - mx) * (y - my) for x, y in ok) / sum((x - mx) ** 2 for x, _ in ok)
+    return slope * 1000, my - slope * mx
+
+
+def plot_ttft(rows: list[dict], max_model_len: int | None = None):
+    from workshop.plots import figure
+
+    ok = [r for r in rows if not r["error"]]
+    fig, ax = figure("Time to first token grows with the prompt",
+                     "prompt length (tokens)", "time to first token (ms)")
+    ax.plot([r["prompt tokens"] for r in ok], [r["TTFT (ms)"] for r in ok], "o-",
+            label="measured, one request at a time")
+    if max_model_len:
+        ax.axvline(max_model_len, color="tab:red", linestyle=":",
+                   label=f"context limit ({max_model_len} tokens)")
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return fig
+
+
+def ttft_sweep(session: Any, maker: PromptMaker, lengths: Sequence[int], repeats: int = 1,
+               progress: Callable = lambda x, **_: x) -> list[dict]:
+    """TTFT of single requests (nothing else running) as the prompt grows."""
+    client = session.openai()
+    rows = []
+    plan = [n for n in lengths for _ in range(repeats)]
+    # A throw-away request first: the first request after start-up pays one-off costs.
+    stream_completion(client, session.model, maker.make(16), 2)
+    for n in progress(plan, title="prompt length sweep"):
+        reset_prefix_cache(session)   # a cached prefix would skip the work we want to time
+        r = stream_completion(client, session.model, maker.make(n), 4)
+        rows.append({"prompt tokens": r.prompt_tokens or n,
+                     "TTFT (ms)": r.ttft * 1000 if r.ttft is not None else float("nan"),
+                     "error": r.error or ""})
+    return rows
+
+
+__all__ = ["ttft_slope", "plot_ttft", "ttft_sweep"]
