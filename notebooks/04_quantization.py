@@ -42,7 +42,8 @@ def _(mo):
        implementation that works on a CPU;
     2. measures, on the bundled SmolLM2-135M, what each costs and buys: **memory**, **decode
        speed**, and **quality** (perplexity on held-out ShareGPT text, and whether greedy
-       answers to a fixed question set stay the same);
+       answers to a fixed question set stay the same), then lets you pick your own scheme and
+       group size and measures that too;
     3. quantizes the **KV cache** to 8 bits and shows what it does to capacity;
     4. compares honestly with the 4-bit GGUF file the bundled model was distributed as.
     """)

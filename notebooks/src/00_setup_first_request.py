@@ -125,10 +125,11 @@ token_prompt = ui.text("The capital of France is", label="prompt to continue")
 token_prompt
 
 # %% [markdown]
-# The token ids below come from the tokenizer files; the request sends the prompt as *text*,
-# so the `usage` the server returns is its own, independent count. `logprobs: 5` asks for the
-# log-probabilities of the five most likely next tokens (vLLM computes them from the raw
-# logits, before temperature or top-p); `exp(logprob)` is the probability.
+# The token ids below come from the tokenizer files (␣ marks a space, which belongs to the
+# token that follows it); the request sends the prompt as *text*, so the `usage` the server
+# returns is its own, independent count. `logprobs: 5` asks for the log-probabilities of the
+# five most likely next tokens (vLLM computes them from the raw logits, before temperature or
+# top-p); `exp(logprob)` is the probability.
 
 # %%
 token_prompt_ids = tokenizer.encode(token_prompt.value)
