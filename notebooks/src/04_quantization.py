@@ -244,8 +244,8 @@ ui.md(
     + (": in this run, rebuilding the weights at every step cost more time than the smaller "
        "reads saved. " if _int4_speedup < 1 else
        ": this run measured it faster. `QuantLinear` does more work per step than bf16 (it "
-       "reads the packed weights, then writes and reads a rebuilt bf16 copy), so treat a small "
-       "win as noise (a busy machine, or the few tokens timed in quick mode) and re-run the "
+       "reads the packed weights, then writes and reads a rebuilt bf16 copy), so treat a win "
+       "here as noise (a busy machine, or the few tokens timed in quick mode) and re-run the "
        "cell. ")
     + f"PyTorch's "
     f"W8A8 int8 ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s "
