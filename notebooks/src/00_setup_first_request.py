@@ -81,6 +81,122 @@ print(reply.choices[0].message.content)
 print(reply.usage)
 
 # %% [markdown]
+# ## How one token is produced
+#
+# The model never sees text. The server first cuts the prompt into **tokens**, pieces of text
+# from a fixed vocabulary, each known by an integer id. Then, to produce one new token:
+#
+# 1. every token id picks one row of the **embedding** table: a vector of numbers per token;
+# 2. the vectors go through the model's **layers**. In each one, every position computes a
+#    query (Q), a key (K) and a value (V); attention lets a position take in the values of the
+#    positions before it, weighted by how well its query matches their keys; a small MLP follows;
+# 3. the vector at the last position is scored against every entry of the vocabulary: one
+#    number, a **logit**, per possible next token;
+# 4. softmax turns the logits into probabilities and **sampling** picks one (greedy decoding
+#    simply takes the most likely);
+# 5. the chosen id is appended to the input, and everything starts again for the next token.
+#
+# The sizes of each stage, for the model this server runs, read from its `config.json`:
+
+# %%
+import math
+import time
+
+from reference_server.model_config import read_arch
+from workshop import next_token
+
+# The server does not expose its tokenizer over HTTP; load the same tokenizer files it loaded.
+tokenizer = next_token.load_tokenizer(session)
+served_arch = read_arch(tokenizer.name_or_path)
+ui.md(
+    f"**{session.model}**: the embedding table has {served_arch.vocab_size:,} rows (one per "
+    f"token id) of {served_arch.hidden_size} numbers; {served_arch.num_layers} layers, each "
+    f"with {served_arch.num_heads} query heads and {served_arch.num_kv_heads} key/value heads "
+    f"of {served_arch.head_dim} numbers; the last step yields {served_arch.vocab_size:,} logits, "
+    f"one per token of the vocabulary, for every token generated."
+)
+
+# %% [markdown]
+# Type a short prompt; the next cells tokenize it, ask the live server which token comes
+# next, and then generate a few tokens one request at a time.
+
+# %%
+token_prompt = ui.text("The capital of France is", label="prompt to continue")
+token_prompt
+
+# %% [markdown]
+# The token ids below come from the tokenizer files (␣ marks a space, which belongs to the
+# token that follows it); the request sends the prompt as *text*, so the `usage` the server
+# returns is its own, independent count. `logprobs: 5` asks for the log-probabilities of the
+# five most likely next tokens (vLLM computes them from the raw logits, before temperature or
+# top-p); `exp(logprob)` is the probability.
+
+# %%
+token_prompt_ids = tokenizer.encode(token_prompt.value)
+first_step = client.completions.create(model=session.model, prompt=token_prompt.value,
+                                       max_tokens=1, temperature=0.0, logprobs=5)
+ui.table(next_token.token_rows(tokenizer, token_prompt_ids))
+
+# %%
+ui.md(
+    f"The tokenizer here cut the prompt into **{len(token_prompt_ids)} tokens**; the server "
+    f"counted **{first_step.usage.prompt_tokens}**: "
+    + ("the same." if first_step.usage.prompt_tokens == len(token_prompt_ids) else
+       "a different count, so the tokenizer loaded here is not the one the server uses "
+       "(or the server adds special tokens); the ids below are this tokenizer's.")
+)
+
+# %%
+first_top = next_token.top_probabilities(first_step.choices[0].logprobs.top_logprobs[0])
+next_token.plot_top_probabilities(first_top, token_prompt.value)
+
+# %% [markdown]
+# Now the loop itself, made visible. Each request below sends the prompt **as token ids**,
+# asks for exactly one token (greedy, `temperature=0`), and the cell appends the chosen id to
+# the prompt for the next request. `logprobs` gives the chosen token's probability.
+
+# %%
+loop_ids = list(token_prompt_ids)
+loop_rows = []
+for _step in range(workshop.session.sweep(8, 4)):
+    _start = time.perf_counter()
+    _r = client.completions.create(model=session.model, prompt=loop_ids, max_tokens=1,
+                                   temperature=0.0, logprobs=5)
+    _ms = (time.perf_counter() - _start) * 1000
+    _choice = _r.choices[0]
+    _id = next_token.piece_id(tokenizer, _choice.text) if _choice.text else None
+    loop_rows.append({"step": _step + 1, "tokens sent": _r.usage.prompt_tokens,
+                      "chosen token": next_token.shown(_choice.text), "its id": _id,
+                      "probability": math.exp(_choice.logprobs.token_logprobs[0]),
+                      "request (ms)": _ms})
+    if _id is None:          # end of text, or a piece that is not one token on its own
+        break
+    loop_ids = loop_ids + [_id]
+ui.table(loop_rows, floatfmt=".2f")
+
+# %% [markdown]
+# Inside one request the server runs this same loop. A check: ask for the same number of
+# tokens in **one** request and compare the texts.
+
+# %%
+loop_text = tokenizer.decode(loop_ids[len(token_prompt_ids):])
+_start = time.perf_counter()
+one_request = client.completions.create(model=session.model, prompt=token_prompt_ids,
+                                        max_tokens=len(loop_rows), temperature=0.0)
+one_request_ms = (time.perf_counter() - _start) * 1000
+ui.md(
+    f"{len(loop_rows)} requests of one token wrote *{loop_text!r}*; one request of "
+    f"{len(loop_rows)} tokens wrote *{one_request.choices[0].text!r}*: "
+    + ("**the same text**. " if one_request.choices[0].text == loop_text else
+       "**different texts**: greedy decoding follows the top token, and when two candidates "
+       "are nearly tied, tiny numerical differences between runs can flip the choice. ")
+    + f"The loop's requests took {sum(r['request (ms)'] for r in loop_rows):.0f} ms in all, "
+    f"the single request {one_request_ms:.0f} ms. Each of our requests carried the whole text "
+    "again; inside one request the server keeps every earlier token's K and V (the *KV "
+    "cache*, notebook 1) and feeds only the newest token through the layers."
+)
+
+# %% [markdown]
 # ## Streaming, timed by hand
 #
 # With `stream=True` the server sends the answer as it is generated, a few characters per
@@ -107,8 +223,6 @@ max_tokens
 # and take the token count from the final `usage` chunk that `stream_options` asks for.
 
 # %%
-import time
-
 stream_start = time.perf_counter()
 chunk_times = []
 pieces = []
@@ -183,3 +297,66 @@ ui.md(
     f"{300 / repeat_summary['decode_tok_s_median']:.0f} s to stream. Notebook 1 asks what "
     "happens to these numbers when prompts get long and when many users arrive at once."
 )
+
+# %% [markdown]
+# ## Predict, then measure
+#
+# Write a number in each prediction cell, then run the cell after it: it measures live and
+# compares.
+#
+# **1.** The repeats above measured the decode speed of answers of `max_tokens` tokens (the
+# slider). How many tokens per second (after the first one) will the server decode for an
+# answer **four times as long**? (Twice as long in quick mode, to keep CI short.)
+
+# %%
+predict_long_tok_s = None        # your prediction in tokens/s
+
+# %%
+exercise_long = probe.stream_chat(client, session.model,
+                                  [{"role": "user", "content": prompt.value}],
+                                  max_tokens=workshop.session.sweep(4, 2) * max_tokens.value,
+                                  extra_body={"ignore_eos": True})
+ui.compare(predict_long_tok_s, exercise_long.decode_tokens_per_s,
+           f"decode speed of a {exercise_long.tokens}-token answer", "tokens/s")
+
+# %% [markdown]
+# **2.** How many tokens will the server count in this sentence, sent as a completions
+# prompt? *Tokenizers split rare words such as antidisestablishmentarianism into several
+# pieces.* (The token table of "How one token is produced" shows how words, spaces and
+# punctuation were cut there.)
+
+# %%
+predict_sentence_tokens = None   # your prediction: a number of tokens
+
+# %%
+exercise_sentence = ("Tokenizers split rare words such as antidisestablishmentarianism into "
+                     "several pieces.")
+exercise_count = client.completions.create(model=session.model, prompt=exercise_sentence,
+                                           max_tokens=1, temperature=0.0)
+ui.md(ui.compare_text(predict_sentence_tokens, exercise_count.usage.prompt_tokens,
+                      "tokens in the sentence", "tokens")
+      + "  \nHow the tokenizer cut it: "
+      + " | ".join(next_token.shown(tokenizer.decode([_t]))
+                   for _t in tokenizer.encode(exercise_sentence)))
+
+# %% [markdown]
+# ## What the real engines do
+#
+# * **They keep the keys and values.** After the first pass over the prompt (the *prefill*),
+#   a decode step feeds only the newest token through the layers; the K and V of all earlier
+#   tokens are read from the KV cache. Across requests, automatic prefix caching (the
+#   `prefix_caching` row of `/server_info`) lets vLLM reuse the K and V of a prompt start it
+#   has already seen, in whole blocks of tokens (later in the course).
+# * **Text handling runs beside the model.** In vLLM's V1 engine the API-server process
+#   tokenizes prompts and turns ids back into text, while a separate engine-core process
+#   schedules and runs the model, so neither waits for the other
+#   ([vLLM V1 announcement, 2025](https://blog.vllm.ai/2025/01/27/v1-alpha-release.html)).
+#   vLLM's own server also answers `/tokenize` and `/detokenize`; the reference server relays
+#   only the OpenAI routes, which is why this notebook loaded the tokenizer files.
+# * **Sampling is batched.** vLLM's sampler applies penalties, temperature and top-k / top-p to
+#   the logits of every request of a step at once, then draws one token per request; the
+#   logprobs it returns are, by default, those of the raw logits, before any of these
+#   (`vllm/v1/sample/sampler.py`, `logprobs_mode="raw_logprobs"` in `vllm/config/model.py`).
+# * **More than one token per step.** Speculative decoding lets a cheap draft propose several
+#   tokens and the model check them all in one pass, keeping the output distribution
+#   unchanged ([Leviathan et al. 2023](https://arxiv.org/abs/2211.17192)).

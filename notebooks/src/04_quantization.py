@@ -12,7 +12,8 @@
 #    implementation that works on a CPU;
 # 2. measures, on the bundled SmolLM2-135M, what each costs and buys: **memory**, **decode
 #    speed**, and **quality** (perplexity on held-out ShareGPT text, and whether greedy
-#    answers to a fixed question set stay the same);
+#    answers to a fixed question set stay the same), then lets you pick your own scheme and
+#    group size and measures that too;
 # 3. quantizes the **KV cache** to 8 bits and shows what it does to capacity;
 # 4. compares honestly with the 4-bit GGUF file the bundled model was distributed as.
 
@@ -56,15 +57,17 @@ session = workshop.session.connect()
 # everything else), so each group of 32-128 consecutive weights gets its own scale. Symmetric
 # groups use levels -8..7 times *absmax / 7*; min/max ("asymmetric") groups spread the 16
 # levels from the group's minimum to its maximum. Two 4-bit numbers are packed per byte. These
-# are the functions the rest of the notebook uses (`workshop/quantization.py`, unit-tested):
+# are the functions the rest of the notebook uses (int8: the teaching engine's `Int8Linear`,
+# which `workshop/quantization.py` calls; int4: `workshop/quantization.py`; unit-tested):
 
 # %%
 import inspect
+import textwrap
 
 from workshop import quantization as quant
 from workshop import ui
 
-ui.md("```python\n" + inspect.getsource(quant.quantize_int8_per_channel) + "\n"
+ui.md("```python\n" + textwrap.dedent(inspect.getsource(quant.Int8Linear.__init__)) + "\n"
       + inspect.getsource(quant.quantize_int4_groupwise) + "\n"
       + inspect.getsource(quant.pack_int4) + "```")
 
@@ -94,21 +97,21 @@ with safe_open(str(model_file), "pt") as _f:
 _q8, _s8 = quant.quantize_int8_per_channel(gate_weight)
 _rows = [{"scheme": "int8 per channel",
           "bytes per weight": (_q8.numel() + _s8.numel() * 2) / gate_weight.numel(),
-          "mean |error| / mean |w|": ((quant.dequantize_int8(_q8, _s8) - gate_weight).abs().mean()
-                                      / gate_weight.abs().mean()).item()}]
+          "mean |error| / mean |w|": quant.relative_error(gate_weight,
+                                                          quant.dequantize_int8(_q8, _s8))}]
 for _g, _sym in ((128, True), (64, True), (32, True), (32, False)):
     if gate_weight.shape[1] % _g:
         continue
     _qw = quant.quantize_int4_groupwise(gate_weight, _g, _sym)
     _rows.append({"scheme": f"int4 group {_g}, {'symmetric' if _sym else 'min/max'}",
                   "bytes per weight": _qw.nbytes() / gate_weight.numel(),
-                  "mean |error| / mean |w|": ((quant.dequantize_int4(_qw) - gate_weight).abs().mean()
-                                              / gate_weight.abs().mean()).item()})
+                  "mean |error| / mean |w|": quant.relative_error(gate_weight,
+                                                                  quant.dequantize_int4(_qw))})
 weight_error_rows = _rows
 ui.table(weight_error_rows)
 
 # %% [markdown]
-# ## 2. The bundled model was already 4-bit
+# ## 2. Where the bundled model came from
 #
 # SmolLM2-135M ships in this course as a GGUF file (the llama.cpp format); the course turned it
 # into bf16 safetensors so that vLLM can load it. Which tensor types are inside the GGUF?
@@ -128,19 +131,35 @@ with safe_open(str(model_file), "pt") as _f:
         _f.get_slice("model.embed_tokens.weight")[:2000].float(), 32)
 gguf_bytes = gguf_file.stat().st_size
 bf16_file_bytes = model_file.stat().st_size
+_main_type = max(gguf_types, key=lambda k: gguf_types[k]["weights"])
+_err = {r["scheme"]: r["mean |error| / mean |w|"] for r in weight_error_rows}
+_grid_err, _sym_err = _err.get("int4 group 32, min/max"), _err.get("int4 group 32, symmetric")
+# 16 levels per group at most means the weights still sit on a 4-bit grid.
+weights_on_4bit_grid = _distinct32 <= 16
 ui.md(
     f"The GGUF file is {gguf_bytes / 2**20:.0f} MiB; the bf16 folder's weights are "
-    f"{bf16_file_bytes / 2**20:.0f} MiB. Most linear layers are **Q4_1**: blocks of 32 weights, "
-    f"each with a 16-bit scale and a 16-bit minimum, "
-    f"{gguf_types.get('Q4_1', {}).get('bits_per_weight', float('nan')):.1f} bits per weight. "
-    f"The embedding (shared with the output layer) is **Q8_0**. Converting to bf16 added no "
-    f"information: in the bf16 gate projection, each group of 32 consecutive weights holds on "
-    f"average **{_distinct32:.1f} distinct values** (at most 16 would be a 4-bit grid), and "
-    f"the embedding's groups hold {_distinct_emb:.1f}. So our \"bf16 reference\" *is* the "
-    f"4-bit model, and the table above shows it: min/max int4 with groups of 32, the Q4_1 "
-    f"grid, rebuilds these weights almost exactly, while symmetric groups (a different grid) "
-    f"add new error. On a model trained and released in bf16, int4 would cost more quality than "
-    f"it does below; keep that in mind when reading the results."
+    f"{bf16_file_bytes / 2**20:.0f} MiB. Most of its weights are stored as **{_main_type}** "
+    f"({gguf_types[_main_type]['bits_per_weight']:.1f} bits per weight, scales included). "
+    "(Q4_1 stores blocks of 32 weights with a 16-bit scale and a 16-bit minimum each; Q8_0, "
+    "blocks of 32 8-bit weights with one 16-bit scale: "
+    "[ggml's block formats]"
+    "(https://github.com/ggml-org/llama.cpp/blob/master/ggml/src/ggml-common.h).) "
+    f"In the bf16 gate projection, each group of 32 consecutive weights holds on average "
+    f"**{_distinct32:.1f} distinct values**, and the embedding's groups hold "
+    f"{_distinct_emb:.1f}. "
+    + ("At most 16 per group means a 4-bit grid: converting to bf16 added no information, so "
+       "our \"bf16 reference\" *is* the 4-bit model. " if weights_on_4bit_grid else
+       "More than 16 per group means these weights are not on a 4-bit grid: the bf16 file "
+       "holds more than the 4-bit model did. ")
+    + (f"In the table above, min/max int4 with groups of 32 (the Q4_1 grid) rebuilds these "
+       f"weights with a mean relative error of {_grid_err:.2g}, symmetric groups of 32 (a "
+       f"different grid) with {_sym_err:.2g}"
+       + (" (the weights' own grid costs almost nothing; a new grid adds error)"
+          if _grid_err < 0.1 * _sym_err else "") + ". "
+       if _grid_err is not None and _sym_err is not None else "")
+    + ("On a model trained and released in bf16, int4 would start from weights on no grid at "
+       "all; keep that in mind when reading the quality results below."
+       if weights_on_4bit_grid else "")
 )
 
 # %% [markdown]
@@ -168,8 +187,9 @@ ui.md(
 #   only a few tokens are timed, so treat those speeds as rough).
 #
 # `QuantLinear` (ours) keeps only the packed integers and rebuilds bf16 weights inside every
-# forward call. That saves memory but costs time: fast int4 inference needs kernels that unpack
-# inside the matrix multiply (llama.cpp, Marlin, torchao). PyTorch's dynamic int8 has such
+# forward call. That saves memory; whether it costs or saves time is measured below: it adds an
+# unpacking step to every call, where fast int4 inference uses kernels that unpack inside the
+# matrix multiply (llama.cpp, Marlin, torchao). PyTorch's dynamic int8 has such
 # kernels for CPUs, but it computes in float32 around them (the embedding becomes float32 too),
 # and it is a different scheme: it quantizes the **activations** to int8 as well (W8A8), one
 # scale per tensor, where our variants quantize weights only.
@@ -194,6 +214,7 @@ for _name in ui.progress(variant_names, title="quantize and measure"):
         _reference = _answers
         reference_answers = [tokenizer.decode(_a, skip_special_tokens=True) for _a in _answers]
     quality_rows.append(_row)
+reference_ids = _reference        # the bf16 model's greedy answers, as token ids
 ui.table(quality_rows)
 
 # %%
@@ -204,6 +225,7 @@ _ref = quality_rows[0]
 _int4 = next(r for r in quality_rows if r["variant"].startswith("int4 group 64"))
 _grid = next(r for r in quality_rows if "Q4_1" in r["variant"])
 _lib = next(r for r in quality_rows if "library" in r["variant"])
+_int4_speedup = _int4["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
 ui.md(
     f"Held-out text: {len(heldout)} ShareGPT replies; first answer of the reference: "
     f"*\"{reference_answers[0]}\"*.  \n"
@@ -212,18 +234,23 @@ ui.md(
     f"{gguf_types.get('Q8_0', {}).get('weights', 0) / 1e6:.0f}M of the parameters, stays bf16) "
     f"and moved perplexity from {_ref['perplexity']:.2f} to {_int4['perplexity']:.2f}; greedy "
     f"decoding would reproduce {_int4['answers identical']} of the answers. The Q4_1-grid "
-    f"variant reached {_grid['perplexity']:.2f}: re-quantizing onto the grid the weights already "
-    f"sit on is nearly free. Our `QuantLinear` int4 decoded at "
+    f"variant reached {_grid['perplexity']:.2f}"
+    + (" (within 1 % of bf16: re-quantizing onto the grid the weights already sit on is nearly "
+       "free). " if abs(_grid["perplexity"] / _ref["perplexity"] - 1) < 0.01 else
+       f" ({_grid['perplexity'] / _ref['perplexity'] - 1:+.1%} against bf16). ")
+    + f"Our `QuantLinear` int4 decoded at "
     f"{_int4['decode tok/s (batch 1)']:.1f} tokens/s against {_ref['decode tok/s (batch 1)']:.1f} "
-    f"for bf16"
-    + (": unpacking every weight in Python at every step costs more than the bytes it saves. "
-       if _int4["decode tok/s (batch 1)"] < _ref["decode tok/s (batch 1)"] else
-       ". It unpacks every weight in Python at every step, so a win here is more likely noise "
-       "(a busy machine, or the few tokens timed in quick mode) than a real speed-up; re-run "
-       "the cell. ")
+    f"for bf16 ({_int4_speedup:.2f}x)"
+    + (": in this run, rebuilding the weights at every step cost more time than the smaller "
+       "reads saved. " if _int4_speedup < 1 else
+       ": this run measured it faster. `QuantLinear` does more work per step than bf16 (it "
+       "reads the packed weights, then writes and reads a rebuilt bf16 copy), so treat a win "
+       "here as noise (a busy machine, or the few tokens timed in quick mode) and re-run the "
+       "cell. ")
     + f"PyTorch's "
-    f"W8A8 int8 ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s with perplexity "
-    f"{_lib['perplexity']:.2f}. After each variant was freed the process held at most "
+    f"W8A8 int8 ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s "
+    f"({_lib['decode tok/s (batch 1)'] / _ref['decode tok/s (batch 1)']:.2f}x bf16) with "
+    f"perplexity {_lib['perplexity']:.2f}. After each variant was freed the process held at most "
     f"{max(abs(r['RSS after free (MiB, +)']) for r in quality_rows):.0f} MiB more (or less) "
     f"than before loading it (the first variant also pays for one-time allocations: "
     f"{quality_rows[0]['RSS after free (MiB, +)']:.0f} MiB; the others at most "
@@ -258,14 +285,64 @@ ui.md(
     "LLM inference, and why W8A8 methods first move the outliers into the weights (SmoothQuant)."
 )
 
+# %%
+_ref = quality_rows[0]
+_grid = next(r for r in quality_rows if "Q4_1" in r["variant"])
+_grid_speedup = _grid["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
+ui.md(
+    "**Against the GGUF.** llama.cpp's Q4_1 stores 5 bits per weight (4, plus a 16-bit scale "
+    "and a 16-bit minimum per 32) and computes on the packed blocks directly: its dot product "
+    "for Q4_1 weights takes activations quantized to 8 bits (`ggml_vec_dot_q4_1_q8_1` in "
+    "[ggml's CPU backend](https://github.com/ggml-org/llama.cpp/blob/master/ggml/src/ggml-cpu/"
+    "ggml-cpu.c)). The GGUF file above is the honest size of this model at this quality. Our "
+    "group-32 min/max variant uses the same grid with a bf16 scale and minimum, the same 5 bits "
+    f"per weight; its perplexity was {_grid['perplexity']:.2f} against {_ref['perplexity']:.2f} "
+    f"for bf16, and in PyTorch eager mode it decoded at {_grid_speedup:.2f}x bf16's speed in "
+    f"this run ({'slower' if _grid_speedup < 1 else 'not slower'}). We do not run llama.cpp "
+    "here (it is not part of the course's environment), so no speed comparison with it is "
+    "claimed."
+)
+
 # %% [markdown]
-# **Against the GGUF.** llama.cpp's Q4_1 stores 5 bits per weight (4 + a 16-bit scale and
-# minimum per 32) and keeps its packed weights packed while computing; the GGUF file above is
-# the honest size of this model at this quality. Our group-32 min/max variant uses the same
-# grid with bf16 scale and minimum, the same 5 bits per weight, and its perplexity shows the
-# same quality, but in PyTorch eager mode it is slower than bf16 while llama.cpp's kernels are
-# built to be faster. We do not run llama.cpp here (it is not part of the course's
-# environment), so no speed comparison with it is claimed.
+# ### Your own scheme
+#
+# Pick a scheme and a group size; the cell after them quantizes a fresh copy of the model that
+# way and measures it exactly like the table above, next to the bf16 row. In marimo it re-runs
+# when you change a control; in Jupyter, re-run it. The group size must divide the rows of
+# every layer (576 and 1,536 numbers in this model), hence the list; int8 per channel has no
+# groups and ignores it.
+
+# %%
+try_scheme = ui.dropdown(["int4, symmetric", "int4, min/max", "int8 per channel"],
+                         "int4, min/max", "scheme")
+try_scheme
+
+# %%
+try_group = ui.dropdown(["16", "32", "64", "96", "192"], "64", "group size (int4)")
+try_group
+
+# %%
+_bits = 8 if try_scheme.value.startswith("int8") else 4
+_group = int(try_group.value)
+_symmetric = try_scheme.value.endswith("symmetric")
+_label = ("int8 per channel (yours)" if _bits == 8 else
+          f"int4 group {_group}, {'symmetric' if _symmetric else 'min/max'} (yours)")
+try_row, _ = quant.evaluate_variant(
+    _label, lambda m: quant.quantize_model(m, _bits, _group, _symmetric), model_path, tokenizer,
+    heldout, questions, reference_ids, max_tokens=workshop.session.sweep(8192, 512),
+    speed_tokens=workshop.session.sweep(48, 4))
+ui.table([quality_rows[0], try_row])
+
+# %%
+_ref = quality_rows[0]
+_speed = try_row["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
+ui.md(
+    f"**{try_row['variant']}**: {try_row['weights (MiB)']:.0f} MiB of weights "
+    f"({try_row['weights (MiB)'] / _ref['weights (MiB)']:.0%} of bf16), perplexity "
+    f"{try_row['perplexity']:.2f} ({try_row['perplexity'] / _ref['perplexity'] - 1:+.1%} "
+    f"against bf16), {try_row['answers identical']} of the answers unchanged, and decode at "
+    f"{_speed:.2f}x bf16's speed in this run ({'faster' if _speed > 1 else 'slower'})."
+)
 
 # %% [markdown]
 # ## 4. Quantizing the KV cache
@@ -328,11 +405,98 @@ ui.table(fp8_rows) if fp8_rows else ui.md(
 
 # %% [markdown]
 # ## What to take away
+
+# %%
+_ref = quality_rows[0]
+_int4 = next(r for r in quality_rows if r["variant"].startswith("int4 group 64"))
+_ours = [r for r in quality_rows if "(ours" in r["variant"]]
+_speeds = [r["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"] for r in _ours]
+ui.md(
+    f"* Weight quantization shrinks memory, though not in proportion to bits when some tensors "
+    f"stay in bf16: here int4 (group 64) took the weights from {_ref['weights (MiB)']:.0f} to "
+    f"{_int4['weights (MiB)']:.0f} MiB ({_ref['weights (MiB)'] / _int4['weights (MiB)']:.1f}x "
+    f"smaller, not 4x; the embedding stayed bf16). Whether it is *faster* depends on kernels "
+    f"that compute on the packed form: our variants, which rebuild the weights at every step, "
+    f"decoded at {min(_speeds):.2f}x to {max(_speeds):.2f}x bf16's speed in this run. "
+    f"Measure; do not assume.\n"
+    + ("* Quality loss depends on the grid and on where the weights came from. Here the "
+       "\"bf16\" weights sat on a 4-bit grid already (section 2), which flatters every 4-bit "
+       "result; report such provenance with your numbers.\n" if weights_on_4bit_grid else
+       "* Quality loss depends on the grid and on where the weights came from; report the "
+       "provenance of a model with your numbers.\n")
+    + "* KV-cache precision is a separate knob from weight precision: it buys capacity (users "
+    "x context) at fixed memory, and notebook 2's calculator treats it that way."
+)
+
+# %% [markdown]
+# ## Predict, then measure
 #
-# * Weight quantization shrinks memory almost in proportion to bits; whether it is *faster*
-#   depends entirely on kernels that compute on the packed form. Measure; do not assume.
-# * Quality loss depends on the grid and on where the weights came from. Here the "bf16" model
-#   was a 4-bit model already, which flatters every 4-bit result; report such provenance with
-#   your numbers.
-# * KV-cache precision is a separate knob from weight precision: it buys capacity (users x
-#   context) at fixed memory, and notebook 2's calculator treats it that way.
+# Write a number in each prediction cell, then run the cell after it: it measures live and
+# compares. Use the tables above to reason.
+#
+# **1.** Section 1 measured the error of symmetric int4 on the gate projection with groups of
+# 64 and 32. What will the mean relative error (mean |error| / mean |w|) be with groups of
+# **16**?
+
+# %%
+predict_error_group16 = None     # your prediction, e.g. 0.05
+
+# %%
+_qw = quant.quantize_int4_groupwise(gate_weight, 16, symmetric=True)
+exercise_error_group16 = quant.relative_error(gate_weight, quant.dequantize_int4(_qw))
+ui.compare(predict_error_group16, exercise_error_group16,
+           "mean |error| / mean |w|, int4 symmetric, groups of 16")
+
+# %% [markdown]
+# **2.** How many MiB will the whole model's weights take with **min/max int4 in groups of
+# 192**? Everything but the embedding is quantized; each group stores a bf16 scale and a bf16
+# minimum; the bf16 row of section 3 gives the starting size.
+
+# %%
+predict_group192_mib = None      # your prediction in MiB
+
+# %%
+_model = quant.quantize_model(quant.load_bf16(model_path), 4, 192, symmetric=False)
+exercise_group192_mib = quant.state_dict_bytes(_model) / 2**20
+# Measured now, shown by question 3: the same model's perplexity on the same texts.
+exercise_group192_ppl = quant.perplexity(_model, tokenizer, heldout,
+                                         max_tokens=workshop.session.sweep(8192, 512))
+del _model
+quant.release_memory()
+ui.compare(predict_group192_mib, exercise_group192_mib,
+           "weights, int4 min/max in groups of 192", "MiB")
+
+# %% [markdown]
+# **3.** And its **perplexity** on the same held-out texts? Section 3 has bf16 and min/max
+# groups of 32 (the Q4_1 grid these weights sit on); groups of 192 no longer match that grid.
+# (The cell of question 2 measured it; this one only reveals it.)
+
+# %%
+predict_group192_ppl = None      # your prediction: a perplexity
+
+# %%
+ui.compare(predict_group192_ppl, exercise_group192_ppl,
+           "perplexity, int4 min/max in groups of 192")
+
+# %% [markdown]
+# ## What the real engines do
+#
+# * **Kernels that read packed weights.** On NVIDIA GPUs, vLLM runs 4-bit weight-only
+#   checkpoints (GPTQ, AWQ) through Marlin-family kernels, which unpack the weights inside the
+#   matrix multiply. Marlin's authors report close to the ideal 4x speed-up over FP16 up to
+#   batches of 16-32 tokens, shrinking at larger batches
+#   ([Frantar et al. 2024](https://arxiv.org/abs/2408.11743)). llama.cpp does the same on CPUs
+#   with its block formats, quantizing the activations to 8 bits for the dot product (the
+#   GGUF comparison above).
+# * **Hardware 8-bit floats.** On GPUs with FP8 tensor cores (NVIDIA Ada Lovelace, Hopper,
+#   Blackwell) vLLM runs FP8 checkpoints with weights *and* activations in FP8 (W8A8); on
+#   Turing and Ampere the same checkpoints run as weight-only FP8 through Marlin kernels
+#   ([vLLM docs: FP8 W8A8](https://docs.vllm.ai/en/v0.32.0/features/quantization/llm_compressor/fp8/)).
+# * **KV cache in FP8.** `--kv-cache-dtype fp8` stores keys and values in 8 bits with a scale
+#   per tensor (or per head with calibrated scales); it roughly doubles the tokens that fit,
+#   and the attention backend decides whether it also saves time
+#   ([vLLM docs: quantized KV cache](https://docs.vllm.ai/en/latest/features/quantization/quantized_kvcache/)).
+# * **Quantizing well, not just rounding.** GPTQ ([Frantar et al. 2022](https://arxiv.org/abs/2210.17323))
+#   and AWQ ([Lin et al. 2023](https://arxiv.org/abs/2306.00978)) choose the 4-bit values
+#   with calibration data so that layer *outputs*, not weights, stay close; this notebook's
+#   round-to-nearest is the baseline they improve on.

@@ -261,3 +261,41 @@ def test_plot_tradeoff_draws_one_point_per_variant():
     assert len(ax.collections) == 2
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["bf16", "int4"]
     assert "MiB" in ax.get_xlabel()
+
+
+def test_relative_error_is_mean_abs_error_over_mean_abs_weight():
+    w = torch.tensor([[1.0, -2.0], [3.0, -4.0]])
+    assert Q.relative_error(w, w) == 0.0
+    # errors 0.5, 0, 0, 1.5 -> mean 0.5; mean |w| = 2.5
+    rebuilt = torch.tensor([[1.5, -2.0], [3.0, -2.5]])
+    assert abs(Q.relative_error(w, rebuilt) - 0.5 / 2.5) < 1e-7
+
+
+def test_int8_per_channel_is_the_teaching_engines_int8():
+    # One scheme, one home: notebook 4's int8 numbers are exactly those the teaching engine
+    # serves with (mini_engine.quant.Int8Linear), scales included.
+    from mini_engine.quant import Int8Linear
+    for seed in range(3):
+        w = _weights(48, 96, seed)
+        w[0, 0] = 0.9                             # an outlier row
+        q, scale = Q.quantize_int8_per_channel(w)
+        engine = Int8Linear(w)
+        assert torch.equal(q, engine.qweight) and torch.equal(scale, engine.scale)
+        assert torch.equal(Q.dequantize_int8(q, scale), engine.dequantize())
+
+
+def test_int4_min_max_is_not_the_teaching_engines_int4():
+    # Why workshop keeps its own int4: the teaching engine rounds each group's minimum to an
+    # integer zero point (GPTQ/AWQ style) and keeps fp32 scales; ours keeps the minimum itself
+    # (GGUF Q4_1 style). On weights that sit on a Q4_1 grid only ours rebuilds them exactly.
+    from mini_engine.quant import Int4Linear
+    g = torch.Generator().manual_seed(2)
+    levels = torch.randint(0, 16, (8, 4, 32), generator=g).float()
+    levels[..., 0], levels[..., 1] = 0, 15
+    scale = torch.rand(8, 4, 1, generator=g) * 0.01 + 0.001
+    lo = -torch.rand(8, 4, 1, generator=g) * 0.05 - 0.0003
+    w = (levels * scale + lo).reshape(8, 128)
+    ours = Q.dequantize_int4(Q.quantize_int4_groupwise(w, 32, False, scale_dtype=torch.float32))
+    engine = Int4Linear(w, group_size=32).dequantize()
+    assert torch.allclose(ours, w, atol=1e-6)
+    assert not torch.allclose(engine, w, atol=1e-6)
