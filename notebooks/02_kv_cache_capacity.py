@@ -604,7 +604,7 @@ def _(
                                       weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
                                       num_gpus=int(calc_num_gpus.value))
     ui.compare(predict_batch_at_double_target, slo_double.batch,
-               f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users")
+               f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
     return (slo_double,)
 
 

@@ -150,23 +150,27 @@ def markdown_table(rows: Sequence[dict[str, Any]], floatfmt: str = ".3g") -> str
     return "\n".join(lines)
 
 
-def compare(prediction: float | None, measured: float, what: str, unit: str = "") -> Any:
+def compare(prediction: float | None, measured: float, what: str, unit: str = "",
+            how: str = "measured") -> Any:
     """The verdict of a "predict, then measure" exercise, as markdown.
 
     ``prediction`` is the number the learner wrote in the cell before (None: not written yet).
-    The verdict only states the ratio; what it means is for the notebook's prose.
+    ``how`` says where the other number came from ("measured", or "computed" where the
+    exercise checks a prediction against a formula). The verdict only states the ratio; what
+    it means is for the notebook's prose.
     """
-    return md(compare_text(prediction, measured, what, unit))
+    return md(compare_text(prediction, measured, what, unit, how))
 
 
-def compare_text(prediction: float | None, measured: float, what: str, unit: str = "") -> str:
+def compare_text(prediction: float | None, measured: float, what: str, unit: str = "",
+                 how: str = "measured") -> str:
     unit = f" {unit}" if unit else ""
-    got = f"**measured {what}: {measured:,.4g}{unit}**"
+    got = f"**{how} {what}: {measured:,.4g}{unit}**"
     if prediction is None:
         return f"{got}. (Write your prediction in the cell above and run both cells again.)"
     if prediction == 0 or measured == 0:
         return f"{got}; you predicted {prediction:,.4g}{unit}."
     ratio = measured / prediction
-    return (f"{got}; you predicted {prediction:,.4g}{unit}: the measurement is "
+    return (f"{got}; you predicted {prediction:,.4g}{unit}: the {how} value is "
             f"{ratio:.2f}x your prediction ({abs(ratio - 1):.0%} "
             f"{'above' if ratio > 1 else 'below'} it).")

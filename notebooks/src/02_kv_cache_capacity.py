@@ -385,7 +385,7 @@ slo_double = kvcache.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s,
                                   weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
                                   num_gpus=int(calc_num_gpus.value))
 ui.compare(predict_batch_at_double_target, slo_double.batch,
-           f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users")
+           f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
 
 # %%
 if slo.batch == 0 or slo_double.batch == 0:

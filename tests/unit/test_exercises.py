@@ -14,3 +14,9 @@ def test_compare_without_a_prediction_still_shows_the_measurement():
     text = ui.compare_text(None, 42.0, "TTFT", "ms")
     assert "42 ms" in text and "prediction" in text
     assert ui.compare(None, 1.0, "x").text == ui.compare_text(None, 1.0, "x")
+
+
+def test_compare_names_a_computed_answer_as_computed():
+    text = ui.compare_text(10, 17, "largest batch", "users", how="computed")
+    assert text.startswith("**computed largest batch: 17 users**") and "computed value" in text
+    assert "measure" not in text
