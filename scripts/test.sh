@@ -9,4 +9,4 @@ WORKSHOP_DEVICE=${WORKSHOP_DEVICE:-cpu} bash scripts/setup.sh
 . "${WORKSHOP_VENV:-.venv}/bin/activate"
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 WORKSHOP_QUICK=1
 python scripts/sync_notebooks.py --check
-exec python -m pytest -ra "$@"
+exec python -m pytest -ra --durations=25 "$@"

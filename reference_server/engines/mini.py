@@ -25,6 +25,7 @@ import queue
 import threading
 from typing import AsyncIterator, Callable
 
+from reference_server import prometheus as P
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo, engine_fault
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
                                             SamplingParams)
@@ -150,9 +151,9 @@ class MiniEngine(LocalEngine):
             return text
         label = f'{{model_name="{self.model_name}"}}'
         extra = []
-        for name, key in (("vllm:spec_decode_num_drafts_total", "num_drafts"),
-                          ("vllm:spec_decode_num_draft_tokens_total", "num_draft_tokens"),
-                          ("vllm:spec_decode_num_accepted_tokens_total", "num_accepted_tokens")):
+        for name, key in ((P.SPEC_DECODE_DRAFTS, "num_drafts"),
+                          (P.SPEC_DECODE_DRAFT_TOKENS, "num_draft_tokens"),
+                          (P.SPEC_DECODE_ACCEPTED_TOKENS, "num_accepted_tokens")):
             extra += [f"# TYPE {name.removesuffix('_total')} counter", f"{name}{label} {s[key]}"]
         return text + "\n".join(extra) + "\n"
 

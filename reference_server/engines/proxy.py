@@ -20,7 +20,6 @@ import logging
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from typing import AsyncIterator
 import aiohttp
 
 from reference_server.config import redact_args
+from reference_server.launch import free_port
 from reference_server.engines.base import Engine, EngineDied, EngineError, EngineHung
 
 # The folder holding reference_server/: a child engine imports our hooks from it, even when
@@ -37,12 +37,6 @@ from reference_server.engines.base import Engine, EngineDied, EngineError, Engin
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 log = logging.getLogger("reference_server")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _die_with_parent() -> None:
