@@ -18,14 +18,13 @@ Shapes: one attention head, ``q``, ``k``, ``v`` of shape ``[N, d]`` (float32 Num
 
 from __future__ import annotations
 
-import time
 import tracemalloc
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from workshop.roofline import flops_per_token, prefill_flops
+from workshop.roofline import best_time_s, flops_per_token, prefill_flops
 
 Attention = Callable[..., np.ndarray]
 
@@ -143,17 +142,6 @@ def peak_extra_bytes(fn: Attention, *args: Any, **kwargs: Any) -> int:
         if not was_tracing:
             tracemalloc.stop()
     return peak - before
-
-
-def best_time_s(fn: Callable[[], Any], repeats: int = 3) -> float:
-    """Fastest of ``repeats`` timed calls after one warm-up (the least disturbed by others)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def memory_rows(naive: Attention, tiled: Attention, lengths: Sequence[int], d: int, tile: int,

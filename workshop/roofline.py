@@ -37,7 +37,8 @@ from workshop.kvcache import WEIGHT_BYTES, weights_read_per_step
 # Measuring this machine
 # ---------------------------------------------------------------------------------------
 
-def _best_time(fn: Callable[[], object], repeats: int) -> float:
+def best_time_s(fn: Callable[[], object], repeats: int = 3) -> float:
+    """Fastest of ``repeats`` timed calls after one warm-up (the least disturbed by others)."""
     fn()                                   # warm up: page faults, thread pool, caches
     best = float("inf")
     for _ in range(repeats):
@@ -56,7 +57,7 @@ def measure_read_bandwidth(mib: int = 256, repeats: int = 5) -> float:
     """
     import torch
     x = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
-    seconds = _best_time(lambda: x.sum(), repeats)
+    seconds = best_time_s(lambda: x.sum(), repeats)
     return x.numel() * 4 / seconds
 
 
@@ -65,7 +66,7 @@ def measure_copy_bandwidth(mib: int = 256, repeats: int = 5) -> float:
     import torch
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
     dst = torch.zeros_like(src)            # touched now, so page faults are not timed
-    seconds = _best_time(lambda: dst.copy_(src), repeats)
+    seconds = best_time_s(lambda: dst.copy_(src), repeats)
     return 2 * src.numel() * 4 / seconds
 
 
@@ -80,7 +81,7 @@ def measure_matmul_flops(n: int = 1024, dtype: str = "bfloat16", repeats: int = 
     dt = getattr(torch, dtype)
     x = torch.randn(n, n).to(dt)
     w = torch.randn(n, n).to(dt)
-    seconds = _best_time(lambda: torch.nn.functional.linear(x, w), repeats)
+    seconds = best_time_s(lambda: torch.nn.functional.linear(x, w), repeats)
     return 2 * n**3 / seconds
 
 
@@ -272,14 +273,14 @@ def time_decode_step(model, context: int, use_cache: bool, repeats: int = 3) -> 
     sync = torch.cuda.synchronize if model.device.type == "cuda" else (lambda: None)
     with torch.inference_mode():
         if not use_cache:
-            return _best_time(lambda: (model(ids, use_cache=False), sync()), repeats)
+            return best_time_s(lambda: (model(ids, use_cache=False), sync()), repeats)
         cache = model(ids[:, :-1], use_cache=True).past_key_values
 
         def step():
             model(ids[:, -1:], past_key_values=cache, use_cache=True)
             cache.crop(-1)               # drop the token just added, so every step is equal
             sync()
-        return _best_time(step, repeats)
+        return best_time_s(step, repeats)
 
 
 def time_weight_stream(model, repeats: int = 3) -> float:
@@ -291,7 +292,7 @@ def time_weight_stream(model, repeats: int = 3) -> float:
     import torch
     params = list(model.parameters())
     sync = torch.cuda.synchronize if params[0].is_cuda else (lambda: None)
-    return _best_time(lambda: ([p.sum() for p in params], sync()), repeats)
+    return best_time_s(lambda: ([p.sum() for p in params], sync()), repeats)
 
 
 def plot_roofline(ax, machine: Machine, points: Sequence[Point] = (),

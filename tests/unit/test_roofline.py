@@ -66,7 +66,7 @@ def test_decode_bound_batch1_equals_bandwidth_over_bytes():
 
 def test_measurement_bookkeeping(monkeypatch):
     # Fix the timer so the byte and FLOP counts themselves are what is tested.
-    monkeypatch.setattr(rl, "_best_time", lambda fn, repeats: (fn(), 0.5)[1])
+    monkeypatch.setattr(rl, "best_time_s", lambda fn, repeats: (fn(), 0.5)[1])
     assert rl.measure_read_bandwidth(mib=4) == pytest.approx(4 * 2**20 / 0.5)
     assert rl.measure_copy_bandwidth(mib=4) == pytest.approx(2 * 4 * 2**20 / 0.5)
     assert rl.measure_matmul_flops(n=64) == pytest.approx(2 * 64**3 / 0.5)
@@ -192,7 +192,7 @@ def test_measured_bf16_prefill_lies_under_the_measured_bf16_roof():
     t = 256
     ids = torch.randint(0, 32768, (1, t))
     with torch.inference_mode():
-        seconds = rl._best_time(lambda: model(ids, logits_to_keep=1), 3)
+        seconds = rl.best_time_s(lambda: model(ids, logits_to_keep=1), 3)
     point = rl.prefill_point(cfg, t, t / seconds)
     assert rl.above_roof(machine, [point], dtype="bfloat16") == [], (
         f"prefill at {point.flops / 1e9:.2f} GFLOP/s, bf16 ceiling "
