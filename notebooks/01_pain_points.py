@@ -382,9 +382,9 @@ def _(workshop):
 
 @app.cell
 def _(engine_comparison, hf_session, session, ui, workshop):
-    bench_requests = workshop.session.sweep(16, 6)
-    bench_concurrency = workshop.session.sweep(16, 6)
-    bench_output = workshop.session.sweep(128, 24)
+    bench_requests = workshop.session.sweep(16, 4)
+    bench_concurrency = workshop.session.sweep(16, 4)
+    bench_output = workshop.session.sweep(128, 16)
     engine_rows = engine_comparison.compare_engines(
         {"hf": hf_session, "vllm": session}, bench_requests, bench_concurrency, input_len=128,
         output_len=bench_output)

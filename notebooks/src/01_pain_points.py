@@ -251,9 +251,9 @@ ui.md(
 hf_session = workshop.session.connect(engine="hf")
 
 # %%
-bench_requests = workshop.session.sweep(16, 6)
-bench_concurrency = workshop.session.sweep(16, 6)
-bench_output = workshop.session.sweep(128, 24)
+bench_requests = workshop.session.sweep(16, 4)
+bench_concurrency = workshop.session.sweep(16, 4)
+bench_output = workshop.session.sweep(128, 16)
 engine_rows = engine_comparison.compare_engines(
     {"hf": hf_session, "vllm": session}, bench_requests, bench_concurrency, input_len=128,
     output_len=bench_output)
