@@ -170,8 +170,45 @@ def _(kvcache, session, ui):
                           f"the shipped config ([source]({served_config.source}))")
     engine_cache = kvcache.engine_cache_config(session.metrics_text())
     check = kvcache.engine_check(served_config, engine_cache, session.info)
-    ui.table([{k: v for k, v in check.items()}])
+    ui.md(
+        f"Our formula gives **{check['our_bytes_per_token']:,.0f} bytes per token** at cache dtype "
+        f"`{check['cache_dtype']}`; the engine cuts its budget into blocks of "
+        f"**{check['block_size']} tokens**"
+        + (f" and was given **{check['kv_memory_bytes']:,} bytes** for the KV cache."
+           if check.get("kv_memory_bytes") is not None else
+           ", but does not publish the budget it was given (on a GPU: what is left after the "
+           "weights), so the prediction below has nothing to start from here.")
+    )
     return check, served_config_from
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **Predict, then measure.** From the three numbers above, how many blocks did the engine
+    make? Write your number, then run the cell after it: it shows the engine's own count.
+    """)
+    return
+
+
+@app.cell
+def _():
+    predict_engine_blocks = None   # your prediction: a number of blocks
+    return (predict_engine_blocks,)
+
+
+@app.cell
+def _(check, predict_engine_blocks, ui):
+    (ui.compare(predict_engine_blocks, check["engine_blocks"], "KV blocks the engine made", "blocks")
+     if check["engine_blocks"] is not None else
+     ui.md("This server publishes no block count (not a vLLM engine?): nothing to compare with."))
+    return
+
+
+@app.cell
+def _(check, ui):
+    ui.table([{k: v for k, v in check.items()}])
+    return
 
 
 @app.cell

@@ -117,6 +117,29 @@ served_config_from = (f"`{_path / 'config.json'}`" if (_path / "config.json").ex
                       f"the shipped config ([source]({served_config.source}))")
 engine_cache = kvcache.engine_cache_config(session.metrics_text())
 check = kvcache.engine_check(served_config, engine_cache, session.info)
+ui.md(
+    f"Our formula gives **{check['our_bytes_per_token']:,.0f} bytes per token** at cache dtype "
+    f"`{check['cache_dtype']}`; the engine cuts its budget into blocks of "
+    f"**{check['block_size']} tokens**"
+    + (f" and was given **{check['kv_memory_bytes']:,} bytes** for the KV cache."
+       if check.get("kv_memory_bytes") is not None else
+       ", but does not publish the budget it was given (on a GPU: what is left after the "
+       "weights), so the prediction below has nothing to start from here.")
+)
+
+# %% [markdown]
+# **Predict, then measure.** From the three numbers above, how many blocks did the engine
+# make? Write your number, then run the cell after it: it shows the engine's own count.
+
+# %%
+predict_engine_blocks = None   # your prediction: a number of blocks
+
+# %%
+(ui.compare(predict_engine_blocks, check["engine_blocks"], "KV blocks the engine made", "blocks")
+ if check["engine_blocks"] is not None else
+ ui.md("This server publishes no block count (not a vLLM engine?): nothing to compare with."))
+
+# %%
 ui.table([{k: v for k, v in check.items()}])
 
 # %%
