@@ -328,9 +328,11 @@ def _(
     ui,
 ):
     calc_cfg = kvcache.load_model(calc_model.value)
-    calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], weight_dtype=calc_weights.value,
-                             kv_dtype=calc_kv.value, context=int(calc_context.value),
-                             users=int(calc_users.value), num_gpus=int(calc_num_gpus.value))
+    # The deployment the controls describe, passed whole to every calculation below.
+    calc_deployment = dict(weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
+                           context=int(calc_context.value), num_gpus=int(calc_num_gpus.value))
+    calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], users=int(calc_users.value),
+                             **calc_deployment)
     _p = calc_plan
     ui.md(
         f"**{_p.model}** on {_p.num_gpus} x {_p.gpu}, weights {_p.weight_dtype}, KV cache "
@@ -347,7 +349,7 @@ def _(
               if _p.usd_per_million_tokens is not None else ".")
            if _p.fits else "")
     )
-    return calc_cfg, calc_plan
+    return calc_cfg, calc_deployment, calc_plan
 
 
 @app.cell(hide_code=True)
@@ -359,20 +361,9 @@ def _(mo):
 
 
 @app.cell
-def _(
-    calc_cfg,
-    calc_context,
-    calc_kv,
-    calc_num_gpus,
-    calc_users,
-    calc_weights,
-    gpu_catalogue,
-    kvcache,
-    ui,
-):
-    ui.table(kvcache.gpu_rows(calc_cfg, gpu_catalogue, weight_dtype=calc_weights.value,
-                              kv_dtype=calc_kv.value, context=int(calc_context.value),
-                              users=int(calc_users.value), num_gpus=int(calc_num_gpus.value)))
+def _(calc_cfg, calc_deployment, calc_users, gpu_catalogue, kvcache, ui):
+    ui.table(kvcache.gpu_rows(calc_cfg, gpu_catalogue, users=int(calc_users.value),
+                              **calc_deployment))
     return
 
 
@@ -474,6 +465,7 @@ def _(ui):
 def _(
     calc_cfg,
     calc_context,
+    calc_deployment,
     calc_gpu,
     calc_kv,
     calc_num_gpus,
@@ -496,9 +488,7 @@ def _(
                                      / slo_kv_per_user), 0)
 
     # The whole calculation: the compute bound too, the experts a batch touches, and memory.
-    slo = kvcache.latency_plan(calc_cfg, slo_gpu, slo_target_s, context=int(calc_context.value),
-                               weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                               num_gpus=int(calc_num_gpus.value))
+    slo = kvcache.latency_plan(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
     ui.table([{"": "closed form (memory-bound, active weights)", "batch": slo_closed_form},
               {"": "latency alone (full TPOT formula)", "batch": slo.max_batch_latency},
               {"": "KV-cache memory alone", "batch": slo.max_batch_memory},
@@ -509,11 +499,9 @@ def _(
 @app.cell
 def _(
     calc_cfg,
-    calc_context,
-    calc_kv,
+    calc_deployment,
     calc_num_gpus,
     calc_plan,
-    calc_weights,
     kvcache,
     slo,
     slo_closed_form,
@@ -522,9 +510,7 @@ def _(
     ui,
 ):
     if slo.batch == 0:
-        _one = kvcache.decode_step(calc_cfg, slo_gpu, 1, int(calc_context.value),
-                                   weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                                   num_gpus=int(calc_num_gpus.value))
+        _one = kvcache.decode_step(calc_cfg, slo_gpu, 1, **calc_deployment)
         _why = (f"The weights alone ({kvcache.human_bytes(calc_plan.weight_bytes)}) leave no room "
                 "for a KV cache." if slo.max_batch_memory == 0 else
                 f"One user alone already takes {_one.seconds * 1e3:.1f} ms per token.")
@@ -561,20 +547,8 @@ def _(
 
 
 @app.cell
-def _(
-    calc_cfg,
-    calc_context,
-    calc_kv,
-    calc_num_gpus,
-    calc_weights,
-    kvcache,
-    slo_gpu,
-    slo_target_s,
-):
-    slo_plot = kvcache.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s,
-                                          context=int(calc_context.value),
-                                          weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                                          num_gpus=int(calc_num_gpus.value))
+def _(calc_cfg, calc_deployment, kvcache, slo_gpu, slo_target_s):
+    slo_plot = kvcache.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
     slo_plot
     return
 
@@ -588,20 +562,8 @@ def _(mo):
 
 
 @app.cell
-def _(
-    calc_cfg,
-    calc_context,
-    calc_kv,
-    calc_num_gpus,
-    calc_weights,
-    gpu_catalogue,
-    kvcache,
-    slo_target_s,
-    ui,
-):
-    ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s,
-                                  weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                                  context=int(calc_context.value), num_gpus=int(calc_num_gpus.value)))
+def _(calc_cfg, calc_deployment, gpu_catalogue, kvcache, slo_target_s, ui):
+    ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s, **calc_deployment))
     return
 
 
@@ -625,10 +587,7 @@ def _():
 @app.cell
 def _(
     calc_cfg,
-    calc_context,
-    calc_kv,
-    calc_num_gpus,
-    calc_weights,
+    calc_deployment,
     kvcache,
     predict_batch_at_double_target,
     slo_gpu,
@@ -636,10 +595,7 @@ def _(
     slo_tpot_ms,
     ui,
 ):
-    slo_double = kvcache.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s,
-                                      context=int(calc_context.value),
-                                      weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                                      num_gpus=int(calc_num_gpus.value))
+    slo_double = kvcache.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s, **calc_deployment)
     ui.compare(predict_batch_at_double_target, slo_double.batch,
                f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
     return (slo_double,)

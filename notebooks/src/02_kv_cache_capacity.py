@@ -218,9 +218,11 @@ calc_num_gpus
 
 # %%
 calc_cfg = kvcache.load_model(calc_model.value)
-calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], weight_dtype=calc_weights.value,
-                         kv_dtype=calc_kv.value, context=int(calc_context.value),
-                         users=int(calc_users.value), num_gpus=int(calc_num_gpus.value))
+# The deployment the controls describe, passed whole to every calculation below.
+calc_deployment = dict(weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
+                       context=int(calc_context.value), num_gpus=int(calc_num_gpus.value))
+calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], users=int(calc_users.value),
+                         **calc_deployment)
 _p = calc_plan
 ui.md(
     f"**{_p.model}** on {_p.num_gpus} x {_p.gpu}, weights {_p.weight_dtype}, KV cache "
@@ -242,9 +244,8 @@ ui.md(
 # The same question for every GPU in the catalogue:
 
 # %%
-ui.table(kvcache.gpu_rows(calc_cfg, gpu_catalogue, weight_dtype=calc_weights.value,
-                          kv_dtype=calc_kv.value, context=int(calc_context.value),
-                          users=int(calc_users.value), num_gpus=int(calc_num_gpus.value)))
+ui.table(kvcache.gpu_rows(calc_cfg, gpu_catalogue, users=int(calc_users.value),
+                          **calc_deployment))
 
 # %% [markdown]
 # How many users fit as the context grows, with a 16-bit cache, an 8-bit cache, and what the
@@ -332,9 +333,7 @@ slo_closed_form = max(math.floor((slo_target_s * slo_bandwidth - slo_weight_byte
                                  / slo_kv_per_user), 0)
 
 # The whole calculation: the compute bound too, the experts a batch touches, and memory.
-slo = kvcache.latency_plan(calc_cfg, slo_gpu, slo_target_s, context=int(calc_context.value),
-                           weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                           num_gpus=int(calc_num_gpus.value))
+slo = kvcache.latency_plan(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
 ui.table([{"": "closed form (memory-bound, active weights)", "batch": slo_closed_form},
           {"": "latency alone (full TPOT formula)", "batch": slo.max_batch_latency},
           {"": "KV-cache memory alone", "batch": slo.max_batch_memory},
@@ -342,9 +341,7 @@ ui.table([{"": "closed form (memory-bound, active weights)", "batch": slo_closed
 
 # %%
 if slo.batch == 0:
-    _one = kvcache.decode_step(calc_cfg, slo_gpu, 1, int(calc_context.value),
-                               weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                               num_gpus=int(calc_num_gpus.value))
+    _one = kvcache.decode_step(calc_cfg, slo_gpu, 1, **calc_deployment)
     _why = (f"The weights alone ({kvcache.human_bytes(calc_plan.weight_bytes)}) leave no room "
             "for a KV cache." if slo.max_batch_memory == 0 else
             f"One user alone already takes {_one.seconds * 1e3:.1f} ms per token.")
@@ -379,19 +376,14 @@ ui.md(
 )
 
 # %%
-slo_plot = kvcache.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s,
-                                      context=int(calc_context.value),
-                                      weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                                      num_gpus=int(calc_num_gpus.value))
+slo_plot = kvcache.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
 slo_plot
 
 # %% [markdown]
 # The same target on every GPU of the catalogue:
 
 # %%
-ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s,
-                              weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                              context=int(calc_context.value), num_gpus=int(calc_num_gpus.value)))
+ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s, **calc_deployment))
 
 # %% [markdown]
 # ## Predict, then compute
@@ -403,10 +395,7 @@ ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s,
 predict_batch_at_double_target = None   # your guess: the largest batch at 2 x the target
 
 # %%
-slo_double = kvcache.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s,
-                                  context=int(calc_context.value),
-                                  weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
-                                  num_gpus=int(calc_num_gpus.value))
+slo_double = kvcache.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s, **calc_deployment)
 ui.compare(predict_batch_at_double_target, slo_double.batch,
            f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
 
