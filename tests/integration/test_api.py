@@ -15,7 +15,7 @@ pytestmark = pytest.mark.engine
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
-AMX_NOTE = "on a CPU with AMX see the README's Troubleshooting: vLLM-CPU bf16 answers wrongly"
+AMX_NOTE = "vLLM on an AMX CPU must serve float16 (README Troubleshooting)"
 
 
 def test_health_ready_and_models(server):

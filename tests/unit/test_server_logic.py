@@ -308,3 +308,15 @@ def test_a_refusal_by_the_engine_comes_before_the_stream_starts():
     with pytest.raises(EngineError) as e:     # raised by complete(), not by the stream
         asyncio.run(Refusing("x").complete(req))
     assert e.value.status_code == 400
+
+
+def test_vllm_serves_float16_for_bfloat16_on_an_amx_cpu_unless_told_otherwise():
+    from reference_server.engines.vllm import served_dtype
+    assert served_dtype("bfloat16", "cpu", [], amx=True) == "float16"
+    assert served_dtype("auto", "cpu", [], amx=True, model_dtype="bfloat16") == "float16"
+    assert served_dtype("bfloat16", "cpu", [], amx=False) == "bfloat16"
+    assert served_dtype("bfloat16", "cuda", [], amx=True) == "bfloat16"
+    assert served_dtype("float32", "cpu", [], amx=True) == "float32"
+    assert served_dtype("bfloat16", "cpu", ["--dtype", "bfloat16"], amx=True) == "bfloat16"
+    assert served_dtype("bfloat16", "cpu", ["--dtype=bfloat16"], amx=True) == "bfloat16"
+    assert served_dtype("auto", "cpu", [], amx=True) == "auto"     # hub id: vLLM resolves it
