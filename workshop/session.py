@@ -10,6 +10,11 @@
    Outside a checkout on a GPU (Colab, molab) it serves the Hugging Face model named by
    ``model=`` or ``WORKSHOP_MODEL``, else the bundled one.
 
+``start()`` is for notebooks that compare settings of one engine side by side (the teaching
+engine with a contiguous KV layout next to a paged one, ...): it always starts a new server
+of the notebook's own, on a free port with a fresh key, and ``.stop()`` (or leaving its
+``with`` block) stops it.
+
 ``install_runtime()`` is what the first cell calls on a hosted runtime (Colab, molab: no
 checkout, no ``scripts/setup.sh``): the course's dependencies and the engine build that fits
 the machine (vLLM on a GPU, vLLM's CPU build otherwise), with versions from the package's
@@ -27,6 +32,7 @@ import importlib.util
 import os
 import platform
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -155,6 +161,12 @@ class Session:
     def __repr__(self) -> str:
         return self.describe()
 
+    def __enter__(self) -> "Session":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
     def stop(self) -> None:
         """Stop the server if this session started it (a no-op for servers found running)."""
         launch.stop(self.process)
@@ -199,6 +211,19 @@ def connect(engine: str = "vllm", model: str | None = None, base_url: str | None
             _STARTED[(engine, model or "")] = session
         else:
             raise RuntimeError(f"no {engine} server at {local} and start=False")
+    if verbose:
+        print(session.describe())
+    return session
+
+
+def start(engine: str = "mini", server_args: Sequence[str] = (), model: str | None = None,
+          verbose: bool = True) -> Session:
+    """A new server of this notebook's own: ``start("mini", ["--", "--kv-layout",
+    "contiguous"])``. A free port and a fresh key, so it never meets the course's shared
+    servers or another ``start``; stopped by ``.stop()``, a ``with`` block, or at exit."""
+    api_key = "sk-" + secrets.token_hex(12)
+    session = _start_server(engine, model, launch.free_port(), api_key, list(server_args),
+                            verbose)
     if verbose:
         print(session.describe())
     return session
