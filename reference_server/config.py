@@ -117,12 +117,19 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
                    help="Python interpreter that runs a child engine (default: this one)")
     p.add_argument("--engine-start-timeout", type=float, default=d.engine_start_timeout)
     p.add_argument("--log-level", default=d.log_level)
+    p.add_argument("--help-engine", action="store_true",
+                   help="list the teaching engine's knobs (what follows `--` with --engine "
+                        "mini) and exit; vLLM's are `vllm serve --help`")
     argv = list(argv if argv is not None else __import__("sys").argv[1:])
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     ns = p.parse_args(argv)
+    if ns.help_engine:
+        from reference_server.engines.mini import engine_arg_parser
+        engine_arg_parser().print_help()
+        raise SystemExit(0)
     cfg = ServerConfig(**{f.name: getattr(ns, f.name) for f in fields(ServerConfig)
                           if hasattr(ns, f.name)})
     cfg.engine_args = extra

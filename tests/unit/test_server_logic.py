@@ -320,3 +320,11 @@ def test_vllm_serves_float16_for_bfloat16_on_an_amx_cpu_unless_told_otherwise():
     assert served_dtype("bfloat16", "cpu", ["--dtype", "bfloat16"], amx=True) == "bfloat16"
     assert served_dtype("bfloat16", "cpu", ["--dtype=bfloat16"], amx=True) == "bfloat16"
     assert served_dtype("auto", "cpu", [], amx=True) == "auto"     # hub id: vLLM resolves it
+
+
+def test_help_engine_lists_the_teaching_engines_knobs(capsys):
+    from reference_server.config import parse_args
+    with pytest.raises(SystemExit) as done:
+        parse_args(["--help-engine"])
+    assert done.value.code == 0
+    assert "--kv-layout" in capsys.readouterr().out
