@@ -1,0 +1,466 @@
+"""Figures for the slides, taken from executed notebooks (a labelled reference run).
+
+A slide never shows a redrawn plot: it shows the PNG a notebook drew in a run. This script
+
+* executes notebooks (``--execute``) the way CI does (nbclient, ``WORKSHOP_QUICK=1`` unless
+  ``--full``), against the servers named by ``WORKSHOP_BASE_URL`` / ``WORKSHOP_HF_BASE_URL``
+  (or the ones ``workshop.session.connect()`` finds or starts), and records each plot's
+  title through an IPython start-up file (the notebook sources are not touched);
+* or reads notebooks executed elsewhere (``--from DIR`` holding ``NN_slug.executed.ipynb``,
+  e.g. the ones ``tests/notebooks/test_execute.py`` writes);
+
+then, for every notebook named in ``FIGURES`` that has an executed copy, writes
+
+* ``slides/figures/NN_slug/NAME.png``, the PNG output of the one cell that draws it;
+* ``slides/reference_run/NN_slug.html``, the whole executed notebook as one self-contained
+  page, headed by the machine, date and mode of the run;
+* ``slides/figures/manifest.json``: per notebook the run's machine, date, engine and mode
+  (the slides' captions are generated from it), and per figure the cell it came from, the
+  notebook section it sits in, the plot's title when the run recorded it, and a SHA-256.
+
+A figure is found by the call that draws it (a regular expression on the cell's source,
+e.g. ``fa\\.memory_figure\\(``), which survives edits to prose, cell order and plot titles
+that carry measured numbers; exactly one cell must match and it must have exactly one PNG,
+otherwise the export stops and says which figure and why. When the run recorded titles, the
+title must also match the figure's ``title`` pattern.
+
+    python slides/export_figures.py --from /tmp/workshop-test-logs/notebooks --mode quick
+    python slides/export_figures.py --execute               # quick mode, every notebook
+    python slides/export_figures.py --execute --only 06_flash_attention
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import datetime as dt
+import hashlib
+import html
+import json
+import os
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SLIDES = ROOT / "slides"
+NOTEBOOKS = ROOT / "notebooks"
+FIGURES_DIR = SLIDES / "figures"
+REFERENCE_DIR = SLIDES / "reference_run"
+MANIFEST = FIGURES_DIR / "manifest.json"
+# The display data our IPython start-up file adds beside every matplotlib Figure's PNG.
+FIGURE_MIME = "application/vnd.workshop.figure+json"
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    name: str       # file name (no extension) under slides/figures/NN_slug/
+    source: str     # regex matched against code cell sources: the call that draws the plot
+    title: str      # regex the plot's title must match when the run recorded titles
+    about: str      # what the figure shows, for the manifest and the reader of this file
+
+
+# Which figures the decks use, per notebook. A notebook absent from the run is skipped; a
+# figure listed here but missing from a notebook's run is an error.
+FIGURES: dict[str, list[FigureSpec]] = {
+    "00_setup_first_request": [
+        FigureSpec("next_token", r"next_token\.plot_top_probabilities\(", r".",
+                   "the model's most likely next tokens and their probabilities"),
+        FigureSpec("stream", r"probe\.plot_stream\(", r".",
+                   "one streamed answer: arrival time of every token (TTFT, then decode)"),
+    ],
+    "01_pain_points": [
+        FigureSpec("kv_vs_context", r"^context_plot\s*$", r".",
+                   "KV-cache memory vs tokens held: engine gauge next to the formula"),
+        FigureSpec("kv_vs_users", r"^users_plot\s*$", r".",
+                   "KV-cache memory vs simultaneous users"),
+        FigureSpec("ttft_vs_prompt", r"^ttft_plot\s*$", r".",
+                   "time to first token vs prompt length"),
+        FigureSpec("engines", r"^engines_plot\s*$", r".",
+                   "Hugging Face baseline vs vLLM, sequential and concurrent"),
+    ],
+    "02_kv_cache_capacity": [
+        FigureSpec("users_vs_context", r"^capacity_plot\s*$", r".",
+                   "users that fit per GPU vs context length (calculator)"),
+        FigureSpec("tpot_vs_batch", r"^slo_plot\s*$", r".",
+                   "time per output token vs batch size against a latency target"),
+    ],
+    "03_prefill_decode_roofline": [
+        FigureSpec("roofline_measured", r"measured_points\}", r"measured",
+                   "this machine's roofline with prefill and decode measured on the live server"),
+        FigureSpec("roofline_gpu", r"gpu_machines \+ \[machine\]", r"predicted",
+                   "the same roofline predicted for common GPUs (datasheet roofs)"),
+    ],
+    "04_quantization": [
+        FigureSpec("tradeoff", r"quant\.plot_tradeoff\(", r".",
+                   "memory, decode speed and quality per weight format"),
+    ],
+    "06_flash_attention": [
+        FigureSpec("memory", r"fa\.memory_figure\(", r".",
+                   "peak memory of naive vs tiled attention as the sequence grows"),
+        FigureSpec("traffic", r"fa\.traffic_figure\(", r".",
+                   "slow-memory traffic counted for naive vs tiled attention"),
+        FigureSpec("timing", r"fa\.timing_figure\(", r".",
+                   "naive vs tiled (NumPy) vs fused SDPA attention time"),
+        FigureSpec("prefill", r"fa\.prefill_figure\(", r".",
+                   "prefill time vs prompt length on the live server"),
+    ],
+}
+
+# Numbers the slides quote, read from a run's text outputs: (regex with one group, what it is).
+# The first match in the notebook wins; a listed value missing from a run is an error.
+VALUES: dict[str, dict[str, tuple[str, str]]] = {
+    "00_setup_first_request": {
+        "kv_capacity_tokens": (r"KV capacity=(\d+) tokens", "KV capacity the engine reported"),
+        "max_model_len": (r"max_model_len=(\d+)", "context length the engine serves"),
+        "model": (r"model:\s+(\S+)", "model served"),
+    },
+}
+
+
+class ExportError(RuntimeError):
+    """A figure or fact the slides need is missing from, or ambiguous in, a run."""
+
+
+# -- reading an executed notebook ----------------------------------------------------------
+
+def _join(value) -> str:
+    # .ipynb files store multi-line strings either whole or as a list of lines
+    return "".join(value) if isinstance(value, list) else (value or "")
+
+
+def _text(output: dict) -> str:
+    if output.get("output_type") == "stream":
+        return _join(output.get("text"))
+    data = output.get("data", {})
+    return _join(data.get("text/markdown")) or _join(data.get("text/plain"))
+
+
+def read_notebook(path: Path) -> dict:
+    return json.loads(Path(path).read_text())
+
+
+def run_metadata(nb: dict) -> dict:
+    """Machine, date, engine and mode of an executed notebook, from the notebook itself.
+
+    The machine and engine come from the lines ``workshop.session.connect()`` prints in the
+    first cells; the date from nbclient's per-cell timestamps; the mode from the metadata
+    ``--execute`` writes (``None`` when the run does not say).
+    """
+    meta: dict = {"machine": None, "engine": None, "date": None, "started": None,
+                  "wall_s": None,
+                  "mode": nb.get("metadata", {}).get("workshop_run", {}).get("mode")}
+    last = None
+    for cell in nb.get("cells", []):
+        if cell.get("cell_type") != "code":
+            continue
+        timing = cell.get("metadata", {}).get("execution", {})
+        stamp = timing.get("iopub.execute_input")
+        if stamp and meta["started"] is None:
+            meta["started"] = stamp
+            meta["date"] = stamp[:10]
+        last = timing.get("shell.execute_reply") or last
+        for out in cell.get("outputs", []):
+            text = _text(out)
+            if meta["machine"] is None and (m := re.search(r"^hardware:\s*(.+)$", text, re.M)):
+                meta["machine"] = m.group(1).strip()
+            if meta["engine"] is None and (m := re.search(r"^engine:\s*(\S+ \S+)", text, re.M)):
+                meta["engine"] = m.group(1).strip()
+    if meta["started"] and last:
+        # first cell's start to last cell's reply: the notebook's own run time, kernel
+        # start-up excluded
+        t0, t1 = (dt.datetime.fromisoformat(s.replace("Z", "+00:00")) for s in (meta["started"], last))
+        meta["wall_s"] = round((t1 - t0).total_seconds(), 1)
+    recorded = nb.get("metadata", {}).get("workshop_run", {})
+    for key in ("machine", "date", "started"):
+        meta[key] = meta[key] or recorded.get(key)
+    return meta
+
+
+def section_of(cells: list[dict], index: int) -> str | None:
+    """The last markdown heading above cell ``index`` (the notebook section it belongs to)."""
+    for cell in reversed(cells[:index]):
+        if cell.get("cell_type") != "markdown":
+            continue
+        src = _join(cell.get("source"))
+        heads = re.findall(r"^#{1,4}\s+(.+)$", src, re.M)
+        if heads:
+            return heads[-1].strip()
+    return None
+
+
+def find_figure(nb: dict, spec: FigureSpec) -> tuple[int, bytes, str | None]:
+    """(cell index, PNG bytes, recorded title) of the one cell that draws ``spec``."""
+    cells = nb.get("cells", [])
+    pattern = re.compile(spec.source, re.M)
+    hits = [i for i, c in enumerate(cells)
+            if c.get("cell_type") == "code" and pattern.search(_join(c.get("source")))]
+    if len(hits) != 1:
+        raise ExportError(f"figure {spec.name!r}: {len(hits)} code cells match /{spec.source}/ "
+                          f"(cells {hits}); exactly one must")
+    i = hits[0]
+    pngs = [o for o in cells[i].get("outputs", []) if "image/png" in o.get("data", {})]
+    if len(pngs) != 1:
+        errors = [o.get("ename") for o in cells[i].get("outputs", []) if o.get("output_type") == "error"]
+        raise ExportError(f"figure {spec.name!r}: cell {i} has {len(pngs)} PNG outputs, not 1"
+                          + (f" (it raised {errors})" if errors else ""))
+    out = pngs[0]
+    info = out.get("data", {}).get(FIGURE_MIME)
+    title = None
+    if info:
+        title = " | ".join(t for t in info.get("titles", []) if t) or None
+        if title is None or not re.search(spec.title, title):
+            raise ExportError(f"figure {spec.name!r}: cell {i} drew a plot titled {title!r}, "
+                              f"which does not match /{spec.title}/")
+    png = base64.b64decode(_join(out["data"]["image/png"]))
+    if not png.startswith(b"\x89PNG"):
+        raise ExportError(f"figure {spec.name!r}: cell {i}'s image/png output is not a PNG")
+    return i, png, title
+
+
+def find_values(nb: dict, specs: dict[str, tuple[str, str]]) -> dict[str, str]:
+    texts = [_text(o) for c in nb.get("cells", []) if c.get("cell_type") == "code"
+             for o in c.get("outputs", [])]
+    values = {}
+    for key, (regex, _about) in specs.items():
+        for text in texts:
+            if m := re.search(regex, text, re.M):
+                values[key] = m.group(1)
+                break
+        else:
+            raise ExportError(f"value {key!r}: no output matches /{regex}/")
+    return values
+
+
+# -- a self-contained HTML page of an executed notebook ------------------------------------
+
+def notebook_html(nb: dict, name: str, meta: dict) -> str:
+    """The executed notebook as one page: prose, code, text and image outputs, run label."""
+    from markdown_it import MarkdownIt
+
+    md = MarkdownIt("commonmark").enable("table")
+    label = (f"Reference run of <code>{html.escape(name)}</code>: "
+             f"{html.escape(str(meta.get('machine')))}; started {html.escape(str(meta.get('started')))}; "
+             f"engine {html.escape(str(meta.get('engine')))}; mode {html.escape(str(meta.get('mode')))}")
+    parts = ["<!doctype html><html><head><meta charset='utf-8'>",
+             f"<title>{html.escape(name)}: reference run</title><style>",
+             "body{font-family:sans-serif;max-width:60rem;margin:auto;padding:1rem;line-height:1.4}",
+             ".run{background:#fff3cd;padding:.5rem 1rem;border-radius:4px}",
+             "pre{background:#f6f8fa;padding:.5rem;overflow-x:auto;font-size:.85rem}",
+             "pre.out{background:#fff;border-left:3px solid #ccc}",
+             ".err{border-left-color:#c00} img{max-width:100%}",
+             ".cell{margin:1rem 0} .idx{color:#888;font-size:.75rem}</style></head><body>",
+             f"<p class='run'>{label}</p>"]
+    for i, cell in enumerate(nb.get("cells", [])):
+        src = _join(cell.get("source"))
+        parts.append(f"<div class='cell' id='cell-{i}'><div class='idx'>cell {i}</div>")
+        if cell.get("cell_type") == "markdown":
+            parts.append(md.render(src))
+        else:
+            parts.append(f"<pre>{html.escape(src)}</pre>")
+            for out in cell.get("outputs", []):
+                parts.append(_output_html(out, md))
+        parts.append("</div>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _output_html(out: dict, md) -> str:
+    kind = out.get("output_type")
+    if kind == "stream":
+        return f"<pre class='out'>{html.escape(_join(out.get('text')))}</pre>"
+    if kind == "error":
+        tb = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(out.get("traceback", [])))
+        return f"<pre class='out err'>{html.escape(tb)}</pre>"
+    data = out.get("data", {})
+    if "image/png" in data:
+        b64 = _join(data["image/png"]).replace("\n", "")
+        return f"<img alt='figure' src='data:image/png;base64,{b64}'>"
+    if "text/html" in data:
+        return _join(data["text/html"])
+    if "text/markdown" in data:
+        return md.render(_join(data["text/markdown"]))
+    if "text/plain" in data:
+        return f"<pre class='out'>{html.escape(_join(data['text/plain']))}</pre>"
+    return ""
+
+
+# -- executing -----------------------------------------------------------------------------
+
+# Loaded by the kernel before any cell: beside each Figure's PNG, record its axes' titles.
+_STARTUP = f'''
+try:
+    from IPython import get_ipython
+    from matplotlib.figure import Figure
+
+    def _workshop_titles(fig):
+        return {{"titles": [ax.get_title() for ax in fig.axes]}}
+
+    _f = get_ipython().display_formatter
+    from IPython.core.formatters import JSONFormatter
+
+    class _WorkshopFigureFormatter(JSONFormatter):
+        format_type = "{FIGURE_MIME}"
+
+    _f.formatters["{FIGURE_MIME}"] = _WorkshopFigureFormatter(parent=_f)
+    _f.formatters["{FIGURE_MIME}"].for_type(Figure, _workshop_titles)
+except Exception as _e:  # a missing title record must not break the run
+    print("slides: cannot record figure titles:", _e)
+'''
+
+
+def execute(name: str, out_dir: Path, quick: bool, timeout_s: int) -> Path:
+    """Run notebooks/NAME.ipynb in a fresh kernel; write NAME.executed.ipynb to out_dir."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    sys.path.insert(0, str(ROOT))
+    from workshop.session import hardware
+
+    nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
+    with tempfile.TemporaryDirectory() as ipydir:
+        startup = Path(ipydir) / "profile_default" / "startup"
+        startup.mkdir(parents=True)
+        (startup / "00-workshop-figure-titles.py").write_text(_STARTUP)
+        env = {"IPYTHONDIR": ipydir, "WORKSHOP_QUICK": "1" if quick else "0",
+               "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)   # the kernel inherits this process's environment
+        started = dt.datetime.now(dt.timezone.utc)
+        t0 = time.monotonic()
+        try:
+            NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                           resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+            nb.metadata["workshop_run"] = {
+                "mode": "quick" if quick else "full", "machine": hardware(),
+                "started": started.isoformat(timespec="seconds"), "date": started.date().isoformat()}
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = out_dir / f"{name}.executed.ipynb"
+            nbformat.write(nb, path)
+    print(f"executed {name} in {time.monotonic() - t0:.0f} s -> {path}")
+    return path
+
+
+# -- exporting -----------------------------------------------------------------------------
+
+def export(runs: dict[str, Path], mode: str | None, figures_dir: Path = FIGURES_DIR,
+           reference_dir: Path = REFERENCE_DIR, manifest_path: Path | None = None,
+           figures: dict[str, list[FigureSpec]] = FIGURES,
+           values: dict[str, dict[str, tuple[str, str]]] = VALUES) -> dict:
+    """Write figures, reference pages and the manifest for the executed notebooks in ``runs``.
+
+    Notebooks not in ``runs`` keep what the existing manifest says about them, so one
+    notebook can be re-run alone. Raises ExportError naming every missing figure or value.
+    """
+    manifest_path = manifest_path or figures_dir / "manifest.json"
+    manifest = (json.loads(manifest_path.read_text()) if manifest_path.exists()
+                else {"runs": {}, "figures": {}, "values": {}})
+    problems, ready = [], []
+    for name, path in sorted(runs.items()):
+        nb = read_notebook(path)
+        meta = run_metadata(nb)
+        meta["mode"] = meta["mode"] or mode
+        missing = [k for k in ("machine", "date") if not meta.get(k)]
+        if missing:
+            problems.append(f"{name}: the run does not say its {' or '.join(missing)}")
+            continue
+        errors = [(i, o.get("ename")) for i, c in enumerate(nb.get("cells", []))
+                  for o in c.get("outputs", []) if o.get("output_type") == "error"]
+        if errors:
+            problems.append(f"{name}: the run has errors in cells {errors}")
+            continue
+        found = {}
+        for spec in figures.get(name, []):
+            try:
+                found[spec] = find_figure(nb, spec)
+            except ExportError as e:
+                problems.append(f"{name}: {e}")
+        try:
+            vals = find_values(nb, values.get(name, {}))
+        except ExportError as e:
+            problems.append(f"{name}: {e}")
+        else:
+            ready.append((name, nb, meta, found, vals))
+    if problems:
+        # nothing is written: the committed figures stay consistent with their manifest
+        raise ExportError("the slides' figures cannot be exported:\n  " + "\n  ".join(problems))
+    for name, nb, meta, found, vals in ready:
+        manifest["runs"][name] = {**meta, "reference_page": f"reference_run/{name}.html"}
+        manifest["values"][name] = vals
+        for key in [k for k in manifest["figures"] if k.startswith(name + "/")]:
+            del manifest["figures"][key]
+        out = figures_dir / name
+        if out.exists():
+            for old in out.glob("*.png"):
+                old.unlink()
+        out.mkdir(parents=True, exist_ok=True)
+        for spec, (cell, png, title) in found.items():
+            (out / f"{spec.name}.png").write_bytes(png)
+            manifest["figures"][f"{name}/{spec.name}"] = {
+                "file": f"figures/{name}/{spec.name}.png", "notebook": name, "cell": cell,
+                "section": section_of(nb["cells"], cell), "selector": spec.source,
+                "title": title, "about": spec.about,
+                "sha256": hashlib.sha256(png).hexdigest()}
+        reference_dir.mkdir(parents=True, exist_ok=True)
+        (reference_dir / f"{name}.html").write_text(notebook_html(nb, name, meta))
+        print(f"{name}: {len(found)} figures, run on {meta['machine']} ({meta['date']}, "
+              f"{meta['mode']} mode)")
+    manifest_path.parent.mkdir(parents=True, exist_ok=True)
+    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def existing_notebooks() -> list[str]:
+    return sorted(p.stem for p in (NOTEBOOKS / "src").glob("[0-9]*.py"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--execute", action="store_true",
+                     help="execute the notebooks now (against WORKSHOP_BASE_URL etc.)")
+    src.add_argument("--from", dest="from_dir", type=Path,
+                     help="a folder of NN_slug.executed.ipynb files executed elsewhere")
+    p.add_argument("--only", nargs="+", help="these notebooks only (default: every one)")
+    p.add_argument("--full", action="store_true", help="with --execute: full mode, not quick")
+    p.add_argument("--mode", choices=["quick", "full"],
+                   help="with --from: the mode those runs used, when they do not record it")
+    p.add_argument("--runs-dir", type=Path, default=Path(tempfile.gettempdir()) / "slides-runs",
+                   help="with --execute: where the executed notebooks go")
+    p.add_argument("--timeout", type=int, default=900, help="per notebook, seconds")
+    a = p.parse_args(argv)
+    names = a.only or existing_notebooks()
+    unknown = [n for n in names if n not in existing_notebooks()]
+    if unknown:
+        p.error(f"no such notebook: {unknown}")
+    runs = {}
+    if a.execute:
+        for name in names:
+            runs[name] = execute(name, a.runs_dir, quick=not a.full, timeout_s=a.timeout)
+    else:
+        for name in names:
+            path = a.from_dir / f"{name}.executed.ipynb"
+            if path.exists():
+                runs[name] = path
+            else:
+                print(f"{name}: no executed copy in {a.from_dir}, keeping the committed figures")
+    try:
+        export(runs, a.mode)
+    except ExportError as e:
+        print(e, file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""The slides: figures picked from executed notebooks, decks assembled from what exists, and
+the decks built by Marp and rendered in a headless Chromium.
+
+The last test needs Node.js/npm and Chromium (it skips, saying so, without them) and the
+``playwright`` Python package (it fails without it: setup must install it).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SLIDES = ROOT / "slides"
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(f"slides_{name}", SLIDES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module   # dataclasses look their module up while being built
+    spec.loader.exec_module(module)
+    return module
+
+
+ef = _load("export_figures")
+bd = _load("build_decks")
+
+PNG = b"\x89PNG\r\n\x1a\n" + b"fake image body"
+
+
+def _png_output(png: bytes = PNG, titles: list[str] | None = None) -> dict:
+    data = {"image/png": base64.b64encode(png).decode(), "text/plain": "<Figure size 825x462>"}
+    if titles is not None:
+        data[ef.FIGURE_MIME] = {"titles": titles}
+    return {"output_type": "display_data", "data": data, "metadata": {}}
+
+
+def _notebook(*cells: dict) -> dict:
+    return {"cells": list(cells), "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def _code(source: str, *outputs: dict, stamp: str | None = None, reply: str | None = None) -> dict:
+    execution = {}
+    if stamp:
+        execution["iopub.execute_input"] = stamp
+    if reply:
+        execution["shell.execute_reply"] = reply
+    return {"cell_type": "code", "source": source, "outputs": list(outputs),
+            "metadata": {"execution": execution}}
+
+
+def _md(source: str) -> dict:
+    return {"cell_type": "markdown", "source": source, "metadata": {}}
+
+
+CONNECT = {"output_type": "stream", "name": "stdout", "text": (
+    "engine:   vllm 0.32.0  ($WORKSHOP_BASE_URL)\n"
+    "model:    smollm2-135m  [bfloat16]\n"
+    "server:   http://127.0.0.1:1  device=cpu  max_model_len=2048  KV capacity=46592 tokens\n"
+    "hardware: CPU Test CPU, 2 cores, 8 GiB RAM (no GPU)\n")}
+
+SPEC = ef.FigureSpec("memory", r"fa\.memory_figure\(", r"Peak memory", "test figure")
+
+
+# -- picking figures out of an executed notebook -------------------------------------------
+
+def test_find_figure_returns_the_png_of_the_one_matching_cell():
+    nb = _notebook(_md("## 3. Memory"), _code("x = 1"),
+                   _code("fa.memory_figure(results)", _png_output()))
+    cell, png, title = ef.find_figure(nb, SPEC)
+    assert (cell, png, title) == (2, PNG, None)
+    assert ef.section_of(nb["cells"], cell) == "3. Memory"
+
+
+def test_find_figure_reads_sources_and_pngs_stored_as_lists_of_lines():
+    b64 = base64.b64encode(PNG).decode()
+    out = _png_output()
+    out["data"]["image/png"] = [b64[:8] + "\n", b64[8:]]
+    nb = _notebook(_code(["results = run()\n", "fa.memory_figure(results)"], out))
+    assert ef.find_figure(nb, SPEC)[1] == PNG
+
+
+@pytest.mark.parametrize("cells, why", [
+    ([_code("plot_something_else()", _png_output())], "0 code cells match"),
+    ([_code("fa.memory_figure(a)", _png_output()), _code("fa.memory_figure(b)", _png_output())],
+     "2 code cells match"),
+    ([_code("fa.memory_figure(a)")], "has 0 PNG outputs"),
+    ([_code("fa.memory_figure(a)", _png_output(), _png_output())], "has 2 PNG outputs"),
+    ([_code("fa.memory_figure(a)", {"output_type": "error", "ename": "ValueError",
+                                     "evalue": "", "traceback": []})], "raised ['ValueError']"),
+])
+def test_find_figure_fails_loudly_when_the_figure_is_missing_or_ambiguous(cells, why):
+    with pytest.raises(ef.ExportError, match=re.escape(why)):
+        ef.find_figure(_notebook(*cells), SPEC)
+
+
+def test_a_recorded_title_must_match_the_spec():
+    ok = _notebook(_code("fa.memory_figure(r)", _png_output(titles=["Peak memory of one head"])))
+    assert ef.find_figure(ok, SPEC)[2] == "Peak memory of one head"
+    wrong = _notebook(_code("fa.memory_figure(r)", _png_output(titles=["Time per call"])))
+    with pytest.raises(ef.ExportError, match="Time per call"):
+        ef.find_figure(wrong, SPEC)
+
+
+def test_run_metadata_reads_machine_engine_date_and_run_time_from_the_notebook():
+    nb = _notebook(_code("session = connect()", CONNECT, stamp="2026-12-01T17:30:00.5Z"),
+                   _code("x", reply="2026-12-01T17:31:30.5Z"))
+    meta = ef.run_metadata(nb)
+    assert meta["machine"] == "CPU Test CPU, 2 cores, 8 GiB RAM (no GPU)"
+    assert meta["engine"] == "vllm 0.32.0"
+    assert meta["date"] == "2026-12-01"
+    assert meta["wall_s"] == 90.0
+    assert meta["mode"] is None   # a CI run does not record it; --mode supplies it
+
+
+def test_values_are_read_from_outputs_and_a_missing_one_is_an_error():
+    nb = _notebook(_code("connect()", CONNECT))
+    assert ef.find_values(nb, {"kv": (r"KV capacity=(\d+) tokens", "")}) == {"kv": "46592"}
+    with pytest.raises(ef.ExportError, match="nope"):
+        ef.find_values(nb, {"nope": (r"nope=(\d+)", "")})
+
+
+def test_export_writes_pngs_pages_and_a_manifest_and_refuses_incomplete_runs(tmp_path):
+    good = _notebook(_code("connect()", CONNECT, stamp="2026-12-01T17:30:00Z"), _md("## Memory"),
+                     _code("fa.memory_figure(r)", _png_output()))
+    (tmp_path / "nb.executed.ipynb").write_text(json.dumps(good))
+    figures = {"06_x": [SPEC]}
+    values = {"06_x": {"kv": (r"KV capacity=(\d+)", "")}}
+    manifest = ef.export({"06_x": tmp_path / "nb.executed.ipynb"}, "quick",
+                         figures_dir=tmp_path / "fig", reference_dir=tmp_path / "ref",
+                         figures=figures, values=values)
+    assert (tmp_path / "fig" / "06_x" / "memory.png").read_bytes() == PNG
+    entry = manifest["figures"]["06_x/memory"]
+    assert (entry["cell"], entry["section"]) == (2, "Memory")
+    assert entry["sha256"] == hashlib.sha256(PNG).hexdigest()
+    assert manifest["runs"]["06_x"]["mode"] == "quick"
+    assert manifest["values"]["06_x"] == {"kv": "46592"}
+    page = (tmp_path / "ref" / "06_x.html").read_text()
+    assert "CPU Test CPU, 2 cores" in page and "data:image/png;base64," in page
+
+    bad = _notebook(_code("connect()", CONNECT, stamp="2026-12-01T17:30:00Z"))
+    (tmp_path / "bad.executed.ipynb").write_text(json.dumps(bad))
+    with pytest.raises(ef.ExportError, match="memory"):
+        ef.export({"06_x": tmp_path / "bad.executed.ipynb"}, "quick",
+                  figures_dir=tmp_path / "fig", reference_dir=tmp_path / "ref",
+                  figures=figures, values=values)
+    # the failed export left the earlier figure and manifest alone
+    assert json.loads((tmp_path / "fig" / "manifest.json").read_text()) == manifest
+
+
+# -- assembling decks ----------------------------------------------------------------------
+
+MANIFEST = {
+    "runs": {"06_x": {"machine": "CPU Test, 2 cores", "date": "2026-12-01", "mode": "quick",
+                      "engine": "vllm 0.32.0", "reference_page": "reference_run/06_x.html"}},
+    "figures": {"06_x/memory": {"file": "figures/06_x/memory.png", "notebook": "06_x",
+                                "cell": 17, "section": "3. Memory"}},
+    "values": {"06_x": {"kv": "46592"}},
+}
+
+
+def test_directives_expand_from_the_manifest():
+    text = "{{figure 06_x/memory}}\n{{figure 06_x/memory h:300}}\nKV {{value 06_x/kv}}\n{{run 06_x}}"
+    out = bd.expand(text, MANIFEST)
+    assert "![h:430](../figures/06_x/memory.png)" in out
+    assert "![h:300](../figures/06_x/memory.png)" in out
+    assert "notebook 6, “3. Memory”, cell 17" in out
+    assert "KV 46592" in out
+    assert "quick-mode run on CPU Test, 2 cores, 2026-12-01, vllm 0.32.0" in out
+
+
+@pytest.mark.parametrize("text, why", [
+    ("{{figure 06_x/nope}}", "figure '06_x/nope'"),
+    ("{{value 06_x/nope}}", "value '06_x/nope'"),
+    ("{{run 05_y}}", "no reference run of 05_y"),
+    ("{{chart 06_x}}", "unknown directive"),
+])
+def test_a_directive_the_manifest_cannot_fill_stops_the_build(text, why):
+    with pytest.raises(bd.BuildError, match=re.escape(why)):
+        bd.expand(text, MANIFEST)
+
+
+def test_plan_skips_notebooks_that_do_not_exist_and_parts_with_nothing(tmp_path):
+    for part, name in [(1, "00_a"), (3, "06_c"), (3, "07_d"), (3, "05_b")]:
+        (tmp_path / f"part{part}").mkdir(exist_ok=True)
+        (tmp_path / f"part{part}" / f"{name}.md").write_text("## slide")
+    # 05_b is not a notebook (yet); 08_e is a notebook without slides; nothing for parts 2, 4
+    included, notes = bd.plan(["00_a", "06_c", "07_d", "08_e"], decks=tmp_path)
+    assert included == {1: ["00_a"], 3: ["06_c", "07_d"]}
+    text = "\n".join(notes)
+    assert "skipping slides for 05_b" in text
+    assert "notebook 08_e has no slides yet" in text
+    assert "part 2: not built" in text and "part 4: not built" in text
+
+
+def test_deck_markdown_joins_sections_with_slide_breaks_and_ends_with_the_sources(tmp_path):
+    (tmp_path / "part3").mkdir()
+    (tmp_path / "part3" / "_title.md").write_text("# Part 3\n")
+    (tmp_path / "part3" / "06_x.md").write_text("## A\n\n{{figure 06_x/memory}}\n")
+    md = bd.deck_markdown(bd.PARTS[2], ["06_x"], MANIFEST, decks=tmp_path)
+    assert md.startswith("---\nmarp: true\n")
+    slides = md.split("\n---\n")[1:]   # after the front matter
+    assert [s.strip().splitlines()[0] for s in slides] == [
+        "# Part 3", "## A", "<!-- _class: sources -->"]
+    assert "slides/reference_run/06_x.html" in slides[-1]
+
+
+# -- the committed figures and decks -------------------------------------------------------
+
+def test_committed_figures_match_the_manifest_and_every_existing_deck_builds_as_markdown(tmp_path):
+    manifest = json.loads((SLIDES / "figures" / "manifest.json").read_text())
+    for key, fig in manifest["figures"].items():
+        png = (SLIDES / fig["file"]).read_bytes()
+        assert hashlib.sha256(png).hexdigest() == fig["sha256"], key
+        assert fig["notebook"] in manifest["runs"], key
+    for run in manifest["runs"].values():
+        assert run["machine"] and run["date"] and run["mode"] in ("quick", "full")
+    built = bd.build(tmp_path, render_decks=False)
+    assert [p.name for p in built][:1] == ["part1.md"]
+    for md in built:
+        assert "{{" not in md.read_text(), md.name
+
+
+# -- the real build ------------------------------------------------------------------------
+
+def _needs_tools() -> None:
+    for tool in ("node", "npm"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed: the decks are built with Marp CLI from npm "
+                        "(setup must install Node.js and npm)")
+    if bd.browser_path() is None:
+        pytest.skip("no Chromium at /usr/bin/chromium or $CHROME_PATH (setup must install "
+                    "Debian's chromium)")
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        pytest.fail("the Python package 'playwright' is missing: setup must install it (it "
+                    "drives the system Chromium; no browser download)")
+
+
+@pytest.mark.timeout(900)
+def test_build_slides_renders_first_and_last_slide_of_every_deck_without_browser_errors():
+    _needs_tools()
+    env = dict(os.environ, CHROME_PATH=bd.browser_path())
+    r = subprocess.run(["bash", str(ROOT / "scripts" / "build_slides.sh")], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=800)
+    assert r.returncode == 0, f"build_slides.sh failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    built = sorted(bd.BUILD.glob("part*.html"))
+    included, _ = bd.plan(bd.existing_notebooks())
+    assert [p.stem for p in built] == [f"part{n}" for n in sorted(included)]
+    for html_file in built:
+        assert html_file.with_suffix(".pdf").stat().st_size > 10_000
+        shots, errors = bd.screenshot_slides(html_file, bd.BUILD / "png", "ends")
+        assert not errors, f"{html_file.name}: {errors}"
+        assert len(shots) == 2
+        for shot in shots:
+            assert shot.read_bytes().startswith(b"\x89PNG") and shot.stat().st_size > 5_000
