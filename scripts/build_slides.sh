@@ -20,9 +20,12 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --refresh) refresh=(--execute) ;;
     --full) refresh+=(--full) ;;
-    --only) shift; refresh+=(--only); while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do refresh+=("$1"); shift; done; continue ;;
+    --only)
+      shift; refresh+=(--only)
+      while [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; do refresh+=("$1"); shift; done
+      continue ;;
     --screenshots) build+=(--screenshots "$2"); shift ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1" >&2; exit 2 ;;
   esac
   shift
@@ -33,10 +36,14 @@ venv=${WORKSHOP_VENV:-.venv}
 if [ -x "$venv/bin/python" ]; then . "$venv/bin/activate"; fi
 export CHROME_PATH=${CHROME_PATH:-/usr/bin/chromium}
 command -v npm >/dev/null || { echo "build_slides: needs Node.js and npm" >&2; exit 2; }
-[ -x "$CHROME_PATH" ] || { echo "build_slides: no Chromium at $CHROME_PATH (apt-get install chromium, or set CHROME_PATH)" >&2; exit 2; }
+[ -x "$CHROME_PATH" ] || {
+  echo "build_slides: no Chromium at $CHROME_PATH (apt-get install chromium, or set CHROME_PATH)" >&2
+  exit 2
+}
 
 # Install the pinned Marp CLI when missing or when the lock file changed since.
-if [ ! -x slides/node_modules/.bin/marp ] || [ slides/package-lock.json -nt slides/node_modules/.package-lock.json ]; then
+lock=slides/package-lock.json installed=slides/node_modules/.package-lock.json
+if [ ! -x slides/node_modules/.bin/marp ] || [ "$lock" -nt "$installed" ]; then
   echo "==> installing Marp CLI (slides/package-lock.json)"
   (cd slides && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
 fi

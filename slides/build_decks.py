@@ -190,7 +190,8 @@ def render(md: Path, browser: str) -> list[Path]:
     outputs = []
     for ext, extra in ((".html", []), (".pdf", ["--pdf", "--pdf-notes"])):
         out = md.with_suffix(ext)
-        cmd = [str(MARP), "--config-file", str(SLIDES / ".marprc.yml"), "--html", "--allow-local-files", "--browser", "chrome",
+        cmd = [str(MARP), "--config-file", str(SLIDES / ".marprc.yml"), "--html",
+               "--allow-local-files", "--browser", "chrome",
                "--browser-path", browser, *extra, str(md), "-o", str(out)]
         r = subprocess.run(cmd, cwd=SLIDES, env=env, capture_output=True, text=True, timeout=300)
         if r.returncode != 0 or not out.exists():

@@ -59,7 +59,7 @@ FIGURE_MIME = "application/vnd.workshop.figure+json"
 class FigureSpec:
     name: str       # file name (no extension) under slides/figures/NN_slug/
     source: str     # regex matched against code cell sources: the call that draws the plot
-    title: str      # regex the plot's title must match when the run recorded titles
+    title: str      # regex the plot's title must match (checked when the run recorded titles)
     about: str      # what the figure shows, for the manifest and the reader of this file
 
 
@@ -67,45 +67,45 @@ class FigureSpec:
 # figure listed here but missing from a notebook's run is an error.
 FIGURES: dict[str, list[FigureSpec]] = {
     "00_setup_first_request": [
-        FigureSpec("next_token", r"next_token\.plot_top_probabilities\(", r".",
+        FigureSpec("next_token", r"next_token\.plot_top_probabilities\(", r"^Next token after ",
                    "the model's most likely next tokens and their probabilities"),
-        FigureSpec("stream", r"probe\.plot_stream\(", r".",
+        FigureSpec("stream", r"probe\.plot_stream\(", r"^One streamed answer",
                    "one streamed answer: arrival time of every token (TTFT, then decode)"),
     ],
     "01_pain_points": [
-        FigureSpec("kv_vs_context", r"^context_plot\s*$", r".",
+        FigureSpec("kv_vs_context", r"^context_plot\s*$", r"KV cache of one request grows with its context",
                    "KV-cache memory vs tokens held: engine gauge next to the formula"),
-        FigureSpec("kv_vs_users", r"^users_plot\s*$", r".",
+        FigureSpec("kv_vs_users", r"^users_plot\s*$", r"KV cache grows with simultaneous users",
                    "KV-cache memory vs simultaneous users"),
-        FigureSpec("ttft_vs_prompt", r"^ttft_plot\s*$", r".",
+        FigureSpec("ttft_vs_prompt", r"^ttft_plot\s*$", r"Time to first token grows with the prompt",
                    "time to first token vs prompt length"),
-        FigureSpec("engines", r"^engines_plot\s*$", r".",
+        FigureSpec("engines", r"^engines_plot\s*$", r"Same requests, four ways",
                    "Hugging Face baseline vs vLLM, sequential and concurrent"),
     ],
     "02_kv_cache_capacity": [
-        FigureSpec("users_vs_context", r"^capacity_plot\s*$", r".",
+        FigureSpec("users_vs_context", r"^capacity_plot\s*$", r" on \d+ x .+, weights ",
                    "users that fit per GPU vs context length (calculator)"),
-        FigureSpec("tpot_vs_batch", r"^slo_plot\s*$", r".",
+        FigureSpec("tpot_vs_batch", r"^slo_plot\s*$", r": weights .+, KV .+ tokens per user",
                    "time per output token vs batch size against a latency target"),
     ],
     "03_prefill_decode_roofline": [
-        FigureSpec("roofline_measured", r"measured_points\}", r"measured",
+        FigureSpec("roofline_measured", r"measured_points\}", r"measured on the live server",
                    "this machine's roofline with prefill and decode measured on the live server"),
-        FigureSpec("roofline_gpu", r"gpu_machines \+ \[machine\]", r"predicted",
+        FigureSpec("roofline_gpu", r"gpu_machines \+ \[machine\]", r"predicted \(datasheet roofs\)",
                    "the same roofline predicted for common GPUs (datasheet roofs)"),
     ],
     "04_quantization": [
-        FigureSpec("tradeoff", r"quant\.plot_tradeoff\(", r".",
+        FigureSpec("tradeoff", r"quant\.plot_tradeoff\(", r"^Memory vs quality",
                    "memory, decode speed and quality per weight format"),
     ],
     "06_flash_attention": [
-        FigureSpec("memory", r"fa\.memory_figure\(", r".",
+        FigureSpec("memory", r"fa\.memory_figure\(", r"^Peak memory of one attention head",
                    "peak memory of naive vs tiled attention as the sequence grows"),
-        FigureSpec("traffic", r"fa\.traffic_figure\(", r".",
+        FigureSpec("traffic", r"fa\.traffic_figure\(", r"^Bytes moved to and from slow memory",
                    "slow-memory traffic counted for naive vs tiled attention"),
-        FigureSpec("timing", r"fa\.timing_figure\(", r".",
+        FigureSpec("timing", r"fa\.timing_figure\(", r"^Attention time on this machine",
                    "naive vs tiled (NumPy) vs fused SDPA attention time"),
-        FigureSpec("prefill", r"fa\.prefill_figure\(", r".",
+        FigureSpec("prefill", r"fa\.prefill_figure\(", r"^Prefill on the live ",
                    "prefill time vs prompt length on the live server"),
     ],
 }
@@ -409,7 +409,7 @@ def export(runs: dict[str, Path], mode: str | None, figures_dir: Path = FIGURES_
             manifest["figures"][f"{name}/{spec.name}"] = {
                 "file": f"figures/{name}/{spec.name}.png", "notebook": name, "cell": cell,
                 "section": section_of(nb["cells"], cell), "selector": spec.source,
-                "title": title, "about": spec.about,
+                "title": title, "title_pattern": spec.title, "about": spec.about,
                 "sha256": hashlib.sha256(png).hexdigest()}
         reference_dir.mkdir(parents=True, exist_ok=True)
         (reference_dir / f"{name}.html").write_text(notebook_html(nb, name, meta))
