@@ -231,6 +231,20 @@ def test_committed_figures_match_the_manifest_and_every_existing_deck_builds_as_
         assert "{{" not in md.read_text(), md.name
 
 
+def test_every_figure_selector_still_matches_one_cell_of_its_notebook():
+    """Catches a renamed plotting call now, not at the next --refresh."""
+    for name, specs in ef.FIGURES.items():
+        path = ROOT / "notebooks" / f"{name}.ipynb"
+        if not path.exists():
+            continue   # a notebook that is gone (or not written yet) is skipped by the build
+        cells = json.loads(path.read_text())["cells"]
+        for spec in specs:
+            pattern = re.compile(spec.source, re.M)
+            hits = [i for i, c in enumerate(cells)
+                    if c["cell_type"] == "code" and pattern.search(ef._join(c["source"]))]
+            assert len(hits) == 1, f"{name}/{spec.name}: /{spec.source}/ matches cells {hits}"
+
+
 # -- the real build ------------------------------------------------------------------------
 
 def _needs_tools() -> None:
