@@ -235,14 +235,22 @@ def quality_figure(rows: Sequence[dict], bytes_key: str, metrics: Sequence[str])
 
 
 def time_figure(rows: Sequence[dict], q_heads: int):
+    """Measured time per context (log-log), each with a dashed line proportional to the bytes
+    read, drawn from its fewest-heads point: a measured line that follows it is bandwidth-bound."""
     fig, ax = plots.figure(f"Decode attention time vs KV heads ({q_heads} query heads)",
-                           "KV heads", "time per decode step (ms)")
-    for c in sorted({r["context"] for r in rows}):
-        pts = [r for r in rows if r["context"] == c]
-        ax.plot([r["KV heads"] for r in pts], [r["time (ms)"] for r in pts], "o-",
-                label=f"context {c:,}")
-    ax.set_xticks(sorted({r["KV heads"] for r in rows}))
-    ax.legend()
+                           "KV heads (log scale)", "time per decode step (ms, log scale)")
+    for c, color in zip(sorted({r["context"] for r in rows}), [f"C{i}" for i in range(10)]):
+        pts = sorted((r for r in rows if r["context"] == c), key=lambda r: r["KV heads"])
+        hs = [r["KV heads"] for r in pts]
+        ax.plot(hs, [r["time (ms)"] for r in pts], "o-", color=color, label=f"context {c:,}")
+        ax.plot(hs, [pts[0]["time (ms)"] * h / hs[0] for h in hs], "--", color=color, alpha=0.5,
+                label=f"context {c:,}, proportional to bytes")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    heads = sorted({r["KV heads"] for r in rows})
+    ax.set_xticks(heads, [str(h) for h in heads])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
     return fig
 
 

@@ -89,9 +89,10 @@ from workshop import kvcache, ui
 
 def variant_bytes(arch):
     """KV bytes per token (bf16) of one model under each design."""
-    return {"MHA (KV heads = query heads)": kvcache.kv_bytes_per_token(av.variant_arch(arch, "mha"), "bf16"),
-            "as shipped": kvcache.kv_bytes_per_token(arch, "bf16"),
-            "MQA (1 KV head)": kvcache.kv_bytes_per_token(av.variant_arch(arch, "mqa"), "bf16")}
+    per_token = kvcache.kv_bytes_per_token
+    return {"MHA (KV heads = query heads)": per_token(av.variant_arch(arch, "mha"), "bf16"),
+            "as shipped": per_token(arch, "bf16"),
+            "MQA (1 KV head)": per_token(av.variant_arch(arch, "mqa"), "bf16")}
 
 
 config_rows = []
@@ -125,8 +126,8 @@ gqa_choice
 
 # %% [markdown]
 # **Predict, then compute (1).** DeepSeek-V3 has 61 layers and caches 512 + 64 numbers per
-# layer; Llama 3.1 70B has 80 layers with 8 KV heads of 128. How many times more cache per
-# token does Llama 3.1 70B need than DeepSeek-V3?
+# layer; Llama 3.1 70B (the default above) has 80 layers with 8 KV heads of 128. How many
+# times more cache per token does Llama 3.1 70B need than DeepSeek-V3?
 
 # %%
 prediction_mla_vs_gqa = None    # your guess: e.g. 10
@@ -143,11 +144,16 @@ ui.compare(prediction_mla_vs_gqa, gqa_bytes / mla_bytes,
 
 # %%
 _per_layer_gqa = 2 * gqa_model.num_kv_heads * gqa_model.head_dim
+_mha_wide = (dsv3.num_layers * dsv3.num_heads
+             * (dsv3.head_dim + dsv3.qk_rope_head_dim + dsv3.head_dim) * 2)
 ui.md(
     f"* **Against MHA with the same heads** ({dsv3.num_heads} heads x {dsv3.head_dim}, keys and "
     f"values, {dsv3.num_layers} layers): {mha_equivalent:,.0f} bytes per token against MLA's "
     f"{mla_bytes:,.0f}, **{mha_equivalent / mla_bytes:.1f}x** less. This is where a figure of "
-    f"about 57x comes from; it is a saving against a baseline nobody serves at this size.\n"
+    f"about 57x comes from. (Counting DeepSeek's real per-head widths, keys of "
+    f"{dsv3.head_dim} + {dsv3.qk_rope_head_dim} and values of {dsv3.head_dim}, MHA would need "
+    f"{_mha_wide:,.0f} bytes, {_mha_wide / mla_bytes:.0f}x.) Either way it is the saving "
+    f"against full multi-head attention, not against the GQA most models use.\n"
     f"* **Against a GQA model** ({gqa_model.name}, {gqa_model.num_kv_heads} KV heads x "
     f"{gqa_model.head_dim}, {gqa_model.num_layers} layers): {gqa_bytes:,.0f} bytes per token, "
     f"**{gqa_bytes / mla_bytes:.1f}x** DeepSeek-V3's. Per layer the gap is only "
@@ -190,19 +196,19 @@ mla_ranks_text = ui.text(sweep("64, 128, 192, 256, 320, 384", "256"), "MLA ranks
 mla_ranks_text
 
 # %%
-from reference_server.model_config import read_arch
-
 mla_ranks = sorted({int(_r) for _r in mla_ranks_text.value.replace(" ", "").split(",") if _r})
 live_variants = [("gqa", 0), ("mqa", 0)] + [("mla", _r) for _r in mla_ranks]
 smol = kvcache.load_model("smollm2-135m")
-ui.md(f"Variants to serve: {', '.join(f'{a}' + (f' r={r}' if r else '') for a, r in live_variants)}. "
+_names = ", ".join(a + (f" r={r}" if r else "") for a, r in live_variants)
+ui.md(f"Variants to serve: {_names}. "
       f"SmolLM2 caches {kvcache.kv_values_per_token_per_layer(smol)} numbers per layer and "
       f"token as shipped.")
 
 # %% [markdown]
-# **Predict, then measure (2).** The servers below keep their cache in bf16 (2 bytes) where
-# the CPU supports it, fp32 (4 bytes) otherwise. What will the MQA server report as its KV
-# bytes per token? (SmolLM2: 30 layers, head size 64, and MQA keeps 1 KV head.)
+# **Predict, then measure (2).** The servers below keep their cache in bf16 (2 bytes) on GPUs
+# and on CPUs that compute in bf16, in fp32 (4 bytes) on other CPUs. What will the MQA server
+# report as its KV bytes per token? (SmolLM2: 30 layers, head size 64, and MQA keeps 1 KV
+# head.)
 
 # %%
 prediction_mqa_bytes = None    # your guess in bytes: e.g. 10000
@@ -229,6 +235,7 @@ from transformers import AutoTokenizer
 
 from workshop import quantization
 
+kv_pool_gib = 1                         # each server's KV pool (the server's --kv-cache-gib)
 n_positions = sweep(128, 24)            # teacher-forced positions of the held-out text
 questions = quantization.QUESTIONS[:sweep(6, 3)]
 answer_tokens = sweep(32, 16)
@@ -238,7 +245,7 @@ live_results = []                       # one dict per served variant, GQA first
 echo_refusal = ""
 for _attention, _rank in ui.progress(live_variants, title="variant servers"):
     _knobs = ["--attention", _attention] + (["--mla-rank", str(_rank)] if _rank else [])
-    with workshop.session.start("mini", ["--kv-cache-gib", "1", "--", *_knobs],
+    with workshop.session.start("mini", ["--kv-cache-gib", str(kv_pool_gib), "--", *_knobs],
                                 verbose=False) as _srv:
         if not live_results:
             # The tokenizer the servers use, from the model folder they loaded.
@@ -265,12 +272,10 @@ ui.compare(prediction_mqa_bytes, _mqa_info["kv_bytes_per_token"],
 # %% [markdown]
 # The table puts each server's own report next to the formula's prediction from the config
 # (the variant's architecture, `av.variant_arch`, counted by `reference_server/kv.py` at the
-# dtype the server says it uses), and the capacity the 1 GiB pool should then hold in whole
-# blocks:
+# dtype the server says it uses), and the capacity its KV pool (1 GiB) should then hold in
+# whole blocks:
 
 # %%
-from reference_server import dtypes
-
 live_rows = []
 _ref = live_results[0]
 for _res in live_results:
@@ -283,7 +288,7 @@ for _res in live_results:
         "KV B/token predicted": round(_predicted),
         "KV B/token reported": _info["kv_bytes_per_token"],
         "capacity predicted (tokens)": kvcache.engine_capacity_tokens(
-            2**30, _predicted, _info["block_size"]),
+            kv_pool_gib * 2**30, _predicted, _info["block_size"]),
         "capacity reported (tokens)": _info["kv_capacity_tokens"],
         "next-token accuracy": av.match_share(_res["next"], heldout_targets),
         "agreement with GQA": av.match_share(_res["next"], _ref["next"]),
@@ -310,7 +315,8 @@ ui.md(
 
 # %%
 ui.table([{"variant": _row["variant"],
-           f"answer to: {questions[0]}": "".join(_res["answers"][0]).replace("\n", " ").replace("|", "/")}
+           f"answer to: {questions[0]}":
+               "".join(_res["answers"][0]).replace("\n", " ").replace("|", "/")}
           for _row, _res in zip(live_rows, live_results)])
 
 # %%
@@ -344,10 +350,12 @@ if _same_bytes:
         f"An SVD keeps the directions of the keys and values that matter most; averaging heads "
         f"throws away whatever the heads did not share.")
 _lines.append(
-    "* Both conversions are untrained. Real MQA/GQA models are trained (or briefly "
-    "re-trained, \"uptrained\") with the smaller cache, and DeepSeek's models are trained "
-    "with MLA from the start, so their quality loss is far smaller than a post-hoc "
-    "conversion's. What these servers show exactly is the memory side.")
+    "* Both conversions here are untrained. The GQA paper converts checkpoints the same way "
+    "and then \"uptrains\" them with about 5% of the original pre-training compute, which it "
+    "reports brings GQA close to the original multi-head quality "
+    "([arXiv:2305.13245](https://arxiv.org/abs/2305.13245)); DeepSeek trains with MLA from "
+    "the start. So read the quality columns as the cost of a conversion without training, "
+    "and the bytes columns as what each design saves, whatever the training.")
 ui.md("\n".join(_lines))
 
 # %% [markdown]
@@ -373,9 +381,10 @@ def decode_attention(q, k, v):
     scores = qg @ k.transpose(-1, -2) / math.sqrt(d)      # [B, Hkv, group, C]
     return (scores.softmax(-1) @ v).reshape(b, hq, d)
 
-
+# %%
 _q, _k, _v = av.decode_inputs(batch=2, q_heads=9, kv_heads=3, context=100, head_dim=64)
-decode_check_error = (decode_attention(_q, _k, _v) - av.reference_decode(_q, _k, _v)).abs().max().item()
+decode_check_error = (decode_attention(_q, _k, _v)
+                      - av.reference_decode(_q, _k, _v)).abs().max().item()
 ui.md(f"Max abs difference from PyTorch SDPA with the KV heads copied to every query head: "
       f"{decode_check_error:.1e} (fp32).")
 
@@ -427,7 +436,8 @@ ui.md(
     f"as long at {max(attn_contexts):,} tokens and {attn_ratio_short:.1f}x at "
     f"{min(attn_contexts):,} tokens; at the long context that is {_verdict}. The effective "
     f"read rate at the long context was "
-    f"{min(r['GB/s'] for r in attn_long_rows):.1f} to {max(r['GB/s'] for r in attn_long_rows):.1f} GB/s "
+    f"{min(r['GB/s'] for r in attn_long_rows):.1f} to "
+    f"{max(r['GB/s'] for r in attn_long_rows):.1f} GB/s "
     f"(notebook 3 measures this machine's memory bandwidth). A serving engine multiplies this "
     f"by layers and users: at batch 64 and 30 layers one step reads {64 * 30:,} such caches."
 )
@@ -464,7 +474,8 @@ ui.table([{"model": f"{mistral.name} + 4,096 window", **r} for r in window_rows_
 # %%
 av.window_figure({mistral.name: window_rows_mistral, oss.name: window_rows_oss},
                  {mistral.name: "4,096 window on every layer",
-                  oss.name: f"as shipped ({oss.num_sliding_layers} layers window {oss.sliding_window})"})
+                  oss.name: (f"as shipped ({oss.num_sliding_layers} layers window "
+                             f"{oss.sliding_window})")})
 
 # %%
 chosen_context = window_context.value
@@ -494,7 +505,8 @@ ui.md(
     f"baseline.\n"
     f"* Live, the servers' own KV bytes per token and capacities "
     f"{'matched the formula exactly' if live_checks_agree else 'did NOT all match the formula'}"
-    f"; MQA held {mqa_row['capacity reported (tokens)'] / gqa_row['capacity reported (tokens)']:.1f}x "
+    f"; MQA held "
+    f"{mqa_row['capacity reported (tokens)'] / gqa_row['capacity reported (tokens)']:.1f}x "
     f"as many tokens in the same 1 GiB, and its untrained conversion agreed with GQA's next "
     f"token at {mqa_row['agreement with GQA']:.0%} of positions.\n"
     f"* Decode attention with 9 KV heads took {attn_ratio_long:.1f}x the time of 1 KV head at "
@@ -526,7 +538,8 @@ ui.md(
 # * **Sliding windows** are honoured by both engines when the config declares them
 #   (`sliding_window`, `layer_types`). In vLLM, windowed layers get their own KV-cache group
 #   and blocks that fall out of the window are freed as a request advances
-#   (`SlidingWindowManager.remove_skipped_blocks` in `vllm/v1/core/single_type_kv_cache_manager.py`).
+#   (`SlidingWindowManager.remove_skipped_blocks` in
+#   `vllm/v1/core/single_type_kv_cache_manager.py`).
 # * The **KV cache dtype** multiplies with all of this (`--kv-cache-dtype fp8` in vLLM halves
 #   every number above; notebook 4).
 #

@@ -3,6 +3,9 @@ and the decode-attention timing helpers."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from reference_server.kv import kv_bytes_per_sequence, kv_bytes_per_token
@@ -119,7 +122,8 @@ def test_attention_time_rows():
 
 
 def test_figures_build():
-    rows = [{"model": "a", "MHA": 10.0, "as shipped": 5.0}, {"model": "b", "MHA": 8.0, "as shipped": 0}]
+    rows = [{"model": "a", "MHA": 10.0, "as shipped": 5.0},
+            {"model": "b", "MHA": 8.0, "as shipped": 0}]
     assert av.bytes_figure(rows).axes
     q = [{"variant": "gqa", "B": 10, "acc": 0.5}, {"variant": "mqa", "B": 5, "acc": 0.3}]
     assert av.quality_figure(q, "B", ["acc"]).axes
@@ -128,3 +132,28 @@ def test_figures_build():
     w = [{"context (tokens)": c, "KV per user, full (MiB)": c, "KV per user, window (MiB)": 1}
          for c in (1, 2)]
     assert av.window_figure({"m": w}, {"m": "window 4"}).axes
+
+
+SOURCE = Path(__file__).resolve().parents[2] / "notebooks" / "src" / "05_attention_variants.py"
+
+
+@pytest.fixture(scope="module")
+def nb_decode():
+    """The notebook's own decode_attention (reading it is the lesson), from its source cell."""
+    cells = re.split(r"^# %%.*$", SOURCE.read_text(), flags=re.M)
+    wanted = [c for c in cells if re.search(r"^def decode_attention\(", c, flags=re.M)]
+    assert len(wanted) == 1, "expected one cell defining decode_attention"
+    namespace: dict = {}
+    exec(compile(wanted[0], str(SOURCE), "exec"), namespace)
+    return namespace["decode_attention"]
+
+
+@pytest.mark.parametrize("batch,q_heads,kv_heads,context,head_dim",
+                         [(1, 9, 1, 7, 64), (2, 9, 3, 100, 64), (3, 9, 9, 33, 16), (1, 8, 2, 1, 8)])
+def test_notebook_decode_attention_matches_sdpa(nb_decode, batch, q_heads, kv_heads, context,
+                                                head_dim):
+    import torch
+    q, k, v = av.decode_inputs(batch, q_heads, kv_heads, context, head_dim, seed=context)
+    out = nb_decode(q, k, v)
+    assert out.shape == (batch, q_heads, head_dim)
+    assert torch.allclose(out, av.reference_decode(q, k, v), atol=1e-5)
