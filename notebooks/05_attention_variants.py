@@ -446,7 +446,8 @@ def _(mo):
 def _(live_results, live_rows, questions, ui):
     ui.table([{"variant": _row["variant"],
                f"answer to: {questions[0]}":
-                   "".join(_res["answers"][0]).replace("\n", " ").replace("|", "/")}
+                   "".join(_res["answers"][0]).replace("<|im_end|>", " [end]")
+                   .replace("\n", " ").replace("|", "/")}
               for _row, _res in zip(live_rows, live_results)])
     return
 
