@@ -9,9 +9,9 @@ measured with:
 * the **expected speed-up** of Leviathan, Kalman and Matias 2023 ("Fast Inference from
   Transformers via Speculative Decoding", arXiv:2211.17192, section 3): with a per-token
   acceptance probability ``alpha`` and ``k`` draft tokens per step, a step emits
-  ``(1 - alpha**(k+1)) / (1 - alpha)`` tokens on average (their equation 1), and costs
+  ``(1 - alpha**(k+1)) / (1 - alpha)`` tokens on average, and costs
   ``k * c + 1`` target forwards, where ``c`` is the cost of one draft forward relative to one
-  target forward (their Theorem 3.8: speed-up ``(1 - alpha**(k+1)) / ((1 - alpha)(k c + 1))``).
+  target forward: a speed-up of ``(1 - alpha**(k+1)) / ((1 - alpha)(k c + 1))``.
   The paper assumes the verify forward of ``k + 1`` tokens costs as much as a one-token
   decode, which holds while decoding is memory-bound; ``verify_cost`` lets a notebook put in
   what it measured instead;

@@ -179,7 +179,12 @@ def speculative_decode(prompt_ids, max_new, k, draft):
         steps.append((len(drafts), len(new) - 1))
     return tokens[len(prompt_ids):][:max_new], steps
 
+# %% [markdown]
+# Three runs on the first prompt of the chosen workload: plain decoding, prompt lookup and the
+# self-draft, both with k = 4. The prompt goes through the model's chat template, as the
+# servers of sections 3 and 4 will send it.
 
+# %%
 def chat_ids(prompt):
     """The prompt as the chat template sends it to the model (the servers do the same)."""
     return list(tokenizer.apply_chat_template([{"role": "user", "content": prompt}],
@@ -203,6 +208,7 @@ ui.table([{"run": name, "tokens": len(ids), "target forwards": len(steps),
 # %%
 _same = all(ids == demo_plain for ids, _ in demo_runs.values())
 _fewest = min(demo_runs.items(), key=lambda kv: len(kv[1][1]))
+_self_rate = sd.acceptance_rate(demo_runs[f"self-draft ({draft_layers.value} layers), k = 4"][1])
 ui.md(
     f"The prompt: *{sd.WORKLOADS[workload.value][0][:90]}...* The model's answer starts: "
     f"*{tokenizer.decode(demo_plain[:40])}...*\n\n"
@@ -213,17 +219,23 @@ ui.md(
        "here a draft's verify pass computed some position with a different batch shape than "
        "plain decoding, and a near-tie between two tokens flipped. ")
     + f"The fewest target forwards: **{_fewest[0]}**, {len(_fewest[1][1])} forwards for "
-    f"{len(_fewest[1][0])} tokens, against {len(demo_plain)} for plain decoding."
+    f"{len(_fewest[1][0])} tokens, against {len(demo_plain)} for plain decoding. "
+    + (f"The self-draft's first {draft_layers.value} layers agreed with the full model on "
+       f"only {_self_rate:.0%} of its draft tokens: this model was not trained to exit early "
+       f"(LayerSkip trains for it), so its early layers rarely know the final answer."
+       if _self_rate < 0.3 else
+       f"The self-draft's first {draft_layers.value} layers agreed with the full model on "
+       f"{_self_rate:.0%} of its draft tokens.")
 )
 
 # %% [markdown]
 # ## 2. How much faster? The expected speed-up, then the measurement
 #
-# Leviathan et al. model each draft token as accepted with probability α, independently.
-# Verification stops at the first rejection, so a step with k drafts emits 1 + α + α² + ... +
-# αᵏ tokens on average (their equation 1). A step costs one target forward plus k draft
-# forwards at c each, c being a draft forward's cost relative to the target's (their Theorem
-# 3.8). The paper takes the verify forward of k + 1 tokens to cost as much as a one-token
+# Leviathan et al. (section 3 of the paper) model each draft token as accepted with
+# probability α, independently. Verification stops at the first rejection, so a step with k
+# drafts emits 1 + α + α² + ... + αᵏ tokens on average. A step costs one target forward plus
+# k draft forwards at c each, c being a draft forward's cost relative to the target's. The
+# paper takes the verify forward of k + 1 tokens to cost as much as a one-token
 # decode, which is true while decoding is memory-bound; we keep that as a parameter,
 # `verify_cost` (1 in the paper), because on a CPU it may not hold. From
 # `workshop/spec_decoding.py`:
@@ -278,8 +290,10 @@ ui.table([{"what": "one decode forward (all layers, 1 token)", "ms": decode_s * 
 _k = max(verify_costs)
 ui.md(
     f"The self-draft costs c = **{costs['self-draft (first layers)']:.2f}** of a full forward "
-    f"(its share of the layers is {draft_layers.value / runner.cfg.num_layers:.2f}; the rest "
-    f"is the output layer and fixed per-call costs), a proposal by prompt lookup "
+    f"(its share of the layers is {draft_layers.value / runner.cfg.num_layers:.2f}"
+    + ("; the rest is the output layer and fixed per-call costs"
+       if costs["self-draft (first layers)"] > draft_layers.value / runner.cfg.num_layers
+       else "") + "), a proposal by prompt lookup "
     f"c = **{costs['n-gram (prompt lookup)']:.3f}**. Verifying {_k + 1} tokens in one forward "
     f"took **{verify_costs[_k]:.2f}x** a one-token decode: "
     + ("close to the paper's assumption of 1, so the extra tokens rode along almost for free."
@@ -402,8 +416,8 @@ for _name, _prompts in ui.progress(list(server_prompts.items()), title="teaching
                                      _name))
 mini_rows = sd.speedup_rows([r for r in mini_runs if r["server"] != "mini, no spec"],
                             [r for r in mini_runs if r["server"] == "mini, no spec"])
-_chat = next(r for r in mini_rows if r["workload"] == "open chat")
-ui.compare(my_chat_acceptance, _chat["acceptance rate"] or 0.0,
+mini_chat_row = next(r for r in mini_rows if r["workload"] == "open chat")
+ui.compare(my_chat_acceptance, mini_chat_row["acceptance rate"] or 0.0,
            "n-gram acceptance rate on open chat (teaching engine)")
 
 # %%
@@ -419,12 +433,12 @@ _rep = next(r for r in mini_rows if r["workload"] != "open chat")
 ui.md(
     "Teaching engine, n-gram k = 4: on the editing workload " + sd.acceptance_text(_rep)
     + f" and decoding ran **{_rep['speed-up']:.2f}x** the baseline's speed; on open chat "
-    + sd.acceptance_text(_chat) + f", **{_chat['speed-up']:.2f}x**. "
+    + sd.acceptance_text(mini_chat_row) + f", **{mini_chat_row['speed-up']:.2f}x**. "
     + ("Prompt lookup helped most where the answer copies the prompt, as expected. "
-       if _rep["speed-up"] > _chat["speed-up"] else
+       if _rep["speed-up"] > mini_chat_row["speed-up"] else
        "Here prompt lookup did not help more on the editing workload than on chat. ")
     + ("It slowed open chat down: drafts that are rejected still make every verify forward "
-       "longer. " if _chat["speed-up"] < 0.95 else "")
+       "longer. " if mini_chat_row["speed-up"] < 0.95 else "")
     + ("Both servers produced the same texts for every request."
        if all(r["same text as baseline"] for r in mini_rows) else
        "**Some texts differed from the baseline's** (the servers compute in "
@@ -517,7 +531,7 @@ sd.workload_figure(mini_rows + vllm_rows)
 # Three things the real engines add to this notebook's loop: **sampling** (with temperature >
 # 0 a draft token is accepted with probability min(1, p/q) and a rejection resamples from the
 # residual distribution, which keeps the output distribution exactly the target's: Leviathan
-# et al. section 2.3; our teaching engine speculates for greedy requests only); **trees** of
+# et al. section 2; our teaching engine speculates for greedy requests only); **trees** of
 # drafts (EAGLE, SGLang's `eagle-topk`) verified in one pass with a tree attention mask, so one
 # wrong token does not discard every alternative; and **batching**: the spare compute that
 # makes verification nearly free at batch 1 on a GPU is spent on other requests at large

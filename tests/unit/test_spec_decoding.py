@@ -4,6 +4,9 @@ server), with hand-computed values."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
 from reference_server import prometheus as P
@@ -166,3 +169,74 @@ def test_log_warnings_strips_colours_and_prefixes(tmp_path):
     assert sd.log_warnings(log, "speculative") == [
         "Async scheduling not supported with ngram-based Speculative decoding.",
         "Speculative decoding on CPU without Intel OpenMP"]
+
+
+# -- the notebook's loop, on a fake model ----------------------------------------------------------
+
+SOURCE = Path(__file__).resolve().parents[2] / "notebooks" / "src" / "09_speculative_decoding.py"
+
+
+class _FakeModel:
+    """A 'model' over a KV cache of token ids: the greedy token after position p is a hash of
+    the tokens at 0..p as cached, so a stale (rejected) draft left in the cache changes the
+    answer unless it is overwritten. With ``num_layers`` it answers a cheaper, often wrong
+    guess, like a self-draft."""
+
+    def __init__(self):
+        self.cache: dict[int, int] = {}
+        self.calls = 0
+
+    def forward(self, start, token_ids, num_logits, num_layers=None):
+        self.calls += num_layers is None
+        for i, t in enumerate(token_ids):
+            self.cache[start + i] = t
+        end = start + len(token_ids)
+        out = []
+        for p in range(end - num_logits, end):
+            prefix = [self.cache[q] for q in range(p + 1)]
+            right = (sum(prefix) * 31 + prefix[-1]) % 11
+            out.append(right if num_layers is None or prefix[-1] % 3 else (right + 1) % 11)
+        return out
+
+
+@pytest.fixture
+def loop():
+    """The notebook cell that defines the draft/verify loop, executed on the fake model."""
+    cells = re.split(r"^# %%.*$", SOURCE.read_text(), flags=re.M)
+    (cell,) = [c for c in cells if re.search(r"^def speculative_decode\(", c, flags=re.M)]
+    from mini_engine.spec_decode import NgramProposer, accept_greedy
+    model = _FakeModel()
+    ns = {"forward": model.forward, "accept_greedy": accept_greedy,
+          "NgramProposer": NgramProposer, "draft_layers": type("S", (), {"value": 2})()}
+    exec(compile(cell, str(SOURCE), "exec"), ns)
+    ns["model"] = model
+    return ns
+
+
+@pytest.mark.parametrize("drafter", ["ngram_draft", "self_draft"])
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_notebook_loop_matches_plain_decoding(loop, drafter, k):
+    prompt = [1, 2, 3, 1, 2, 3, 1, 2]
+    plain, plain_steps = loop["speculative_decode"](prompt, 30, 0, None)
+    assert len(plain) == 30 and len(plain_steps) == 30        # one forward per token
+    spec, steps = loop["speculative_decode"](prompt, 30, k, loop[drafter])
+    assert spec == plain
+    assert all(0 <= a <= d <= k for d, a in steps)
+    # each step emits its accepted drafts plus one token (the last step may overshoot)
+    assert sum(a + 1 for _, a in steps) >= 30
+
+
+def test_notebook_loop_saves_forwards_when_drafts_are_right(loop):
+    # a drafter that knows the answer (it runs the full fake model) is always accepted
+    model = loop["model"]
+
+    def oracle(tokens, k):
+        saved = dict(model.cache)
+        out = []
+        for i in range(k):
+            out += model.forward(len(tokens) - 1 + i, [out[-1] if out else tokens[-1]], 1)
+        model.cache = saved
+        return out
+    plain, _ = loop["speculative_decode"]([5, 6, 7], 20, 0, None)
+    spec, steps = loop["speculative_decode"]([5, 6, 7], 20, 4, oracle)
+    assert spec == plain and len(steps) == 4 and all(a == 4 for _, a in steps)
