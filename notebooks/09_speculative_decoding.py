@@ -595,9 +595,11 @@ def _(mo):
 def _(sd, sweep, ui, workshop):
     server_tokens = sweep(96, 48)
     server_prompts = {name: prompts[:sweep(2, 1)] for name, prompts in sd.WORKLOADS.items()}
-    mini_base = workshop.session.start("mini", [], verbose=False)
-    mini_ngram = workshop.session.start("mini", ["--", "--spec", "ngram", "--num-spec-tokens", "4"],
-                                        verbose=False)
+    # A small KV pool is plenty for one request at a time, and leaves memory to the rest.
+    mini_base = workshop.session.start("mini", ["--kv-cache-gib", "0.25"], verbose=False)
+    mini_ngram = workshop.session.start(
+        "mini", ["--kv-cache-gib", "0.25", "--", "--spec", "ngram", "--num-spec-tokens", "4"],
+        verbose=False)
     _extra = mini_ngram.info.get("extra", {})
     ui.md(f"Started two teaching-engine servers: {mini_base.base_url} (no speculation) and "
           f"{mini_ngram.base_url} (its `/server_info` says `spec={_extra.get('spec')}`, "
@@ -705,7 +707,8 @@ def _(ui, workshop):
     vllm_spec, vllm_spec_error = None, None
     try:
         vllm_spec = workshop.session.start(
-            "vllm", ["--", "--speculative-config", json.dumps(vllm_spec_config)], verbose=False)
+            "vllm", ["--kv-cache-gib", "0.25", "--", "--speculative-config",
+                     json.dumps(vllm_spec_config)], verbose=False)
     except Exception as _exc:      # shown, not hidden: a refusal is a result too
         vllm_spec_error = f"{type(_exc).__name__}: {_exc}"
     ui.md(f"vLLM with `--speculative-config '{json.dumps(vllm_spec_config)}'`: "
