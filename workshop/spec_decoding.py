@@ -214,6 +214,18 @@ def acceptance_text(row: dict) -> str:
             f"({row['accepted per draft']:.2f} per draft)")
 
 
+def noise_note(row: dict, low: float = 0.1) -> str:
+    """A sentence for a run that sped up (or slowed down) with almost nothing accepted: that
+    change is not speculation's doing."""
+    if (row["acceptance rate"] or 0.0) >= low or abs(row["speed-up"] - 1) <= 0.05:
+        return ""
+    if row["speed-up"] < 1 and row["draft tokens"]:
+        return ""       # rejected drafts do cost time: the caller explains that one
+    return (f"With {'no' if not row['draft tokens'] else 'almost no'} draft tokens accepted, "
+            f"the {row['speed-up']:.2f}x on {row['workload']} is not speculation's doing but "
+            "the noise of a busy machine. ")
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _LOG_MESSAGE = re.compile(r"WARNING.*?\[[\w.]+:\d+\]\s*(.*)")
 

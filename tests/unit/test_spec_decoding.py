@@ -240,3 +240,13 @@ def test_notebook_loop_saves_forwards_when_drafts_are_right(loop):
     plain, _ = loop["speculative_decode"]([5, 6, 7], 20, 0, None)
     spec, steps = loop["speculative_decode"]([5, 6, 7], 20, 4, oracle)
     assert spec == plain and len(steps) == 4 and all(a == 4 for _, a in steps)
+
+
+def test_noise_note_only_where_nothing_was_accepted():
+    row = {"workload": "open chat", "draft tokens": 54, "acceptance rate": 0.04, "speed-up": 1.3}
+    assert "not speculation's doing" in sd.noise_note(row) and "almost no" in sd.noise_note(row)
+    assert "no draft tokens" in sd.noise_note(dict(row, **{"draft tokens": 0,
+                                                           "acceptance rate": None}))
+    assert sd.noise_note(dict(row, **{"acceptance rate": 0.8})) == ""     # a real gain
+    assert sd.noise_note(dict(row, **{"speed-up": 1.02})) == ""           # no change to explain
+    assert sd.noise_note(dict(row, **{"speed-up": 0.8})) == ""            # rejected drafts cost
