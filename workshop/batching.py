@@ -27,9 +27,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
+from reference_server import prometheus
 from reference_server.kv import blocks_for
 
 LAYOUTS = ("contiguous", "exact", "paged")
+PREEMPTIONS = prometheus.NUM_PREEMPTIONS      # a counter: requests preempted since start
 
 
 # -- one request's reservation ----------------------------------------------------------------
@@ -138,7 +140,7 @@ class SimResult:
         external = self._mean(lambda s: s.stranded) / c
         return {"holding tokens": 100 * held, "internal waste": 100 * internal,
                 "external waste": 100 * external,
-                "free": 100 * (1 - held - internal - external)}
+                "free": max(0.0, 100 * (1 - held - internal - external))}   # not -1e-15
 
 
 def _holes(regions: list[_Running], capacity: int) -> list[tuple[int, int]]:
@@ -362,7 +364,7 @@ def plot_pool_shares(results: Sequence[SimResult], title: str):
     ax.set_yticks(range(len(results)), [r.layout for r in results])
     ax.set_xlim(0, 130)
     ax.set_xticks(range(0, 101, 20))
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.15), ncol=4, fontsize=8)
     return fig
 
 
@@ -378,14 +380,16 @@ def plot_gauges(samples: Any, running: str, waiting: str, usage: str, title: str
     ax2.plot(t, [100 * v for v in samples.values[usage]], color="tab:red", linestyle="--",
              label="KV cache usage")
     ax2.set_ylabel("KV cache usage (%)")
-    ax2.set_ylim(bottom=0)
-    ax.set_ylim(bottom=0)
+    # headroom above both curves, so the legend on top hides neither
+    top = max([1.0] + samples.values[running] + samples.values[waiting])
+    ax.set_ylim(0, 1.35 * top)
+    ax2.set_ylim(0, 1.35 * max([0.1] + [100 * v for v in samples.values[usage]]))
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper right")
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], loc="upper left", ncol=3, fontsize=8)
     return fig
 
 
-__all__ = ["LAYOUTS", "reserved_slots", "internal_waste", "fit_count", "external_fragmentation",
+__all__ = ["LAYOUTS", "PREEMPTIONS", "reserved_slots", "internal_waste", "fit_count", "external_fragmentation",
            "StepStats", "SimResult", "simulate", "sharegpt_lengths", "reschedule", "step_spans",
            "token_times", "max_gap", "plot_timeline", "plot_pool_shares", "plot_gauges"]
