@@ -348,7 +348,7 @@ def _(mo):
 def _(batching, kv_usage, live_requests, servers, ui, workshop):
     burst_n = workshop.session.sweep(12, 4)
     burst_prompt = 40
-    burst_out = 16
+    burst_out = workshop.session.sweep(16, 12)
     maker = live_requests.PromptMaker(servers["paged"].model, servers["paged"].info.get("model_path"))
     burst_prompts = [maker.make(burst_prompt) for _ in range(burst_n)]
     burst_runs = {_name: kv_usage.measure_kv(servers[_name], burst_prompts, burst_out)
@@ -365,13 +365,15 @@ def _(batching, kv_usage, live_requests, servers, ui, workshop):
 
     burst_rows = []
     for _name, _run in burst_runs.items():
-        _held = (_run.requests[0].prompt_tokens or burst_prompt) + burst_out
+        # at its peak a request stores prompt + answer - 1 tokens: the last token's KV is never written
+        _held = (_run.requests[0].prompt_tokens or burst_prompt) + burst_out - 1
         _pred = predicted_burst(servers[_name].info, _name, _held, burst_n)
-        burst_rows.append({"server": _name, "tokens per request": _held,
+        burst_rows.append({"server": _name, "tokens stored per request": _held,
                            "predicted running": _pred["running"], "peak running": _run.peak_running,
                            "peak waiting": _run.peak_waiting,
                            "predicted KV usage (%)": 100 * _pred["usage"],
                            "peak KV usage (%)": 100 * _run.peak_usage,
+                           "latest first token (s)": max(_r.ttft or 0.0 for _r in _run.requests),
                            "slowest request (s)": max(_r.end for _r in _run.requests),
                            "errors": sum(_r.error is not None for _r in _run.requests)})
     ui.table(burst_rows)
@@ -405,14 +407,17 @@ def _(burst_rows, predict_contiguous_running, ui):
 def _(burst_n, burst_rows, ui):
     _pg, _ct = burst_rows
     ui.md(
-        f"Same pool, same {burst_n} requests of {_pg['tokens per request']} tokens: the paged "
+        f"Same pool, same {burst_n} requests storing {_pg['tokens stored per request']} tokens "
+        f"each: the paged "
         f"server ran **{_pg['peak running']}** at once (predicted {_pg['predicted running']}) with "
         f"{_pg['peak KV usage (%)']:.0f}% of its blocks in use (predicted "
         f"{_pg['predicted KV usage (%)']:.0f}%); the contiguous one ran **{_ct['peak running']}** "
         f"(predicted {_ct['predicted running']}) with {_ct['peak KV usage (%)']:.0f}% of the pool "
         f"reserved (predicted {_ct['predicted KV usage (%)']:.0f}%) and up to "
-        f"{_ct['peak waiting']} requests waiting, so its last request finished after "
-        f"{_ct['slowest request (s)']:.1f} s instead of {_pg['slowest request (s)']:.1f} s. "
+        f"{_ct['peak waiting']} requests waiting. The waiting shows in the time to first token: "
+        f"the latest one came after **{_ct['latest first token (s)']:.1f} s** on the contiguous "
+        f"server, {_pg['latest first token (s)']:.1f} s on the paged one (last answers complete "
+        f"after {_ct['slowest request (s)']:.1f} s and {_pg['slowest request (s)']:.1f} s). "
         + ("The gauges match the arithmetic." if all(
             _r["peak running"] == _r["predicted running"] for _r in burst_rows) else
            "The peaks differ from the arithmetic: the gauge is sampled, and a request that "
@@ -440,8 +445,8 @@ def _(mo):
 @app.cell
 def _(batching, kv_usage, maker, servers, srv_max_len, ui, workshop):
     pressure_n = workshop.session.sweep(8, 4)
-    pressure_prompt = 96
-    pressure_out = workshop.session.sweep(120, 40)
+    pressure_prompt = 112
+    pressure_out = workshop.session.sweep(120, 24)
     _before = servers["paged"].metrics().get(batching.PREEMPTIONS, 0.0)
     pressure_run = kv_usage.measure_kv(servers["paged"],
                                        [maker.make(pressure_prompt) for _ in range(pressure_n)],
@@ -510,7 +515,8 @@ def _(batching, servers, workshop):
         first = engine.num_steps
         while pending or engine.has_unfinished():
             # a request arrives on time, or at once when the engine would otherwise sit idle
-            while pending and (engine.num_steps - first >= pending[0][0] or not engine.has_unfinished()):
+            while pending and (engine.num_steps - first >= pending[0][0]
+                               or not engine.has_unfinished()):
                 _, i = pending.pop(0)
                 ids, max_tokens = requests[i]
                 engine.add_request(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
@@ -520,7 +526,7 @@ def _(batching, servers, workshop):
 
 
     _rng = random.Random(0)
-    batch_outputs = workshop.session.sweep([32, 6, 12, 24, 6, 18], [16, 3, 6, 12, 3, 9])
+    batch_outputs = workshop.session.sweep([32, 6, 12, 24, 6, 18], [10, 2, 4, 8, 2, 6])
     batch_requests = [([_rng.randrange(1000, 20000) for _ in range(12)], _m) for _m in batch_outputs]
     timeline_runs = {}
     for _policy in ("static", "continuous"):
@@ -589,7 +595,7 @@ def _(predict_static_share_pct, servers, ui, workshop):
     bench_runs = {_name: run_benchmark(servers[_name].base_url, servers[_name].model, "random",
                                        num_requests=bench_n, concurrency=bench_conc,
                                        api_key=servers[_name].api_key, warmup=0, progress=False,
-                                       input_len=32, output_len=workshop.session.sweep(48, 16),
+                                       input_len=32, output_len=workshop.session.sweep(48, 12),
                                        range_ratio=0.8, seed=1)
                   for _name in ("paged", "static")}
     bench_rows = [{"scheduler": servers[_name].info["extra"]["scheduler"],
@@ -665,9 +671,10 @@ def _(ui, workshop):
 @app.cell
 def _(batching, chunk_budget, chunk_long, drive, engine, random, ui, workshop):
     _rng_chunk = random.Random(1)
-    _short_out = workshop.session.sweep(48, 24)
+    _short_out = workshop.session.sweep(48, 16)
+    _long_ids = [_rng_chunk.randrange(1000, 20000) for _ in range(int(chunk_long.value))]
     chunk_requests = ([([_rng_chunk.randrange(1000, 20000) for _ in range(12)], _short_out)] * 3
-                      + [([_rng_chunk.randrange(1000, 20000) for _ in range(int(chunk_long.value))], 4)])
+                      + [(_long_ids, 4)])
     chunk_arrivals = [0, 0, 0, 4]   # the long prompt arrives at step 4
     chunk_runs = {}
     for _label, _knobs_chunk in {
@@ -757,7 +764,7 @@ def _(batching, kv_usage, live_requests, session, workshop):
 def _(kv_usage, session, ui, vllm_n, vllm_out, vllm_results, vllm_samples):
     _cap = int(session.info.get("kv_capacity_tokens") or 0)
     _bs = int(session.info.get("block_size") or 16)
-    _pred = kv_usage.predicted_usage([64 + vllm_out] * vllm_n, _bs, _cap) if _cap else None
+    _pred = kv_usage.predicted_usage([64 + vllm_out - 1] * vllm_n, _bs, _cap) if _cap else None
     ui.md(
         f"vLLM ran up to **{vllm_samples.peak(kv_usage.RUNNING):.0f}** requests at once, with up "
         f"to {vllm_samples.peak(kv_usage.WAITING):.0f} waiting, and its KV usage peaked at "

@@ -156,7 +156,8 @@ def _holes(regions: list[_Running], capacity: int) -> list[tuple[int, int]]:
 
 
 def simulate(requests: Sequence[tuple[int, int]], capacity_slots: int, layout: str,
-             block_size: int = 16, max_len: int = 2048, max_num_seqs: int | None = None) -> SimResult:
+             block_size: int = 16, max_len: int = 2048,
+             max_num_seqs: int | None = None) -> SimResult:
     """Run ``(prompt tokens, output tokens)`` requests, all waiting at step 0, through a KV pool.
 
     One step: every running request stores the KV of its last sampled token (paged: taking a
@@ -340,8 +341,9 @@ def plot_timeline(runs: dict[str, Sequence[Any]], title: str):
         ax.grid(True, axis="x", alpha=0.3)
     axes[-1].set_xlabel("time on the engine's clock (s)")
     fig.suptitle(title)
-    axes[0].legend(handles=[Patch(color=colours[k], label=k) for k in ("prefill", "decode")],
-                   loc="upper right", fontsize=8)
+    # outside the panels, where no bar can hide under it
+    fig.legend(handles=[Patch(color=colours[k], label=k) for k in ("prefill", "decode")],
+               loc="outside upper right", ncol=2, fontsize=8)
     return fig
 
 
@@ -390,6 +392,6 @@ def plot_gauges(samples: Any, running: str, waiting: str, usage: str, title: str
     return fig
 
 
-__all__ = ["LAYOUTS", "PREEMPTIONS", "reserved_slots", "internal_waste", "fit_count", "external_fragmentation",
-           "StepStats", "SimResult", "simulate", "sharegpt_lengths", "reschedule", "step_spans",
+__all__ = ["LAYOUTS", "PREEMPTIONS", "reserved_slots", "internal_waste", "fit_count",
+           "external_fragmentation", "StepStats", "SimResult", "simulate", "sharegpt_lengths", "reschedule", "step_spans",
            "token_times", "max_gap", "plot_timeline", "plot_pool_shares", "plot_gauges"]
