@@ -765,8 +765,10 @@ def _(kv_usage, session, ui, vllm_n, vllm_out, vllm_results, vllm_samples):
     _cap = int(session.info.get("kv_capacity_tokens") or 0)
     _bs = int(session.info.get("block_size") or 16)
     _pred = kv_usage.predicted_usage([64 + vllm_out - 1] * vllm_n, _bs, _cap) if _cap else None
+    _engine_name = session.info.get("engine", "the engine")
     ui.md(
-        f"vLLM ran up to **{vllm_samples.peak(kv_usage.RUNNING):.0f}** requests at once, with up "
+        f"`{_engine_name}` ran up to **{vllm_samples.peak(kv_usage.RUNNING):.0f}** requests at "
+        f"once, with up "
         f"to {vllm_samples.peak(kv_usage.WAITING):.0f} waiting, and its KV usage peaked at "
         f"**{100 * vllm_samples.peak(kv_usage.KV_USAGE):.1f}%** of {_cap:,} tokens in blocks of "
         f"{_bs}"
@@ -774,10 +776,11 @@ def _(kv_usage, session, ui, vllm_n, vllm_out, vllm_results, vllm_samples):
            f"{100 * _pred:.1f}%, by the block arithmetic of notebook 1)." if _pred is not None else ".")
         + f" {sum(_r.error is None for _r in vllm_results)} of {vllm_n} requests completed "
         f"({len(vllm_samples.times)} samples). "
-        + ("Nobody waited: this pool is far larger than the burst, so vLLM admitted every request "
+        + ("Nobody waited: the pool is far larger than the burst, so every request was admitted "
            "at once. Raise the burst (`vllm_n`, `vllm_out`) until the waiting line rises."
            if vllm_samples.peak(kv_usage.WAITING) == 0 else
-           "Requests waited: the running gauge hit a limit (`--max-num-seqs` or the KV blocks).")
+           "Requests waited: the engine admits only what its limits allow per step (sequences, "
+           "free KV blocks, tokens per step), the rest queue.")
     )
     return
 
