@@ -1,0 +1,184 @@
+"""Notebook 07's arithmetic: reservations, fragmentation, the pool simulation, step traces.
+
+Every expected number below was worked out by hand (the comments show how)."""
+
+from __future__ import annotations
+
+from collections import deque
+from types import SimpleNamespace
+
+import pytest
+
+from mini_engine.block_manager import BlockManager
+from mini_engine.config import EngineConfig
+from mini_engine.scheduler import ContinuousScheduler, StaticScheduler
+from workshop import batching as b
+
+
+# -- reservations ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("tokens, layout, expected", [
+    (17, "paged", 32),          # 2 blocks of 16
+    (16, "paged", 16),          # exactly 1 block
+    (17, "contiguous", 64),     # max_len 64 reserved whatever the request
+    (70, "contiguous", 80),     # longer than max_len: its own length, in whole blocks (5)
+    (17, "exact", 17),
+])
+def test_reserved_slots(tokens, layout, expected):
+    assert b.reserved_slots(tokens, layout, 16, 64) == expected
+
+
+def test_contiguous_max_len_rounds_up_to_blocks():
+    assert b.reserved_slots(10, "contiguous", 16, 50) == 64      # ceil(50 / 16) = 4 blocks
+
+
+def test_reserved_slots_agree_with_the_engine_block_manager():
+    for mode in ("paged", "contiguous"):
+        bm = BlockManager(100, 16, mode=mode, max_model_len=100)
+        for t in (1, 15, 16, 17, 99, 100, 101, 250):
+            assert b.reserved_slots(t, mode, 16, 100) == bm.blocks_for(t) * 16, (mode, t)
+
+
+def test_unknown_layout():
+    with pytest.raises(ValueError):
+        b.reserved_slots(10, "buddy", 16, 64)
+
+
+def test_internal_waste():
+    # paged: 17 -> 32 slots, 32 -> 32 slots: 64 reserved, 49 used, 15 wasted
+    w = b.internal_waste([17, 32], "paged", 16, 64)
+    assert (w["reserved"], w["used"], w["wasted"]) == (64, 49, 15)
+    assert w["wasted_pct"] == pytest.approx(100 * 15 / 64)
+    # contiguous: 2 x 64 = 128 reserved, 79 wasted
+    assert b.internal_waste([17, 32], "contiguous", 16, 64)["wasted"] == 79
+    assert b.internal_waste([17, 32], "exact", 16, 64)["wasted"] == 0
+    assert b.internal_waste([], "paged", 16, 64)["wasted_pct"] == 0.0
+
+
+def test_fit_count():
+    lens = [10, 20, 30]
+    assert b.fit_count(lens, 64, "exact", 16, 32) == 3          # 10 + 20 + 30 = 60 <= 64
+    assert b.fit_count(lens, 64, "paged", 16, 32) == 2          # 16 + 32 = 48; + 32 = 80 > 64
+    assert b.fit_count(lens, 70, "paged", 16, 32) == 2          # whole blocks only: 70 -> 64
+    assert b.fit_count(lens, 64, "contiguous", 16, 32) == 2     # 32 each
+    assert b.fit_count(lens, 95, "contiguous", 16, 32) == 2     # the third needs 96
+    assert b.fit_count(lens, 5, "exact", 16, 32) == 0
+
+
+def test_external_fragmentation():
+    assert b.external_fragmentation([10, 30]) == pytest.approx(0.25)   # 1 - 30/40
+    assert b.external_fragmentation([40]) == 0.0
+    assert b.external_fragmentation([]) == 0.0
+    assert b.external_fragmentation([0, 5]) == 0.0
+
+
+# -- the pool over time ------------------------------------------------------------------------
+
+def _steps(r):
+    return [(s.running, s.held, s.reserved, s.stranded, s.waiting) for s in r.steps]
+
+
+def test_simulate_exact_layout_strands_free_memory():
+    # capacity 10; A needs 4 slots (3+1), B 4 (2+2), C 5 (3+2).
+    # step 1: A [0,4), B [4,8); C waits, the only hole [8,10) is too small: 2 stranded;
+    #         A finishes.
+    # step 2: B decodes (held 3). Free: [0,4) and [8,10) = 6 >= 5, yet no hole of 5: 6 stranded.
+    #         B finishes.
+    # step 3: C at [0,5), held 3.  step 4: C held 4, finishes.
+    r = b.simulate([(3, 1), (2, 2), (3, 2)], 10, "exact")
+    assert _steps(r) == [(2, 5, 8, 2, 1), (1, 3, 4, 6, 1), (1, 3, 5, 0, 0), (1, 4, 5, 0, 0)]
+    assert r.preemptions == 0
+    # busy steps are 1 and 2: held (5+3)/2 = 4 -> 40 %, internal ((8-5)+(4-3))/2 = 2 -> 20 %,
+    # stranded (2+6)/2 = 4 -> 40 %, free 0 %.
+    shares = r.pool_shares()
+    assert shares == pytest.approx({"holding tokens": 40.0, "internal waste": 20.0,
+                                    "external waste": 40.0, "free": 0.0})
+    assert r.mean_running == pytest.approx(1.5)
+    assert r.peak_running == 2
+
+
+def test_simulate_contiguous_reserves_max_len():
+    # max_len 8, capacity 20: two reservations of 8 fit, 4 slots are left stranded for the third.
+    r = b.simulate([(2, 2)] * 3, 20, "contiguous", block_size=4, max_len=8)
+    assert r.steps[0] == b.StepStats(running=2, held=4, reserved=16, stranded=4, waiting=1)
+    assert r.peak_running == 2
+
+
+def test_simulate_paged_preempts_by_recompute():
+    # block_size 2, 2 blocks. R0 and R1: prompt 2, output 3.
+    # step 1: both admitted with 1 block each (held 2 each).
+    # step 2: R0 needs a 2nd block, none free: R1 (admitted last) is preempted, keeps its one
+    #         generated token; R0 takes the block (held 3). No admissions in a preempting step.
+    # step 3: R0 held 4, finishes; R1 needs blocks_for(2 + 1) = 2 blocks, none free: waits.
+    # step 4: R1 re-admitted, prefills 3 tokens.  step 5: R1 held 4, finishes.
+    r = b.simulate([(2, 3), (2, 3)], 4, "paged", block_size=2)
+    assert r.preemptions == 1
+    assert _steps(r) == [(2, 4, 4, 0, 0), (1, 3, 4, 0, 1), (1, 4, 4, 0, 1), (1, 3, 4, 0, 0),
+                         (1, 4, 4, 0, 0)]
+
+
+def test_simulate_max_num_seqs_caps_running():
+    r = b.simulate([(1, 2)] * 4, 100, "paged", block_size=4, max_num_seqs=2)
+    assert r.peak_running == 2
+    assert len(r.steps) == 4                 # two waves of two steps
+
+
+def test_simulate_refuses_a_request_larger_than_the_pool():
+    with pytest.raises(ValueError):
+        b.simulate([(10, 10)], 16, "paged", block_size=4)
+
+
+# -- step traces -------------------------------------------------------------------------------
+
+def _rec(seconds, *scheduled):
+    return SimpleNamespace(seconds=seconds, scheduled=list(scheduled))
+
+
+HISTORY = [
+    _rec(1.0, ("a", 10, "prefill"), ("b", 4, "prefill")),
+    _rec(0.5, ("a", 1, "decode"), ("b", 1, "decode")),
+    _rec(2.0, ("a", 1, "decode"), ("c", 100, "prefill")),
+    _rec(0.5, ("a", 1, "decode")),
+]
+
+
+def test_step_spans():
+    assert b.step_spans(HISTORY) == [(0.0, 1.0), (1.0, 1.5), (1.5, 3.5), (3.5, 4.0)]
+
+
+def test_token_times_and_gaps():
+    assert b.token_times(HISTORY, "a") == [1.0, 1.5, 3.5, 4.0]
+    assert b.max_gap(b.token_times(HISTORY, "a")) == pytest.approx(2.0)
+    assert b.token_times(HISTORY, "b") == [1.0, 1.5]
+    assert b.token_times(HISTORY, "c") == [3.5]
+    assert b.max_gap([3.5]) == 0.0
+    assert b.token_times(HISTORY, "nobody") == []
+
+
+def test_token_times_chunked_and_recomputed():
+    chunked = [_rec(1.0, ("c", 50, "prefill")), _rec(1.0, ("c", 50, "prefill")),
+               _rec(0.5, ("c", 1, "decode"))]
+    assert b.token_times(chunked, "c") == [2.0, 2.5]       # first token when the prompt is done
+    recomputed = [_rec(1.0, ("c", 8, "prefill")), _rec(1.0, ("c", 1, "decode")),
+                  _rec(1.0, ("x", 1, "decode")), _rec(1.0, ("c", 9, "prefill")),
+                  _rec(1.0, ("c", 1, "decode"))]
+    assert b.token_times(recomputed, "c") == [4.0, 5.0]
+
+
+def test_reschedule_swaps_the_policy_of_an_idle_engine():
+    bm = BlockManager(8, 4)
+    engine = SimpleNamespace(config=EngineConfig(), block_manager=bm, max_model_len=64,
+                             history=deque([1, 2]), has_unfinished=lambda: False,
+                             scheduler=None)
+    b.reschedule(engine, scheduler="static", max_num_seqs=3)
+    assert isinstance(engine.scheduler, StaticScheduler)
+    assert engine.scheduler.max_num_seqs == 3 and not engine.history
+    b.reschedule(engine, scheduler="continuous", chunked_prefill=False, max_num_batched_tokens=32)
+    assert isinstance(engine.scheduler, ContinuousScheduler)
+    assert engine.scheduler.chunked_prefill is False
+    assert engine.scheduler.max_num_batched_tokens == 32
+    with pytest.raises(ValueError):
+        b.reschedule(engine, scheduler="lottery")
+    engine.has_unfinished = lambda: True
+    with pytest.raises(RuntimeError):
+        b.reschedule(engine, scheduler="static")
