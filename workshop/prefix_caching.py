@@ -217,14 +217,34 @@ def _run(coro):
     return box["result"]
 
 
+RESET_TRIES = 5
+
+
+async def _reset(client, base_url: str) -> bool:
+    """One ``POST /reset_prefix_cache``; True when the server says the cache was emptied."""
+    async with client.session.post(base_url + "/reset_prefix_cache",
+                                   headers=client.headers) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"/reset_prefix_cache answered {resp.status}: this server "
+                               "cannot empty its prefix cache")
+        try:
+            body = await resp.json(content_type=None)
+        except ValueError:
+            return True
+        return bool(body.get("success", True)) if isinstance(body, dict) else True
+
+
 def sequential_run(session, requests, reset_each: bool) -> list:
     """Send ``requests`` (``workshop.bench`` ``Request``s) one at a time and record each.
 
     With ``reset_each`` the server's prefix cache is emptied (``POST /reset_prefix_cache``)
     before every request, so no request can reuse another's KV: prefix caching "off" on a
     server that has it on. The reset happens before the clock starts, so TTFT does not
-    include it. Either way the cache is emptied once before the first request. Returns the
-    harness's ``RequestRecord``s (``ttft``, ``prompt_tokens``, ``cached_tokens``, ...)."""
+    include it. Either way the cache is emptied once before the first request. vLLM refuses a
+    reset while other requests hold blocks (it answers ``{"success": false}``), so a refused
+    reset is retried a few times; a request's ``cached_tokens`` tells whether it took effect.
+    Returns the harness's ``RequestRecord``s (``ttft``, ``prompt_tokens``, ``cached_tokens``,
+    ...)."""
     from workshop.bench.client import OpenAIClient
     from workshop.bench.metrics import RequestRecord
 
@@ -235,11 +255,10 @@ def sequential_run(session, requests, reset_each: bool) -> list:
         async with OpenAIClient(session.base_url, session.model, session.api_key) as client:
             for i, req in enumerate(requests):
                 if reset_each or i == 0:
-                    async with client.session.post(session.base_url + "/reset_prefix_cache",
-                                                   headers=client.headers) as resp:
-                        if resp.status != 200:
-                            raise RuntimeError(f"/reset_prefix_cache answered {resp.status}: "
-                                               "this server cannot empty its prefix cache")
+                    for _ in range(RESET_TRIES):
+                        if await _reset(client, session.base_url):
+                            break
+                        await asyncio.sleep(0.2)
                 rec = RequestRecord(index=i, tag=req.tag, scheduled=clock())
                 await client.stream(req, rec, clock)
                 records.append(rec)

@@ -304,7 +304,10 @@ ui.md(
        if _none_sp["hit rate (/metrics)"] is not None else "no lookups at all (no cache). ")
     + ("Hash and radix found exactly the same tokens in both workloads: at block granularity, "
        "with requests one at a time and a pool that never fills, the two designs differ in how "
-       "they find a prefix, not in what they find. " if _same else
+       "they find a prefix, not in what they find; so the difference between their TTFTs "
+       f"(shared prefix {_hash_sp['median TTFT (ms)']:.0f} vs "
+       f"{_radix_sp['median TTFT (ms)']:.0f} ms) is mostly run-to-run variation on this "
+       "machine, not the data structure. " if _same else
        f"Hash and radix found different amounts (shared prefix {_hash_sp['hit rate (/metrics)']:.3f} "
        f"vs {_radix_sp['hit rate (/metrics)']:.3f}, agentic {_hash_ag['hit rate (/metrics)']:.3f} vs "
        f"{_radix_ag['hit rate (/metrics)']:.3f}). ")
@@ -468,8 +471,10 @@ for _label, _reset in ui.progress([("vLLM off", True), ("vLLM on", False)], titl
     vllm_runs[_label] = prefix_caching.sequential_run(session, vllm_requests, reset_each=_reset)
     vllm_rows.append(prefix_caching.sequential_row(vllm_runs[_label], _before, session.metrics(),
                                                    _label))
-# Pair the same requests: those that hit with the cache on, timed both ways.
-vllm_hit_requests = [i for i, r in enumerate(vllm_runs["vLLM on"]) if r.ok and r.cached_tokens]
+# Pair the same requests: those that hit with the cache on and found nothing with it "off".
+vllm_hit_requests = [i for i, (_a, _b) in enumerate(zip(vllm_runs["vLLM on"], vllm_runs["vLLM off"]))
+                     if _a.ok and _b.ok and _a.cached_tokens and not _b.cached_tokens]
+vllm_leaked = sum(1 for r in vllm_runs["vLLM off"] if r.cached_tokens)
 vllm_ttft_ratio = (statistics.median(vllm_runs["vLLM on"][i].ttft for i in vllm_hit_requests)
                    / statistics.median(vllm_runs["vLLM off"][i].ttft for i in vllm_hit_requests)
                    if vllm_hit_requests else float("nan"))
@@ -484,41 +489,51 @@ prefix_caching.per_request_figure(vllm_runs, "vLLM: time to first token of each 
                                   "prefix cache off vs on")
 
 # %%
-_off, _on = vllm_rows
-_vllm_formula = ((len(vllm_requests) - len(shared_groups))
-                 * (shared_prefix_tokens // vllm_block * vllm_block)
+_on = vllm_rows[1]
+_reusable = shared_prefix_tokens // vllm_block * vllm_block if vllm_block else 0
+_vllm_formula = ((len(vllm_requests) - len(shared_groups)) * _reusable
                  / (len(vllm_requests) * mean_prompt_tokens)) if vllm_block else None
 _other_traffic = (_on["hit rate (/metrics)"] is not None and _on["hit rate (usage)"] is not None
                   and abs(_on["hit rate (/metrics)"] - _on["hit rate (usage)"]) > 0.02)
-ui.md((
-    f"With the cache on, vLLM's counters give a hit rate of "
-    f"**{(_on['hit rate (/metrics)'] or 0):.3f}**, and the replies' own `usage` "
-    f"(`prompt_tokens_details.cached_tokens`) **{(_on['hit rate (usage)'] or 0):.3f}**"
-    + (f"; the same formula as in section 2 with vLLM's {vllm_block}-token blocks predicts "
-       f"**{_vllm_formula:.3f}**" if _vllm_formula is not None else "")
-    + ((f" (the teaching engine's {mini_info['block_size']}-token blocks gave "
-        f"{formula_hit_rate:.3f}: "
-        + ("the shared prefix rounds down to the same whole number of tokens with both block "
-           "sizes here; try a prefix length that is not a multiple of 128)"
+_parts = [f"With the cache on, the replies' own `usage` (`prompt_tokens_details.cached_tokens`) "
+          f"give a hit rate of **{(_on['hit rate (usage)'] or 0):.3f}** and vLLM's counters "
+          f"**{(_on['hit rate (/metrics)'] or 0):.3f}**"
+          + (" (the counters are server-wide, so other clients' requests during the run count "
+             "too; the per-reply numbers do not)." if _other_traffic else ".")]
+if _vllm_formula is not None:
+    _parts.append(
+        f"Section 2's formula with vLLM's {vllm_block}-token blocks predicts "
+        f"**{_vllm_formula:.3f}**; with the teaching engine's {mini_info['block_size']}-token "
+        f"blocks it gave {formula_hit_rate:.3f}"
+        + (": the shared prefix rounds down to the same number of tokens with both block "
+           "sizes here (try a prefix length that is not a multiple of 128)."
            if abs(_vllm_formula - formula_hit_rate) < 1e-9 else
-           f"vLLM's larger blocks leave up to {vllm_block - 1} shared tokens per request to "
-           f"recompute)"))
-       if _vllm_formula is not None else "")
-    + (" (the counters are server-wide: other clients' requests during the run change them, "
-       "the per-reply counts do not). " if _other_traffic else ". ")
-    + f"With a reset before every request the counters say "
-    f"**{(_off['hit rate (/metrics)'] or 0):.3f}**, so \"off\" really found nothing. "
-    f"{len(vllm_hit_requests)} requests hit; their median TTFT was **{vllm_ttft_ratio:.2f}x** what the same "
-    f"requests took without the cache"
-    + (", a clear gain even on this CPU." if vllm_ttft_ratio < 0.7 else
-       ", a modest gain: at a few hundred tokens vLLM's prefill on this machine is short next "
-       "to the rest of a request's path to its first token." if vllm_ttft_ratio < 0.95 else
-       ": no measurable gain here; at this prompt length prefill is a small part of the time "
-       "to the first token on this machine.")
-    + " The share of the prompt skipped bounds the gain: if all of TTFT were prefill, the ratio "
-      f"would be about {1 - (shared_prefix_tokens // vllm_block * vllm_block) / mean_prompt_tokens:.2f} "
-      "for a request that hits." if vllm_block else "")
-)
+           f": vLLM's larger blocks leave more of each shared prefix to recompute "
+           f"({shared_prefix_tokens - _reusable} of {shared_prefix_tokens} tokens here)."))
+_parts.append(
+    "With a reset before every request no reply reported a cached token: \"off\" really "
+    "found nothing." if vllm_leaked == 0 else
+    f"With a reset before every request, {vllm_leaked} of {len(vllm_requests)} replies still "
+    f"reported cached tokens: vLLM refuses to empty its cache while other requests hold "
+    f"blocks (this server is shared with other clients), so those resets did not take "
+    f"effect; those requests are left out of the comparison.")
+if vllm_hit_requests:
+    _parts.append(
+        f"{len(vllm_hit_requests)} requests hit with the cache and found nothing without it; "
+        f"with the cache their median TTFT was **{vllm_ttft_ratio:.2f}x** what it was without"
+        + (", a clear gain even on this CPU." if vllm_ttft_ratio < 0.7 else
+           ", a modest gain: at a few hundred tokens vLLM's prefill on this machine is short "
+           "next to the rest of a request's path to its first token." if vllm_ttft_ratio < 0.95
+           else ": no measurable gain here; at this prompt length prefill is a small part of "
+           "the time to the first token on this machine."))
+    if vllm_block:
+        _parts.append(
+            f"The share of the prompt skipped bounds the gain: if TTFT were all prefill, a "
+            f"request that hits would take about {1 - _reusable / mean_prompt_tokens:.2f}x.")
+else:
+    _parts.append("No request hit with the cache on and missed with it off, so there is no "
+                  "TTFT comparison in this run (is the shared prefix shorter than one block?).")
+ui.md(" ".join(_parts))
 
 # %% [markdown]
 # ## 5. What the real engines do
