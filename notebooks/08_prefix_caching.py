@@ -271,8 +271,10 @@ def _(mo):
       (branches) that inherit that history, then merges their reports.
 
     Requests go one session at a time (a closed loop of 1), so the hit rate depends on the order
-    of requests only, not on timing. The controls set the workloads' shape; starting the three
-    servers takes a little while.
+    of requests only, not on timing. The controls set the workloads' shape (in Jupyter, re-run
+    the cells from the one that builds the workloads on after moving one; marimo re-runs them).
+    The three servers are started once, side by side, and stay up until the notebook's kernel
+    exits (idle, they sleep and cost no CPU).
     """)
     return
 
@@ -631,21 +633,6 @@ def _(pool_live_rows, pool_rows, ui):
            f"{pool_live_rows[0]['replay hit rate']:.1%}."
            if pool_live_rows else "")
     )
-    return
-
-
-@app.cell(hide_code=True)
-def _(mo):
-    mo.md(r"""
-    The teaching-engine servers are done; stop them before the vLLM runs, which share the CPU.
-    """)
-    return
-
-
-@app.cell
-def _(mini):
-    for _s in mini.values():
-        _s.stop()
     return
 
 

@@ -176,8 +176,10 @@ ui.md("```text\n" + prefix_caching.radix_text(demo_tree.dump(), demo_block.value
 #   (branches) that inherit that history, then merges their reports.
 #
 # Requests go one session at a time (a closed loop of 1), so the hit rate depends on the order
-# of requests only, not on timing. The controls set the workloads' shape; starting the three
-# servers takes a little while.
+# of requests only, not on timing. The controls set the workloads' shape (in Jupyter, re-run
+# the cells from the one that builds the workloads on after moving one; marimo re-runs them).
+# The three servers are started once, side by side, and stay up until the notebook's kernel
+# exits (idle, they sleep and cost no CPU).
 
 # %%
 prefix_len = ui.slider(64, 1536, 512, 64, "shared system prompt (tokens)")
@@ -422,13 +424,6 @@ ui.md(
        f"{pool_live_rows[0]['replay hit rate']:.1%}."
        if pool_live_rows else "")
 )
-
-# %% [markdown]
-# The teaching-engine servers are done; stop them before the vLLM runs, which share the CPU.
-
-# %%
-for _s in mini.values():
-    _s.stop()
 
 # %% [markdown]
 # ## 4. vLLM's prefix caching, on and off

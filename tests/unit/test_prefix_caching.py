@@ -122,3 +122,48 @@ def test_sequential_row_uses_the_counters_change():
     assert row["median TTFT (ms)"] == pytest.approx(100.0)
     # 12 output tokens between the first send (0 s) and the last end (1.3 s)
     assert row["output tok/s"] == pytest.approx(12 / 1.3)
+
+
+class _Resp:
+    def __init__(self, status, body):
+        self.status, self.body = status, body
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    async def json(self, content_type=None):
+        if isinstance(self.body, Exception):
+            raise self.body
+        return self.body
+
+
+def _client(status, body):
+    posts = []
+
+    class Session:
+        def post(self, url, headers=None):
+            posts.append(url)
+            return _Resp(status, body)
+    return SimpleNamespace(session=Session(), headers={}), posts
+
+
+@pytest.mark.parametrize("status, body, ok", [
+    (200, {"success": True}, True),
+    (200, {"success": False}, False),      # vLLM with blocks still in use
+    (200, ValueError("not JSON"), True),   # a server that answers 200 without a body
+])
+def test_reset_reads_the_servers_answer(status, body, ok):
+    import asyncio
+    client, posts = _client(status, body)
+    assert asyncio.run(pc._reset(client, "http://x")) is ok
+    assert posts == ["http://x/reset_prefix_cache"]
+
+
+def test_reset_refused_by_status_raises():
+    import asyncio
+    client, _ = _client(404, {})
+    with pytest.raises(RuntimeError, match="404"):
+        asyncio.run(pc._reset(client, "http://x"))
