@@ -175,8 +175,9 @@ ui.md("```text\n" + prefix_caching.radix_text(demo_tree.dump(), demo_block.value
 #   turns, resending its whole history each time; after its first turn it forks sub-agents
 #   (branches) that inherit that history, then merges their reports.
 #
-# Requests go one session at a time (a closed loop of 1), so the hit rate depends on the order
-# of requests only, not on timing. The controls set the workloads' shape (in Jupyter, re-run
+# Sessions go one at a time (a closed loop of 1), so the shared-prefix workload's hit rate
+# depends only on the order of its requests; the agent's sub-agents send their requests at
+# the same moment, so there timing plays a part too. The controls set the workloads' shape (in Jupyter, re-run
 # the cells from the one that builds the workloads on after moving one; marimo re-runs them).
 # The three servers are started once, side by side, and stay up until the notebook's kernel
 # exits (idle, they sleep and cost no CPU).
@@ -291,8 +292,10 @@ _none_ag, _hash_ag, _radix_ag = (_row[(k, _w_ag)] for k in ("none", "hash", "rad
 _speed_sp = _none_sp["median TTFT (ms)"] / _hash_sp["median TTFT (ms)"]
 _speed_ag = _none_ag["median TTFT (ms)"] / _hash_ag["median TTFT (ms)"]
 _tput_sp = _hash_sp["output tok/s"] / _none_sp["output tok/s"]
-_same = all(abs(_row[("hash", w)]["hit rate (/metrics)"] - _row[("radix", w)]["hit rate (/metrics)"])
-            < 1e-9 for w in (_w_sp, _w_ag))
+_same_sp, _same_ag = (abs(_row[("hash", w)]["hit rate (/metrics)"]
+                          - _row[("radix", w)]["hit rate (/metrics)"]) < 1e-9 for w in (_w_sp, _w_ag))
+_same = _same_sp and _same_ag
+kinds_same_tokens, ttft_gain_shared = _same_sp, _speed_sp     # for the summary at the end
 _agree = abs(measured_hit_rate - formula_hit_rate) < 0.01
 ui.md(
     f"The formula gave **{formula_hit_rate:.3f}** and the hash server's counters "
@@ -310,9 +313,17 @@ ui.md(
        f"(shared prefix {_hash_sp['median TTFT (ms)']:.0f} vs "
        f"{_radix_sp['median TTFT (ms)']:.0f} ms) is mostly run-to-run variation on this "
        "machine, not the data structure. " if _same else
-       f"Hash and radix found different amounts (shared prefix {_hash_sp['hit rate (/metrics)']:.3f} "
-       f"vs {_radix_sp['hit rate (/metrics)']:.3f}, agentic {_hash_ag['hit rate (/metrics)']:.3f} vs "
-       f"{_radix_ag['hit rate (/metrics)']:.3f}). ")
+       f"Hash and radix found {'the same' if _same_sp else 'different'} amounts on the "
+       f"shared-prefix workload ({_hash_sp['hit rate (/metrics)']:.3f} vs "
+       f"{_radix_sp['hit rate (/metrics)']:.3f}) and {'the same' if _same_ag else 'different'} "
+       f"ones on the agentic workload ({_hash_ag['hit rate (/metrics)']:.3f} vs "
+       f"{_radix_ag['hit rate (/metrics)']:.3f}). "
+       + ("" if _same_ag else
+          "The agent's sub-agents send their requests at the same moment, so how much of a "
+          "sibling's freshly computed history one of them finds depends on which the scheduler "
+          "admitted first and how far it had got, not only on the cache's design. ")
+       + ("" if _same_sp else
+          "The shared-prefix requests go one at a time, so that difference is the design's. "))
     + f"Median TTFT without a cache / with the hash cache: **{_speed_sp:.2f}x** on the "
     f"shared-prefix workload, **{_speed_ag:.2f}x** on the agentic one; output throughput "
     f"changed **{_tput_sp:.2f}x** on the shared-prefix workload. "
@@ -536,24 +547,61 @@ ui.md(" ".join(_parts))
 # * **vLLM: automatic prefix caching** (on by default in the V1 engine; `--enable-prefix-caching`
 #   / `--no-enable-prefix-caching`). Each full block is identified by a hash of its parent
 #   block's hash, its tokens and any extra keys (LoRA adapter, multimodal inputs, a per-request
-#   `cache_salt`); the hash function is chosen by `--prefix-caching-hash-algo` (`sha256` on the
-#   server above, as its `vllm:cache_config_info` metric shows). Blocks no request holds stay
+#   `cache_salt`); the hash function is chosen by `--prefix-caching-hash-algo` (what the server
+#   above uses is printed after this list). Blocks no request holds stay
 #   in a free queue in least-recently-used order and are evicted from its front when a new
-#   block is needed, so, as in our hash cache, any single idle block can go. Only full blocks
-#   are cached. Design doc: [Automatic Prefix Caching](https://docs.vllm.ai/en/latest/design/prefix_caching.html).
-#   `POST /reset_prefix_cache` (used above) empties it.
+#   block is needed, so, as in our hash cache, any single idle block can go; a finished
+#   request's blocks enter that queue tail first, so its deepest blocks are evicted first
+#   (`free` in `vllm/v1/core/single_type_kv_cache_manager.py`). Only full blocks are cached.
+#   Design doc: [Automatic Prefix Caching](https://docs.vllm.ai/en/latest/design/prefix_caching.html).
+#   `POST /reset_prefix_cache` (used above) empties it, and refuses (returns false) while any
+#   request still holds blocks (`BlockPool.reset_prefix_cache` in `vllm/v1/core/block_pool.py`);
+#   source references are to vLLM 0.32 as installed with this course.
 # * **SGLang: RadixAttention** ([Zheng et al. 2023, arXiv:2312.07104](https://arxiv.org/abs/2312.07104)).
 #   The KV cache is indexed by a radix tree over token sequences, with LRU eviction of leaves
 #   and a cache-aware scheduler that serves requests sharing long prefixes together; on by
 #   default, `--disable-radix-cache` turns it off. Its default page size of 1 lets a match end
 #   at any token; larger `--page-size` values round matches to pages, as blocks do here.
-# * **Hit rate is measured in tokens** in both: vLLM exports
-#   `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits` (prompt tokens looked up / found),
-#   the counters read in this notebook; the teaching engine and the reference server export
-#   the same names (`reference_server/prometheus.py`).
-# * **What this notebook showed on this machine**: the hit rate follows from the workload's
-#   shared prefix and the block size (section 2's formula against the server's counters), it
-#   falls once the pool cannot hold the shared prompts beside the running requests (section
-#   3), and what a hit saves in TTFT is the prefill of the skipped tokens, which is worth most
-#   where prefill is expensive: long shared prompts, large models, agents resending long
-#   histories.
+# * **Hit rate in tokens.** vLLM exports `vllm:prefix_cache_queries` and
+#   `vllm:prefix_cache_hits` (prompt tokens looked up / found), the counters read in this
+#   notebook; the teaching engine and the reference server export the same names
+#   (`reference_server/prometheus.py`). SGLang reports a running cache hit rate instead.
+
+# %%
+from workshop import kvcache
+
+vllm_cache_config = kvcache.engine_cache_config(session.metrics_text())
+ui.md(
+    "The shared server's own `vllm:cache_config_info` (read now from its `/metrics`): "
+    + ", ".join(f"`{k}` = `{vllm_cache_config[k]}`" for k in
+                ("enable_prefix_caching", "prefix_caching_hash_algo", "block_size",
+                 "num_gpu_blocks") if k in vllm_cache_config)
+    + "." if vllm_cache_config else
+    "This server publishes no `vllm:cache_config_info` (not a vLLM engine?)."
+)
+
+# %% [markdown]
+# ### What this run showed
+
+# %%
+_pool_h = {r["pool (blocks)"]: r["hit rate"] for r in pool_rows if r["cache"] == "hash"}
+ui.md(
+    f"* **The hit rate is arithmetic.** Shared tokens rounded down to whole blocks, over all "
+    f"prompt tokens: the formula gave {formula_hit_rate:.3f}, the hash server's counters "
+    f"{measured_hit_rate:.3f}"
+    + (f", vLLM's replies {vllm_rows[1]['hit rate (usage)']:.3f}"
+       if vllm_rows[1]["hit rate (usage)"] is not None else "") + ".\n"
+    f"* **Hash vs radix** found "
+    + ("the same tokens" if kinds_same_tokens else "different numbers of tokens")
+    + f" on the shared-prefix workload with a pool large enough; as the pool shrank, the "
+      f"replay's hit rate fell from "
+    f"{_pool_h[max(_pool_h)]:.1%} ({max(_pool_h)} blocks) to {_pool_h[min(_pool_h)]:.1%} "
+    f"({min(_pool_h)} blocks) for the hash cache.\n"
+    f"* **What a hit saves** is the prefill of the skipped tokens: on this machine the teaching "
+    f"engine's median TTFT was {ttft_gain_shared:.1f}x lower with the hash cache than without on "
+    f"the shared-prefix workload"
+    + (f", and vLLM's {1 / vllm_ttft_ratio:.1f}x lower for requests that hit"
+       if vllm_hit_requests else "")
+    + ". The gain grows with the share of the prompt that is shared and with the cost of "
+      "prefill (longer prompts, larger models)."
+)

@@ -167,3 +167,11 @@ def test_reset_refused_by_status_raises():
     client, _ = _client(404, {})
     with pytest.raises(RuntimeError, match="404"):
         asyncio.run(pc._reset(client, "http://x"))
+
+
+def test_kinds_figure_draws_no_lookups_as_zero():
+    rows = [{"cache": "none", "workload": "w", "hit rate (/metrics)": None},
+            {"cache": "hash", "workload": "w", "hit rate (/metrics)": 0.6}]
+    fig = pc.kinds_figure(rows, "hit rate (/metrics)", "t", "y")
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert heights == [0.0, 0.6]
