@@ -516,9 +516,11 @@ def _(mo):
 
     Starting a server per pool size would cost several seconds each, so the curve below replays
     the shared-prefix workload's exact token lists (as planned, chat template applied) through
-    the engine's block manager and both caches, one request after another like the live runs,
-    for a range of pool sizes. Below the largest request's own size (red line) a request cannot
-    run at all.
+    the engine's block manager and both caches, for a range of pool sizes: one request after
+    another like the live runs, and step by step like the engine (the prompt in chunks of the
+    server's token budget per step, then one output token per step), because when blocks are
+    allocated and offered decides what gets evicted. Below the largest request's own size (red
+    line) a request cannot run at all.
     """)
     return
 
@@ -529,10 +531,12 @@ def _(mini_info, prefix_caching, shared_tokens, ui):
     _all_blocks = sum(-(-(len(p) + len(o)) // mini_info["block_size"]) for p, o in shared_tokens)
     pool_sizes = sorted({int(pool_min_blocks * f) for f in (1, 1.25, 1.5, 2, 2.5, 3, 4, 6)
                          if pool_min_blocks * f < _all_blocks} | {_all_blocks})
-    pool_rows = prefix_caching.pool_sweep(shared_tokens, pool_sizes, mini_info["block_size"])
+    pool_chunk = int(mini_info.get("extra", {}).get("max_num_batched_tokens") or 512)
+    pool_rows = prefix_caching.pool_sweep(shared_tokens, pool_sizes, mini_info["block_size"],
+                                          chunk=pool_chunk)
     ui.md(f"The largest request needs **{pool_min_blocks} blocks**; all requests together, with "
           f"nothing shared, would need {_all_blocks}. Pools swept: {pool_sizes} blocks.")
-    return pool_min_blocks, pool_rows
+    return pool_chunk, pool_min_blocks, pool_rows
 
 
 @app.cell(hide_code=True)
@@ -578,6 +582,7 @@ def _(ui):
 def _(
     live_pool,
     mini_info,
+    pool_chunk,
     pool_min_blocks,
     prefix_caching,
     shared_args,
@@ -595,7 +600,7 @@ def _(
         pool_live_rows = [{"pool (blocks)": _blocks, "hit rate": _rows[0]["hit rate (/metrics)"],
                            "median TTFT (ms)": _rows[0]["median TTFT (ms)"]}]
         _replayed = prefix_caching.pool_sweep(shared_tokens, [_blocks], mini_info["block_size"],
-                                              kinds=("hash",))[0]["hit rate"]
+                                              kinds=("hash",), chunk=pool_chunk)[0]["hit rate"]
         pool_live_rows[0]["replay hit rate"] = _replayed
     ui.table(pool_live_rows) if pool_live_rows else ui.md(
         "Quick mode: no live small-pool server (the replay curve below is computed, not measured).")
@@ -640,8 +645,12 @@ def _(pool_live_rows, pool_rows, ui):
            f"the deepest (least likely shared) first. "
            if _radix_lower else "The radix cache matched the hash cache at every pool size. ")
         + ("The live small-pool server found "
-           f"**{pool_live_rows[0]['hit rate']:.1%}** where the replay predicts "
-           f"{pool_live_rows[0]['replay hit rate']:.1%}."
+           f"**{pool_live_rows[0]['hit rate']:.2%}** where the replay predicts "
+           f"{pool_live_rows[0]['replay hit rate']:.2%}"
+           + (": the replay is the engine's eviction, block for block."
+              if abs(pool_live_rows[0]["hit rate"] - pool_live_rows[0]["replay hit rate"]) < 1e-6
+              else ": close, not identical, so the engine did something the replay does not "
+                   "model (another request in flight, a preemption).")
            if pool_live_rows else "")
     )
     return

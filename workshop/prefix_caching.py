@@ -49,14 +49,16 @@ class ReplayResult:
 
 
 def replay(requests: Iterable[tuple[Sequence[int], Sequence[int]]], kind: str, block_size: int,
-           num_blocks: int) -> ReplayResult:
+           num_blocks: int, chunk: int = 512) -> ReplayResult:
     """Send (prompt ids, output ids) pairs one after another through the engine's block manager.
 
-    Each request does what the engine does with it: look up its prompt in the prefix cache,
-    allocate blocks for prompt + output (evicting idle cached blocks if the pool is short),
-    offer its full computed blocks to the cache (the last output token's KV is never computed,
-    as in the engine), and free its own references. ``kind`` is ``none``, ``hash`` or
-    ``radix``. Requests are sequential: nothing else holds blocks meanwhile.
+    Each request goes the way the engine's steps take it: look up its prompt in the prefix
+    cache, prefill the rest ``chunk`` tokens per step (the engine's token budget per step),
+    then decode one token per step; before each step it gets the blocks that step needs
+    (evicting idle cached blocks if the pool is short), after each step its newly full blocks
+    are offered to the cache, and at the end it frees its references. The last output token's
+    KV is never computed, as in the engine. ``kind`` is ``none``, ``hash`` or ``radix``.
+    Requests are sequential: nothing else holds blocks meanwhile.
     """
     from mini_engine.block_manager import BlockManager
     from mini_engine.prefix_cache import make_prefix_cache
@@ -65,18 +67,30 @@ def replay(requests: Iterable[tuple[Sequence[int], Sequence[int]]], kind: str, b
     bm = BlockManager(num_blocks, block_size, max_model_len=1 << 30)
     bm.prefix_cache = make_prefix_cache(kind, bm.allocator, block_size)
     out = ReplayResult(kind, block_size, num_blocks, cache=bm.prefix_cache)
+
+    def step(seq, n: int) -> bool:
+        if not bm.allocate(seq, seq.num_computed_tokens + n):
+            return False
+        seq.num_computed_tokens += n
+        bm.cache_full_blocks(seq)
+        return True
+
     for prompt, output in requests:
         seq = Seq(list(prompt), SamplingParams(max_tokens=max(len(output), 1)))
         hit = bm.match_prefix(seq)
-        seq.token_ids.extend(output)
-        if not bm.allocate(seq, seq.num_tokens):
-            bm.free(seq)
+        ok = True
+        while ok and seq.num_computed_tokens < len(prompt):
+            ok = step(seq, min(chunk, len(prompt) - seq.num_computed_tokens))
+        for j, t in enumerate(output):
+            if not ok:
+                break
+            seq.token_ids.append(t)             # sampled; its KV is computed by the next step
+            if j < len(output) - 1:
+                ok = step(seq, 1)
+        bm.free(seq)
+        if not ok:
             out.refused += 1
             hit = 0
-        else:
-            seq.num_computed_tokens = seq.num_tokens - (1 if output else 0)
-            bm.cache_full_blocks(seq)
-            bm.free(seq)
         out.prompt_tokens.append(len(prompt))
         out.hit_tokens.append(hit)
         out.cached_blocks_after.append(
@@ -123,22 +137,31 @@ def radix_text(tree: dict, block_size: int, indent: str = "") -> str:
 
 
 def workload_tokens(workload) -> list[tuple[list[int], list[int]]]:
-    """(prompt ids, reply ids) of every request of a workload, as planned without a server
-    (replies are filler of the requested length; the chat template is applied as the server
-    would)."""
+    """(prompt ids, reply ids) of every request of a workload, as planned without a server.
+
+    The chat template is applied as the server would. Replies are the plan's filler, cut or
+    padded to exactly ``max_tokens`` ids: the harness sends ``ignore_eos``, so a server
+    generates exactly that many, and in a tight pool one block more or less of reply changes
+    what is evicted."""
     from workshop.bench.workloads import Tokenizer, plan
 
     tok = workload.tokenizer or Tokenizer()
-    return [(tok.prompt_ids(s.request), tok.encode(s.reply)) for s in plan(workload)]
+    out = []
+    for s in plan(workload):
+        n = s.request.max_tokens
+        reply = tok.encode(s.reply)[:n]
+        out.append((tok.prompt_ids(s.request), reply + [0] * (n - len(reply))))
+    return out
 
 
 def pool_sweep(requests: Sequence[tuple[Sequence[int], Sequence[int]]], pools: Sequence[int],
-               block_size: int, kinds: Sequence[str] = ("hash", "radix")) -> list[dict]:
+               block_size: int, kinds: Sequence[str] = ("hash", "radix"),
+               chunk: int = 512) -> list[dict]:
     """Replay the same requests for each pool size (in blocks) and cache kind."""
     rows = []
     for n in pools:
         for k in kinds:
-            r = replay(requests, k, block_size, n)
+            r = replay(requests, k, block_size, n, chunk)
             rows.append({"pool (blocks)": n, "pool (tokens)": n * block_size, "cache": k,
                          "hit rate": r.hit_rate, "requests refused": r.refused,
                          "most blocks cached": max(r.cached_blocks_after, default=0)})
@@ -181,15 +204,22 @@ def run_kinds(sessions: dict[str, Any], workloads: dict[str, dict], concurrency:
               progress: Callable[[Iterable], Iterable] = lambda x: x) -> tuple[list[dict], dict]:
     """Each workload (name -> builder arguments) through each server (cache kind -> session).
 
-    Returns the table rows and the raw ``BenchResult``s by (cache, workload)."""
+    Each server answers one short request first (a fresh server's first request is slow),
+    then its prefix cache is emptied and the workload runs: the run starts from an empty cache,
+    which is what ``replay`` assumes. Returns the table rows and the raw ``BenchResult``s by
+    (cache, workload)."""
     from workshop.bench import run_benchmark
+    from workshop.bench.workloads import Request
 
-    rows, raw = [], {}
+    rows, raw, warm = [], {}, set()
     jobs = [(k, w) for w in workloads for k in sessions]
     for kind, wl in progress(jobs):
         s = sessions[kind]
+        if kind not in warm:
+            sequential_run(s, [Request(2, prompt="Warm-up: say hello.", tag="warmup")], False)
+            warm.add(kind)
         res = run_benchmark(s.base_url, s.model, wl, concurrency=concurrency, api_key=s.api_key,
-                            warmup=1, progress=False, environment=False, reset_cache=True,
+                            warmup=0, progress=False, environment=False, reset_cache=True,
                             **workloads[wl])
         raw[(kind, wl)] = res
         rows.append(bench_row(res, kind, wl))

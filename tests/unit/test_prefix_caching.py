@@ -175,3 +175,26 @@ def test_kinds_figure_draws_no_lookups_as_zero():
     fig = pc.kinds_figure(rows, "hit rate (/metrics)", "t", "y")
     heights = [p.get_height() for p in fig.axes[0].patches]
     assert heights == [0.0, 0.6]
+
+
+def test_workload_tokens_replies_have_exactly_max_tokens():
+    from workshop.bench.workloads import Tokenizer, shared_prefix_workload
+    wl = shared_prefix_workload(Tokenizer(), num_requests=6, num_groups=2, system_prompt_len=40,
+                                question_len=8, output_len=5)
+    toks = pc.workload_tokens(wl)
+    assert [len(o) for _, o in toks] == [5] * 6
+    # Same group, same system prompt: the prompts share a start.
+    by_group = {}
+    for s, (p, _) in zip(wl.sessions, toks):
+        by_group.setdefault(s.request.tag, []).append(p)
+    assert all(g[0][:30] == g[1][:30] for g in by_group.values())
+
+
+def test_workload_tokens_cuts_and_pads_replies(monkeypatch):
+    from workshop.bench import workloads as W
+    sent = [W.Sent(W.Request(5, prompt="a b c"), "w1 w2 w3 w4 w5 w6 w7"),
+            W.Sent(W.Request(5, prompt="a b d"), "w1 w2")]
+    monkeypatch.setattr(W, "plan", lambda wl: sent)
+    toks = pc.workload_tokens(W.Workload("fake", [], tokenizer=W.Tokenizer()))
+    assert [len(o) for _, o in toks] == [5, 5]
+    assert [len(p) for p, _ in toks] == [3, 3]
