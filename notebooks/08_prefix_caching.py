@@ -281,8 +281,9 @@ def _(mo):
 
 
 @app.cell
-def _(ui):
-    prefix_len = ui.slider(64, 1536, 512, 64, "shared system prompt (tokens)")
+def _(ui, workshop):
+    prefix_len = ui.slider(64, 1536, workshop.session.sweep(512, 384), 64,
+                           "shared system prompt (tokens)")
     prefix_len
     return (prefix_len,)
 

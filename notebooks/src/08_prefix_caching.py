@@ -183,7 +183,8 @@ ui.md("```text\n" + prefix_caching.radix_text(demo_tree.dump(), demo_block.value
 # exits (idle, they sleep and cost no CPU).
 
 # %%
-prefix_len = ui.slider(64, 1536, 512, 64, "shared system prompt (tokens)")
+prefix_len = ui.slider(64, 1536, workshop.session.sweep(512, 384), 64,
+                       "shared system prompt (tokens)")
 prefix_len
 
 # %%
