@@ -273,9 +273,9 @@ def _(mo):
     Sessions go one at a time (a closed loop of 1), so the shared-prefix workload's hit rate
     depends only on the order of its requests; the agent's sub-agents send their requests at
     the same moment, so there timing plays a part too. The controls set the workloads' shape (in Jupyter, re-run
-    the cells from the one that builds the workloads on after moving one; marimo re-runs them).
-    The three servers are started once, side by side, and stay up until the notebook's kernel
-    exits (idle, they sleep and cost no CPU).
+    the cells from the one that starts the servers on after moving one; marimo re-runs them).
+    That cell starts the three servers side by side and builds the workloads; the servers are
+    stopped once this section is done, and started again by the next re-run.
     """)
     return
 
@@ -304,8 +304,10 @@ def _(ui):
 
 
 @app.cell
-def _(workshop):
+def _(agent_branches, prefix_caching, prefix_groups, prefix_len, workshop):
     from concurrent.futures import ThreadPoolExecutor
+
+    from workshop.bench.workloads import Tokenizer, agentic_workload, shared_prefix_workload
 
     cache_flags = {"none": ["--no-prefix-caching"], "hash": ["--", "--prefix-cache", "hash"],
                    "radix": ["--", "--prefix-cache", "radix"]}
@@ -317,19 +319,6 @@ def _(workshop):
         mini = {k: f.result() for k, f in _futures.items()}
     mini_info = mini["hash"].info
     print("\n\n".join(f"[{k}] {s.describe()}" for k, s in mini.items()))
-    return mini, mini_info
-
-
-@app.cell
-def _(
-    agent_branches,
-    mini_info,
-    prefix_caching,
-    prefix_groups,
-    prefix_len,
-    workshop,
-):
-    from workshop.bench.workloads import Tokenizer, agentic_workload, shared_prefix_workload
 
     mini_tok = Tokenizer.load(mini_info["model"], mini_info.get("model_path"))
     shared_args = dict(num_requests=workshop.session.sweep(16, 6), num_groups=prefix_groups.value,
@@ -343,7 +332,7 @@ def _(
                       final_output=workshop.session.sweep(24, 8))
     shared_wl = shared_prefix_workload(mini_tok, **shared_args)
     shared_tokens = prefix_caching.workload_tokens(shared_wl)
-    return agent_args, shared_args, shared_tokens, shared_wl
+    return agent_args, mini, mini_info, shared_args, shared_tokens, shared_wl
 
 
 @app.cell(hide_code=True)
@@ -503,6 +492,15 @@ def _(formula_hit_rate, kinds_rows, measured_hit_rate, ui):
           "within one server."
     )
     return kinds_same_tokens, ttft_gain_shared
+
+
+@app.cell
+def _(kinds_rows, kinds_same_tokens, mini):
+    # Section 3 replays without servers: stop the three (after the cells that use them).
+    _used = (kinds_rows, kinds_same_tokens)
+    for _s in mini.values():
+        _s.stop()
+    return
 
 
 @app.cell(hide_code=True)

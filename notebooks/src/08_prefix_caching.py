@@ -178,9 +178,9 @@ ui.md("```text\n" + prefix_caching.radix_text(demo_tree.dump(), demo_block.value
 # Sessions go one at a time (a closed loop of 1), so the shared-prefix workload's hit rate
 # depends only on the order of its requests; the agent's sub-agents send their requests at
 # the same moment, so there timing plays a part too. The controls set the workloads' shape (in Jupyter, re-run
-# the cells from the one that builds the workloads on after moving one; marimo re-runs them).
-# The three servers are started once, side by side, and stay up until the notebook's kernel
-# exits (idle, they sleep and cost no CPU).
+# the cells from the one that starts the servers on after moving one; marimo re-runs them).
+# That cell starts the three servers side by side and builds the workloads; the servers are
+# stopped once this section is done, and started again by the next re-run.
 
 # %%
 prefix_len = ui.slider(64, 1536, workshop.session.sweep(512, 384), 64,
@@ -199,6 +199,8 @@ agent_branches
 # %%
 from concurrent.futures import ThreadPoolExecutor
 
+from workshop.bench.workloads import Tokenizer, agentic_workload, shared_prefix_workload
+
 cache_flags = {"none": ["--no-prefix-caching"], "hash": ["--", "--prefix-cache", "hash"],
                "radix": ["--", "--prefix-cache", "radix"]}
 # Started side by side: most of a start is loading Python and the model, one core each.
@@ -209,9 +211,6 @@ with ThreadPoolExecutor(len(cache_flags)) as _pool:
     mini = {k: f.result() for k, f in _futures.items()}
 mini_info = mini["hash"].info
 print("\n\n".join(f"[{k}] {s.describe()}" for k, s in mini.items()))
-
-# %%
-from workshop.bench.workloads import Tokenizer, agentic_workload, shared_prefix_workload
 
 mini_tok = Tokenizer.load(mini_info["model"], mini_info.get("model_path"))
 shared_args = dict(num_requests=workshop.session.sweep(16, 6), num_groups=prefix_groups.value,
@@ -338,6 +337,12 @@ ui.md(
     + "Requests with a hit and without are split in the table, which is the cleaner comparison "
       "within one server."
 )
+
+# %%
+# Section 3 replays without servers: stop the three (after the cells that use them).
+_used = (kinds_rows, kinds_same_tokens)
+for _s in mini.values():
+    _s.stop()
 
 # %% [markdown]
 # ## 3. Eviction: when the pool is too small to keep everything
