@@ -1,0 +1,200 @@
+"""workshop.prefix_caching: replays through the engine's caches, and the rows of live runs.
+
+Every expected number is worked out by hand in the comments (block size 4 throughout).
+"""
+
+from types import SimpleNamespace
+
+import pytest
+
+from reference_server import prometheus as P
+from workshop import prefix_caching as pc
+from workshop.bench.metrics import RequestRecord
+
+A = list(range(100, 112))                       # 12 tokens = 3 blocks
+B = list(range(100, 110)) + [7, 8, 9, 10]       # shares 10 tokens (2 blocks + 2) with A
+C = A + [1, 2, 3, 4]                            # A is its prefix
+
+
+@pytest.mark.parametrize("kind", ["hash", "radix"])
+def test_only_full_blocks_are_reused(kind):
+    r = pc.replay([(A, []), (B, []), (C, [])], kind, 4, 64)
+    # B: 10 shared tokens -> 2 whole blocks = 8; C: all 3 of A's blocks = 12.
+    assert r.hit_tokens == [0, 8, 12]
+    assert r.prompt_tokens == [12, 14, 16]
+    assert r.hit_rate == pytest.approx(20 / 42)
+    assert r.refused == 0
+
+
+@pytest.mark.parametrize("kind", ["hash", "radix"])
+def test_the_last_prompt_token_is_always_computed(kind):
+    # The same 12-token prompt twice: 3 blocks cached, but the block holding the last token
+    # is withheld so the engine has a token to compute: 8 tokens, not 12.
+    r = pc.replay([(A, []), (A, [])], kind, 4, 64)
+    assert r.hit_tokens == [0, 8]
+
+
+def test_no_cache_finds_nothing():
+    r = pc.replay([(A, []), (A, [])], "none", 4, 64)
+    assert r.hit_tokens == [0, 0]
+    assert r.hit_rate == 0.0
+
+
+def test_output_blocks_are_cached_too():
+    # 5 prompt + 3 output tokens: 7 computed (the last output token never is) = 1 full
+    # block; a prompt made of those 8 tokens + 1 finds that block only: 4 tokens. With
+    # 2 + 7 output tokens, 8 are computed: both blocks are found.
+    r = pc.replay([(list(range(5)), [5, 6, 7]), (list(range(9)), [])], "hash", 4, 64)
+    assert r.hit_tokens == [0, 4]
+    r = pc.replay([(list(range(2)), list(range(2, 9))), (list(range(9)), [])], "hash", 4, 64)
+    assert r.hit_tokens == [0, 8]
+
+
+def test_eviction_hash_drops_single_blocks_radix_whole_leaves():
+    # Pool of 4 blocks. P1 and P2 (2 blocks each) fill it. P3 = P1 + 1 block: hits P1's
+    # 8 tokens, needs 1 block, so 1 idle block of P2 must go. The hash cache drops P2's
+    # deepest block only; the radix tree drops P2's whole leaf edge (both blocks). P4 = P2 + 1
+    # token then finds 4 tokens in the hash cache and nothing in the radix tree.
+    p1, p2 = list(range(1, 9)), list(range(11, 19))
+    reqs = [(p1, []), (p2, []), (p1 + [9, 10, 11, 12], []), (p2 + [19], [])]
+    assert pc.replay(reqs, "hash", 4, 4).hit_tokens == [0, 0, 8, 4]
+    assert pc.replay(reqs, "radix", 4, 4).hit_tokens == [0, 0, 8, 0]
+
+
+def test_a_request_larger_than_the_pool_is_refused():
+    r = pc.replay([(list(range(20)), [])], "hash", 4, 4)    # 5 blocks > 4
+    assert r.refused == 1 and r.hit_tokens == [0]
+
+
+def test_blocks_needed_and_pool_sweep():
+    reqs = [(list(range(8)), [1]), (list(range(5)), [])]
+    assert pc.blocks_needed(reqs, 4) == 3                     # ceil(9 / 4)
+    rows = pc.pool_sweep([(A, []), (A, [])], [3, 64], 4, kinds=("hash",))
+    assert [r["pool (blocks)"] for r in rows] == [3, 64]
+    assert [r["pool (tokens)"] for r in rows] == [12, 256]
+    # 8 of 24 prompt tokens found, even in a pool of exactly one request's 3 blocks.
+    assert [r["hit rate"] for r in rows] == [pytest.approx(1 / 3)] * 2
+
+
+def test_match_rows():
+    rows = pc.match_rows({"A": A, "B": B}, 4)
+    assert rows[1] == {"prompt": "B", "tokens": 14,
+                       "longest prefix shared with an earlier prompt": 10,
+                       "hash: tokens reused": 8, "radix: tokens reused": 8}
+
+
+def test_radix_text():
+    tree = {"tokens": 0, "blocks": [], "children": [
+        {"tokens": 8, "blocks": [0, 1], "children": [
+            {"tokens": 4, "blocks": [2], "children": []}]}]}
+    assert pc.radix_text(tree, 4) == ("(root)\n└─ 8 tokens = 2 block(s) [0, 1]\n"
+                                      "   └─ 4 tokens = 1 block(s) [2]")
+    assert pc.radix_text({"children": []}, 4) == "(empty)"
+
+
+def _rec(i, ttft, prompt, cached, warmup=False, error=None):
+    return RequestRecord(index=i, scheduled=0.0, sent=0.0, first_token=ttft, end=ttft + 1.0,
+                         prompt_tokens=prompt, output_tokens=4, cached_tokens=cached,
+                         warmup=warmup, error=error)
+
+
+def test_bench_row_splits_hits_and_misses():
+    records = [_rec(0, 9.0, 100, 0, warmup=True),          # ignored
+               _rec(1, 0.300, 100, 0), _rec(2, 0.100, 100, 64), _rec(3, 0.120, 100, 64),
+               _rec(4, 0.500, 100, None)]     # no usage details: not in the usage hit rate
+    summary = {"completed": 4, "errors": 0, "server": {"prefix_cache_hit_rate": 0.5},
+               "ttft_ms": {"median": 120.0}, "output_throughput": 7.0, "duration_s": 2.0}
+    row = pc.bench_row(SimpleNamespace(summary=summary, records=records), "hash", "wl")
+    assert row["hit rate (/metrics)"] == 0.5
+    assert row["hit rate (usage)"] == pytest.approx(128 / 300)
+    assert row["median TTFT, requests with a hit (ms)"] == pytest.approx(110.0)
+    assert row["median TTFT, requests without (ms)"] == pytest.approx(400.0)
+
+
+def test_sequential_row_uses_the_counters_change():
+    before = {P.PREFIX_CACHE_QUERIES: 1000.0, P.PREFIX_CACHE_HITS: 200.0}
+    after = {P.PREFIX_CACHE_QUERIES: 1300.0, P.PREFIX_CACHE_HITS: 328.0}
+    records = [_rec(0, 0.3, 100, 0), _rec(1, 0.1, 100, 64), _rec(2, 0.1, 100, 64),
+               _rec(3, 0.0, 100, 0, error="HTTP 500")]
+    row = pc.sequential_row(records, before, after, "vLLM on")
+    assert row["hit rate (/metrics)"] == pytest.approx(128 / 300)
+    assert row["requests"] == 3 and row["errors"] == 1
+    assert row["median TTFT (ms)"] == pytest.approx(100.0)
+    # 12 output tokens between the first send (0 s) and the last end (1.3 s)
+    assert row["output tok/s"] == pytest.approx(12 / 1.3)
+
+
+class _Resp:
+    def __init__(self, status, body):
+        self.status, self.body = status, body
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc):
+        return False
+
+    async def json(self, content_type=None):
+        if isinstance(self.body, Exception):
+            raise self.body
+        return self.body
+
+
+def _client(status, body):
+    posts = []
+
+    class Session:
+        def post(self, url, headers=None):
+            posts.append(url)
+            return _Resp(status, body)
+    return SimpleNamespace(session=Session(), headers={}), posts
+
+
+@pytest.mark.parametrize("status, body, ok", [
+    (200, {"success": True}, True),
+    (200, {"success": False}, False),      # vLLM with blocks still in use
+    (200, ValueError("not JSON"), True),   # a server that answers 200 without a body
+])
+def test_reset_reads_the_servers_answer(status, body, ok):
+    import asyncio
+    client, posts = _client(status, body)
+    assert asyncio.run(pc._reset(client, "http://x")) is ok
+    assert posts == ["http://x/reset_prefix_cache"]
+
+
+def test_reset_refused_by_status_raises():
+    import asyncio
+    client, _ = _client(404, {})
+    with pytest.raises(RuntimeError, match="404"):
+        asyncio.run(pc._reset(client, "http://x"))
+
+
+def test_kinds_figure_draws_no_lookups_as_zero():
+    rows = [{"cache": "none", "workload": "w", "hit rate (/metrics)": None},
+            {"cache": "hash", "workload": "w", "hit rate (/metrics)": 0.6}]
+    fig = pc.kinds_figure(rows, "hit rate (/metrics)", "t", "y")
+    heights = [p.get_height() for p in fig.axes[0].patches]
+    assert heights == [0.0, 0.6]
+
+
+def test_workload_tokens_replies_have_exactly_max_tokens():
+    from workshop.bench.workloads import Tokenizer, shared_prefix_workload
+    wl = shared_prefix_workload(Tokenizer(), num_requests=6, num_groups=2, system_prompt_len=40,
+                                question_len=8, output_len=5)
+    toks = pc.workload_tokens(wl)
+    assert [len(o) for _, o in toks] == [5] * 6
+    # Same group, same system prompt: the prompts share a start.
+    by_group = {}
+    for s, (p, _) in zip(wl.sessions, toks):
+        by_group.setdefault(s.request.tag, []).append(p)
+    assert all(g[0][:30] == g[1][:30] for g in by_group.values())
+
+
+def test_workload_tokens_cuts_and_pads_replies(monkeypatch):
+    from workshop.bench import workloads as W
+    sent = [W.Sent(W.Request(5, prompt="a b c"), "w1 w2 w3 w4 w5 w6 w7"),
+            W.Sent(W.Request(5, prompt="a b d"), "w1 w2")]
+    monkeypatch.setattr(W, "plan", lambda wl: sent)
+    toks = pc.workload_tokens(W.Workload("fake", [], tokenizer=W.Tokenizer()))
+    assert [len(o) for _, o in toks] == [5, 5]
+    assert [len(p) for p, _ in toks] == [3, 3]

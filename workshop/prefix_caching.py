@@ -1,0 +1,388 @@
+"""Prefix caching: replaying token lists through the engine's caches, and live runs per cache.
+
+Two halves. ``replay`` drives the teaching engine's own ``BlockManager`` and prefix caches
+(``mini_engine/prefix_cache.py``) with token lists and no model: which tokens each request
+would find cached, under a pool of a given size. It is how the notebook shows the two
+designs on small examples and how it sweeps the pool size without a server per size.
+
+The live half runs the benchmark harness (``workshop/bench``) against servers and reduces
+each run to one row (hit rate from the server's ``/metrics``, TTFT, throughput);
+``sequential_run`` sends requests one at a time, optionally emptying the server's prefix
+cache before each one (prefix caching "off" on a server that has it on), and times the
+first token without counting the reset.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+CACHE_COLORS = {"none": "tab:gray", "hash": "tab:blue", "radix": "tab:green",
+                "vLLM off": "tab:gray", "vLLM on": "tab:purple"}
+
+
+# --------------------------------------------------------------------------- replay
+
+
+@dataclass
+class ReplayResult:
+    """What a replay saw, per request: prompt tokens and how many were found cached."""
+
+    kind: str
+    block_size: int
+    num_blocks: int
+    prompt_tokens: list[int] = field(default_factory=list)
+    hit_tokens: list[int] = field(default_factory=list)
+    cached_blocks_after: list[int] = field(default_factory=list)   # blocks the cache holds
+    cache: Any = None           # the prefix cache object, for dump() / inspection
+    refused: int = 0            # requests that did not fit the pool at all
+
+    @property
+    def hit_rate(self) -> float:
+        """Hit tokens / prompt tokens, the way vLLM's two counters divide."""
+        total = sum(self.prompt_tokens)
+        return sum(self.hit_tokens) / total if total else 0.0
+
+
+def replay(requests: Iterable[tuple[Sequence[int], Sequence[int]]], kind: str, block_size: int,
+           num_blocks: int, chunk: int = 512) -> ReplayResult:
+    """Send (prompt ids, output ids) pairs one after another through the engine's block manager.
+
+    Each request goes the way the engine's steps take it: look up its prompt in the prefix
+    cache, prefill the rest ``chunk`` tokens per step (the engine's token budget per step),
+    then decode one token per step; before each step it gets the blocks that step needs
+    (evicting idle cached blocks if the pool is short), after each step its newly full blocks
+    are offered to the cache, and at the end it frees its references. The last output token's
+    KV is never computed, as in the engine. ``kind`` is ``none``, ``hash`` or ``radix``.
+    Requests are sequential: nothing else holds blocks meanwhile.
+    """
+    from mini_engine.block_manager import BlockManager
+    from mini_engine.prefix_cache import make_prefix_cache
+    from mini_engine.sequence import SamplingParams, Sequence as Seq
+
+    bm = BlockManager(num_blocks, block_size, max_model_len=1 << 30)
+    bm.prefix_cache = make_prefix_cache(kind, bm.allocator, block_size)
+    out = ReplayResult(kind, block_size, num_blocks, cache=bm.prefix_cache)
+
+    def step(seq, n: int) -> bool:
+        if not bm.allocate(seq, seq.num_computed_tokens + n):
+            return False
+        seq.num_computed_tokens += n
+        bm.cache_full_blocks(seq)
+        return True
+
+    for prompt, output in requests:
+        seq = Seq(list(prompt), SamplingParams(max_tokens=max(len(output), 1)))
+        hit = bm.match_prefix(seq)
+        ok = True
+        while ok and seq.num_computed_tokens < len(prompt):
+            ok = step(seq, min(chunk, len(prompt) - seq.num_computed_tokens))
+        for j, t in enumerate(output):
+            if not ok:
+                break
+            seq.token_ids.append(t)             # sampled; its KV is computed by the next step
+            if j < len(output) - 1:
+                ok = step(seq, 1)
+        bm.free(seq)
+        if not ok:
+            out.refused += 1
+            hit = 0
+        out.prompt_tokens.append(len(prompt))
+        out.hit_tokens.append(hit)
+        out.cached_blocks_after.append(
+            bm.prefix_cache.num_cached_blocks() if bm.prefix_cache is not None else 0)
+    return out
+
+
+def match_rows(prompts: dict[str, Sequence[int]], block_size: int,
+               kinds: Sequence[str] = ("hash", "radix")) -> list[dict]:
+    """A table: each named prompt, sent in order, and the tokens each cache kind reused."""
+    results = {k: replay([(p, []) for p in prompts.values()], k, block_size, 1 << 12)
+               for k in kinds}
+    rows = []
+    seen: list[Sequence[int]] = []
+    for i, (name, p) in enumerate(prompts.items()):
+        common = max((_common_prefix(p, q) for q in seen), default=0)
+        row = {"prompt": name, "tokens": len(p), "longest prefix shared with an earlier prompt": common}
+        for k in kinds:
+            row[f"{k}: tokens reused"] = results[k].hit_tokens[i]
+        rows.append(row)
+        seen.append(p)
+    return rows
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def radix_text(tree: dict, block_size: int, indent: str = "") -> str:
+    """A ``RadixPrefixCache.dump()`` as an indented outline, one edge per line."""
+    lines = []
+    for child in tree.get("children", []):
+        lines.append(f"{indent}└─ {child['tokens']} tokens = {child['tokens'] // block_size} "
+                     f"block(s) {child['blocks']}")
+        sub = radix_text(child, block_size, indent + "   ")
+        if sub:
+            lines.append(sub)
+    return "\n".join(lines) if indent else ("(root)\n" + "\n".join(lines) if lines else "(empty)")
+
+
+def workload_tokens(workload) -> list[tuple[list[int], list[int]]]:
+    """(prompt ids, reply ids) of every request of a workload, as planned without a server.
+
+    The chat template is applied as the server would. Replies are the plan's filler, cut or
+    padded to exactly ``max_tokens`` ids: the harness sends ``ignore_eos``, so a server
+    generates exactly that many, and in a tight pool one block more or less of reply changes
+    what is evicted."""
+    from workshop.bench.workloads import Tokenizer, plan
+
+    tok = workload.tokenizer or Tokenizer()
+    out = []
+    for s in plan(workload):
+        n = s.request.max_tokens
+        reply = tok.encode(s.reply)[:n]
+        out.append((tok.prompt_ids(s.request), reply + [0] * (n - len(reply))))
+    return out
+
+
+def pool_sweep(requests: Sequence[tuple[Sequence[int], Sequence[int]]], pools: Sequence[int],
+               block_size: int, kinds: Sequence[str] = ("hash", "radix"),
+               chunk: int = 512) -> list[dict]:
+    """Replay the same requests for each pool size (in blocks) and cache kind."""
+    rows = []
+    for n in pools:
+        for k in kinds:
+            r = replay(requests, k, block_size, n, chunk)
+            rows.append({"pool (blocks)": n, "pool (tokens)": n * block_size, "cache": k,
+                         "hit rate": r.hit_rate, "requests refused": r.refused,
+                         "most blocks cached": max(r.cached_blocks_after, default=0)})
+    return rows
+
+
+def blocks_needed(requests: Sequence[tuple[Sequence[int], Sequence[int]]], block_size: int) -> int:
+    """Blocks the largest single request needs: a pool below this cannot serve it at all."""
+    return max(-(-(len(p) + len(o)) // block_size) for p, o in requests)
+
+
+# --------------------------------------------------------------------------- live runs
+
+
+def bench_row(result, cache: str, workload: str) -> dict:
+    """One table row from a ``BenchResult``: hit rate (server counters), TTFT, throughput."""
+    s = result.summary
+    done = [r for r in result.records if not r.warmup and r.ok]
+    hit = [r.ttft * 1e3 for r in done if r.cached_tokens]
+    miss = [r.ttft * 1e3 for r in done if not r.cached_tokens]
+    return {"cache": cache, "workload": workload, "requests": s["completed"],
+            "errors": s["errors"],
+            "hit rate (/metrics)": s["server"].get("prefix_cache_hit_rate"),
+            "hit rate (usage)": _usage_hit_rate(done),
+            "median TTFT (ms)": s["ttft_ms"]["median"],
+            "median TTFT, requests with a hit (ms)": statistics.median(hit) if hit else None,
+            "median TTFT, requests without (ms)": statistics.median(miss) if miss else None,
+            "output tok/s": s["output_throughput"],
+            "wall time (s)": s["duration_s"]}
+
+
+def _usage_hit_rate(records) -> float | None:
+    """Cached / prompt tokens from each reply's ``usage`` (independent of ``/metrics``)."""
+    recs = [r for r in records if r.cached_tokens is not None]
+    total = sum(r.prompt_tokens for r in recs)
+    return sum(r.cached_tokens for r in recs) / total if recs and total else None
+
+
+def run_kinds(sessions: dict[str, Any], workloads: dict[str, dict], concurrency: int = 1,
+              progress: Callable[[Iterable], Iterable] = lambda x: x) -> tuple[list[dict], dict]:
+    """Each workload (name -> builder arguments) through each server (cache kind -> session).
+
+    Each server answers one short request first (a fresh server's first request is slow),
+    then its prefix cache is emptied and the workload runs: the run starts from an empty cache,
+    which is what ``replay`` assumes. Returns the table rows and the raw ``BenchResult``s by
+    (cache, workload)."""
+    from workshop.bench import run_benchmark
+    from workshop.bench.workloads import Request
+
+    rows, raw, warm = [], {}, set()
+    jobs = [(k, w) for w in workloads for k in sessions]
+    for kind, wl in progress(jobs):
+        s = sessions[kind]
+        if kind not in warm:
+            sequential_run(s, [Request(2, prompt="Warm-up: say hello.", tag="warmup")], False)
+            warm.add(kind)
+        res = run_benchmark(s.base_url, s.model, wl, concurrency=concurrency, api_key=s.api_key,
+                            warmup=0, progress=False, environment=False, reset_cache=True,
+                            **workloads[wl])
+        raw[(kind, wl)] = res
+        rows.append(bench_row(res, kind, wl))
+    return rows, raw
+
+
+def _run(coro):
+    """Run a coroutine whether or not an event loop is running (Jupyter runs one)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(coro)
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = asyncio.run(coro)
+        except BaseException as e:   # re-raised on the caller's thread
+            box["error"] = e
+    t = threading.Thread(target=target, name="prefix-caching-run")
+    t.start()
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
+
+
+RESET_TRIES = 5
+
+
+async def _reset(client, base_url: str) -> bool:
+    """One ``POST /reset_prefix_cache``; True when the server says the cache was emptied."""
+    async with client.session.post(base_url + "/reset_prefix_cache",
+                                   headers=client.headers) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"/reset_prefix_cache answered {resp.status}: this server "
+                               "cannot empty its prefix cache")
+        try:
+            body = await resp.json(content_type=None)
+        except ValueError:
+            return True
+        return bool(body.get("success", True)) if isinstance(body, dict) else True
+
+
+def sequential_run(session, requests, reset_each: bool) -> list:
+    """Send ``requests`` (``workshop.bench`` ``Request``s) one at a time and record each.
+
+    With ``reset_each`` the server's prefix cache is emptied (``POST /reset_prefix_cache``)
+    before every request, so no request can reuse another's KV: prefix caching "off" on a
+    server that has it on. The reset happens before the clock starts, so TTFT does not
+    include it. Either way the cache is emptied once before the first request. vLLM refuses a
+    reset while other requests hold blocks (it answers ``{"success": false}``), so a refused
+    reset is retried a few times; a request's ``cached_tokens`` tells whether it took effect.
+    Returns the harness's ``RequestRecord``s (``ttft``, ``prompt_tokens``, ``cached_tokens``,
+    ...)."""
+    from workshop.bench.client import OpenAIClient
+    from workshop.bench.metrics import RequestRecord
+
+    async def main() -> list:
+        t0 = time.perf_counter()
+        clock = lambda: time.perf_counter() - t0   # noqa: E731
+        records = []
+        async with OpenAIClient(session.base_url, session.model, session.api_key) as client:
+            for i, req in enumerate(requests):
+                if reset_each or i == 0:
+                    for _ in range(RESET_TRIES):
+                        if await _reset(client, session.base_url):
+                            break
+                        await asyncio.sleep(0.2)
+                rec = RequestRecord(index=i, tag=req.tag, scheduled=clock())
+                await client.stream(req, rec, clock)
+                records.append(rec)
+        return records
+
+    return _run(main())
+
+
+def sequential_row(records, before: dict, after: dict, cache: str) -> dict:
+    """A table row for a ``sequential_run``, hit rate from the ``/metrics`` counters' change."""
+    from workshop.bench.server_metrics import ServerSamples
+
+    server = ServerSamples(before=before, after=after).summary()
+    done = [r for r in records if r.ok]
+    hit = [r.ttft * 1e3 for r in done if r.cached_tokens]
+    miss = [r.ttft * 1e3 for r in done if not r.cached_tokens]
+    wall = (max(r.end for r in done) - min(r.sent for r in done)) if done else 0.0
+    return {"cache": cache, "requests": len(done), "errors": len(records) - len(done),
+            "hit rate (/metrics)": server.get("prefix_cache_hit_rate"),
+            "hit rate (usage)": _usage_hit_rate(done),
+            "median TTFT (ms)": statistics.median(r.ttft * 1e3 for r in done) if done else None,
+            "median TTFT, requests with a hit (ms)": statistics.median(hit) if hit else None,
+            "median TTFT, requests without (ms)": statistics.median(miss) if miss else None,
+            "output tok/s": sum(r.output_tokens for r in done) / wall if wall > 0 else None}
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def kinds_figure(rows: Sequence[dict], metric: str, title: str, ylabel: str, scale: float = 1.0):
+    """Grouped bars: one group per workload, one bar per cache kind."""
+    from workshop.plots import figure
+
+    fig, ax = figure(title, "workload", ylabel)
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    kinds = list(dict.fromkeys(r["cache"] for r in rows))
+    width = 0.8 / max(len(kinds), 1)
+    for j, k in enumerate(kinds):
+        xs, ys = [], []
+        for i, w in enumerate(workloads):
+            row = next((r for r in rows if r["cache"] == k and r["workload"] == w), None)
+            if row is not None:
+                xs.append(i + (j - (len(kinds) - 1) / 2) * width)
+                # None: the server looked nothing up (no cache), which is a hit rate of 0.
+                ys.append((row[metric] or 0.0) * scale)
+        bars = ax.bar(xs, ys, width, label=k, color=CACHE_COLORS.get(k))
+        ax.bar_label(bars, fmt="%.0f" if scale == 1.0 and max(ys, default=0) > 10 else "%.2f",
+                     fontsize=8)
+    ax.set_xticks(range(len(workloads)), workloads)
+    ax.legend(title="prefix cache")
+    return fig
+
+
+def per_request_figure(runs: dict[str, Sequence], title: str):
+    """TTFT of each request in send order, one line per run; filled markers = cache hit."""
+    from workshop.plots import figure
+
+    fig, ax = figure(title, "request (in send order)", "TTFT (ms)")
+    for label, records in runs.items():
+        pts = [(i + 1, r.ttft * 1e3, bool(r.cached_tokens)) for i, r in enumerate(records) if r.ok]
+        color = CACHE_COLORS.get(label)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, alpha=0.6, label=label)
+        hits = [p for p in pts if p[2]]
+        misses = [p for p in pts if not p[2]]
+        ax.scatter([p[0] for p in misses], [p[1] for p in misses], s=40, facecolors="white",
+                   edgecolors=color, zorder=3)
+        ax.scatter([p[0] for p in hits], [p[1] for p in hits], s=40, color=color, zorder=3)
+    ax.scatter([], [], s=40, facecolors="white", edgecolors="black", label="no cached tokens")
+    ax.scatter([], [], s=40, color="black", label="prefix found in the cache")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return fig
+
+
+def pool_figure(rows: Sequence[dict], live: Sequence[dict] = (), min_blocks: int | None = None):
+    """Hit rate vs pool size: replay curves per cache kind, live measurements as points."""
+    from workshop.plots import figure
+
+    fig, ax = figure("Prefix-cache hit rate as the KV pool shrinks", "KV pool (blocks)",
+                     "hit rate (cached / prompt tokens)")
+    for k in dict.fromkeys(r["cache"] for r in rows):
+        pts = sorted((r["pool (blocks)"], r["hit rate"]) for r in rows if r["cache"] == k)
+        ax.plot([p for p, _ in pts], [h for _, h in pts], marker="o", ms=4,
+                label=f"{k} (replay, no model)", color=CACHE_COLORS.get(k))
+    if live:
+        ax.scatter([r["pool (blocks)"] for r in live], [r["hit rate"] for r in live], s=90,
+                   marker="*", color="black", zorder=3, label="hash, live server (/metrics)")
+    if min_blocks:
+        ax.axvline(min_blocks, color="tab:red", ls=":", label="largest request's blocks")
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return fig
+
+
+__all__ = ["ReplayResult", "replay", "match_rows", "radix_text", "workload_tokens", "pool_sweep",
+           "blocks_needed", "bench_row", "run_kinds", "sequential_run", "sequential_row",
+           "kinds_figure", "per_request_figure", "pool_figure", "CACHE_COLORS"]
