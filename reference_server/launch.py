@@ -155,8 +155,10 @@ def launch(args: Sequence[str] = (), *, port: int | None = None,
     """Start ``python -m reference_server ARGS --port PORT`` (a free port by default).
 
     ``api_key`` reaches the server as ``WORKSHOP_API_KEY`` (a ``--api-key`` flag would be
-    visible to every user in ``ps``) and is used when polling readiness. Does not wait: call
-    ``.wait_ready(timeout)`` (several servers can load at once that way).
+    visible to every user in ``ps``) and is used when polling readiness. The server shuts
+    itself down when this process is gone (``WORKSHOP_PARENT_PID``), even if it was killed
+    without running its exit handlers. Does not wait: call ``.wait_ready(timeout)`` (several
+    servers can load at once that way).
     """
     port = port or free_port()
     args = list(args)
@@ -164,6 +166,7 @@ def launch(args: Sequence[str] = (), *, port: int | None = None,
     cmd = [python, "-m", "reference_server", *args[:cut], "--port", str(port), *args[cut:]]
     env = dict(os.environ if env is None else env)
     env["WORKSHOP_API_KEY"] = api_key or ""
+    env["WORKSHOP_PARENT_PID"] = str(os.getpid())
     return start(cmd, port, log_path=log_path, env=env, api_key=api_key)
 
 

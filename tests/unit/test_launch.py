@@ -62,3 +62,45 @@ def test_reference_server_command_keeps_engine_args_last(tmp_path):
     assert args[args.index("--"):] == ["--", "--spec", "ngram"]       # the engine's own flags
     assert args.index("--port") < args.index("--")
     assert "k" not in args and "--api-key" not in args                # a key in argv shows in `ps`
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return "\nState:\tZ" not in f.read()        # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.engine
+def test_a_launched_server_leaves_when_its_launcher_is_killed(tmp_path):
+    """A notebook kernel killed without running atexit (marimo's export does that) must not
+    leave its servers behind: they watch the launcher's pid."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    code = ("import sys, time\n"
+            "from reference_server import launch\n"
+            "s = launch.launch(['--engine', 'mini', '--kv-cache-gib', '0.02'], log_path=sys.argv[1])\n"
+            "s.wait_ready(300)\n"
+            "print(s.proc.pid, flush=True)\n"
+            "time.sleep(600)\n")
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "server.log")],
+                                stdout=subprocess.PIPE, text=True)
+    try:
+        server_pid = int(launcher.stdout.readline())
+        assert _running(server_pid)
+        launcher.kill()                                  # no atexit, no cleanup
+        launcher.wait()
+        deadline = time.monotonic() + 30
+        while _running(server_pid) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert not _running(server_pid), (tmp_path / "server.log").read_text()[-2000:]
+    finally:
+        launcher.kill()
+        try:
+            os.kill(server_pid, signal.SIGKILL)
+        except (ProcessLookupError, UnboundLocalError):
+            pass
