@@ -24,7 +24,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import AsyncIterator
+from typing import Any, AsyncIterator
 
 import aiohttp
 
@@ -283,6 +283,14 @@ class ProxyEngine(Engine):
         async with self._client.post(path, timeout=self._probe_timeout) as resp:
             await resp.read()
             return resp.status
+
+    async def post_json(self, path: str) -> tuple[int, Any]:
+        """POST without a body; returns the status code and the JSON answer (None if not JSON)."""
+        async with self._client.post(path, timeout=self._probe_timeout) as resp:
+            try:
+                return resp.status, await resp.json(content_type=None)
+            except ValueError:
+                return resp.status, None
 
 
 class _Relay:

@@ -143,8 +143,11 @@ class VLLMEngine(ProxyEngine):
         return 128 if self.device == "cpu" else 256     # vLLM's defaults for its API server
 
     async def reset_prefix_cache(self) -> bool:
+        """True only when vLLM emptied its cache: it answers 200 with ``success: false`` and
+        leaves the cache alone while any request still holds blocks."""
         self.check()
-        return await self.post("/reset_prefix_cache") == 200
+        status, body = await self.post_json("/reset_prefix_cache")
+        return status == 200 and isinstance(body, dict) and body.get("success") is True
 
 
 class ResetPrefixCache:
