@@ -148,7 +148,6 @@ def test_prefix_cache_reset(server):
     assert r.json()["success"] is (server.engine in ("vllm", "mini"))
 
 
-
 # ---- authentication -------------------------------------------------------------------
 
 def test_requests_without_key_are_refused(server):
