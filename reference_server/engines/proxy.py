@@ -347,6 +347,8 @@ def _engine_error(status: int, content: bytes) -> EngineError:
         err = err.get("error", err) if isinstance(err, dict) else {}
     except ValueError:
         err = {}
+    if not isinstance(err, dict):     # SGLang's 401: {"error": "Unauthorized"}
+        err = {"message": str(err)}
     message = err.get("message") or content.decode(errors="replace")[:500] or "engine error"
     return EngineError(status, message, type=err.get("type") or "invalid_request_error",
                        param=err.get("param"), code=err.get("code") and str(err.get("code")))
