@@ -79,6 +79,24 @@ def kv_tokens_for(kv_cache_gib: float, bytes_per_token: float) -> int:
     return int(kv_cache_gib * 2**30 // bytes_per_token)
 
 
+def cpu_mem_fraction(kv_bytes: float, weight_bytes: float, available_bytes: float) -> float:
+    """SGLang's ``--mem-fraction-static`` on a CPU, so that the KV cache asked for fits.
+
+    SGLang sizes its KV pool as the memory free after loading the weights minus
+    ``(1 - fraction)`` of the memory free before; ``--max-total-tokens`` then caps the pool.
+    A fraction covering weights + KV (+ 1 GiB for activations) makes the cap what counts, so
+    the capacity is what ``--kv-cache-gib`` says, not whatever memory happened to be free.
+    """
+    want = (kv_bytes + weight_bytes + 2**30) / available_bytes
+    return round(min(0.9, max(0.05, want)), 3)
+
+
+def weight_bytes(folder: str) -> int:
+    """Bytes of the checkpoint's weight files in ``folder`` (0 when there are none)."""
+    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin")
+               for f in Path(folder).glob(pattern))
+
+
 def out_of_vocabulary(body: dict, vocab_size: int) -> tuple[str, int] | None:
     """The first token id in ``body`` that the model does not have: ``(param, id)``, or None.
 
@@ -227,9 +245,14 @@ class SGLangEngine(ProxyEngine):
         if not c.enable_prefix_caching:
             cmd.append("--disable-radix-cache")
         if self.device == "cpu":
+            fraction = c.gpu_memory_utilization
+            if not fraction and self.max_total_tokens:
+                import psutil
+                fraction = cpu_mem_fraction(c.kv_cache_gib * 2**30, weight_bytes(self.model.path),
+                                            psutil.virtual_memory().available)
             cmd += ["--device", "cpu", "--attention-backend", "torch_native",
                     "--disable-overlap-schedule",
-                    "--mem-fraction-static", str(c.gpu_memory_utilization or 0.05),
+                    "--mem-fraction-static", str(fraction or 0.05),   # 0.05: the recipe's
                     "--max-running-requests", str(CPU_MAX_RUNNING)]
             if self.max_total_tokens:
                 cmd += ["--max-total-tokens", str(self.max_total_tokens)]

@@ -47,6 +47,19 @@ def test_kv_tokens_for():
     assert S.kv_tokens_for(0.5, 1024) == 524288
 
 
+def test_cpu_mem_fraction():
+    gib = 2**30
+    assert S.cpu_mem_fraction(1 * gib, 1 * gib, 30 * gib) == 0.1     # (1 + 1 + 1) / 30
+    assert S.cpu_mem_fraction(0, 0, 100 * gib) == 0.05                # never below the recipe's
+    assert S.cpu_mem_fraction(8 * gib, 1 * gib, 10 * gib) == 0.9      # never all of it
+
+
+def test_weight_bytes(tmp_path):
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 100)
+    (tmp_path / "config.json").write_text("{}")
+    assert S.weight_bytes(str(tmp_path)) == 100
+
+
 def test_engine_arg_last_one_wins():
     args = ["--max-running-requests", "8", "--x", "--max-running-requests=64"]
     assert S.engine_arg(args, "--max-running-requests") == "64"
@@ -87,6 +100,9 @@ def test_cpu_command(model):
     assert cmd[cmd.index("--context-length") + 1] == "2048"
     assert cmd[cmd.index("--max-total-tokens") + 1] == "46603"   # --kv-cache-gib 1
     assert cmd[cmd.index("--attention-backend") + 1] == "torch_native"
+    assert 0.05 <= float(cmd[cmd.index("--mem-fraction-static") + 1]) <= 0.9
+    assert engine(model, gpu_memory_utilization=0.2).command()[
+        cmd.index("--mem-fraction-static") + 1] == "0.2"                # the user's word
     assert "--enable-metrics" in cmd and "--enable-cache-report" in cmd
     assert "--disable-radix-cache" not in cmd
     assert cmd[cmd.index("--log-level") + 1] == "warning"    # info would log the key
