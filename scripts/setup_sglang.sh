@@ -74,7 +74,8 @@ if ! [ -e /usr/include/numa.h ]; then
 fi
 constraints=$(mktemp)
 requirements=$(mktemp)
-trap 'rm -f "$constraints" "$requirements"' EXIT
+downloads=$(mktemp -d)
+trap 'rm -rf "$constraints" "$requirements" "$downloads"' EXIT
 echo "torch==$torch_cpu" > "$constraints"
 # torch's "+cpu" build lives on PyTorch's own index; try the configured indexes first.
 pip_cpu() {
@@ -82,16 +83,20 @@ pip_cpu() {
     --extra-index-url https://download.pytorch.org/whl/cpu
 }
 pip_cpu "torch==$torch_cpu" "scikit-build-core>=0.10" wheel packaging
-"$py" -m pip install --quiet --no-deps "sglang==$sglang_version" "torchvision==$torchvision_version"
-# SGLang's own list of requirements, read from its installed metadata, minus the CUDA-only ones
-# and the optional extras; markers are evaluated for this machine.
-"$py" - "$cuda_only" > "$requirements" <<'EOF'
-import sys
-from importlib.metadata import requires
+# SGLang's own list of requirements, read from its wheel's metadata, minus the CUDA-only ones
+# and the optional extras; markers are evaluated for this machine. The requirements go in
+# first and SGLang itself without dependencies, so pip has no CUDA-only package to miss.
+"$py" -m pip download --quiet --no-deps "sglang==$sglang_version" -d "$downloads"
+"$py" - "$cuda_only" "$downloads"/sglang-*.whl > "$requirements" <<'EOF'
+import sys, zipfile
+from email.parser import Parser
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 skip = {canonicalize_name(n) for n in sys.argv[1].split()}
-for line in requires("sglang"):
+with zipfile.ZipFile(sys.argv[2]) as whl:
+    meta = next(n for n in whl.namelist() if n.endswith(".dist-info/METADATA"))
+    requires = Parser().parsestr(whl.read(meta).decode()).get_all("Requires-Dist") or []
+for line in requires:
     req = Requirement(line)
     if canonicalize_name(req.name) in skip:
         continue
@@ -100,6 +105,7 @@ for line in requires("sglang"):
     print(line.split(";")[0])
 EOF
 pip_cpu -r "$requirements" -c "$constraints"
+"$py" -m pip install --quiet --no-deps "$downloads"/sglang-*.whl "torchvision==$torchvision_version"
 
 # PyPI's torchvision has no CPU ops for this torch; registering fakes for `torchvision::nms`
 # then fails and `import sglang` with it. Register them only when the ops exist (idempotent:
