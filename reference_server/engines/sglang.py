@@ -84,10 +84,12 @@ def cpu_mem_fraction(kv_bytes: float, weight_bytes: float, available_bytes: floa
 
     SGLang sizes its KV pool as the memory free after loading the weights minus
     ``(1 - fraction)`` of the memory free before; ``--max-total-tokens`` then caps the pool.
-    A fraction covering weights + KV (+ 1 GiB for activations) makes the cap what counts, so
-    the capacity is what ``--kv-cache-gib`` says, not whatever memory happened to be free.
+    A fraction covering weights + KV + 3 GiB (torch itself, activations, and what other
+    processes take meanwhile: with 1 GiB a busy 2-core machine got half the KV cache asked
+    for) makes the cap what counts, so the capacity is what ``--kv-cache-gib`` says, not
+    whatever memory happened to be free.
     """
-    want = (kv_bytes + weight_bytes + 2**30) / available_bytes
+    want = (kv_bytes + weight_bytes + 3 * 2**30) / available_bytes
     return round(min(0.9, max(0.05, want)), 3)
 
 

@@ -49,7 +49,7 @@ def test_kv_tokens_for():
 
 def test_cpu_mem_fraction():
     gib = 2**30
-    assert S.cpu_mem_fraction(1 * gib, 1 * gib, 30 * gib) == 0.1     # (1 + 1 + 1) / 30
+    assert S.cpu_mem_fraction(1 * gib, 1 * gib, 50 * gib) == 0.1     # (1 + 1 + 3) / 50
     assert S.cpu_mem_fraction(0, 0, 100 * gib) == 0.05                # never below the recipe's
     assert S.cpu_mem_fraction(8 * gib, 1 * gib, 10 * gib) == 0.9      # never all of it
 
