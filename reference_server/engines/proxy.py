@@ -204,10 +204,19 @@ class ProxyEngine(Engine):
     async def complete(self, request):
         return await self._forward("/v1/completions", request)
 
-    async def _forward(self, path: str, request):
-        self.check()
+    def request_body(self, request) -> dict:
+        """The JSON body sent to the child for a validated ``request``."""
         body = request.model_dump(exclude_unset=True)
         body["model"] = self.served_name
+        return body
+
+    def abandoned(self, body: dict) -> None:
+        """Hook: the client left before the answer ended and the connection to the child was
+        dropped; vLLM aborts the request on that alone, an engine that does not says so here."""
+
+    async def _forward(self, path: str, request):
+        self.check()
+        body = self.request_body(request)
         try:
             resp = await self._client.post(path, json=body)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
@@ -225,6 +234,7 @@ class ProxyEngine(Engine):
                 raise self._upstream_error(exc) from exc
             except BaseException:
                 resp.close()     # the client left mid-answer: drop the connection, vLLM aborts
+                self.abandoned(body)
                 raise
             finally:
                 self._open.discard(resp)
@@ -248,12 +258,13 @@ class ProxyEngine(Engine):
         except BaseException:
             self._open.discard(resp)
             resp.close()
+            self.abandoned(body)
             raise
         if first.startswith(b'data: {"error"'):
             self._open.discard(resp)
             resp.close()
             raise _stream_error(first)
-        return _Relay(self, resp, first, chunks)
+        return _Relay(self, resp, first, chunks, body)
 
     def _upstream_error(self, exc: BaseException) -> EngineError | EngineDied:
         """What to tell the client when the child failed to answer."""
@@ -294,8 +305,9 @@ class _Relay:
     """
 
     def __init__(self, engine: ProxyEngine, resp: aiohttp.ClientResponse, first: bytes,
-                 chunks: AsyncIterator[bytes]) -> None:
+                 chunks: AsyncIterator[bytes], body: dict | None = None) -> None:
         self.engine, self.resp, self.first, self.chunks = engine, resp, first, chunks
+        self.body = body
         self.done = False
 
     def __aiter__(self):
@@ -328,6 +340,8 @@ class _Relay:
             self.resp.release()
         else:
             self.resp.close()
+            if self.body is not None:
+                self.engine.abandoned(self.body)
 
 
 def _stream_error(first: bytes) -> EngineError:

@@ -27,6 +27,7 @@ by the setup script) with the settings of shared/SGLANG_CPU.md.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -35,6 +36,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -221,6 +223,7 @@ class SGLangEngine(ProxyEngine):
         # SGLang's argument parser would take a key starting with "-" for a flag.
         self.child_key = "sgl-" + self.child_key
         self._config_dir: str | None = None
+        self._aborts: set[asyncio.Task] = set()
         self._sglang: dict = {}          # the fields of SGLang's /server_info we repeat
         self._version = "unknown"
         self.arch = read_arch(model.path) if (Path(model.path) / "config.json").exists() else None
@@ -335,6 +338,33 @@ class SGLangEngine(ProxyEngine):
         if chosen:
             return int(chosen)
         return CPU_MAX_RUNNING if self.device == "cpu" else 256
+
+    def request_body(self, request) -> dict:
+        body = super().request_body(request)
+        # Our own request id (a client's is replaced: it could name someone else's request),
+        # so that a request whose client left can be aborted by name.
+        body["rid"] = uuid.uuid4().hex
+        return body
+
+    def abandoned(self, body: dict) -> None:
+        # SGLang 0.5.18 keeps generating for a client that hung up mid-stream (it checks for
+        # a disconnect only while no token comes), holding its KV cache: abort it. With n > 1
+        # SGLang runs "<rid>_0", "<rid>_1", ... and knows only those names.
+        n = body.get("n") or 1
+        rids = [body["rid"]] if n == 1 else [f"{body['rid']}_{i}" for i in range(n)]
+        task = asyncio.ensure_future(self._abort(rids))
+        self._aborts.add(task)
+        task.add_done_callback(self._aborts.discard)
+
+    async def _abort(self, rids: list[str]) -> None:
+        for rid in rids:
+            try:
+                async with self._client.post("/abort_request", json={"rid": rid},
+                                             timeout=self._probe_timeout) as resp:
+                    await resp.read()
+            except Exception as exc:     # the child is gone or hung: nothing left to free
+                log.warning("could not abort an abandoned SGLang request: %s", exc)
+                return
 
     async def _forward(self, path: str, request):
         if self.arch is not None and self.arch.vocab_size:

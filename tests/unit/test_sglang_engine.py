@@ -242,3 +242,27 @@ def test_an_error_body_whose_error_is_a_string_keeps_its_status():
     err = _engine_error(400, b'{"object": "error", "message": "too long", '
                              b'"type": "BadRequestError", "param": null, "code": 400}')
     assert err.status_code == 400 and err.message == "too long"
+
+
+def test_a_request_whose_client_left_is_aborted_by_its_own_id(model):
+    e = engine(model)
+    sent = []
+
+    async def fake_abort(rids):
+        sent.append(rids)
+
+    e._abort = fake_abort
+    one = e.request_body(CompletionRequest.model_validate(
+        {"model": "m", "prompt": "hi", "rid": "someone-elses"}))
+    three = e.request_body(CompletionRequest.model_validate({"model": "m", "prompt": "hi", "n": 3}))
+    assert one["rid"] != "someone-elses" and len(one["rid"]) == 32
+    assert one["rid"] != three["rid"]
+
+    async def leave():
+        e.abandoned(one)
+        e.abandoned(three)
+        await asyncio.gather(*e._aborts)
+
+    asyncio.run(leave())
+    r = three["rid"]
+    assert sent == [[one["rid"]], [f"{r}_0", f"{r}_1", f"{r}_2"]]
