@@ -53,6 +53,10 @@ log = logging.getLogger("reference_server")
 # Where `scripts/setup.sh --with-sglang` puts SGLang's environment (WORKSHOP_SGLANG_VENV moves it).
 DEFAULT_VENV = ".venv-sglang"
 CPU_MAX_RUNNING = 32      # the CPU recipe's setting (shared/SGLANG_CPU.md)
+AMX_PREFIX_NOTE = ("SGLang 0.5.18 on a CPU with AMX answers wrongly when part of a prompt "
+                   "comes from its prefix cache (greedy 'capital of France': Paris at first, "
+                   "\"L'Étoile, la Marseillaise, ...\" once cached; float16 is wrong even "
+                   "uncached); serving with its radix cache off")
 
 
 def default_python(env: dict | None = None, root: str = PROJECT_ROOT) -> str:
@@ -227,6 +231,12 @@ class SGLangEngine(ProxyEngine):
         self._sglang: dict = {}          # the fields of SGLang's /server_info we repeat
         self._version = "unknown"
         self.arch = read_arch(model.path) if (Path(model.path) / "config.json").exists() else None
+        from reference_server.engines.vllm import cpu_has_amx
+        # See AMX_PREFIX_NOTE: a wrong answer is worse than no prefix cache.
+        self.prefix_caching = config.enable_prefix_caching and not (
+            self.device == "cpu" and cpu_has_amx())
+        if self.prefix_caching != config.enable_prefix_caching:
+            log.warning(AMX_PREFIX_NOTE)
 
     @property
     def max_total_tokens(self) -> int | None:
@@ -247,7 +257,7 @@ class SGLangEngine(ProxyEngine):
                "--log-level", "debug" if c.log_level == "debug" else "warning"]
         if self._config_dir:
             cmd += ["--config", os.path.join(self._config_dir, "key.yaml")]
-        if not c.enable_prefix_caching:
+        if not self.prefix_caching:
             cmd.append("--disable-radix-cache")
         if self.device == "cpu":
             fraction = c.gpu_memory_utilization
@@ -326,9 +336,11 @@ class SGLangEngine(ProxyEngine):
             max_model_len=int(s.get("context_length") or self.config.max_model_len),
             kv_capacity_tokens=s.get("max_total_num_tokens"),
             kv_bytes_per_token=per_token, block_size=s.get("page_size"),
-            prefix_caching=not s.get("disable_radix_cache", not self.config.enable_prefix_caching),
+            prefix_caching=not s.get("disable_radix_cache", not self.prefix_caching),
             extra={"kv_cache_dtype": kv_dtype, "sglang": s,
-                   "engine_args": self.config.public_engine_args()})
+                   "engine_args": self.config.public_engine_args(),
+                   **({"prefix_cache_note": AMX_PREFIX_NOTE}
+                      if self.prefix_caching != self.config.enable_prefix_caching else {})})
 
     @property
     def max_running(self) -> int:

@@ -32,6 +32,12 @@ def model(tmp_path):
     return ModelSpec("smollm2-135m", str(tmp_path), True)
 
 
+@pytest.fixture(autouse=True)
+def no_amx(monkeypatch):
+    import reference_server.engines.vllm as V
+    monkeypatch.setattr(V, "cpu_has_amx", lambda: False)
+
+
 def engine(model, *engine_args, **kw) -> S.SGLangEngine:
     cfg = ServerConfig(engine="sglang", device="cpu", engine_python=sys.executable, **kw)
     cfg.engine_args = list(engine_args)
@@ -266,3 +272,15 @@ def test_a_request_whose_client_left_is_aborted_by_its_own_id(model):
     asyncio.run(leave())
     r = three["rid"]
     assert sent == [[one["rid"]], [f"{r}_0", f"{r}_1", f"{r}_2"]]
+
+
+def test_on_an_amx_cpu_the_radix_cache_is_off_and_it_says_so(model, monkeypatch):
+    import reference_server.engines.vllm as V
+    monkeypatch.setattr(V, "cpu_has_amx", lambda: True)
+    e = engine(model)
+    assert "--disable-radix-cache" in e.command()
+    info = e.info()
+    assert info.prefix_caching is False and "AMX" in info.extra["prefix_cache_note"]
+    monkeypatch.setattr(V, "cpu_has_amx", lambda: False)
+    assert "--disable-radix-cache" not in engine(model).command()
+    assert "prefix_cache_note" not in engine(model).info().extra
