@@ -279,6 +279,12 @@ class SGLangEngine(ProxyEngine):
         env = super().env()
         if self.device == "cpu":
             env["SGLANG_USE_CPU_ENGINE"] = "1"
+        # SGLang's /health otherwise queues a one-token generation and waits for the engine's
+        # next output: with 64 streams on 2 cores that took longer than the probe timeout, and
+        # the liveness probe called a busy engine hung and cut every stream. Plain /health
+        # answers from SGLang's HTTP process, as vLLM's does; a stuck engine still shows as
+        # requests that time out (--upstream-read-timeout).
+        env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = "0"
         return env
 
     async def start(self) -> None:

@@ -114,6 +114,9 @@ def test_cpu_command(model):
     assert cmd[cmd.index("--log-level") + 1] == "warning"    # info would log the key
     assert cmd[-2:] == ["--max-running-requests", "64"]     # the user's word comes last
     assert not any("key" in a for a in cmd)
+    env = engine(model).env()
+    assert env["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert env["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] == "0"     # a cheap liveness probe
     assert engine(model).max_running == S.CPU_MAX_RUNNING
     assert engine(model, "--max-running-requests", "64").max_running == 64
     assert "--disable-radix-cache" in engine(model, enable_prefix_caching=False).command()
