@@ -210,9 +210,10 @@ class ProxyEngine(Engine):
         body["model"] = self.served_name
         return body
 
-    def abandoned(self, body: dict) -> None:
-        """Hook: the client left before the answer ended and the connection to the child was
-        dropped; vLLM aborts the request on that alone, an engine that does not says so here."""
+    def abandon(self, resp: aiohttp.ClientResponse, body: dict) -> None:
+        """The client left before the answer ended: drop the connection to the child, which
+        is how vLLM learns to abort the request. An engine that needs more says so here."""
+        resp.close()
 
     async def _forward(self, path: str, request):
         self.check()
@@ -233,8 +234,7 @@ class ProxyEngine(Engine):
                 resp.close()
                 raise self._upstream_error(exc) from exc
             except BaseException:
-                resp.close()     # the client left mid-answer: drop the connection, vLLM aborts
-                self.abandoned(body)
+                self.abandon(resp, body)   # the client left mid-answer
                 raise
             finally:
                 self._open.discard(resp)
@@ -257,8 +257,7 @@ class ProxyEngine(Engine):
             raise self._upstream_error(exc) from exc
         except BaseException:
             self._open.discard(resp)
-            resp.close()
-            self.abandoned(body)
+            self.abandon(resp, body)
             raise
         if first.startswith(b'data: {"error"'):
             self._open.discard(resp)
@@ -338,10 +337,10 @@ class _Relay:
         self.engine._open.discard(self.resp)
         if clean:
             self.resp.release()
+        elif self.body is not None:
+            self.engine.abandon(self.resp, self.body)
         else:
             self.resp.close()
-            if self.body is not None:
-                self.engine.abandoned(self.body)
 
 
 def _stream_error(first: bytes) -> EngineError:

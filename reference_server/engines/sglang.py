@@ -364,25 +364,29 @@ class SGLangEngine(ProxyEngine):
         body["rid"] = uuid.uuid4().hex
         return body
 
-    def abandoned(self, body: dict) -> None:
+    def abandon(self, resp, body: dict) -> None:
         # SGLang 0.5.18 keeps generating for a client that hung up mid-stream (it checks for
-        # a disconnect only while no token comes), holding its KV cache: abort it. With n > 1
-        # SGLang runs "<rid>_0", "<rid>_1", ... and knows only those names.
+        # a disconnect only while no token comes), holding its KV cache: abort it by name,
+        # THEN drop the connection (once SGLang sees the connection go it forgets the name and
+        # ignores the abort, though the request runs on). With n > 1 SGLang runs "<rid>_0",
+        # "<rid>_1", ... and knows only those names.
         n = body.get("n") or 1
         rids = [body["rid"]] if n == 1 else [f"{body['rid']}_{i}" for i in range(n)]
-        task = asyncio.ensure_future(self._abort(rids))
+        task = asyncio.ensure_future(self._abort(rids, resp))
         self._aborts.add(task)
         task.add_done_callback(self._aborts.discard)
 
-    async def _abort(self, rids: list[str]) -> None:
-        for rid in rids:
-            try:
+    async def _abort(self, rids: list[str], resp=None) -> None:
+        try:
+            for rid in rids:
                 async with self._client.post("/abort_request", json={"rid": rid},
-                                             timeout=self._probe_timeout) as resp:
-                    await resp.read()
-            except Exception as exc:     # the child is gone or hung: nothing left to free
-                log.warning("could not abort an abandoned SGLang request: %s", exc)
-                return
+                                             timeout=self._probe_timeout) as answer:
+                    await answer.read()
+        except Exception as exc:     # the child is gone or hung: nothing left to free
+            log.warning("could not abort an abandoned SGLang request: %s", exc)
+        finally:
+            if resp is not None:
+                resp.close()
 
     async def _forward(self, path: str, request):
         if self.arch is not None and self.arch.vocab_size:

@@ -257,7 +257,7 @@ def test_a_request_whose_client_left_is_aborted_by_its_own_id(model):
     e = engine(model)
     sent = []
 
-    async def fake_abort(rids):
+    async def fake_abort(rids, resp):
         sent.append(rids)
 
     e._abort = fake_abort
@@ -268,8 +268,8 @@ def test_a_request_whose_client_left_is_aborted_by_its_own_id(model):
     assert one["rid"] != three["rid"]
 
     async def leave():
-        e.abandoned(one)
-        e.abandoned(three)
+        e.abandon(None, one)
+        e.abandon(None, three)
         await asyncio.gather(*e._aborts)
 
     asyncio.run(leave())
