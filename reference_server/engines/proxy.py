@@ -212,8 +212,10 @@ class ProxyEngine(Engine):
 
     def abandon(self, resp: aiohttp.ClientResponse, body: dict) -> None:
         """The client left before the answer ended: drop the connection to the child, which
-        is how vLLM learns to abort the request. An engine that needs more says so here."""
-        resp.close()
+        is how vLLM learns to abort the request. An engine that needs more says so here.
+        ``resp`` is None when the client left before the child's answer began."""
+        if resp is not None:
+            resp.close()
 
     async def _forward(self, path: str, request):
         self.check()
@@ -222,6 +224,9 @@ class ProxyEngine(Engine):
             resp = await self._client.post(path, json=body)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._upstream_error(exc) from exc
+        except BaseException:
+            self.abandon(None, body)     # the client left before the child answered
+            raise
         if resp.status != 200:
             content = await resp.read()
             resp.release()
