@@ -169,8 +169,14 @@ class _Translated:
         labels, values = ["model_name"], [self.model_name]
         for name, source, how, doc in _GAUGES:
             found = [s.value for s in by_name.get(source, [])]
-            g = GaugeMetricFamily(name, f"{doc} From {source}.", labels=labels)
             value = sum(found) if how == "sum" else (sum(found) / len(found) if found else 0.0)
+            used = sum(s.value for s in by_name.get("sglang:num_used_tokens", []))
+            total = sum(s.value for s in by_name.get("sglang:max_total_num_tokens", []))
+            if name == P.KV_CACHE_USAGE and total > 0:
+                # sglang:token_usage is rounded to 0.01: one short request in a 46k-token
+                # cache reads 0. The token counts it comes from are exact.
+                value, source = used / total, "sglang:num_used_tokens / sglang:max_total_num_tokens"
+            g = GaugeMetricFamily(name, f"{doc} From {source}.", labels=labels)
             g.add_metric(values, value)
             yield g
         for name, source, doc in _COUNTERS:

@@ -287,3 +287,10 @@ def test_on_an_amx_cpu_the_radix_cache_is_off_and_it_says_so(model, monkeypatch)
     monkeypatch.setattr(V, "cpu_has_amx", lambda: False)
     assert "--disable-radix-cache" not in engine(model).command()
     assert "prefix_cache_note" not in engine(model).info().extra
+
+
+def test_kv_usage_from_exact_token_counts_when_sglang_gives_them():
+    page = SGLANG_PAGE + ('sglang:num_used_tokens{model_name="m",tp_rank="0"} 30.0\n'
+                          'sglang:max_total_num_tokens{model_name="m",tp_rank="0"} 46603.0\n')
+    # token_usage says 0.25 and 0.75 (rounded to 0.01 by SGLang); the counts say 30 / 46603
+    assert P.totals(S.vllm_metrics(page, "m"))[P.KV_CACHE_USAGE] == 30 / 46603
