@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 
-ENGINES = ("vllm", "hf", "mini")   # SGLang: a later issue
+ENGINES = ("vllm", "sglang", "hf", "mini")
 
 
 @dataclass
@@ -82,8 +82,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     d = ServerConfig()
     p = argparse.ArgumentParser(
         prog="reference-server",
-        description="OpenAI-compatible server over vLLM, the Hugging Face baseline "
-                    "or the teaching engine. Extra arguments after `--` go to the child engine.")
+        description="OpenAI-compatible server over vLLM, SGLang, the Hugging Face "
+                    "baseline or the teaching engine. Extra arguments after `--` go to the child engine.")
     p.add_argument("--engine", choices=ENGINES, default=d.engine)
     p.add_argument("--model", default=d.model,
                    help="'smollm2-135m' (bundled, offline), a model folder, or a Hugging Face id")
@@ -114,12 +114,14 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--liveness-failures", type=int, default=d.liveness_failures,
                    help="failed liveness probes in a row after which the child is hung")
     p.add_argument("--engine-python", default=None,
-                   help="Python interpreter that runs a child engine (default: this one)")
+                   help="Python interpreter that runs a child engine (default: this one; for "
+                        "sglang, .venv-sglang's when scripts/setup.sh --with-sglang built it)")
     p.add_argument("--engine-start-timeout", type=float, default=d.engine_start_timeout)
     p.add_argument("--log-level", default=d.log_level)
     p.add_argument("--help-engine", action="store_true",
                    help="list the teaching engine's knobs (what follows `--` with --engine "
-                        "mini) and exit; vLLM's are `vllm serve --help`")
+                        "mini) and exit; vLLM's are `vllm serve --help`, SGLang's "
+                        "`python -m sglang.launch_server --help`")
     argv = list(argv if argv is not None else __import__("sys").argv[1:])
     extra: list[str] = []
     if "--" in argv:

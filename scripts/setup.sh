@@ -6,8 +6,22 @@
 #   WORKSHOP_DEVICE=cpu|cuda   which vLLM build (default: cuda when nvidia-smi works)
 #   WORKSHOP_VENV=path         where the environment goes (default: .venv)
 #   PYTHON=python3.11          the interpreter to build it from
+#
+#   --with-sglang              also SGLang, in an environment of its own (SGLang and vLLM pin
+#                              conflicting versions): the server's `--engine sglang` uses it.
+#   WORKSHOP_SGLANG_VENV=path  where that environment goes (default: .venv-sglang)
+#   SGLANG_KERNEL_SRC=folder   SGLang's CPU kernel source (default: ../shared/third_party/
+#                              sglang-kernel-cpu); its built wheel is cached, keyed by its hash
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+with_sglang=0
+for arg in "$@"; do
+  case "$arg" in
+    --with-sglang) with_sglang=1;;
+    *) echo "unknown argument '$arg' (known: --with-sglang)" >&2; exit 2;;
+  esac
+done
 
 venv=${WORKSHOP_VENV:-.venv}
 device=${WORKSHOP_DEVICE:-auto}
@@ -41,6 +55,10 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   fi
   python -m pip install --quiet --no-deps -r requirements-nodeps.txt
   echo "$want" > "$stamp"
+fi
+
+if [ "$with_sglang" = 1 ]; then
+  bash scripts/setup_sglang.sh "$device"
 fi
 
 echo "==> preparing the bundled model (once)"

@@ -1,12 +1,18 @@
 #!/usr/bin/env bash
-# Set up (scripts/setup.sh), start the reference server on vLLM with the bundled model, and
-# open the course in marimo. Ctrl-C stops both.
+# Set up (scripts/setup.sh), start the reference server on vLLM (or SGLang) with the bundled
+# model, and open the course in marimo. Ctrl-C stops both.
 #
+#   WORKSHOP_ENGINE=vllm|sglang                     the engine (sglang: set up in .venv-sglang)
 #   WORKSHOP_MODEL=smollm2-135m|<folder>|<hf id>   the model (default: bundled SmolLM2)
 #   WORKSHOP_PORT=8000  WORKSHOP_UI=marimo|none     server port; `none` serves only the API
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+engine=${WORKSHOP_ENGINE:-vllm}
+case "$engine" in
+  vllm) bash scripts/setup.sh;;
+  sglang) bash scripts/setup.sh --with-sglang;;
+  *) echo "WORKSHOP_ENGINE must be vllm or sglang, not '$engine'" >&2; exit 2;;
+esac
 # shellcheck disable=SC1091
 . "${WORKSHOP_VENV:-.venv}/bin/activate"
 
@@ -14,8 +20,8 @@ port=${WORKSHOP_PORT:-8000}
 model=${WORKSHOP_MODEL:-smollm2-135m}
 log=${WORKSHOP_CACHE:-$HOME/.cache/llm-workshop}/logs/server-$port.log
 mkdir -p "$(dirname "$log")"
-echo "==> starting the reference server (vllm, $model) on port $port; log: $log"
-python -m reference_server --engine vllm --model "$model" --port "$port" >"$log" 2>&1 &
+echo "==> starting the reference server ($engine, $model) on port $port; log: $log"
+python -m reference_server --engine "$engine" --model "$model" --port "$port" >"$log" 2>&1 &
 server=$!
 trap 'kill $server 2>/dev/null; wait $server 2>/dev/null' EXIT INT TERM
 until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do

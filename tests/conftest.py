@@ -1,11 +1,16 @@
 """Shared fixtures: real reference servers over real engines, started once per session.
 
 Servers are launched lazily: the first test that asks for any engine starts every engine
-at once (they load in parallel), so a unit-only run (``-m "not engine"``) starts nothing.
+the selected tests use, at once (they load in parallel), so a unit-only run (``-m "not
+engine"``) starts nothing and ``-k sglang`` starts SGLang alone.
+
+SGLang runs from its own environment (``scripts/setup.sh --with-sglang``, which
+``scripts/test.sh`` runs); where that was not built its tests are skipped, except on CI.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import subprocess
 from dataclasses import dataclass, field
@@ -18,12 +23,13 @@ from reference_server import launch as launcher, prometheus
 
 API_KEY = "sk-workshop-test"
 MODEL = "smollm2-135m"
-ENGINES = ("vllm", "hf", "mini")
+ENGINES = ("vllm", "sglang", "hf", "mini")
 # Per-engine server options. The queue bounds are small enough for the queue test to fill
-# them and large enough for the 64-stream load test: vLLM runs 64 at once here (as mini does
-# by default), hf runs one and queues the rest.
+# them and large enough for the 64-stream load test: vLLM and SGLang run 64 at once here (as
+# mini does by default), hf runs one and queues the rest.
 FLEET_ARGS = {
     "vllm": ("--max-queued-requests", "8", "--", "--max-num-seqs", "64"),
+    "sglang": ("--max-queued-requests", "8", "--", "--max-running-requests", "64"),
     "hf": ("--max-queued-requests", "64"),
     "mini": ("--max-queued-requests", "8"),
 }
@@ -103,6 +109,31 @@ def stop(server: RunningServer) -> None:
     launcher.stop(server.proc, timeout=60)
 
 
+@functools.cache
+def available(engine: str) -> bool:
+    """SGLang needs its own environment; CI must have it (scripts/test.sh builds it)."""
+    if engine != "sglang" or os.environ.get("CI"):
+        return True
+    from reference_server.engines.sglang import default_python
+    probe = subprocess.run([default_python(), "-c", "import importlib.util as u, sys; "
+                            "sys.exit(u.find_spec('sglang') is None)"], capture_output=True)
+    return probe.returncode == 0
+
+
+# The engines the selected tests use (pytest_collection_modifyitems): the fleet starts those.
+_WANTED: set[str] = set()
+
+
+@pytest.hookimpl(trylast=True)     # after -k and -m have deselected what will not run
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        for name in ("server", "engine"):
+            if params.get(name) in ENGINES:
+                _WANTED.add(params[name])
+        _WANTED.update(e for e in ENGINES if f"{e}_server" in getattr(item, "fixturenames", ()))
+
+
 class _Fleet:
     """Every engine server of the session, launched together on first use."""
 
@@ -111,12 +142,17 @@ class _Fleet:
         self.ready: dict[str, RunningServer] = {}
 
     def get(self, engine: str) -> RunningServer:
+        if not available(engine):
+            pytest.skip("SGLang is not installed: bash scripts/setup.sh --with-sglang")
         if not self.servers:
             # Prepare the bundled model once, before several servers race to do it.
             from reference_server.models import resolve_model
             resolve_model(MODEL)
             for e in ENGINES:
-                self.servers[e] = launch(e, *FLEET_ARGS.get(e, ()))
+                if e in (_WANTED or ENGINES) and available(e):
+                    self.servers[e] = launch(e, *FLEET_ARGS.get(e, ()))
+        if engine not in self.servers:      # not foreseen at collection: start it now
+            self.servers[engine] = launch(engine, *FLEET_ARGS.get(engine, ()))
         if engine not in self.ready:
             self.ready[engine] = wait_ready(self.servers[engine])
         return self.ready[engine]
@@ -136,6 +172,11 @@ def fleet():
 @pytest.fixture(scope="session")
 def vllm_server(fleet) -> RunningServer:
     return fleet.get("vllm")
+
+
+@pytest.fixture(scope="session")
+def sglang_server(fleet) -> RunningServer:
+    return fleet.get("sglang")
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ from reference_server.engines.base import Engine, EngineDied, EngineError, Engin
 
 _REGISTRY = {
     "vllm": "reference_server.engines.vllm:VLLMEngine",
+    "sglang": "reference_server.engines.sglang:SGLangEngine",
     "hf": "reference_server.engines.hf:HFEngine",
     "mini": "reference_server.engines.mini:MiniEngine",
 }

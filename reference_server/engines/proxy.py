@@ -204,14 +204,29 @@ class ProxyEngine(Engine):
     async def complete(self, request):
         return await self._forward("/v1/completions", request)
 
-    async def _forward(self, path: str, request):
-        self.check()
+    def request_body(self, request) -> dict:
+        """The JSON body sent to the child for a validated ``request``."""
         body = request.model_dump(exclude_unset=True)
         body["model"] = self.served_name
+        return body
+
+    def abandon(self, resp: aiohttp.ClientResponse, body: dict) -> None:
+        """The client left before the answer ended: drop the connection to the child, which
+        is how vLLM learns to abort the request. An engine that needs more says so here.
+        ``resp`` is None when the client left before the child's answer began."""
+        if resp is not None:
+            resp.close()
+
+    async def _forward(self, path: str, request):
+        self.check()
+        body = self.request_body(request)
         try:
             resp = await self._client.post(path, json=body)
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._upstream_error(exc) from exc
+        except BaseException:
+            self.abandon(None, body)     # the client left before the child answered
+            raise
         if resp.status != 200:
             content = await resp.read()
             resp.release()
@@ -224,7 +239,7 @@ class ProxyEngine(Engine):
                 resp.close()
                 raise self._upstream_error(exc) from exc
             except BaseException:
-                resp.close()     # the client left mid-answer: drop the connection, vLLM aborts
+                self.abandon(resp, body)   # the client left mid-answer
                 raise
             finally:
                 self._open.discard(resp)
@@ -247,13 +262,13 @@ class ProxyEngine(Engine):
             raise self._upstream_error(exc) from exc
         except BaseException:
             self._open.discard(resp)
-            resp.close()
+            self.abandon(resp, body)
             raise
         if first.startswith(b'data: {"error"'):
             self._open.discard(resp)
             resp.close()
             raise _stream_error(first)
-        return _Relay(self, resp, first, chunks)
+        return _Relay(self, resp, first, chunks, body)
 
     def _upstream_error(self, exc: BaseException) -> EngineError | EngineDied:
         """What to tell the client when the child failed to answer."""
@@ -302,8 +317,9 @@ class _Relay:
     """
 
     def __init__(self, engine: ProxyEngine, resp: aiohttp.ClientResponse, first: bytes,
-                 chunks: AsyncIterator[bytes]) -> None:
+                 chunks: AsyncIterator[bytes], body: dict | None = None) -> None:
         self.engine, self.resp, self.first, self.chunks = engine, resp, first, chunks
+        self.body = body
         self.done = False
 
     def __aiter__(self):
@@ -334,6 +350,8 @@ class _Relay:
         self.engine._open.discard(self.resp)
         if clean:
             self.resp.release()
+        elif self.body is not None:
+            self.engine.abandon(self.resp, self.body)
         else:
             self.resp.close()
 
@@ -355,6 +373,8 @@ def _engine_error(status: int, content: bytes) -> EngineError:
         err = err.get("error", err) if isinstance(err, dict) else {}
     except ValueError:
         err = {}
+    if not isinstance(err, dict):     # SGLang's 401: {"error": "Unauthorized"}
+        err = {"message": str(err)}
     message = err.get("message") or content.decode(errors="replace")[:500] or "engine error"
     return EngineError(status, message, type=err.get("type") or "invalid_request_error",
                        param=err.get("param"), code=err.get("code") and str(err.get("code")))

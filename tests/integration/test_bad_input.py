@@ -147,8 +147,9 @@ def test_neutral_values_of_unimplemented_parameters_are_accepted(server):
     assert r.status_code == 200, r.text
 
 
-def test_vllm_answers_its_own_parameters(vllm_server):
-    r = _post(vllm_server, "/v1/completions",
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_child_engine_answers_its_own_parameters(request, engine):
+    r = _post(request.getfixturevalue(f"{engine}_server"), "/v1/completions",
               {"model": M, "prompt": "hi", "max_tokens": 2, "presence_penalty": 0.5,
                "logit_bias": {"5": 10}})
     assert r.status_code == 200, r.text

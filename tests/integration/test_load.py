@@ -12,7 +12,7 @@ import pytest
 
 from reference_server import prometheus as P
 
-ENGINES = ["vllm", "hf", "mini"]     # the fleet (tests/conftest.py)
+ENGINES = ["vllm", "sglang", "hf", "mini"]     # the fleet (tests/conftest.py)
 
 pytestmark = pytest.mark.engine
 
