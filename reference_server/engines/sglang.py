@@ -395,12 +395,22 @@ class SGLangEngine(ProxyEngine):
                 resp.close()
 
     async def _forward(self, path: str, request):
+        given = request.model_dump(exclude_unset=True)
         if self.arch is not None and self.arch.vocab_size:
-            bad = out_of_vocabulary(request.model_dump(exclude_unset=True), self.arch.vocab_size)
+            bad = out_of_vocabulary(given, self.arch.vocab_size)
             if bad:
                 raise EngineError(400, f"token id {bad[1]} is out of vocabulary (this model has "
                                   f"{self.arch.vocab_size} token ids)", param=bad[0])
+        # SGLang 0.5.18 samples unseeded unless it runs with --enable-deterministic-inference
+        # (sglang/srt/sampling/sampling_batch_info.py): refused rather than silently ignored.
+        if given.get("seed") is not None and not self.seeded:
+            raise EngineError(400, "this SGLang server ignores 'seed': start it with "
+                              "`-- --enable-deterministic-inference` to use seeds", param="seed")
         return await super()._forward(path, request)
+
+    @property
+    def seeded(self) -> bool:
+        return "--enable-deterministic-inference" in self.config.engine_args
 
     async def metrics_text(self) -> str:
         return vllm_metrics(await super().metrics_text(), self.served_name)

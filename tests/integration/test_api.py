@@ -86,13 +86,16 @@ def test_completion_stream_matches_non_stream(server):
 
 
 def test_seed_makes_sampling_reproducible(server):
-    if server.engine == "sglang":
-        # SGLang 0.5.18 uses "seed" only with --enable-deterministic-inference
-        # (sglang/srt/sampling/sampling_batch_info.py); otherwise it samples unseeded.
-        pytest.skip("SGLang ignores seed unless started with --enable-deterministic-inference")
     client = server.openai()
     kw = dict(model=server.model, prompt="My favourite animal is", max_tokens=12,
               temperature=1.0, top_p=0.9, seed=1234, extra_body={"ignore_eos": True})
+    if server.engine == "sglang":
+        # SGLang 0.5.18 uses "seed" only with --enable-deterministic-inference; the fleet
+        # runs it without, so a seed must be refused rather than silently ignored.
+        r = httpx.post(server.base_url + "/v1/completions", headers=server.headers,
+                       json={"model": server.model, "prompt": "hi", "max_tokens": 2, "seed": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "seed"
+        return
     assert client.completions.create(**kw).choices[0].text == \
         client.completions.create(**kw).choices[0].text
 
@@ -121,7 +124,7 @@ def test_logprobs(server):
 
 def test_n_choices(server):
     r = server.openai().completions.create(model=server.model, prompt="A colour:", n=3,
-                                           max_tokens=5, temperature=1.0, seed=7,
+                                           max_tokens=5, temperature=1.0,
                                            extra_body={"ignore_eos": True})
     assert sorted(c.index for c in r.choices) == [0, 1, 2]
     assert r.usage.completion_tokens == 15

@@ -17,8 +17,9 @@ ENGINES = ["vllm", "sglang", "hf", "mini"]     # the fleet (tests/conftest.py)
 pytestmark = pytest.mark.engine
 
 
-def _wait_idle(server, timeout: float = 30.0) -> float:
-    """Seconds until the engine reports no running request and an empty KV cache."""
+def _wait_idle(server, timeout: float = 60.0) -> float:
+    """Seconds until the engine reports no running request and an empty KV cache (generous:
+    SGLang refreshes the figures behind its gauges only now and then while idle)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if (server.metric(P.NUM_REQUESTS_RUNNING) == 0
@@ -52,7 +53,7 @@ def test_64_concurrent_streams_with_clients_leaving(server):
 
     async def one(http: httpx.AsyncClient, i: int) -> int | None:
         body = {"model": server.model, "prompt": f"Request {i}: count to ten.",
-                "max_tokens": leaver_tokens if i in leavers else tokens, "temperature": 0.8, "seed": i, "stream": True,
+                "max_tokens": leaver_tokens if i in leavers else tokens, "temperature": 0.8, "stream": True,
                 "stream_options": {"include_usage": True}, "ignore_eos": True}
         usage, chunks = None, 0
         async with http.stream("POST", server.base_url + "/v1/completions", json=body,
