@@ -98,6 +98,14 @@ FIGURES: dict[str, list[FigureSpec]] = {
         FigureSpec("tradeoff", r"quant\.plot_tradeoff\(", r"^Memory vs quality",
                    "memory, decode speed and quality per weight format"),
     ],
+    "05_attention_variants": [
+        FigureSpec("bytes", r"av\.bytes_figure\(", r"^KV cache per token",
+                   "KV bytes per token of real model configs as MHA, as shipped and as MQA"),
+        FigureSpec("quality", r"av\.quality_figure\(", r"^Quality vs KV cache",
+                   "untrained GQA -> MQA / MLA conversions served live: cache size and quality"),
+        FigureSpec("time", r"av\.time_figure\(", r"^Decode attention time vs KV heads",
+                   "decode attention time vs the number of KV heads on this machine"),
+    ],
     "06_flash_attention": [
         FigureSpec("memory", r"fa\.memory_figure\(", r"^Peak memory of one attention head",
                    "peak memory of naive vs tiled attention as the sequence grows"),
@@ -108,6 +116,28 @@ FIGURES: dict[str, list[FigureSpec]] = {
         FigureSpec("prefill", r"fa\.prefill_figure\(", r"^Prefill on the live ",
                    "prefill time vs prompt length on the live server"),
     ],
+    "07_paged_attention_batching": [
+        FigureSpec("pool_shares", r"batching\.plot_pool_shares\(", r"ShareGPT requests through a pool",
+                   "KV pool shares (tokens, internal and external waste) per layout, simulated"),
+        FigureSpec("timeline", r"plot_timeline\(\s*timeline_runs", r"^static, .+ \| continuous, ",
+                   "static vs continuous batching: the engine's step trace as a timeline"),
+        FigureSpec("chunked", r"plot_timeline\(\s*chunk_runs", r"^no chunking: .+ \| chunked, ",
+                   "a long prompt arriving among decodes, without and with chunked prefill"),
+    ],
+    "08_prefix_caching": [
+        FigureSpec("pool", r"prefix_caching\.pool_figure\(", r"^Prefix-cache hit rate as the KV pool shrinks",
+                   "hit rate vs KV pool size, hash vs radix eviction (replay)"),
+        FigureSpec("vllm", r"prefix_caching\.per_request_figure\(", r"^vLLM: time to first token",
+                   "vLLM: TTFT of each request with its prefix cache emptied vs kept"),
+    ],
+    "09_speculative_decoding": [
+        FigureSpec("formula", r"sd\.formula_figure\(", r"^Expected speed-up \(Leviathan",
+                   "expected speed-up vs draft length for several acceptance rates (formula)"),
+        FigureSpec("sweep", r"sd\.sweep_figure\(", r"^Speculative decoding on this machine",
+                   "measured speed-up and acceptance vs draft length, next to the formula"),
+        FigureSpec("workloads", r"sd\.workload_figure\(", r"drafts: repetitive vs open-chat",
+                   "n-gram drafts on an editing and an open-chat workload, teaching engine and vLLM"),
+    ],
 }
 
 # Numbers the slides quote, read from a run's text outputs: (regex with one group, what it is).
@@ -117,6 +147,38 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "kv_capacity_tokens": (r"KV capacity=(\d+) tokens", "KV capacity the engine reported"),
         "max_model_len": (r"max_model_len=(\d+)", "context length the engine serves"),
         "model": (r"model:\s+(\S+)", "model served"),
+    },
+    "05_attention_variants": {
+        "mla_vs_mha": (r"\*\*([\d.]+)x\*\* less\. This is where",
+                       "DeepSeek-V3 as MHA with its own heads / its MLA cache, per token"),
+        "mla_vs_gqa": (r"\*\*([\d.]+)x\*\* DeepSeek-V3's",
+                       "the chosen GQA model's cache per token / DeepSeek-V3's"),
+        "gqa_model": (r"\*\*Against a GQA model\*\* \(([^,]+),", "the GQA model compared"),
+        "equivalent_kv_heads": (r"\*\*([\d.]+) KV heads\*\*",
+                                "DeepSeek-V3's latent in KV heads of 128 (paper: 2.25 groups)"),
+    },
+    "07_paged_attention_batching": {
+        "contiguous_waste_pct": (r"^\| contiguous \| \d+ \| \d+ \| \d+ \| ([\d.]+) \|",
+                                 "share of max-length reservations never holding a token"),
+        "paged_waste_pct": (r"^\| paged \| \d+ \| \d+ \| \d+ \| ([\d.]+) \|",
+                            "share of paged reservations (block tails) never holding a token"),
+        "requests": (r"^([\d,]+) ShareGPT requests \(tokenizer", "ShareGPT requests in the sample"),
+    },
+    "08_prefix_caching": {
+        "formula_terms": (r"= (\(\d+ − \d+\) × \d+ / \(\d+ × \d+\)) = \*\*",
+                          "the hit-rate formula with this run's numbers"),
+        "formula_hit_rate": (r"\(\d+ × \d+\) = \*\*([\d.]+)\*\*", "hit rate the formula predicts"),
+        "measured_hit_rate": (r"hash server's counters \(`vllm:prefix_cache_hits_total`.*?\*\*([\d.]+)\*\*",
+                              "hit rate the hash-cache server counted on /metrics"),
+        "vllm_block": (r"block size \*\*(\d+) tokens\*\*, prefix", "vLLM's block size on this server"),
+    },
+    "09_speculative_decoding": {
+        "tokens_per_step_08_4": (r"= \*\*([\d.]+)\*\* tokens for one target forward",
+                                 "formula: tokens per step at alpha 0.8, k 4"),
+        "verify_tokens": (r"Verifying (\d+) tokens in one forward took",
+                          "tokens in the longest verify forward timed"),
+        "verify_cost": (r"in one forward took \*\*([\d.]+)x\*\* a one-token decode",
+                        "measured cost of one verify forward of k+1 tokens, in decode forwards"),
     },
 }
 
