@@ -120,18 +120,35 @@ def available(engine: str) -> bool:
     return probe.returncode == 0
 
 
-# The engines the selected tests use (pytest_collection_modifyitems): the fleet starts those.
+# The engines the selected tests use (pytest_collection_modifyitems): the fleet starts those,
+# and stops each after the last test that uses it (_LAST_USER: engine -> test id), so the
+# notebooks, which need vLLM and hf only, do not share 2 cores and the memory with the rest.
 _WANTED: set[str] = set()
+_LAST_USER: dict[str, str] = {}
+_FLEETS: list["_Fleet"] = []
+
+
+def _engines_of(item) -> set[str]:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    used = {params[name] for name in ("server", "engine") if params.get(name) in ENGINES}
+    return used | {e for e in ENGINES if f"{e}_server" in getattr(item, "fixturenames", ())}
 
 
 @pytest.hookimpl(trylast=True)     # after -k and -m have deselected what will not run
 def pytest_collection_modifyitems(config, items):
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        for name in ("server", "engine"):
-            if params.get(name) in ENGINES:
-                _WANTED.add(params[name])
-        _WANTED.update(e for e in ENGINES if f"{e}_server" in getattr(item, "fixturenames", ()))
+        for e in _engines_of(item):
+            _WANTED.add(e)
+            _LAST_USER[e] = item.nodeid
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    for e, last in _LAST_USER.items():
+        if last == item.nodeid:
+            for f in _FLEETS:
+                f.retire(e)
 
 
 class _Fleet:
@@ -157,6 +174,13 @@ class _Fleet:
             self.ready[engine] = wait_ready(self.servers[engine])
         return self.ready[engine]
 
+    def retire(self, engine: str) -> None:
+        """Stop ``engine``'s server: no test left needs it."""
+        server = self.servers.pop(engine, None)
+        self.ready.pop(engine, None)
+        if server is not None:
+            stop(server)
+
     def close(self) -> None:
         for s in self.servers.values():
             stop(s)
@@ -165,8 +189,10 @@ class _Fleet:
 @pytest.fixture(scope="session")
 def fleet():
     f = _Fleet()
+    _FLEETS.append(f)
     yield f
     f.close()
+    _FLEETS.remove(f)
 
 
 @pytest.fixture(scope="session")

@@ -274,7 +274,10 @@ class SGLangEngine(ProxyEngine):
             cmd += ["--device", "cpu", "--attention-backend", "torch_native",
                     "--disable-overlap-schedule",
                     "--mem-fraction-static", str(fraction or 0.05),   # 0.05: the recipe's
-                    "--max-running-requests", str(CPU_MAX_RUNNING)]
+                    "--max-running-requests", str(CPU_MAX_RUNNING),
+                    # Its scheduler otherwise polls without pause while idle: most of a core
+                    # on a 2-core machine, taken from everything else running there.
+                    "--sleep-on-idle"]
             if self.max_total_tokens:
                 cmd += ["--max-total-tokens", str(self.max_total_tokens)]
         elif c.gpu_memory_utilization:
