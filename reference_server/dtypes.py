@@ -80,4 +80,24 @@ def bytes_per_element(name: str | None, *fallbacks: str | None) -> float:
     return resolve(name, *fallbacks).bytes
 
 
-__all__ = ["AUTO", "DType", "DTYPES", "lookup", "resolve", "canonical", "bytes_per_element"]
+def cpu_has_bf16() -> bool:
+    """Native bf16 dot products (AVX512_BF16 or AMX); elsewhere bf16 matmuls are emulated."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_has_amx() -> bool:
+    """AMX tiles, as vLLM and SGLang ask before picking their AMX kernels."""
+    try:
+        import torch
+        return bool(torch.cpu._is_amx_tile_supported())
+    except Exception:   # an older torch without the probe: no AMX kernels either
+        return False
+
+
+__all__ = ["AUTO", "DType", "DTYPES", "lookup", "resolve", "canonical", "bytes_per_element",
+           "cpu_has_bf16", "cpu_has_amx"]

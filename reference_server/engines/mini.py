@@ -25,7 +25,7 @@ import queue
 import threading
 from typing import AsyncIterator, Callable
 
-from reference_server import prometheus as P
+from reference_server import dtypes, prometheus as P
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo, engine_fault
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
                                             SamplingParams)
@@ -41,22 +41,13 @@ def engine_arg_parser() -> argparse.ArgumentParser:
         description="mini_engine knobs (every mechanism can be switched)"))
 
 
-def _cpu_has_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def _engine_config(config, device: str, argv: list[str]):
     """``EngineConfig`` from the flags after ``--``, with the server's settings as defaults."""
     from mini_engine.config import EngineConfig
     dtype = config.dtype
     # bf16 matmuls only pay off on CPUs with native bf16 dot products (AVX512_BF16 or AMX);
     # elsewhere they are emulated and slower than fp32.
-    if device == "cpu" and dtype in ("bfloat16", "bf16") and not _cpu_has_bf16():
+    if device == "cpu" and dtype in ("bfloat16", "bf16") and not dtypes.cpu_has_bf16():
         dtype = "float32"
     return EngineConfig.from_cli(
         argv, dtype=dtype, device=device, kv_cache_gib=config.kv_cache_gib,

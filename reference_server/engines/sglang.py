@@ -237,10 +237,9 @@ class SGLangEngine(ProxyEngine):
         self._sglang: dict = {}          # the fields of SGLang's /server_info we repeat
         self._version = "unknown"
         self.arch = read_arch(model.path) if (Path(model.path) / "config.json").exists() else None
-        from reference_server.engines.vllm import cpu_has_amx
         # See AMX_PREFIX_NOTE: a wrong answer is worse than no prefix cache.
         self.prefix_caching = config.enable_prefix_caching and not (
-            self.device == "cpu" and cpu_has_amx())
+            self.device == "cpu" and dtypes.cpu_has_amx())
         if self.prefix_caching != config.enable_prefix_caching:
             log.warning(AMX_PREFIX_NOTE)
 

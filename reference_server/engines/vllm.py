@@ -37,14 +37,6 @@ AMX_BF16_NOTE = ("vLLM-CPU answers wrongly in bfloat16 on a CPU with AMX (its AM
                  "kernel); serving float16 instead. Force bfloat16 with `-- --dtype bfloat16`")
 
 
-def cpu_has_amx() -> bool:
-    try:
-        import torch
-        return bool(torch.cpu._is_amx_tile_supported())   # what vLLM itself asks
-    except Exception:   # an older torch without the probe: no AMX kernels either
-        return False
-
-
 def served_dtype(dtype: str, device: str, engine_args: list[str], amx: bool,
                  model_dtype: str | None = None) -> str:
     """The dtype to give vLLM for the server's ``dtype`` ("auto": ``model_dtype``, the
@@ -67,7 +59,7 @@ class VLLMEngine(ProxyEngine):
         self._version = "unknown"
         has_config = (Path(model.path) / "config.json").exists()
         self.dtype = served_dtype(config.dtype, self.device, config.engine_args,
-                                  self.device == "cpu" and cpu_has_amx(),
+                                  self.device == "cpu" and dtypes.cpu_has_amx(),
                                   read_arch(model.path).torch_dtype if has_config else None)
         if self.dtype != config.dtype:
             log.warning(AMX_BF16_NOTE)

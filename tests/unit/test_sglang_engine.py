@@ -34,7 +34,7 @@ def model(tmp_path):
 
 @pytest.fixture(autouse=True)
 def no_amx(monkeypatch):
-    import reference_server.engines.vllm as V
+    from reference_server import dtypes as V
     monkeypatch.setattr(V, "cpu_has_amx", lambda: False)
 
 
@@ -278,7 +278,7 @@ def test_a_request_whose_client_left_is_aborted_by_its_own_id(model):
 
 
 def test_on_an_amx_cpu_the_radix_cache_is_off_and_it_says_so(model, monkeypatch):
-    import reference_server.engines.vllm as V
+    from reference_server import dtypes as V
     monkeypatch.setattr(V, "cpu_has_amx", lambda: True)
     e = engine(model)
     assert "--disable-radix-cache" in e.command()
