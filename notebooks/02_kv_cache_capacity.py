@@ -185,7 +185,7 @@ def _(kvcache, session, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Predict, then measure.** From the three numbers above, how many blocks did the engine
+    **Exercise 1 (predict, then measure).** From the three numbers above, how many blocks did the engine
     make? Write your number, then run the cell after it: it shows the engine's own count.
     """)
     return

@@ -190,7 +190,7 @@ def _(kvcache, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Predict, then compute (1).** DeepSeek-V3 has 61 layers and caches 512 + 64 numbers per
+    **Exercise 1 (predict, then compute).** DeepSeek-V3 has 61 layers and caches 512 + 64 numbers per
     layer; Llama 3.1 70B (the default above) has 80 layers with 8 KV heads of 128. How many
     times more cache per token does Llama 3.1 70B need than DeepSeek-V3?
     """)
@@ -295,7 +295,7 @@ def _(kvcache, mla_ranks_text, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Predict, then measure (2).** The servers below keep their cache in bf16 (2 bytes) on GPUs
+    **Exercise 2 (predict, then measure).** The servers below keep their cache in bf16 (2 bytes) on GPUs
     and on CPUs that compute in bf16, in fp32 (4 bytes) on other CPUs. What will the MQA server
     report as its KV bytes per token? (SmolLM2: 30 layers, head size 64, and MQA keeps 1 KV
     head.)
@@ -548,7 +548,7 @@ def _(mo):
     other work on the machine preempts stalls the rest, and on a shared machine the timings
     then measure the load rather than the cache.
 
-    **Predict, then measure (3).** At the longest context below, how many times longer does a
+    **Exercise 3 (predict, then measure).** At the longest context below, how many times longer does a
     decode step take with 9 KV heads than with 1? (The cache it reads is 9x larger.)
     """)
     return

@@ -128,7 +128,7 @@ ui.md(
 )
 
 # %% [markdown]
-# **Predict, then measure.** From the three numbers above, how many blocks did the engine
+# **Exercise 1 (predict, then measure).** From the three numbers above, how many blocks did the engine
 # make? Write your number, then run the cell after it: it shows the engine's own count.
 
 # %%

@@ -125,7 +125,7 @@ gqa_choice = ui.dropdown([k for k in kvcache.list_models()
 gqa_choice
 
 # %% [markdown]
-# **Predict, then compute (1).** DeepSeek-V3 has 61 layers and caches 512 + 64 numbers per
+# **Exercise 1 (predict, then compute).** DeepSeek-V3 has 61 layers and caches 512 + 64 numbers per
 # layer; Llama 3.1 70B (the default above) has 80 layers with 8 KV heads of 128. How many
 # times more cache per token does Llama 3.1 70B need than DeepSeek-V3?
 
@@ -205,7 +205,7 @@ ui.md(f"Variants to serve: {_names}. "
       f"token as shipped.")
 
 # %% [markdown]
-# **Predict, then measure (2).** The servers below keep their cache in bf16 (2 bytes) on GPUs
+# **Exercise 2 (predict, then measure).** The servers below keep their cache in bf16 (2 bytes) on GPUs
 # and on CPUs that compute in bf16, in fp32 (4 bytes) on other CPUs. What will the MQA server
 # report as its KV bytes per token? (SmolLM2: 30 layers, head size 64, and MQA keeps 1 KV
 # head.)
@@ -396,7 +396,7 @@ ui.md(f"Max abs difference from PyTorch SDPA with the KV heads copied to every q
 # other work on the machine preempts stalls the rest, and on a shared machine the timings
 # then measure the load rather than the cache.
 #
-# **Predict, then measure (3).** At the longest context below, how many times longer does a
+# **Exercise 3 (predict, then measure).** At the longest context below, how many times longer does a
 # decode step take with 9 KV heads than with 1? (The cache it reads is 9x larger.)
 
 # %%

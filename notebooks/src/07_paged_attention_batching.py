@@ -115,7 +115,7 @@ ui.md(
 )
 
 # %% [markdown]
-# **Predict, then compute.** Take the requests in order and put each in the pool at its full
+# **Exercise 1 (predict, then compute).** Take the requests in order and put each in the pool at its full
 # length until the next one does not fit: how many fit at once with max-length reservations,
 # and how many with paging? Write your paged number, then run the next cell (the table after
 # it gives every layout's count).
@@ -268,7 +268,7 @@ for _name, _run in burst_runs.items():
 ui.table(burst_rows)
 
 # %% [markdown]
-# **Predict, then measure.** The numbers are in the table above, so cover it: with the
+# **Exercise 2 (predict, then measure).** The numbers are in the table above, so cover it: with the
 # contiguous layout, how many of the burst's requests run at once? (Hint: `max_model_len`
 # and the pool size from `/server_info`.)
 
@@ -426,7 +426,7 @@ ui.md(
 # prompts of equal length and answers of mixed lengths, to the `paged` server (continuous
 # batching) and the `static` one, with the course's benchmark harness (`workshop.bench`).
 #
-# **Predict, then measure.** What share of the continuous server's output throughput
+# **Exercise 3 (predict, then measure).** What share of the continuous server's output throughput
 # (tokens/s) will the static one reach? Write a percentage:
 
 # %%
