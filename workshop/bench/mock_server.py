@@ -80,6 +80,9 @@ class MockServer:
         if method == "GET" and path == "/v1/models":
             self._simple(writer, 200, b'{"object":"list","data":[{"id":"mock","object":"model","owned_by":"mock"}]}')
             return
+        if method == "GET" and path == "/health":
+            self._simple(writer, 200, b"{}")
+            return
         if method == "GET" and path == "/metrics":
             text = (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total"
                     f'{{model_name="mock"}} {float(self.prompt_tokens)}\n'

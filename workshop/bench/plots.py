@@ -156,3 +156,44 @@ def save_run_plots(res: "BenchResult", folder: Path) -> None:
     for name, fig in (("latency_cdf.png", plot_latency_cdf([res])), ("timeline.png", plot_timeline(res))):
         fig.savefig(Path(folder) / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
+
+
+def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "ttft_ms"):
+    """One column per workload: achieved vs offered load of every engine (knees starred), and
+    below it the p99 of ``metric`` against offered load. ``sweeps``: workload -> engine -> sweep.
+    Offered and achieved rates are in requests/s over each point's steady window."""
+    plt = _plt()
+    workloads = list(sweeps)
+    engines = sorted({e for per in sweeps.values() for e in per})
+    colors = {e: plt.cm.tab10(i % 10) for i, e in enumerate(engines)}
+    fig, axes = plt.subplots(2, len(workloads), figsize=(4.6 * len(workloads), 7.2), squeeze=False,
+                             sharex="col")
+    for j, w in enumerate(workloads):
+        top, bottom = axes[0][j], axes[1][j]
+        lim = 0.0
+        for e, sw in sweeps[w].items():
+            x, y = sw.offered(), sw.achieved()
+            lim = max([lim, *x, *y])
+            top.plot(x, y, "o-", color=colors[e], label=e, ms=4)
+            p99 = [p.summary[metric]["p99"] if p.summary[metric]["p99"] is not None else np.nan
+                   for p in sw.points]
+            bottom.plot(x, p99, "o-", color=colors[e], label=e, ms=4)
+            if sw.knee_index is not None:
+                k = sw.knee_index
+                top.plot([x[k]], [y[k]], "*", color=colors[e], ms=15, mec="black", mew=0.6)
+                bottom.plot([x[k]], [p99[k]], "*", color=colors[e], ms=15, mec="black", mew=0.6)
+        top.plot([0, lim * 1.05], [0, lim * 1.05], "--", color="grey", lw=1)
+        top.set_title(w)
+        top.set_ylabel("achieved (req/s)")
+        bottom.set_ylabel(f"p99 {metric.replace('_ms', '').upper()} (ms)")
+        bottom.set_yscale("log")
+        bottom.set_xlabel("offered load (req/s)")
+        slo = next(iter(sweeps[w].values())).config.get(f"slo_{metric}") if sweeps[w] else None
+        if slo:
+            bottom.axhline(slo, color="black", lw=0.8, ls=":", label="objective")
+        for ax in (top, bottom):
+            ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=8, loc="upper left")
+    fig.suptitle("Every engine swept to its knee (star): dashed line = keeps up with the load", y=1.0)
+    fig.tight_layout()
+    return fig

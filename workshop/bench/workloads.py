@@ -177,13 +177,14 @@ def sharegpt_pool(path: str | Path | None = None) -> list[list[tuple[str, str]]]
 
 def sharegpt_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, min_len: int = 4,
                       max_prompt_len: int = 1024, max_total_len: int = 2048,
-                      output_len: int | None = None, api: str = "chat",
+                      output_len: int | None = None, max_output_len: int | None = None, api: str = "chat",
                       dataset_path: str | None = None, **_: Any) -> Workload:
     """First turns of real conversations, with vLLM's filtering.
 
     Drops pairs whose prompt or reply is under ``min_len`` tokens, prompts over
     ``max_prompt_len``, and prompt+reply over ``max_total_len`` (served model's tokenizer on
-    the raw text). ``max_tokens`` is the recorded reply's length unless ``output_len`` is set.
+    the raw text). ``max_tokens`` is the recorded reply's length unless ``output_len`` is set;
+    ``max_output_len`` clips it (after the filters, so the prompts are the same either way).
     """
     pool = sharegpt_pool(dataset_path)
     order = list(range(len(pool)))
@@ -198,6 +199,8 @@ def sharegpt_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, min
             n_out = output_len
         if n_in < min_len or n_out < min_len or n_in > max_prompt_len or n_in + n_out > max_total_len:
             continue
+        if max_output_len is not None:
+            n_out = min(n_out, max_output_len)
         req = (Request(n_out, messages=[{"role": "user", "content": human}], tag="sharegpt") if api == "chat"
                else Request(n_out, prompt=human, tag="sharegpt"))
         sessions.append(SingleRequest(req))
@@ -205,7 +208,8 @@ def sharegpt_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, min
         raise ValueError(f"only {len(sessions)} ShareGPT prompts pass the filters; asked {num_requests}")
     return Workload("sharegpt", sessions, dict(num_requests=num_requests, seed=seed, min_len=min_len,
                                                max_prompt_len=max_prompt_len, max_total_len=max_total_len,
-                                               output_len=output_len, api=api), tok)
+                                               output_len=output_len, max_output_len=max_output_len,
+                                               api=api), tok)
 
 
 @dataclass

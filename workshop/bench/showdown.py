@@ -1,0 +1,299 @@
+"""The engine showdown: every engine, the same model, the same workloads, each swept to its knee.
+
+One ``run_showdown`` call serves each contender in turn (a reference server of its own, or one
+already running), runs a load sweep (``sweep.sweep_load``: synchronous and throughput probes,
+then open-loop rates up to past the maximum) for every workload, and writes one results folder:
+
+    <root>/showdown.json                 what ran: command, machine, date, engines, workloads, SLO
+    <root>/<engine>/<workload>/          a SweepResult (sweep.json, point-NN/, probe-*/)
+
+``workshop.decision`` draws the decision chart from such folders, any number of them and any
+subset of engines. ``benchmarks/showdown.py`` is the command; notebook 10 calls this module
+with a smaller plan.
+
+Fairness rules, the same for every contender:
+- the same prompts (same seed) at every load point, and the prefix cache emptied before each
+  point (``reset_cache``), so a point never hits what the previous one left behind;
+- the engines at their defaults on this machine (the reference server's own: the dtype rule,
+  the KV budget); "tuned" contenders on a GPU add only the flags their documentation names for
+  these workloads, listed in ``showdown.json``;
+- one engine at a time on the machine: the next one starts after the previous one stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+FORMAT = 1
+WORKLOADS = ("sharegpt", "agentic", "shared-prefix")
+
+
+@dataclass(frozen=True)
+class Contender:
+    """One engine configuration in the showdown: ``engine`` with ``server_args`` under ``label``.
+
+    ``base_url`` (with ``api_key``) uses a server that is already running instead of starting
+    one. ``request_scale`` shrinks the number of requests per point for an engine that serves
+    one request at a time (its knee is at its synchronous rate, so a few requests show it).
+    """
+
+    label: str
+    engine: str
+    server_args: tuple[str, ...] = ()
+    base_url: str | None = None
+    api_key: str | None = None
+    request_scale: float = 1.0
+    note: str = ""
+
+
+# The CPU field: both production engines, the teaching engine with each prefix cache, and the
+# naive baseline.
+CPU_FIELD = (
+    Contender("vllm", "vllm"),
+    Contender("sglang", "sglang"),
+    Contender("mini-hash", "mini", ("--", "--prefix-cache", "hash"), note="teaching engine, hashed blocks"),
+    Contender("mini-radix", "mini", ("--", "--prefix-cache", "radix"), note="teaching engine, radix tree"),
+    Contender("hf", "hf", request_scale=1 / 3, note="one request at a time, no prefix cache"),
+)
+# On a GPU: vLLM and SGLang at their defaults and with the scheduling flags their documents
+# point to for shared prefixes (SGLang: longest-prefix-match scheduling; vLLM: a larger
+# prefill chunk). Untested here: no GPU was lent to the project's CI.
+GPU_FIELD = (
+    Contender("vllm", "vllm"),
+    Contender("vllm-tuned", "vllm", ("--", "--max-num-batched-tokens", "8192"),
+              note="larger prefill chunk"),
+    Contender("sglang", "sglang"),
+    Contender("sglang-tuned", "sglang", ("--", "--schedule-policy", "lpm"),
+              note="longest-prefix-match scheduling"),
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How hard to push each contender. ``full()`` is the committed reference run's plan;
+    ``quick()`` is what a notebook runs in quick mode (CI)."""
+
+    workloads: tuple[str, ...] = WORKLOADS
+    num_requests: int = 24             # requests (sessions for multi-turn) per point, at least
+    sweep_points: int = 4              # open-loop rates between the synchronous and 1.5 x max rate
+    probe_requests: int = 6            # one at a time, for the synchronous rate and the baseline
+    probe_concurrency: int = 12        # the closed-loop throughput probe
+    slo_ttft_ms: float = 1000.0
+    slo_itl_ms: float = 100.0
+    seed: int = 0
+    # ShareGPT replies clipped to this many tokens: the recorded ones average ~300, which would
+    # make the one-request-at-a-time baseline's sweep alone take most of an hour on 2 cores.
+    sharegpt_max_output: int | None = 128
+    workload_args: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def full(cls) -> "Plan":
+        return cls(workload_args={"agentic": {"num_sessions": 8}})
+
+    @classmethod
+    def quick(cls) -> "Plan":
+        return cls(workloads=("shared-prefix", "agentic"), num_requests=8, sweep_points=2, probe_requests=3,
+                   probe_concurrency=4, sharegpt_max_output=32,
+                   workload_args={"shared-prefix": {"system_prompt_len": 256, "output_len": 16},
+                                  "agentic": {"system_prompt_len": 300, "main_turns": 2, "branch_turns": 1,
+                                              "final_output": 24, "summary_output": 16,
+                                              "turn_output": (8, 16), "num_sessions": 4}})
+
+    def kwargs_for(self, workload: str, scale: float = 1.0) -> dict[str, Any]:
+        """The workload's arguments; ``scale`` shrinks a fixed session count like the requests."""
+        kw = dict(self.workload_args.get(workload, {}))
+        if "num_sessions" in kw:
+            kw["num_sessions"] = max(2, math.ceil(kw["num_sessions"] * scale))
+        if workload == "sharegpt" and self.sharegpt_max_output:
+            kw.setdefault("max_output_len", self.sharegpt_max_output)
+        return kw
+
+
+def sglang_installed() -> bool:
+    """SGLang lives in its own environment (``.venv-sglang``): can that one import it?"""
+    from reference_server.engines.sglang import default_python
+    probe = subprocess.run([default_python(), "-c", "import importlib.util as u, sys; "
+                            "sys.exit(u.find_spec('sglang') is None)"], capture_output=True)
+    return probe.returncode == 0
+
+
+def default_field(gpu: bool | None = None) -> tuple[Contender, ...]:
+    """The contenders this machine can run: the GPU field on a GPU, else the CPU field
+    (SGLang only where its environment is installed)."""
+    if gpu is None:
+        from workshop.session import gpu_name
+        gpu = gpu_name() is not None
+    field_ = GPU_FIELD if gpu else CPU_FIELD
+    if not sglang_installed():
+        field_ = tuple(c for c in field_ if c.engine != "sglang")
+    return field_
+
+
+def machine() -> dict[str, Any]:
+    from workshop.session import cpu_name, gpu_name, memory_gib
+    import os
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"cpu": cpu_name(), "cores": cores, "memory_gib": round(memory_gib() or 0.0, 1),
+            "gpu": gpu_name(), "platform": platform.platform(), "python": platform.python_version()}
+
+
+@dataclass
+class Showdown:
+    """A showdown folder's manifest (``showdown.json``), kept up to date as runs finish."""
+
+    root: Path
+    manifest: dict[str, Any]
+
+    def write(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        (self.root / "showdown.json").write_text(json.dumps(self.manifest, indent=2, default=str))
+
+    @classmethod
+    def load(cls, root: str | Path) -> "Showdown":
+        root = Path(root)
+        return cls(root, json.loads((root / "showdown.json").read_text()))
+
+    def folder(self, engine: str, workload: str) -> Path:
+        return self.root / engine / workload
+
+    def sweeps(self) -> dict[str, dict[str, Any]]:
+        """workload -> engine -> ``SweepResult``, for the runs that finished."""
+        from .sweep import SweepResult
+        out: dict[str, dict[str, Any]] = {}
+        for run in self.manifest.get("runs", []):
+            if run.get("folder") and (self.root / run["folder"] / "sweep.json").exists():
+                out.setdefault(run["workload"], {})[run["engine"]] = SweepResult.load(self.root / run["folder"])
+        return out
+
+
+def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None, plan: Plan | None = None,
+                 model: str = "smollm2-135m", mode: str = "full", command: str | None = None,
+                 progress: bool = True, log: Callable[[str], None] = print,
+                 start_timeout_s: float = 900.0) -> Showdown:
+    """Run every contender on every workload of ``plan``; write and return the folder.
+
+    A contender that fails to start, or a sweep that fails, is recorded in ``runs`` with its
+    reason and the showdown goes on with the others.
+    """
+    from .sweep import sweep_load
+    plan = plan or Plan.full()
+    contenders = list(contenders if contenders is not None else default_field())
+    show = Showdown(Path(root), {
+        "format": FORMAT,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": command or " ".join(shlex.quote(a) for a in sys.argv),
+        "mode": mode, "machine": machine(), "model": model,
+        "slo": {"ttft_ms": plan.slo_ttft_ms, "itl_ms": plan.slo_itl_ms},
+        "plan": {k: v for k, v in asdict(plan).items()},
+        "engines": {}, "workloads": {w: {"params": plan.kwargs_for(w)} for w in plan.workloads},
+        "runs": []})
+    show.write()
+    for c in contenders:
+        t0 = time.monotonic()
+        log(f"== {c.label}: {'using ' + c.base_url if c.base_url else 'starting ' + c.engine} ==")
+        try:
+            server = _serve(c, model, start_timeout_s)
+        except Exception as e:  # noqa: BLE001 - one engine that cannot start must not end the showdown
+            log(f"   {c.label} did not start: {e}")
+            show.manifest["engines"][c.label] = {**_describe(c), "status": f"did not start: {e}"[:500]}
+            show.manifest["runs"] += [{"engine": c.label, "workload": w, "folder": None,
+                                       "status": "engine did not start", "seconds": 0.0} for w in plan.workloads]
+            show.write()
+            continue
+        try:
+            show.manifest["engines"][c.label] = {**_describe(c), "status": "ok",
+                                                 "start_seconds": round(time.monotonic() - t0, 1),
+                                                 "server_info": server.info}
+            show.write()
+            n = max(2, math.ceil(plan.num_requests * c.request_scale))
+            for w in plan.workloads:
+                t1 = time.monotonic()
+                run = {"engine": c.label, "workload": w, "folder": f"{c.label}/{w}"}
+                try:
+                    result = sweep_load(
+                        server.base_url, server.model, w, num_requests=n, api_key=server.api_key,
+                        sweep_points=plan.sweep_points,
+                        probe_requests=max(2, math.ceil(plan.probe_requests * c.request_scale)),
+                        probe_concurrency=plan.probe_concurrency, slo_ttft_ms=plan.slo_ttft_ms,
+                        slo_itl_ms=plan.slo_itl_ms, seed=plan.seed, progress=progress,
+                        reset_cache=True, label=c.label, **plan.kwargs_for(w, c.request_scale))
+                    result.save(show.folder(c.label, w), plots=False)
+                    run["status"] = "ok"
+                    run["knee"] = result.knee_note()
+                    log(f"   {w}: {result.knee_note()}  ({time.monotonic() - t1:.0f} s)")
+                except Exception as e:  # noqa: BLE001 - recorded; the other runs go on
+                    run["status"] = f"failed: {type(e).__name__}: {e}"[:500]
+                    run["folder"] = None
+                    log(f"   {w}: failed: {e}")
+                run["seconds"] = round(time.monotonic() - t1, 1)
+                show.manifest["runs"].append(run)
+                show.write()
+        finally:
+            if not c.base_url:
+                server.stop()
+    show.manifest["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    show.write()
+    return show
+
+
+def _describe(c: Contender) -> dict[str, Any]:
+    return {"engine": c.engine, "server_args": list(c.server_args), "note": c.note,
+            "request_scale": c.request_scale, "started_here": c.base_url is None}
+
+
+def _serve(c: Contender, model: str, timeout_s: float):
+    from workshop import session as sessions
+    if c.base_url:
+        s = sessions.connect(c.engine, base_url=c.base_url, api_key=c.api_key, verbose=False)
+    else:
+        s = sessions.start(c.engine, c.server_args, model=model, verbose=False)
+    return s
+
+
+def with_servers(contenders: Sequence[Contender], running: dict[str, Any]) -> list[Contender]:
+    """``contenders`` with each label in ``running`` (label -> a connected ``Session``) pointed
+    at that server instead of starting a new one (a notebook's shared servers)."""
+    out = []
+    for c in contenders:
+        s = running.get(c.label)
+        out.append(replace(c, base_url=s.base_url, api_key=s.api_key) if s is not None else c)
+    return out
+
+
+def results_dir() -> Path:
+    """``results/`` of the checkout the working directory is in (a notebook runs in
+    ``notebooks/``), else ``./results``: where showdowns go and notebook 11 looks."""
+    here = Path.cwd().resolve()
+    repo = next((p for p in (here, *here.parents) if (p / "workshop" / "session.py").exists()), here)
+    return repo / "results"
+
+
+def new_root() -> Path:
+    return results_dir() / time.strftime("showdown-%Y%m%d-%H%M%S")
+
+
+def find_roots(*places: str | Path) -> list[Path]:
+    """Every showdown folder under ``places`` (a folder that holds ``showdown.json``, or whose
+    subfolders do), newest first."""
+    roots: set[Path] = set()
+    for place in places:
+        p = Path(place)
+        if (p / "showdown.json").exists():
+            roots.add(p)
+        elif p.is_dir():
+            roots.update(q.parent for q in p.glob("*/showdown.json"))
+    return sorted(roots, key=lambda r: Showdown.load(r).manifest.get("created", ""), reverse=True)
+
+
+__all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "default_field",
+           "run_showdown", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine"]
