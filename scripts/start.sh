@@ -2,16 +2,17 @@
 # Set up (scripts/setup.sh), start the reference server on vLLM (or SGLang) with the bundled
 # model, and open the course in marimo. Ctrl-C stops both.
 #
-#   WORKSHOP_ENGINE=vllm|sglang                     the engine (sglang: set up in .venv-sglang)
+#   WORKSHOP_ENGINE=vllm|sglang|mini|hf            the engine (sglang: set up in .venv-sglang;
+#                                                   mini, the teaching engine, runs on any CPU)
 #   WORKSHOP_MODEL=smollm2-135m|<folder>|<hf id>   the model (default: bundled SmolLM2)
 #   WORKSHOP_PORT=8000  WORKSHOP_UI=marimo|none     server port; `none` serves only the API
 set -euo pipefail
 cd "$(dirname "$0")/.."
 engine=${WORKSHOP_ENGINE:-vllm}
 case "$engine" in
-  vllm) bash scripts/setup.sh;;
+  vllm|mini|hf) bash scripts/setup.sh;;
   sglang) bash scripts/setup.sh --with-sglang;;
-  *) echo "WORKSHOP_ENGINE must be vllm or sglang, not '$engine'" >&2; exit 2;;
+  *) echo "WORKSHOP_ENGINE must be vllm, sglang, mini or hf, not '$engine'" >&2; exit 2;;
 esac
 # shellcheck disable=SC1091
 . "${WORKSHOP_VENV:-.venv}/bin/activate"

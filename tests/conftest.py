@@ -110,14 +110,23 @@ def stop(server: RunningServer) -> None:
 
 
 @functools.cache
-def available(engine: str) -> bool:
-    """SGLang needs its own environment; CI must have it (scripts/test.sh builds it)."""
-    if engine != "sglang" or os.environ.get("CI"):
-        return True
+def unavailable(engine: str) -> str | None:
+    """Why ``engine`` cannot run here (skip), or None. On CI every engine must run: a
+    missing one fails its tests there instead of skipping them.
+
+    vLLM's and SGLang's CPU builds need AVX-512; SGLang needs its own environment
+    (scripts/test.sh builds it)."""
+    if os.environ.get("CI"):
+        return None
+    from reference_server import dtypes
+    if dtypes.cpu_cannot_run(engine):
+        return dtypes.cpu_cannot_run(engine)
+    if engine != "sglang":
+        return None
     from reference_server.engines.sglang import default_python
     probe = subprocess.run([default_python(), "-c", "import importlib.util as u, sys; "
                             "sys.exit(u.find_spec('sglang') is None)"], capture_output=True)
-    return probe.returncode == 0
+    return None if probe.returncode == 0 else "SGLang is not installed: bash scripts/setup.sh --with-sglang"
 
 
 # The engines the selected tests use (pytest_collection_modifyitems): the fleet starts those,
@@ -159,14 +168,14 @@ class _Fleet:
         self.ready: dict[str, RunningServer] = {}
 
     def get(self, engine: str) -> RunningServer:
-        if not available(engine):
-            pytest.skip("SGLang is not installed: bash scripts/setup.sh --with-sglang")
+        if unavailable(engine):
+            pytest.skip(unavailable(engine))
         if not self.servers:
             # Prepare the bundled model once, before several servers race to do it.
             from reference_server.models import resolve_model
             resolve_model(MODEL)
             for e in ENGINES:
-                if e in (_WANTED or ENGINES) and available(e):
+                if e in (_WANTED or ENGINES) and not unavailable(e):
                     self.servers[e] = launch(e, *FLEET_ARGS.get(e, ()))
         if engine not in self.servers:      # not foreseen at collection: start it now
             self.servers[engine] = launch(engine, *FLEET_ARGS.get(engine, ()))

@@ -230,6 +230,8 @@ class SGLangEngine(ProxyEngine):
         if config.engine_python is None:
             self.python = default_python()
         self.device = config.resolved_device()
+        if self.device == "cpu" and dtypes.cpu_cannot_run("sglang"):
+            raise RuntimeError(dtypes.cpu_cannot_run("sglang"))
         # SGLang's argument parser would take a key starting with "-" for a flag.
         self.child_key = "sgl-" + self.child_key
         self._config_dir: str | None = None

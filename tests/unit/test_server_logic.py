@@ -328,3 +328,22 @@ def test_help_engine_lists_the_teaching_engines_knobs(capsys):
         parse_args(["--help-engine"])
     assert done.value.code == 0
     assert "--kv-layout" in capsys.readouterr().out
+
+
+def test_avx512_probe_reads_the_flags_line():
+    from reference_server import dtypes
+    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
+    avx512 = "flags\t\t: fpu avx2 avx512f avx512bw\n"
+    assert dtypes.cpu_lacks_avx512(avx2, "x86_64")
+    assert not dtypes.cpu_lacks_avx512(avx512, "x86_64")
+    assert not dtypes.cpu_lacks_avx512(avx2, "aarch64")       # not an x86 question
+    assert not dtypes.cpu_lacks_avx512("model name: ?\n", "x86_64")  # no flags line: do not guess
+
+
+def test_engines_that_need_avx512_say_why(monkeypatch):
+    from reference_server import dtypes
+    monkeypatch.setattr(dtypes, "cpu_lacks_avx512", lambda *a, **k: True)
+    assert "AVX-512" in dtypes.cpu_cannot_run("vllm") and "AVX-512" in dtypes.cpu_cannot_run("sglang")
+    assert dtypes.cpu_cannot_run("mini") is None and dtypes.cpu_cannot_run("hf") is None
+    monkeypatch.setattr(dtypes, "cpu_lacks_avx512", lambda *a, **k: False)
+    assert dtypes.cpu_cannot_run("vllm") is None
