@@ -31,10 +31,16 @@ def _enable_jupyter_png() -> None:
     png.for_type(Figure, lambda fig: print_figure(fig, "png", bbox_inches="tight", dpi=110))
 
 
+def new_figure(size: tuple[float, float]) -> Figure:
+    """An empty figure that a notebook shows once, in Jupyter and marimo alike (for grids of
+    axes: ``new_figure(size).subplots(2, 3)``)."""
+    _enable_jupyter_png()
+    return Figure(figsize=size, layout="constrained")
+
+
 def figure(title: str, xlabel: str, ylabel: str, size: tuple[float, float] = (7.5, 4.2)):
     """A new (figure, axes) pair with title, labels and a light grid."""
-    _enable_jupyter_png()
-    fig = Figure(figsize=size, layout="constrained")
+    fig = new_figure(size)
     ax = fig.subplots()
     ax.set_title(title)
     ax.set_xlabel(xlabel)

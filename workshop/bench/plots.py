@@ -162,12 +162,14 @@ def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "tt
     """One column per workload: achieved vs offered load of every engine (knees starred), and
     below it the p99 of ``metric`` against offered load. ``sweeps``: workload -> engine -> sweep.
     Offered and achieved rates are in requests/s over each point's steady window."""
-    plt = _plt()
+    from matplotlib import colormaps
+
+    from workshop.plots import new_figure
     workloads = list(sweeps)
     engines = sorted({e for per in sweeps.values() for e in per})
-    colors = {e: plt.cm.tab10(i % 10) for i, e in enumerate(engines)}
-    fig, axes = plt.subplots(2, len(workloads), figsize=(4.6 * len(workloads), 7.2), squeeze=False,
-                             sharex="col")
+    colors = {e: colormaps["tab10"](i % 10) for i, e in enumerate(engines)}
+    fig = new_figure((4.6 * max(len(workloads), 1), 7.2))
+    axes = fig.subplots(2, max(len(workloads), 1), squeeze=False, sharex="col")
     for j, w in enumerate(workloads):
         top, bottom = axes[0][j], axes[1][j]
         lim = 0.0
@@ -194,6 +196,5 @@ def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "tt
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize=8, loc="upper left")
-    fig.suptitle("Every engine swept to its knee (star): dashed line = keeps up with the load", y=1.0)
-    fig.tight_layout()
+    fig.suptitle("Every engine swept to its knee (star); on the dashed line an engine keeps up")
     return fig

@@ -102,12 +102,13 @@ class Plan:
 
     @classmethod
     def quick(cls) -> "Plan":
-        return cls(workloads=("shared-prefix", "agentic"), num_requests=8, sweep_points=2, probe_requests=3,
+        # One workload, the one whose cache effect is largest per request sent.
+        return cls(workloads=("shared-prefix",), num_requests=8, sweep_points=2, probe_requests=3,
                    probe_concurrency=4, sharegpt_max_output=32,
-                   workload_args={"shared-prefix": {"system_prompt_len": 256, "output_len": 16},
-                                  "agentic": {"system_prompt_len": 300, "main_turns": 2, "branch_turns": 1,
-                                              "final_output": 24, "summary_output": 16,
-                                              "turn_output": (8, 16), "num_sessions": 4}})
+                   workload_args={"shared-prefix": {"system_prompt_len": 256, "question_len": 32, "output_len": 16},
+                                  "agentic": {"num_sessions": 3, "system_prompt_len": 300, "main_turns": 2,
+                                              "branch_turns": 0, "turn_output": (8, 16), "summary_output": 16,
+                                              "final_output": 16, "tool_result_len": (20, 40)}})
 
     def kwargs_for(self, workload: str, scale: float = 1.0) -> dict[str, Any]:
         """The workload's arguments; ``scale`` shrinks a fixed session count like the requests."""
@@ -129,11 +130,15 @@ def sglang_installed() -> bool:
 
 def default_field(gpu: bool | None = None) -> tuple[Contender, ...]:
     """The contenders this machine can run: the GPU field on a GPU, else the CPU field
-    (SGLang only where its environment is installed)."""
+    (vLLM and SGLang only on a CPU their builds run on, SGLang only where its environment is
+    installed)."""
     if gpu is None:
         from workshop.session import gpu_name
         gpu = gpu_name() is not None
+    from reference_server import dtypes
     field_ = GPU_FIELD if gpu else CPU_FIELD
+    if not gpu:
+        field_ = tuple(c for c in field_ if not dtypes.cpu_cannot_run(c.engine))
     if not sglang_installed():
         field_ = tuple(c for c in field_ if c.engine != "sglang")
     return field_
