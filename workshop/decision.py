@@ -307,8 +307,21 @@ def slo_of(ttft_ms: float | None, itl_ms: float | None) -> SLO:
 
 def point_metrics(sweep: SweepResult, i: int, slo: SLO) -> dict[str, Any]:
     """What a learner compares at load point ``i``, goodput re-scored under ``slo``."""
-    achieved = sweep.achieved()[i]
-    return _metrics(sweep.points[i], sweep.offered()[i] if sweep.mode == "rate" else achieved, achieved, slo)
+    achieved, whole_run = achieved_rate(sweep, i)
+    m = _metrics(sweep.points[i], sweep.offered()[i] if sweep.mode == "rate" else achieved, achieved, slo)
+    m["whole_run"] = whole_run
+    return m
+
+
+def achieved_rate(sweep: SweepResult, i: int) -> tuple[float, bool]:
+    """Requests/s point ``i`` completed: over its steady window (``SweepResult.achieved``) when
+    that window saw a completion, else over the whole run (completed / duration, warm-up and
+    drain included: an underestimate), with True to say so. A quick run's window can hold two
+    arrivals and no completion, and 0 req/s would read as "served nothing"."""
+    win = (sweep.points[i].summary.get("saturation") or {}).get("window")
+    if sweep.mode != "rate" or (win and win.get("completions", 1) > 0 and not win.get("short")):
+        return sweep.achieved()[i], False
+    return sweep.points[i].summary.get("request_throughput") or 0.0, True
 
 
 def probe_metrics(sweep: SweepResult, slo: SLO) -> dict[str, Any] | None:
@@ -363,7 +376,9 @@ def knee_under(sweep: SweepResult, slo: SLO) -> SweepResult:
 
 
 def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
-    """One tidy row for an (engine, workload) at its knee; ``status`` says why values are missing."""
+    """One tidy row for an (engine, workload) at its knee; ``status`` says why values are missing.
+    ``knee_asked`` is in sessions/s as the sweep asked (a session is one request on single-turn
+    workloads, a whole conversation on multi-turn ones); every other rate is in requests/s."""
     row: dict[str, Any] = {"engine": run.engine, "workload": run.workload, "kind": run.kind,
                            "root": run.root.path.name, "status": run.status, "no_knee": True,
                            "lower_bound": False, "note": "", "knee_asked": None, "knee_offered": None,
@@ -394,16 +409,17 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
     k = sw.knee_index
     if k is None:
         return row
-    per = (sw.config or {}).get("requests_per_session", 1.0) if sw.mode == "rate" else 1.0
     at = pts[k]
     row.update(no_knee=False, lower_bound=k == len(sw.points) - 1,
-               knee_asked=sw.loads[k] * per if sw.mode == "rate" else sw.loads[k],
+               knee_asked=sw.loads[k],
                knee_offered=at["offered"],
                next_offered=pts[k + 1]["offered"] if k + 1 < len(pts) else None,
                output_tps=at["output_tps"], ttft_p50=at["ttft_p50"], ttft_p99=at["ttft_p99"],
                itl_p50=at["itl_p50"], itl_p99=at["itl_p99"], goodput_at_knee=at["goodput"],
                slo_met_at_knee=at["slo_met"], prefix_hit_rate=at["prefix_hit_rate"], peak_kv=at["peak_kv"],
                knee_index=k)
+    if at["whole_run"]:
+        row["note"] += " [rates over the whole run: the steady window was too short]"
     probe = probe_metrics(sw, slo)
     row["curve"] = ([probe] if probe else []) + pts[:k + 1]
     return row
@@ -423,15 +439,15 @@ def knee_table(results: Results, slo: SLO | None = None) -> list[dict[str, Any]]
 
 def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The knee table as a learner reads it (units in the headers, missing values as '-')."""
-    def f(x: Any, nd: int = 3) -> Any:
-        return "-" if x is None else (float(f"{x:.{nd}g}") if isinstance(x, float) else x)
+    def f(x: Any) -> str:
+        return "-" if x is None else _num(float(x))
 
     out = []
     for r in rows:
-        knee = ("none" if r["no_knee"] else f"{r['knee_offered']:.3g}" + ("+" if r["lower_bound"] else ""))
+        knee = ("none" if r["no_knee"] else _num(r["knee_offered"]) + ("+" if r["lower_bound"] else ""))
         out.append({
             "workload": r["workload"], "engine": r["engine"],
-            "knee req/s (asked)": f(r["knee_asked"]), "knee req/s (offered)": knee,
+            "knee sessions/s (asked)": f(r["knee_asked"]), "knee req/s (offered)": knee,
             "output tok/s": f(r["output_tps"]),
             "TTFT p50 ms": f(r["ttft_p50"]), "TTFT p99 ms": f(r["ttft_p99"]),
             "ITL p50 ms": f(r["itl_p50"]), "ITL p99 ms": f(r["itl_p99"]),
@@ -572,6 +588,10 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
                 else:
                     v.unit = "fraction of own pool"
                     v.basis += " (pool sizes unknown: fractions of each engine's own pool)"
+    if better == "higher":               # nothing delivered is not a contender for "most"
+        for e in [e for e, x in v.values.items() if x <= 0]:
+            v.excluded[e] = "no request met the objectives" if constraint == "goodput" else "zero"
+            del v.values[e]
     r_ = rank(v.values, better, tie_within)
     v.winner, v.runner_up, v.margin, v.tied = r_["winner"], r_["runner_up"], r_["margin"], r_["tied"]
     if constraint == "throughput" and v.outcome == "win":
@@ -796,7 +816,8 @@ def write_report(roots: Sequence[str | os.PathLike], out: str | os.PathLike) -> 
     lines = ["# Decision chart", "", "Measured here:", ""]
     lines += [f"- {r.describe()}" for r in results.roots]
     lines += [f"- WARNING: {w}" for w in results.warnings]
-    lines += ["", f"SLO: p99 TTFT <= {slo.ttft_ms} ms, every ITL <= {slo.itl_ms} ms (goodput); "
+    lines += ["", f"SLO: TTFT <= {slo.ttft_ms:g} ms, ITL <= {slo.itl_ms:g} ms (the knee: p99s; goodput: each "
+              f"request's first token and every gap); "
               f"ties: within {TIE_WITHIN:.0%}.", "", "## At each knee", "", markdown_table(display_rows(rows)),
               "", "## Winners", "", markdown_table(verdict_rows(verdicts)), "",
               "## Not measured here (cited)", "", markdown_table(feature_rows()), "",

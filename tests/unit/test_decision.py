@@ -132,6 +132,17 @@ def test_knee_row_reads_the_knee_and_its_neighbours(two_engines):
     assert rows["slow"]["knee_offered"] == pytest.approx(2)
 
 
+def test_a_window_without_completions_falls_back_to_the_whole_run(tmp_path):
+    sw = make_sweep([1, 2], 1)
+    for p in sw.points:            # what a quick run looks like: two arrivals, nothing finished
+        p.summary["saturation"]["window"].update(achieved_rate=0.0, completions=0, short=True)
+    assert sw.achieved() == [0.0, 0.0]
+    row = decision.knee_row(decision.load(make_root(tmp_path / "r", {("a", "w"): sw})).runs[("a", "w")],
+                            decision.slo_of(SLO_TTFT, SLO_ITL))
+    whole = sw.points[1].summary["request_throughput"]
+    assert whole > 0 and row["output_tps"] == pytest.approx(whole * 8) and "whole run" in row["note"]
+
+
 def test_no_knee_and_knee_at_the_top_are_flagged(tmp_path):
     runs = {("never", "agentic"): make_sweep([1, 2], None),
             ("always", "agentic"): make_sweep([1, 2], 1)}
@@ -213,6 +224,7 @@ def test_missing_and_failed_runs_are_left_out_with_their_reason(tmp_path):
     assert {(x.workload, x.constraint) for x in verdicts} == {(w, c) for w in ("sharegpt", "agentic")
                                                                for c in decision.CONSTRAINTS}
     assert decision.display_rows(rows)[1]["note"].startswith("run failed")
+    assert decision.display_rows(rows)[0]["knee req/s (offered)"] == "1"
     # any subset
     sub = res.select(engines=["a"], workloads=["agentic"])
     assert list(sub.runs) == [("a", "agentic")] and sub.engines == ["a"]
@@ -274,6 +286,8 @@ def test_goodput_is_rescored_from_the_records(tmp_path):
     assert tight["best_goodput"] == pytest.approx(1.2) and tight["best_goodput_at"] == pytest.approx(4)
     itl = decision.knee_row(res.runs[("a", "w")], decision.slo_of(10_000, 5))     # every gap is 10 ms
     assert itl["best_goodput"] == 0.0
+    v = decision.decide([itl], "w", "goodput")
+    assert v.outcome == "none" and "no request met" in v.excluded["a"]
 
 
 def test_a_tighter_slo_moves_the_knee_down(two_engines):
