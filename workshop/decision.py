@@ -386,7 +386,7 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                            "itl_p50": None, "itl_p99": None, "goodput_at_knee": None, "slo_met_at_knee": None,
                            "best_goodput": None, "best_goodput_at": None, "prefix_hit_rate": None,
                            "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None, "points": [],
-                           "curve": []}
+                           "curve": [], "max_output_tps": None}
     if not run.ok:
         row["note"] = run.status
         return row
@@ -403,6 +403,7 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
     cap = run.server_info.get("kv_capacity_tokens")
     row["kv_capacity_tokens"] = cap if isinstance(cap, (int, float)) and cap > 0 else None
     usable = [p for p in pts if not p["client_limited"]]
+    row["max_output_tps"] = max((p["output_tps"] for p in usable), default=None)
     if usable:
         best = max(usable, key=lambda p: p["goodput"])
         row["best_goodput"], row["best_goodput_at"] = best["goodput"], best["offered"]
@@ -701,6 +702,20 @@ def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:
     return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
 
 
+def _why_nobody(v: Verdict) -> str:
+    """A grid cell's text when no engine qualifies."""
+    if not v.excluded:
+        return "no data"
+    reasons = list(v.excluded.values())
+    if all(r.startswith("knee: none") for r in reasons):
+        return "no engine met the\nobjectives at any load"
+    if all(r.startswith("run ") for r in reasons):
+        return "every run failed"
+    if v.constraint == "goodput":
+        return "no request met\nthe objectives"
+    return "nobody qualifies"
+
+
 def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], title: str,
                   engines: Sequence[str] | None = None):
     """A grid (workload x constraint) naming each winner and its margin, coloured by engine,
@@ -747,7 +762,7 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                     face = _light(colors.get(v.winner, (0.7, 0.7, 0.7)), 0.75)
                     text = f"{v.winner}\n(the only one that qualifies)"
                 else:
-                    text = "nobody qualifies"
+                    text = _why_nobody(v)
                 if v.flags and o in ("win", "tie"):
                     text += "\n(see caveats)"
             grid_ax.add_patch(Rectangle((j + 0.02, i + 0.04), 0.96, 0.92, facecolor=face, edgecolor="white",
@@ -768,26 +783,30 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
     grid_ax.set_title("winner and margin (best / runner-up) on this data; latency and KV at each workload's "
                       "common load", fontsize=9, pad=28)
 
-    # -- the bars
+    # -- the bars: filled at the knee; an outline at the best throughput of any load tried
     width = 0.8 / max(len(engines), 1)
-    bar_ax.set_title("output tok/s at each engine's knee (hatched: knee at the highest load tried, "
-                     "a lower bound)", fontsize=9)
-    ymax = max([r["output_tps"] or 0 for r in rows] + [1.0])
+    bar_ax.set_title("output tok/s: filled at each engine's knee (hatched: the knee is the highest load tried, "
+                     "a lower bound); outline: the most at any load tried, objectives or not", fontsize=9)
+    ymax = max([r["output_tps"] or 0 for r in rows] + [r.get("max_output_tps") or 0 for r in rows] + [1e-9])
     for k, e in enumerate(engines):
         for i, w in enumerate(workloads):
             r = next((r for r in rows if r["engine"] == e and r["workload"] == w), None)
             x = i + (k - (len(engines) - 1) / 2) * width
             if r is None:
                 continue
+            if r.get("max_output_tps"):
+                bar_ax.bar(x, r["max_output_tps"], width * 0.92, facecolor="none", edgecolor=colors[e],
+                           linestyle="--", linewidth=1.0)
             if r["output_tps"] is None:
-                why = "no knee" if r["status"].startswith("ok") else "failed"
-                bar_ax.text(x, ymax * 0.02, why, rotation=90, ha="center", va="bottom", fontsize=7,
+                why = "no knee" if r["status"].startswith("ok") else "run failed"
+                bar_ax.text(x, ymax * 0.03, why, rotation=90, ha="center", va="bottom", fontsize=8,
                             color=colors[e])
                 continue
             bar_ax.bar(x, r["output_tps"], width * 0.92, color=colors[e],
                        hatch="///" if r["lower_bound"] else None, edgecolor="white")
     bar_ax.set_xticks(range(len(workloads)))
     bar_ax.set_xticklabels(workloads)
+    bar_ax.set_xlim(-0.5, len(workloads) - 0.5)
     bar_ax.set_ylabel("output tok/s")
     bar_ax.set_ylim(0, ymax * 1.15)
     bar_ax.legend(handles=[Patch(color=colors[e], label=e) for e in engines], fontsize=8,
