@@ -1,0 +1,377 @@
+# %% [markdown]
+# # 11 · The decision chart: which engine, for which job, on your data
+#
+# [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/11_decision_chart.ipynb)
+# [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/11_decision_chart.py)
+#
+# Notebook 10 swept every engine to its knee on three workloads and wrote a **showdown
+# folder**. This notebook sends no load at all: it reads those folders and answers the question
+# people actually ask, *which engine should I use?*, in the only honest form, **for which
+# workload and under which constraint**:
+#
+# 1. finds your showdown folders (`results/showdown-*`, and any folder named in
+#    `WORKSHOP_SHOWDOWN_DIRS`), or, when there is none, the project's committed reference run,
+#    and says which one you are looking at;
+# 2. tabulates every engine at its knee: load, throughput, time to first token (TTFT), gaps
+#    between tokens (ITL), goodput, prefix-cache hits, KV cache use;
+# 3. names a winner, with its margin, for each workload and constraint, and draws the chart;
+#    the objectives (SLO) and the engines compared are yours to change;
+# 4. puts beside it what was **not measured here**: features such as structured output or
+#    multi-LoRA, hardware support, engines you cannot run on this machine (TensorRT-LLM, NVIDIA
+#    Dynamo, TGI, llama.cpp / Ollama) and the figures the engines publish about themselves,
+#    each with its source and date.
+#
+# The helpers live in `workshop/decision.py`; its docstring states every rule used below.
+
+# %%
+# Make the course importable: from this checkout, or, on Colab and molab (no checkout),
+# installed from its repository with what this runtime lacks (vLLM on a GPU, vLLM's CPU
+# build otherwise). Then connect; re-running this cell reuses the server it started.
+import importlib as _il
+import importlib.util as _ilu
+import pathlib as _pl
+import subprocess as _sp
+import sys as _sys
+
+if _ilu.find_spec("workshop") is None:
+    _repo = next((p for p in (_pl.Path.cwd(), *_pl.Path.cwd().parents)
+                  if (p / "workshop" / "session.py").exists()), None)
+    if _repo is not None:
+        _sys.path.insert(0, str(_repo))
+    else:
+        # pip where the runtime has it (Colab), uv where it does not (molab).
+        _pip = ([_sys.executable, "-m", "pip", "install"] if _ilu.find_spec("pip")
+                else ["uv", "pip", "install", "--python", _sys.executable])
+        _sp.run([*_pip, "-q", "--no-deps",
+                 "llm-inference-workshop @ git+https://github.com/{{github_repo}}"], check=True)
+        _il.invalidate_caches()
+        import workshop.session
+        workshop.session.install_runtime()
+
+import workshop.session
+
+session = workshop.session.connect()
+
+# %% [markdown]
+# ## 1. Whose numbers are these?
+#
+# A showdown folder holds `showdown.json` (the command, the machine, the date, the engines with
+# their server arguments, the objectives) and one load sweep per engine and workload. Several
+# folders are merged: for each engine and workload the run that finished wins over one that
+# failed, and between two that finished the newer folder wins. Any subset of engines and
+# workloads works; a run that failed is shown with its reason.
+
+# %%
+from workshop import decision, ui
+
+showdown_roots, showdown_source = decision.choose_roots()
+showdown = decision.load(*showdown_roots)
+_where = ", ".join(f"`{p}`" for p in decision.default_places())
+if showdown_source == "yours":
+    _head = (f"**Your showdown data**: {len(showdown.roots)} folder(s) found in {_where}.")
+elif showdown_source == "reference":
+    _head = ("## ⚠ These are not your measurements\n\nNo showdown folder of yours was found in "
+             f"{_where}, so everything below is drawn from **the project's committed reference "
+             "run**. Run notebook 10 (or `python benchmarks/showdown.py`) to draw it from your "
+             "own machine.")
+else:
+    _head = (f"## ⚠ No showdown data\n\nNo showdown folder was found in {_where}, and this "
+             "installation has no reference run. Run notebook 10 or `python benchmarks/showdown.py` "
+             "first; the sections on cited facts below still work.")
+ui.md(_head + "\n\n" + "\n".join(f"- {r.describe()}" for r in showdown.roots)
+      + "".join(f"\n- ⚠ {w}" for w in showdown.warnings)
+      + "".join(f"\n- {old.engine} / {old.workload} from `{old.root.path.name}` ({old.status}) "
+                f"replaced by the run in `{new.root.path.name}`" for old, new in showdown.replaced))
+
+# %% [markdown]
+# **Exercise 1 (predict, then compute).** Before looking at any table: on the workload below
+# (the one with the most engines that kept up at some load), by what factor do you expect the
+# fastest engine's throughput at its knee to beat the second fastest's? Think about what you
+# saw in notebooks 7 and 8: continuous batching, paged KV, prefix caching, a one-request-at-a-time
+# baseline.
+
+# %%
+_counts = {w: sum(1 for (e, w2), r in showdown.runs.items() if w2 == w and r.ok) for w in showdown.workloads}
+exercise_workload = max(_counts, key=_counts.get) if _counts else None
+ui.md(f"The workload for the exercises: **{exercise_workload}** "
+      f"({_counts.get(exercise_workload, 0)} engines with a finished sweep)." if exercise_workload
+      else "No workload to predict on: there is no showdown data.")
+
+# %%
+my_throughput_margin = None    # your prediction: fastest / second fastest, e.g. 2.0
+
+# %%
+_default_rows = decision.knee_table(showdown)
+exercise_throughput = (decision.decide(_default_rows, exercise_workload, "throughput")
+                       if exercise_workload else None)
+if exercise_throughput is not None and exercise_throughput.margin is not None:
+    exercise_1 = ui.compare(my_throughput_margin, exercise_throughput.margin,
+                            f"throughput margin on {exercise_workload} "
+                            f"({exercise_throughput.winner or exercise_throughput.tied[0]} over "
+                            f"{exercise_throughput.runner_up})", "x", how="computed")
+else:
+    exercise_1 = ui.md("Fewer than two engines kept up at any load on this workload: there is no margin to predict.")
+exercise_1
+
+# %% [markdown]
+# ## 2. Your objectives, your engines
+#
+# The knee of each sweep is the highest load the engine kept up with *and* met the objectives
+# at (its p99 TTFT and p99 ITL within them); goodput counts the requests whose first token and
+# every gap between tokens met them. Both are recomputed from the stored per-request timelines
+# when you move the objectives: nothing is run again. The tie
+# band is the margin below which two engines are called even. Type engine or workload labels,
+# comma-separated, to compare a subset (`all` for everything). In Jupyter, re-run the cells
+# below after changing a control; marimo re-runs them.
+
+# %%
+slo_ttft = ui.slider(100, 30000, int(showdown.slo["ttft_ms"] or 1000), 100, "TTFT objective, p99 (ms)")
+slo_ttft
+
+# %%
+slo_itl = ui.slider(10, 5000, int(showdown.slo["itl_ms"] or 100), 10, "ITL objective (ms)")
+slo_itl
+
+# %%
+tie_band = ui.slider(0, 50, int(round(100 * decision.TIE_WITHIN)), 1, "tie band (%)")
+tie_band
+
+# %%
+engine_choice = ui.text("all", f"engines (of: {', '.join(showdown.engines) or 'none'})")
+engine_choice
+
+# %%
+workload_choice = ui.text("all", f"workloads (of: {', '.join(showdown.workloads) or 'none'})")
+workload_choice
+
+
+# %%
+def _pick(text, known):
+    wanted = [t.strip() for t in str(text).split(",") if t.strip()]
+    return known if not wanted or wanted == ["all"] else [t for t in wanted if t in known]
+
+
+chosen_engines = _pick(engine_choice.value, showdown.engines)
+chosen_workloads = _pick(workload_choice.value, showdown.workloads)
+chosen = showdown.select(chosen_engines, chosen_workloads)
+chosen_slo = decision.slo_of(slo_ttft.value, slo_itl.value)
+knee_rows = decision.knee_table(chosen, chosen_slo)
+verdicts = decision.decisions(knee_rows, tie_within=tie_band.value / 100)
+ui.md(f"Comparing **{', '.join(chosen_engines) or 'no engine'}** on **{', '.join(chosen_workloads) or 'no workload'}**, "
+      f"objectives TTFT ≤ {chosen_slo.ttft_ms:g} ms and ITL ≤ {chosen_slo.itl_ms:g} ms, "
+      f"ties within {tie_band.value} %.")
+
+# %% [markdown]
+# ## 3. Every engine at its knee
+#
+# One row per engine and workload. *Knee sessions/s (asked)* is the rate the client was told to
+# start sessions at (a session is one request on ShareGPT and shared-prefix, a whole multi-turn
+# conversation on agentic); *offered* is the requests per second it really sent over the
+# point's steady window (a `+` marks a knee at the highest load tried: the engine's limit is
+# higher). Throughput is the steady request rate times
+# the mean output tokens per request. TTFT and ITL are at that load; *SLO met* is the share of
+# requests that met both objectives; *prefix hits* and *peak KV* are the server's own gauges
+# (a `-` where the engine does not report them).
+
+# %%
+ui.table(decision.display_rows(knee_rows))
+
+# %% [markdown]
+# ## 4. The chart
+#
+# Each cell names the winner on that workload under that constraint and its margin (best /
+# runner-up; ≥ marks a knee at the highest load tried, where the margin is a lower bound), in
+# the winner's colour (darker: a margin of at least 1.5). **Latency and KV memory are compared at
+# one common load per workload, the lowest of the engines' knees**: every engine compared kept
+# up there. Comparing each engine at its own knee would make the engine that was pushed harder
+# look slower. Below, each engine's throughput at its knee.
+
+# %%
+decision.plot_decision(verdicts, knee_rows, decision.title_for(chosen), engines=chosen_engines)
+
+# %%
+ui.table(decision.verdict_rows(verdicts))
+
+# %%
+_lines = []
+for _w in chosen_workloads:
+    _vs = {v.constraint: v for v in verdicts if v.workload == _w}
+    _parts = []
+    for _c, _v in _vs.items():
+        _name = decision.CONSTRAINTS[_c][0]
+        if _v.outcome == "win":
+            _m = "∞" if _v.margin == float("inf") else f"{_v.margin:.2f}"
+            _parts.append(f"{_name}: **{_v.winner}**, {_v.bound + ' ' if _v.bound else ''}{_m}x "
+                          f"{_v.runner_up}")
+        elif _v.outcome == "tie":
+            _parts.append(f"{_name}: a tie between {', '.join(_v.tied)} (within {tie_band.value} %)")
+        elif _v.outcome == "only":
+            _parts.append(f"{_name}: only {_v.winner} qualifies")
+        else:
+            _parts.append(f"{_name}: no engine qualifies")
+    _common = decision.common_load(knee_rows, _w)
+    _lines.append(f"- **{_w}**" + (f" (common load {_common:.3g} req/s)" if _common else "") + ": "
+                  + "; ".join(_parts) + ".")
+_excluded = sorted({f"{e} on {v.workload}: {why}" for v in verdicts for e, why in v.excluded.items()})
+ui.md("On this data:\n\n" + "\n".join(_lines)
+      + ("\n\nLeft out of some comparisons: " + "; ".join(_excluded) + "." if _excluded else ""))
+
+# %% [markdown]
+# **Exercise 2 (predict, then compute).** Halve the TTFT objective. The goodput of the engine
+# that wins goodput on the exercise workload counts only the requests whose first token came
+# within the objective: how many requests per second will it keep under the halved one?
+
+# %%
+my_goodput_half = None    # your prediction in req/s
+
+# %%
+_gv = next((v for v in verdicts if v.workload == exercise_workload and v.constraint == "goodput"), None)
+goodput_winner = (_gv.winner or (_gv.tied[0] if _gv.tied else None)) if _gv else None
+goodput_full = _gv.values[goodput_winner] if goodput_winner else None
+half_slo = decision.slo_of(chosen_slo.ttft_ms / 2, chosen_slo.itl_ms)
+exercise_goodput = (decision.knee_row(chosen.runs[(goodput_winner, exercise_workload)], half_slo)["best_goodput"]
+                    if goodput_winner else None)
+if goodput_winner is not None:
+    exercise_2 = ui.compare(my_goodput_half, exercise_goodput,
+                            f"best goodput of {goodput_winner} on {exercise_workload} with p99 TTFT ≤ "
+                            f"{half_slo.ttft_ms:g} ms", "req/s", how="computed")
+else:
+    exercise_2 = ui.md("No engine has goodput on the exercise workload with these choices.")
+exercise_2
+
+# %%
+if goodput_winner is not None:
+    exercise_2_text = ui.md(
+        f"Under the objectives above {goodput_winner} served {goodput_full:.3g} good req/s at best; with "
+        f"the TTFT objective halved it keeps {exercise_goodput:.3g} "
+        + (f"({exercise_goodput / goodput_full:.0%} of it). " if goodput_full else ". ")
+        + "Goodput falls only when first tokens actually land between the two objectives: "
+          "an engine whose p99 TTFT sits far below both loses nothing, one close to the old "
+          "objective loses most. This is why a benchmark's verdict depends on the SLO you bring.")
+else:
+    exercise_2_text = ui.md("")
+exercise_2_text
+
+# %% [markdown]
+# **Exercise 3 (predict, then compute).** The common load is set by the slowest engine that
+# kept up somewhere. Drop that engine: at what load (req/s) will the latency comparison on the
+# exercise workload then run?
+
+# %%
+my_common_load = None    # your prediction in req/s
+
+# %%
+_ex_rows = [r for r in knee_rows if r["workload"] == exercise_workload]
+exercise_common = decision.common_load(knee_rows, exercise_workload) if exercise_workload else None
+_setter = next((r["engine"] for r in _ex_rows if not r["no_knee"] and r["knee_offered"] == exercise_common), None)
+_without = [r for r in _ex_rows if r["engine"] != _setter]
+exercise_common_after = decision.common_load(_without, exercise_workload) if _setter else None
+if exercise_common_after is not None:
+    exercise_3 = ui.compare(my_common_load, exercise_common_after,
+                            f"common load on {exercise_workload} without {_setter} "
+                            f"(with it: {exercise_common:.3g} req/s)", "req/s", how="computed")
+else:
+    exercise_3 = ui.md("Fewer than two engines have a knee on the exercise workload: no common load to move.")
+exercise_3
+
+# %% [markdown]
+# Dropping the slowest engine raises the load at which the others are compared, where their
+# queues and batch sizes are larger, and can change which one wins on latency. Try it with the
+# engine control above: a latency verdict is always a verdict *at a load*.
+
+# %% [markdown]
+# ## 5. What these results show, and what they do not
+
+# %%
+_machine = showdown.newest.machine if showdown.newest else "no machine"
+_model = showdown.newest.manifest.get("model", "?") if showdown.newest else "?"
+_mode = showdown.newest.mode if showdown.newest else "?"
+_gpu = bool(showdown.newest and (showdown.newest.manifest.get("machine") or {}).get("gpu"))
+ui.md(
+    f"These numbers come from **{_model}** on **{_machine}**, in a **{_mode}** run. "
+    + ("A quick run sends a handful of requests per load point: its p99s are the few slowest "
+       "requests, and a knee is only resolved to a few load steps. Treat its margins as the shape "
+       "of an answer, not the answer. " if _mode == "quick" else "")
+    + ("" if _gpu else
+       "A 135M-parameter model on a few CPU cores is not a 70B model on an H100. On a CPU the "
+       "forward pass is compute-bound even at small batches, so batching buys less than on a GPU, "
+       "and the engines' GPU kernels (FlashAttention, CUDA graphs, FP8) do not run at all: the CPU "
+       "builds exercise their schedulers, KV managers and prefix caches, not their kernels. ")
+    + "What is expected to carry over: **which design wins on which workload**: prefix caching "
+      "on the shared-prefix and agentic workloads (the saving is prefill the engine does not "
+      "redo, on any hardware), continuous batching over one-request-at-a-time serving, and the "
+      "fact that the ranking changes with the constraint. What is not: the absolute numbers, the "
+      "size of each margin (a GPU shifts the balance between prefill, decode and scheduler "
+      "overhead: vLLM's own 2024 profiling of Llama 3 8B on one H100 found only 38 % of the time "
+      "on the GPU, the rest in its HTTP server and scheduler, "
+      "[vLLM blog, 2024-09-05](https://blog.vllm.ai/2024/09/05/perf-update.html)), and close "
+      "calls inside the tie band.")
+
+# %% [markdown]
+# ## 6. Not measured here: operational needs and engines you cannot run
+#
+# Everything in this section comes from the engines' own documents
+# (`workshop/data/engines_cited.json`, one source per cell), **not from any measurement on this
+# machine**. *via backend* means a serving layer that inherits the feature from the engine it
+# runs; *partial* and *untested* are explained in the file's notes.
+
+# %%
+_measured_kinds = [chosen.kind(e) for e in chosen_engines]
+cited = decision.load_cited()
+ui.md(f"> {cited['note']}\n\n"
+      + ui.markdown_table(decision.feature_rows(cited=cited, measured=_measured_kinds)))
+
+# %% [markdown]
+# Which engines meet *your* operational needs? Type the features you cannot do without
+# (`structured_output`, `multi_lora`, `speculative_decoding`, `prefix_caching`) and the hardware
+# you have (`nvidia`, `amd`, `cpu`, `apple`), comma-separated.
+
+# %%
+needs_choice = ui.text("structured_output, multi_lora, nvidia", "needs")
+needs_choice
+
+# %%
+_needs = [n.strip() for n in str(needs_choice.value).split(",")
+          if n.strip() in decision.FEATURES + decision.HARDWARE]
+_unmet = decision.supporting(_needs, [e["id"] for e in cited["engines"]], cited)
+_names = {e["id"]: e["name"] for e in cited["engines"]}
+ui.md(f"Needs: {', '.join(_needs) or 'none recognised'}.\n\n"
+      + "\n".join(f"- **{_names[k]}**: " + ("meets all of them (as documented)" if not miss else
+                                             "not documented as fully supported: " + ", ".join(miss))
+                  for k, miss in _unmet.items())
+      + "\n\nAn engine you measured that fails a need is out, whatever the chart says.")
+
+# %% [markdown]
+# ### Published figures (the engines' own reports)
+#
+# Each engine publishes benchmarks where it wins: on its chosen hardware, model, workload and
+# baseline versions. They are worth knowing and worth reading critically, and they are **not
+# comparable with each other or with the measurements above**.
+
+# %%
+ui.md("> **Not measured here.** Figures as published, with their setting and date.\n\n"
+      + ui.markdown_table(decision.figure_rows(cited)))
+
+# %% [markdown]
+# ## 7. What the real engines do
+#
+# | engine | when teams pick it | what to know |
+# |---|---|---|
+# | vLLM | a broad default: many models and hardware targets, OpenAI-compatible server, LoRA, structured output, speculative decoding | paged KV with hash-chained prefix blocks (notebooks 7 and 8); what you measured is its CPU build |
+# | SGLang | shared prefixes and agents (RadixAttention), structured output, large-scale deployments | a radix tree of cached KV (notebook 8); its CPU backend targets Xeon with AMX, here built from source |
+# | TensorRT-LLM | NVIDIA GPUs only; NVIDIA's own kernels and quantization (FP8, FP4 on Blackwell) | its LLM API integrates with Triton Inference Server and Dynamo |
+# | NVIDIA Dynamo | many GPUs and nodes | not an engine: runs TensorRT-LLM, vLLM or SGLang and adds disaggregated prefill/decode, KV-aware routing and KV offloading |
+# | TGI | existing deployments | in maintenance mode since December 2025; Hugging Face points new users to vLLM, SGLang, llama.cpp or MLX |
+# | llama.cpp / Ollama | laptops, Apple silicon, CPUs, edge devices | GGUF weights quantized to 1.5-8 bits, Metal/CUDA/HIP/Vulkan backends, minimal setup; `llama-server` batches continuously too |
+#
+# Sources are the rows of `workshop/data/engines_cited.json` above. Three habits of real
+# evaluations this notebook shares: **sweep to the knee** instead of quoting one load (a single
+# number hides where the engine falls over); **state the objectives** (goodput, the requests per
+# second that meet a TTFT and ITL target, is what a service is paid for: vLLM's `vllm bench
+# serve` reports it as `request_goodput`, NVIDIA's
+# [AIPerf](https://docs.nvidia.com/aiperf/tutorials/metrics-analysis/benchmark-goodput-with-ai-perf)
+# with `--goodput`); and
+# **compare latency at a load every contender sustains**. Two it cannot: real teams benchmark on
+# *their* traffic (prompt and answer lengths, prefix sharing, arrival bursts) on *their*
+# hardware, and they weigh operations (upgrades, observability, the features in section 6) as
+# heavily as speed. The chart is a way to ask the question, not its answer for your service.

@@ -1,0 +1,855 @@
+"""The decision chart: which engine wins, on which workload, under which constraint, on the data
+in one or more showdown folders (``workshop/bench/showdown.py`` writes them; the format is in
+its docstring), with facts cited from the engines' own documents beside it.
+
+Everything here returns data (rows, ``Verdict`` objects, figures); what the data means is for
+the notebook's prose. The rules, written down once:
+
+* **Merging folders.** ``load`` reads any number of showdown roots. Each (engine, workload)
+  appears once: a run that finished beats one that failed, and between two of the same kind the
+  root with the later ``created`` wins. The runs replaced are listed (``Results.replaced``), and
+  roots that differ in machine, model, mode or SLO are flagged (``Results.warnings``): their
+  numbers sit in one table but were not measured under the same conditions.
+* **The knee** is the sweep's own (``SweepResult.knee_index``: the highest load kept up at, that
+  load and every lower one) under the SLO in force. Re-scoring with other objectives recomputes
+  it with the sweep's own rule (``sweep._knee``) from the stored per-point verdicts and p99s.
+* **Throughput** at the knee: the achieved request rate over the point's steady window times
+  the mean output tokens of its completed requests (output tok/s). A knee at the highest load
+  tried is a lower bound: the margin is then "at least" (winner) or "at most" (runner-up).
+* **Latency and memory** are compared at one **common load** per workload: the lowest of the
+  compared engines' knees (offered req/s), i.e. the highest load *every* one of them sustained.
+  Comparing each at its own knee would penalise the engine that was pushed harder. Each
+  engine's p99 TTFT, p99 ITL and peak KV use are interpolated linearly in offered load between
+  its two kept-up points around that load (clamped to its lowest point, and flagged, when the
+  common load lies below every point it ran).
+* **Goodput**: requests per second that met every objective = steady achieved rate x the
+  fraction of the point's measured requests that met them (failed ones count as misses), best
+  over the sweep's points (the client-bound ones left out). Re-scored from ``BenchResult.records``
+  (``RequestRecord`` ttft / itls), so any SLO can be tried without running anything again.
+* **Winner and margin**: the margin is best / runner-up (lower-is-better values inverted, so it
+  is always >= 1). Below ``1 + TIE_WITHIN`` (10 %) it is a **tie**: on this kind of machine the
+  same vLLM process measured twice differed by 5 % (README, "Measured here"), and a knee is only
+  resolved to the sweep's load step. A p99 from a few dozen requests is noisier still: the
+  notebook lets the reader widen the band.
+* Operational needs (structured output, multi-LoRA, hardware) are not measured: they come from
+  ``workshop/data/engines_cited.json``, with a source for every cell.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from workshop.bench.metrics import SLO
+from workshop.bench.sweep import SweepResult
+
+TIE_WITHIN = 0.10
+DATA_FILE = Path(__file__).parent / "data" / "engines_cited.json"
+REFERENCE_RUN = Path("benchmarks") / "reference_results" / "showdown-cpu"
+ENV_DIRS = "WORKSHOP_SHOWDOWN_DIRS"
+
+# constraint -> (column title, what is compared, unit, which way is better)
+CONSTRAINTS: dict[str, tuple[str, str, str, str]] = {
+    "throughput": ("throughput", "output tok/s at each engine's knee", "tok/s", "higher"),
+    "ttft_p99": ("TTFT p99", "p99 time to first token at the common load", "ms", "lower"),
+    "itl_p99": ("ITL p99", "p99 gap between tokens at the common load", "ms", "lower"),
+    "goodput": ("goodput", "most requests/s meeting the SLO at any load tried", "req/s", "higher"),
+    "kv_memory": ("KV memory", "peak KV cache in use at the common load", "tokens", "lower"),
+}
+FEATURES = ("structured_output", "multi_lora", "speculative_decoding", "prefix_caching")
+HARDWARE = ("nvidia", "amd", "cpu", "apple")
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding and loading showdown folders
+# ---------------------------------------------------------------------------------------------
+
+def repo_root() -> Path | None:
+    """The checkout this package runs from (None when installed elsewhere, e.g. on Colab)."""
+    here = Path(__file__).resolve().parents[1]
+    if (here / "notebooks").is_dir() and (here / "workshop").is_dir():
+        return here
+    return None
+
+
+def default_places() -> list[Path]:
+    """Where a learner's showdown folders are looked for: ``results/`` of the checkout (the
+    runner's default output, ``results/showdown-*``; the working directory's ``results/`` outside
+    a checkout) and every folder named in ``$WORKSHOP_SHOWDOWN_DIRS`` (``os.pathsep``-separated)."""
+    base = repo_root() or Path.cwd()
+    places = [base / "results"]
+    places += [Path(p).expanduser() for p in os.environ.get(ENV_DIRS, "").split(os.pathsep) if p.strip()]
+    return places
+
+
+def reference_run() -> Path | None:
+    """The project's committed example folder, when this is a checkout that has it."""
+    root = repo_root()
+    if root is None or not (root / REFERENCE_RUN / "showdown.json").exists():
+        return None
+    return root / REFERENCE_RUN
+
+
+def choose_roots() -> tuple[list[Path], str]:
+    """The folders a notebook should draw from, and whose they are: ``"yours"`` (found in
+    ``default_places``), ``"reference"`` (none found: the committed example run) or ``"none"``."""
+    roots = find_roots(*default_places())
+    if roots:
+        return roots, "yours"
+    ref = reference_run()
+    return ([ref], "reference") if ref else ([], "none")
+
+
+def find_roots(*places: str | os.PathLike) -> list[Path]:
+    """Every showdown root at or directly under ``places`` (a folder holding ``showdown.json``),
+    oldest first by its ``created`` stamp; folders that do not exist are skipped."""
+    roots: dict[Path, str] = {}
+    for place in places:
+        p = Path(place)
+        candidates = [p] if (p / "showdown.json").exists() else sorted(p.glob("*/showdown.json")) if p.is_dir() else []
+        for c in candidates:
+            c = c.parent if c.name == "showdown.json" else c
+            try:
+                roots[c.resolve()] = str(json.loads((c / "showdown.json").read_text()).get("created", ""))
+            except (OSError, json.JSONDecodeError):
+                continue
+    return sorted(roots, key=lambda r: (roots[r], str(r)))
+
+
+@dataclass
+class Root:
+    """One showdown folder and its manifest."""
+
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def created(self) -> str:
+        return str(self.manifest.get("created", ""))
+
+    @property
+    def mode(self) -> str:
+        return str(self.manifest.get("mode", "?"))
+
+    @property
+    def slo(self) -> dict[str, float | None]:
+        s = self.manifest.get("slo") or {}
+        return {"ttft_ms": s.get("ttft_ms"), "itl_ms": s.get("itl_ms")}
+
+    @property
+    def machine(self) -> str:
+        return machine_text(self.manifest.get("machine") or {})
+
+    def describe(self) -> str:
+        return (f"`{self.path.name}`: {self.mode} run of {self.manifest.get('model', '?')} on {self.machine}, "
+                f"{self.created[:16].replace('T', ' ')} UTC")
+
+
+def machine_text(m: dict[str, Any]) -> str:
+    """One line for a showdown's ``machine`` entry."""
+    cpu = m.get("cpu") or "unknown CPU"
+    parts = [f"{m['cores']} cores" if m.get("cores") else None,
+             f"{m['memory_gib']:g} GiB" if m.get("memory_gib") else None]
+    inner = ", ".join(p for p in parts if p)
+    return f"{cpu}" + (f" ({inner})" if inner else "") + (f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU")
+
+
+@dataclass
+class Run:
+    """One (engine, workload) of one root: its sweep when it finished, else why not."""
+
+    engine: str
+    workload: str
+    root: Root
+    status: str
+    sweep: SweepResult | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.sweep is not None and self.status.startswith("ok")
+
+    @property
+    def kind(self) -> str:
+        """The engine behind the label (``mini`` for ``mini-radix``), from the manifest."""
+        info = (self.root.manifest.get("engines") or {}).get(self.engine) or {}
+        return str(info.get("engine") or self.engine.split("-")[0])
+
+    @property
+    def server_info(self) -> dict[str, Any]:
+        info = (self.root.manifest.get("engines") or {}).get(self.engine) or {}
+        si = info.get("server_info") or {}
+        if not si and self.sweep is not None and self.sweep.points:
+            si = ((self.sweep.points[0].environment or {}).get("server") or {}).get("server_info") or {}
+        return si if isinstance(si, dict) else {}
+
+
+@dataclass
+class Results:
+    """The merged runs of several roots (see the module docstring for the merge rule)."""
+
+    roots: list[Root]
+    runs: dict[tuple[str, str], Run]
+    replaced: list[tuple[Run, Run]] = field(default_factory=list)    # (dropped, kept)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def engines(self) -> list[str]:
+        """Engine labels with a run, in the order the manifests list them."""
+        listed = [e for root in self.roots for e in (root.manifest.get("engines") or {})]
+        return [e for e in dict.fromkeys(listed + [k[0] for k in self.runs]) if any(k[0] == e for k in self.runs)]
+
+    @property
+    def workloads(self) -> list[str]:
+        listed = [w for root in self.roots for w in (root.manifest.get("workloads") or {})]
+        return [w for w in dict.fromkeys(listed + [k[1] for k in self.runs]) if any(k[1] == w for k in self.runs)]
+
+    @property
+    def newest(self) -> Root | None:
+        return self.roots[-1] if self.roots else None
+
+    @property
+    def slo(self) -> dict[str, float | None]:
+        """The objectives of the newest root (what its knees and goodput were judged with)."""
+        return self.newest.slo if self.newest else {"ttft_ms": None, "itl_ms": None}
+
+    def kind(self, engine: str) -> str:
+        run = next((r for r in self.runs.values() if r.engine == engine), None)
+        return run.kind if run else engine.split("-")[0]
+
+    def select(self, engines: Iterable[str] | None = None, workloads: Iterable[str] | None = None) -> "Results":
+        """The same results limited to some engines and workloads."""
+        es = set(engines) if engines is not None else None
+        ws = set(workloads) if workloads is not None else None
+        runs = {k: r for k, r in self.runs.items() if (es is None or k[0] in es) and (ws is None or k[1] in ws)}
+        return dataclasses.replace(self, runs=runs)
+
+
+def load(*roots_or_places: str | os.PathLike) -> Results:
+    """Read showdown roots (or folders that hold them) and merge their runs."""
+    roots = [Root(p, json.loads((p / "showdown.json").read_text())) for p in find_roots(*roots_or_places)]
+    runs: dict[tuple[str, str], Run] = {}
+    replaced: list[tuple[Run, Run]] = []
+    for root in roots:                       # oldest first: a later root replaces an earlier one
+        for run in _runs_of(root):
+            key = (run.engine, run.workload)
+            old = runs.get(key)
+            if old is None:
+                runs[key] = run
+            elif run.ok or not old.ok:       # finished beats failed; same kind: the later root wins
+                runs[key] = run
+                replaced.append((old, run))
+            else:
+                replaced.append((run, old))
+    return Results(roots, runs, replaced, _warnings(roots))
+
+
+def _runs_of(root: Root) -> list[Run]:
+    out: list[Run] = []
+    seen: set[str] = set()
+    for entry in root.manifest.get("runs") or []:
+        engine, workload = str(entry.get("engine")), str(entry.get("workload"))
+        folder = entry.get("folder")
+        status = str(entry.get("status") or "unknown")
+        sweep = None
+        if folder:
+            seen.add(str(Path(folder)))
+            sweep, status = _read_sweep(root.path / folder, status)
+        elif status.startswith("ok"):
+            status = "no folder recorded"
+        out.append(Run(engine, workload, root, status, sweep))
+    # sweeps added by hand (or by a runner that died before writing the manifest)
+    for sj in sorted(root.path.glob("*/*/sweep.json")):
+        rel = sj.parent.relative_to(root.path)
+        if str(rel) in seen:
+            continue
+        sweep, status = _read_sweep(sj.parent, "ok (not listed in showdown.json)")
+        out.append(Run(rel.parts[0], rel.parts[1], root, status, sweep))
+    return out
+
+
+def _read_sweep(folder: Path, status: str) -> tuple[SweepResult | None, str]:
+    if not status.startswith("ok"):
+        return None, status
+    if not (folder / "sweep.json").exists():
+        return None, f"sweep folder missing ({folder.name})"
+    try:
+        sweep = SweepResult.load(folder)
+    except Exception as e:  # noqa: BLE001 - a broken folder is reported, not fatal
+        return None, f"unreadable: {type(e).__name__}: {e}"[:200]
+    if not sweep.points:
+        return None, "sweep has no load points"
+    return sweep, status
+
+
+def _warnings(roots: list[Root]) -> list[str]:
+    out = []
+    for what, get in (("machines", lambda r: r.machine), ("models", lambda r: str(r.manifest.get("model"))),
+                      ("modes", lambda r: r.mode), ("SLOs", lambda r: json.dumps(r.slo, sort_keys=True))):
+        values = sorted({get(r) for r in roots})
+        if len(values) > 1:
+            out.append(f"the folders were measured on different {what} ({'; '.join(values)}): "
+                       "their numbers share one table but not one set of conditions")
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Per point, per knee
+# ---------------------------------------------------------------------------------------------
+
+def slo_of(ttft_ms: float | None, itl_ms: float | None) -> SLO:
+    return SLO(ttft_ms=ttft_ms, itl_ms=itl_ms)
+
+
+def point_metrics(sweep: SweepResult, i: int, slo: SLO) -> dict[str, Any]:
+    """What a learner compares at load point ``i``, goodput re-scored under ``slo``."""
+    achieved, whole_run = achieved_rate(sweep, i)
+    m = _metrics(sweep.points[i], sweep.offered()[i] if sweep.mode == "rate" else achieved, achieved, slo)
+    m["whole_run"] = whole_run
+    return m
+
+
+def achieved_rate(sweep: SweepResult, i: int) -> tuple[float, bool]:
+    """Requests/s point ``i`` completed: over its steady window (``SweepResult.achieved``) when
+    that window saw a completion, else over the whole run (completed / duration, warm-up and
+    drain included: an underestimate), with True to say so. A quick run's window can hold two
+    arrivals and no completion, and 0 req/s would read as "served nothing"."""
+    win = (sweep.points[i].summary.get("saturation") or {}).get("window")
+    if sweep.mode != "rate" or (win and win.get("completions", 1) > 0 and not win.get("short")):
+        return sweep.achieved()[i], False
+    return sweep.points[i].summary.get("request_throughput") or 0.0, True
+
+
+def probe_metrics(sweep: SweepResult, slo: SLO) -> dict[str, Any] | None:
+    """The synchronous probe (one request at a time) as a point: its offered load is the rate
+    one-at-a-time serving completes, below which the server is idle between requests, so its
+    latency and KV use stand for every lighter load. None when the sweep ran no probe."""
+    probe = (sweep.probes or {}).get("synchronous")
+    if probe is None or not probe.summary.get("completed"):
+        return None
+    cfg = sweep.config or {}
+    per = cfg.get("requests_per_session", 1.0)
+    rate = cfg.get("synchronous_rate")
+    rate = rate * per if rate else probe.summary.get("request_throughput") or 0.0
+    m = _metrics(probe, rate, rate, slo)
+    m["probe"] = True
+    return m
+
+
+def _metrics(p: Any, offered: float, achieved: float, slo: SLO) -> dict[str, Any]:
+    s = p.summary
+    measured = [r for r in p.records if not r.warmup]
+    met = sum(1 for r in measured if slo.met_by(r))
+    completed = s.get("completed") or 0
+    out_per_req = (s.get("total_output_tokens") or 0) / completed if completed else 0.0
+    srv = s.get("server") or {}
+    sat = s.get("saturation") or {}
+    return {
+        "offered": offered,
+        "achieved": achieved,
+        "output_tps": achieved * out_per_req,
+        "ttft_p50": s["ttft_ms"]["median"], "ttft_p99": s["ttft_ms"]["p99"],
+        "itl_p50": s["itl_ms"]["median"], "itl_p99": s["itl_ms"]["p99"],
+        "slo_met": met / len(measured) if measured else None,
+        "goodput": achieved * met / len(measured) if measured else 0.0,
+        "prefix_hit_rate": srv.get("prefix_cache_hit_rate"),
+        "peak_kv": srv.get("peak_kv_usage"),
+        "client_limited": bool(sat.get("client_limited")),
+        "errors": s.get("errors", 0),
+    }
+
+
+def knee_under(sweep: SweepResult, slo: SLO) -> SweepResult:
+    """The sweep with its knee (and config objectives) as they are under ``slo``."""
+    cfg = sweep.config or {}
+    if cfg.get("slo_ttft_ms") == slo.ttft_ms and cfg.get("slo_itl_ms") == slo.itl_ms:
+        return sweep
+    from workshop.bench.sweep import _knee  # the sweep's own rule, so both agree
+    k = _knee(sweep.mode, sweep.loads, sweep.points, slo.ttft_ms, slo.itl_ms,
+              cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1))
+    return dataclasses.replace(sweep, knee_index=k, config={**cfg, "slo_ttft_ms": slo.ttft_ms,
+                                                            "slo_itl_ms": slo.itl_ms})
+
+
+def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
+    """One tidy row for an (engine, workload) at its knee; ``status`` says why values are missing.
+    ``knee_asked`` is in sessions/s as the sweep asked (a session is one request on single-turn
+    workloads, a whole conversation on multi-turn ones); every other rate is in requests/s."""
+    row: dict[str, Any] = {"engine": run.engine, "workload": run.workload, "kind": run.kind,
+                           "root": run.root.path.name, "status": run.status, "no_knee": True,
+                           "lower_bound": False, "note": "", "knee_asked": None, "knee_offered": None,
+                           "next_offered": None, "output_tps": None, "ttft_p50": None, "ttft_p99": None,
+                           "itl_p50": None, "itl_p99": None, "goodput_at_knee": None, "slo_met_at_knee": None,
+                           "best_goodput": None, "best_goodput_at": None, "prefix_hit_rate": None,
+                           "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None, "points": [],
+                           "curve": [], "max_output_tps": None}
+    if not run.ok:
+        row["note"] = run.status
+        return row
+    sw = knee_under(run.sweep, slo)
+    pts = [point_metrics(sw, i, slo) for i in range(len(sw.points))]
+    row["points"] = pts
+    row["note"] = sw.knee_note()
+    if sw.knee_index is None and pts and row["note"].endswith("fails)"):
+        broken = [f"p99 {what} {pts[0][key]:.0f} ms over the {lim:g} ms objective"
+                  for what, key, lim in (("TTFT", "ttft_p99", slo.ttft_ms), ("ITL", "itl_p99", slo.itl_ms))
+                  if lim is not None and pts[0][key] is not None and pts[0][key] > lim]
+        if broken:
+            row["note"] = row["note"][:-1] + ": " + "; ".join(broken) + ")"
+    cap = run.server_info.get("kv_capacity_tokens")
+    row["kv_capacity_tokens"] = cap if isinstance(cap, (int, float)) and cap > 0 else None
+    usable = [p for p in pts if not p["client_limited"]]
+    row["max_output_tps"] = max((p["output_tps"] for p in usable), default=None)
+    if usable:
+        best = max(usable, key=lambda p: p["goodput"])
+        row["best_goodput"], row["best_goodput_at"] = best["goodput"], best["offered"]
+    k = sw.knee_index
+    if k is None:
+        return row
+    at = pts[k]
+    row.update(no_knee=False, lower_bound=k == len(sw.points) - 1,
+               knee_asked=sw.loads[k],
+               knee_offered=at["offered"],
+               next_offered=pts[k + 1]["offered"] if k + 1 < len(pts) else None,
+               output_tps=at["output_tps"], ttft_p50=at["ttft_p50"], ttft_p99=at["ttft_p99"],
+               itl_p50=at["itl_p50"], itl_p99=at["itl_p99"], goodput_at_knee=at["goodput"],
+               slo_met_at_knee=at["slo_met"], prefix_hit_rate=at["prefix_hit_rate"], peak_kv=at["peak_kv"],
+               knee_index=k)
+    if at["whole_run"]:
+        row["note"] += " [rates over the whole run: the steady window was too short]"
+    probe = probe_metrics(sw, slo)
+    row["curve"] = ([probe] if probe else []) + pts[:k + 1]
+    return row
+
+
+def knee_table(results: Results, slo: SLO | None = None) -> list[dict[str, Any]]:
+    """A row per (engine, workload) present, in workload then engine order."""
+    slo = slo or slo_of(**results.slo)
+    rows = []
+    for w in results.workloads:
+        for e in results.engines:
+            run = results.runs.get((e, w))
+            if run is not None:
+                rows.append(knee_row(run, slo))
+    return rows
+
+
+def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The knee table as a learner reads it (units in the headers, missing values as '-')."""
+    def f(x: Any) -> str:
+        return "-" if x is None else _num(float(x))
+
+    out = []
+    for r in rows:
+        knee = ("none" if r["no_knee"] else _num(r["knee_offered"]) + ("+" if r["lower_bound"] else ""))
+        out.append({
+            "workload": r["workload"], "engine": r["engine"],
+            "knee sessions/s (asked)": f(r["knee_asked"]), "knee req/s (offered)": knee,
+            "output tok/s": f(r["output_tps"]),
+            "TTFT p50 ms": f(r["ttft_p50"]), "TTFT p99 ms": f(r["ttft_p99"]),
+            "ITL p50 ms": f(r["itl_p50"]), "ITL p99 ms": f(r["itl_p99"]),
+            "goodput req/s": f(r["goodput_at_knee"]),
+            "SLO met": "-" if r["slo_met_at_knee"] is None else f"{100 * r['slo_met_at_knee']:.0f}%",
+            "prefix hits": "-" if r["prefix_hit_rate"] is None else f"{100 * r['prefix_hit_rate']:.0f}%",
+            "peak KV": "-" if r["peak_kv"] is None else f"{100 * r['peak_kv']:.0f}%",
+            "note": r["note"] if r["status"].startswith("ok") else f"run {r['status']}",
+        })
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Winners
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Verdict:
+    """Who wins one workload under one constraint, and by how much."""
+
+    workload: str
+    constraint: str
+    values: dict[str, float]                 # engine -> value (only engines that qualify)
+    unit: str
+    better: str                              # "higher" or "lower"
+    winner: str | None = None                # None: a tie, or nobody qualifies
+    runner_up: str | None = None
+    margin: float | None = None              # best / runner-up, >= 1 (None: fewer than two)
+    tied: list[str] = field(default_factory=list)
+    bound: str = ""                          # "", "at least", "at most", "unknown"
+    basis: str = ""                          # where it was measured
+    excluded: dict[str, str] = field(default_factory=dict)   # engine -> why it is not compared
+    flags: dict[str, str] = field(default_factory=dict)      # engine -> caveat on its value
+
+    @property
+    def outcome(self) -> str:
+        """"win", "tie", "only" (one engine qualifies) or "none"."""
+        if self.tied:
+            return "tie"
+        if self.winner is None:
+            return "none"
+        return "only" if self.runner_up is None else "win"
+
+    @property
+    def label(self) -> str:
+        """A short cell label: "vllm x2.1", "tie: a, b", "only a", "-"."""
+        o = self.outcome
+        if o == "win":
+            sign = {"at least": ">=", "at most": "<=", "unknown": "?"}.get(self.bound, "")
+            return f"{self.winner} x{sign}{self.margin:.2g}" if self.margin < 10 else f"{self.winner} x{sign}{self.margin:.0f}"
+        if o == "tie":
+            return "tie: " + ", ".join(self.tied)
+        if o == "only":
+            return f"only {self.winner}"
+        return "-"
+
+
+def rank(values: dict[str, float], better: str, tie_within: float = TIE_WITHIN) -> dict[str, Any]:
+    """Winner, runner-up, margin (>= 1) and the engines tied with the best."""
+    if not values:
+        return {"winner": None, "runner_up": None, "margin": None, "tied": []}
+    order = sorted(values, key=lambda e: values[e], reverse=(better == "higher"))
+    best = order[0]
+
+    def ratio(a: str, b: str) -> float:    # how much better a is than b, >= 1 when a is better
+        va, vb = values[a], values[b]
+        num, den = (va, vb) if better == "higher" else (vb, va)
+        if den <= 0:
+            return math.inf if num > 0 else 1.0
+        return num / den
+
+    if len(order) == 1:
+        return {"winner": best, "runner_up": None, "margin": None, "tied": []}
+    margin = ratio(best, order[1])
+    tied = [e for e in order if ratio(best, e) < 1 + tie_within]
+    if len(tied) > 1:
+        return {"winner": None, "runner_up": order[1], "margin": margin, "tied": tied}
+    return {"winner": best, "runner_up": order[1], "margin": margin, "tied": []}
+
+
+def interpolate(curve: Sequence[dict[str, Any]], key: str, load: float) -> tuple[float | None, str]:
+    """``key`` at offered ``load`` along ``curve`` (the loads kept up at, with the synchronous
+    probe first when there is one), linear in offered load. Below the synchronous probe the
+    server idles between requests, so the probe's value holds. Returns (value, caveat); the
+    caveat is non-empty when the load lies below every point measured."""
+    pts = sorted([p for p in curve if p.get(key) is not None and not p["client_limited"]],
+                 key=lambda p: p["offered"])
+    if not pts:
+        return None, "not reported"
+    if load <= pts[0]["offered"]:
+        exact = math.isclose(load, pts[0]["offered"], rel_tol=1e-6)
+        caveat = "" if exact or pts[0].get("probe") else \
+            f"measured at {pts[0]['offered']:.3g} req/s, its lowest load, above the common load"
+        return pts[0][key], caveat
+    for a, b in zip(pts, pts[1:]):
+        if a["offered"] <= load <= b["offered"]:
+            span = b["offered"] - a["offered"]
+            t = 0.0 if span <= 0 else (load - a["offered"]) / span
+            return a[key] + t * (b[key] - a[key]), ""
+    return pts[-1][key], ""
+
+
+def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
+           tie_within: float = TIE_WITHIN) -> Verdict:
+    """The verdict for one workload and constraint from ``knee_table`` rows."""
+    title, what, unit, better = CONSTRAINTS[constraint]
+    mine = [r for r in rows if r["workload"] == workload]
+    v = Verdict(workload, constraint, {}, unit, better)
+    for r in mine:
+        if not r["status"].startswith("ok"):
+            v.excluded[r["engine"]] = f"run {r['status']}"
+        elif r["no_knee"] and constraint != "goodput":
+            v.excluded[r["engine"]] = r["note"] or "no knee"
+    live = [r for r in mine if r["engine"] not in v.excluded]
+    if constraint == "throughput":
+        v.values = {r["engine"]: r["output_tps"] for r in live if r["output_tps"] is not None}
+        v.basis = "at each engine's knee"
+    elif constraint == "goodput":
+        v.values = {r["engine"]: r["best_goodput"] for r in live if r["best_goodput"] is not None}
+        v.basis = "best over the loads tried"
+    else:
+        common = common_load(rows, workload)
+        v.basis = f"at {common:.3g} req/s, the highest load all sustained" if common is not None else ""
+        if common is not None:
+            key = {"ttft_p99": "ttft_p99", "itl_p99": "itl_p99", "kv_memory": "peak_kv"}[constraint]
+            for r in live:
+                val, caveat = interpolate(r["curve"], key, common)
+                if val is None:
+                    v.excluded[r["engine"]] = "no KV gauge" if key == "peak_kv" else "not measured"
+                    continue
+                v.values[r["engine"]] = val
+                if caveat:
+                    v.flags[r["engine"]] = caveat
+            if constraint == "kv_memory":
+                caps = {r["engine"]: r["kv_capacity_tokens"] for r in live if r["engine"] in v.values}
+                if caps and all(caps.values()):
+                    v.values = {e: f * caps[e] for e, f in v.values.items()}
+                else:
+                    v.unit = "fraction of own pool"
+                    v.basis += " (pool sizes unknown: fractions of each engine's own pool)"
+    if better == "higher":               # nothing delivered is not a contender for "most"
+        for e in [e for e, x in v.values.items() if x <= 0]:
+            v.excluded[e] = "no request met the objectives" if constraint == "goodput" else "zero"
+            del v.values[e]
+    r_ = rank(v.values, better, tie_within)
+    v.winner, v.runner_up, v.margin, v.tied = r_["winner"], r_["runner_up"], r_["margin"], r_["tied"]
+    if constraint == "throughput" and v.outcome == "win":
+        lb = {r["engine"]: r["lower_bound"] for r in live}
+        w, ru = lb.get(v.winner, False), lb.get(v.runner_up, False)
+        v.bound = "unknown" if w and ru else "at least" if w else "at most" if ru else ""
+    return v
+
+
+def common_load(rows: Sequence[dict[str, Any]], workload: str) -> float | None:
+    """The lowest knee (offered req/s) among the engines with one: every one of them kept up
+    at it. None when fewer than one engine has a knee."""
+    knees = [r["knee_offered"] for r in rows if r["workload"] == workload and not r["no_knee"]
+             and r["status"].startswith("ok") and r["knee_offered"] is not None]
+    return min(knees) if knees else None
+
+
+def decisions(rows: Sequence[dict[str, Any]], constraints: Sequence[str] = tuple(CONSTRAINTS),
+              tie_within: float = TIE_WITHIN) -> list[Verdict]:
+    """Every workload in ``rows`` x every constraint."""
+    workloads = list(dict.fromkeys(r["workload"] for r in rows))
+    return [decide(rows, w, c, tie_within) for w in workloads for c in constraints]
+
+
+def _num(x: float) -> str:
+    """3 significant digits without scientific notation for the sizes met here."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def verdict_rows(verdicts: Sequence[Verdict]) -> list[dict[str, Any]]:
+    """The verdicts as a table (the figures only; the notebook says what they mean)."""
+    out = []
+    for v in verdicts:
+        vals = ", ".join(f"{e} {_num(x)}" for e, x in sorted(v.values.items(), key=lambda kv: -kv[1]
+                                                            if v.better == "higher" else kv[1]))
+        out.append({"workload": v.workload, "constraint": CONSTRAINTS[v.constraint][0],
+                    "result": v.label, "margin": "-" if v.margin is None else
+                    ("inf" if math.isinf(v.margin) else f"{v.margin:.2f}"),
+                    "values": vals + (f" {v.unit}" if vals else ""), "measured": v.basis,
+                    "left out": "; ".join(f"{e}: {why}" for e, why in v.excluded.items()) or "-",
+                    "caveats": "; ".join(f"{e}: {c}" for e, c in v.flags.items()) or "-"})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Cited facts (not measured here)
+# ---------------------------------------------------------------------------------------------
+
+def load_cited(path: str | os.PathLike | None = None) -> dict[str, Any]:
+    return json.loads(Path(path or DATA_FILE).read_text())
+
+
+def cited_engine(kind: str, cited: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    cited = cited or load_cited()
+    return next((e for e in cited["engines"] if e["id"] == kind or kind in e.get("aliases", [])), None)
+
+
+def feature_rows(kinds: Sequence[str] | None = None, cited: dict[str, Any] | None = None,
+                 measured: Sequence[str] = ()) -> list[dict[str, Any]]:
+    """The operational matrix: one row per engine (all in the data file, or ``kinds``)."""
+    cited = cited or load_cited()
+    engines = cited["engines"] if kinds is None else [e for k in kinds if (e := cited_engine(k, cited))]
+    out = []
+    for e in engines:
+        row = {"engine": e["name"], "here": "measured" if e["id"] in measured else e["here"]}
+        for f in FEATURES + HARDWARE:
+            c = e["features"].get(f)
+            row[f.replace("_", " ")] = c["value"] if c else "?"
+        row["status"] = e.get("status", "")
+        out.append(row)
+    return out
+
+
+def supporting(needs: Sequence[str], kinds: Sequence[str], cited: dict[str, Any] | None = None) -> dict[str, list[str]]:
+    """For each engine kind, the needs it does not meet ("yes" counts as met, "partial" not)."""
+    cited = cited or load_cited()
+    out = {}
+    for k in kinds:
+        e = cited_engine(k, cited)
+        if e is None:
+            out[k] = list(needs)
+            continue
+        out[k] = [n for n in needs if (e["features"].get(n) or {}).get("value") != "yes"]
+    return out
+
+
+def figure_rows(cited: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Published figures, each with what it is and where it comes from."""
+    cited = cited or load_cited()
+    return [{"engine": f["engine"], "claim": f["claim"], "setting": f"{f['hardware']}; {f['model']}; {f['workload']}",
+             "date": f["date"], "source": f"[{f['source_title']}]({f['source_url']})"}
+            for f in cited["figures"]]
+
+
+# ---------------------------------------------------------------------------------------------
+# The chart
+# ---------------------------------------------------------------------------------------------
+
+def engine_colors(engines: Sequence[str]) -> dict[str, Any]:
+    from matplotlib import colormaps
+    cmap = colormaps["tab10"]
+    return {e: cmap(i % 10) for i, e in enumerate(engines)}
+
+
+def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:
+    r, g, b = color[:3]
+    return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
+
+
+def _why_nobody(v: Verdict) -> str:
+    """A grid cell's text when no engine qualifies."""
+    if not v.excluded:
+        return "no data"
+    reasons = list(v.excluded.values())
+    if all(r.startswith("knee: none") for r in reasons):
+        return "no engine met the\nobjectives at any load"
+    if all(r.startswith("run ") for r in reasons):
+        return "every run failed"
+    if v.constraint == "goodput":
+        return "no request met\nthe objectives"
+    return "nobody qualifies"
+
+
+def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], title: str,
+                  engines: Sequence[str] | None = None):
+    """A grid (workload x constraint) naming each winner and its margin, coloured by engine,
+    above a bar panel of each engine's throughput at its knee per workload."""
+    from matplotlib.patches import Patch, Rectangle
+
+    from workshop.plots import figure
+
+    workloads = list(dict.fromkeys(v.workload for v in verdicts)) or list(dict.fromkeys(r["workload"] for r in rows))
+    constraints = list(dict.fromkeys(v.constraint for v in verdicts)) or list(CONSTRAINTS)
+    engines = list(engines or dict.fromkeys(r["engine"] for r in rows))
+    if not rows:
+        fig, ax = figure(title, "", "", size=(8.0, 2.2))
+        ax.axis("off")
+        ax.text(0.5, 0.5, "No showdown data to chart.\nRun notebook 10 or `python benchmarks/showdown.py` first.",
+                ha="center", va="center", fontsize=11)
+        return fig
+    colors = engine_colors(engines)
+    fig, _ = figure(title, "", "", size=(11.5, 3.2 + 0.85 * max(len(workloads), 1) + 3.0))
+    fig.clear()
+    fig.suptitle(title, fontsize=11)
+    grid_ax, bar_ax = fig.subplots(2, 1, height_ratios=[0.85 * max(len(workloads), 1) + 0.8, 3.0])
+
+    # -- the grid
+    by = {(v.workload, v.constraint): v for v in verdicts}
+    grid_ax.set_xlim(0, len(constraints))
+    grid_ax.set_ylim(len(workloads), 0)
+    for i, w in enumerate(workloads):
+        for j, c in enumerate(constraints):
+            v = by.get((w, c))
+            face, text, hatch = (0.96, 0.96, 0.96), "no data", None
+            if v is not None:
+                o = v.outcome
+                if o == "win":
+                    face = colors.get(v.winner, (0.7, 0.7, 0.7))
+                    face = _light(face, 0.35 if v.margin and v.margin >= 1.5 else 0.6)
+                    sign = {"at least": "≥ ", "at most": "≤ ", "unknown": "? "}.get(v.bound, "")
+                    m = "∞" if math.isinf(v.margin) else f"{v.margin:.2g}"
+                    text = f"{v.winner}\n{sign}×{m} vs {v.runner_up}"
+                elif o == "tie":
+                    face, hatch = (0.88, 0.88, 0.88), "//"
+                    text = "tie (<{:.0%} apart)\n".format(TIE_WITHIN) + " ≈ ".join(v.tied[:3]) + (" …" if len(v.tied) > 3 else "")
+                elif o == "only":
+                    face = _light(colors.get(v.winner, (0.7, 0.7, 0.7)), 0.75)
+                    text = f"{v.winner}\n(the only one that qualifies)"
+                else:
+                    text = _why_nobody(v)
+                if v.flags and o in ("win", "tie"):
+                    text += "\n(see caveats)"
+            grid_ax.add_patch(Rectangle((j + 0.02, i + 0.04), 0.96, 0.92, facecolor=face, edgecolor="white",
+                                        hatch=hatch, linewidth=1.0))
+            grid_ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8.5)
+    grid_ax.set_xticks([j + 0.5 for j in range(len(constraints))])
+    grid_ax.set_xticklabels([f"{CONSTRAINTS[c][0]}\n({'higher' if CONSTRAINTS[c][3] == 'higher' else 'lower'} "
+                             f"is better)" for c in constraints], fontsize=8.5)
+    grid_ax.xaxis.tick_top()
+    grid_ax.set_yticks([i + 0.5 for i in range(len(workloads))])
+    common = {w: common_load(rows, w) for w in workloads}
+    grid_ax.set_yticklabels([w + (f"\ncommon load {common[w]:.2g} req/s" if common[w] else "") for w in workloads],
+                            fontsize=8.5)
+    grid_ax.tick_params(length=0)
+    for s in grid_ax.spines.values():
+        s.set_visible(False)
+    grid_ax.grid(False)
+    grid_ax.set_title("winner and margin (best / runner-up) on this data; latency and KV at each workload's "
+                      "common load", fontsize=9, pad=28)
+
+    # -- the bars: filled at the knee; an outline at the best throughput of any load tried
+    width = 0.8 / max(len(engines), 1)
+    bar_ax.set_title("output tok/s: filled at each engine's knee (hatched: the knee is the highest load tried, "
+                     "a lower bound); outline: the most at any load tried, objectives or not", fontsize=9)
+    ymax = max([r["output_tps"] or 0 for r in rows] + [r.get("max_output_tps") or 0 for r in rows] + [1e-9])
+    for k, e in enumerate(engines):
+        for i, w in enumerate(workloads):
+            r = next((r for r in rows if r["engine"] == e and r["workload"] == w), None)
+            x = i + (k - (len(engines) - 1) / 2) * width
+            if r is None:
+                continue
+            if r.get("max_output_tps"):
+                bar_ax.bar(x, r["max_output_tps"], width * 0.92, facecolor="none", edgecolor=colors[e],
+                           linestyle="--", linewidth=1.0)
+            if r["output_tps"] is None:
+                why = "no knee" if r["status"].startswith("ok") else "run failed"
+                bar_ax.text(x, ymax * 0.03, why, rotation=90, ha="center", va="bottom", fontsize=8,
+                            color=colors[e])
+                continue
+            bar_ax.bar(x, r["output_tps"], width * 0.92, color=colors[e],
+                       hatch="///" if r["lower_bound"] else None, edgecolor="white")
+    bar_ax.set_xticks(range(len(workloads)))
+    bar_ax.set_xticklabels(workloads)
+    bar_ax.set_xlim(-0.5, len(workloads) - 0.5)
+    bar_ax.set_ylabel("output tok/s")
+    bar_ax.set_ylim(0, ymax * 1.15)
+    bar_ax.legend(handles=[Patch(color=colors[e], label=e) for e in engines], fontsize=8,
+                  loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return fig
+
+
+# ---------------------------------------------------------------------------------------------
+# The report behind ``benchmarks/showdown.py``
+# ---------------------------------------------------------------------------------------------
+
+def write_report(roots: Sequence[str | os.PathLike], out: str | os.PathLike) -> int:
+    """Draw ``decision.png`` and write ``decision.md`` (tables, verdicts, sources) into ``out``."""
+    from workshop.ui import markdown_table
+    results = load(*roots)
+    if not results.runs:
+        print(f"no runs in {', '.join(map(str, roots))}")
+        return 1
+    slo = slo_of(**results.slo)
+    rows = knee_table(results, slo)
+    verdicts = decisions(rows)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    fig = plot_decision(verdicts, rows, title_for(results))
+    fig.savefig(out / "decision.png", dpi=120, bbox_inches="tight")
+    lines = ["# Decision chart", "", "Measured here:", ""]
+    lines += [f"- {r.describe()}" for r in results.roots]
+    lines += [f"- WARNING: {w}" for w in results.warnings]
+    lines += ["", f"SLO: TTFT <= {slo.ttft_ms:g} ms, ITL <= {slo.itl_ms:g} ms (the knee: p99s; goodput: each "
+              f"request's first token and every gap); "
+              f"ties: within {TIE_WITHIN:.0%}.", "", "## At each knee", "", markdown_table(display_rows(rows)),
+              "", "## Winners", "", markdown_table(verdict_rows(verdicts)), "",
+              "## Not measured here (cited)", "", markdown_table(feature_rows()), "",
+              markdown_table(figure_rows()), ""]
+    (out / "decision.md").write_text("\n".join(lines))
+    print(f"decision chart: {out / 'decision.png'}, {out / 'decision.md'}")
+    return 0
+
+
+def title_for(results: Results) -> str:
+    if not results.roots:
+        return "Decision chart: no showdown folder"
+    newest = results.newest
+    more = f" (+{len(results.roots) - 1} older folder(s))" if len(results.roots) > 1 else ""
+    return (f"Decision chart: {newest.manifest.get('model', '?')}, {newest.mode} run on {newest.machine}, "
+            f"{newest.created[:10]}{more}")
