@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from workshop.bench.metrics import SLO
+from workshop.bench.showdown import find_roots, results_dir
 from workshop.bench.sweep import SweepResult
 
 TIE_WITHIN = 0.10
@@ -69,30 +70,19 @@ HARDWARE = ("nvidia", "amd", "cpu", "apple")
 # Finding and loading showdown folders
 # ---------------------------------------------------------------------------------------------
 
-def repo_root() -> Path | None:
-    """The checkout this package runs from (None when installed elsewhere, e.g. on Colab)."""
-    here = Path(__file__).resolve().parents[1]
-    if (here / "notebooks").is_dir() and (here / "workshop").is_dir():
-        return here
-    return None
-
-
 def default_places() -> list[Path]:
-    """Where a learner's showdown folders are looked for: ``results/`` of the checkout (the
-    runner's default output, ``results/showdown-*``; the working directory's ``results/`` outside
-    a checkout) and every folder named in ``$WORKSHOP_SHOWDOWN_DIRS`` (``os.pathsep``-separated)."""
-    base = repo_root() or Path.cwd()
-    places = [base / "results"]
+    """Where a learner's showdown folders are looked for: ``results/`` (the runner's default
+    output, ``results/showdown-*``: the checkout's, else the working directory's) and every
+    folder named in ``$WORKSHOP_SHOWDOWN_DIRS`` (``os.pathsep``-separated)."""
+    places = [results_dir()]
     places += [Path(p).expanduser() for p in os.environ.get(ENV_DIRS, "").split(os.pathsep) if p.strip()]
     return places
 
 
 def reference_run() -> Path | None:
     """The project's committed example folder, when this is a checkout that has it."""
-    root = repo_root()
-    if root is None or not (root / REFERENCE_RUN / "showdown.json").exists():
-        return None
-    return root / REFERENCE_RUN
+    root = Path(__file__).resolve().parents[1]
+    return root / REFERENCE_RUN if (root / REFERENCE_RUN / "showdown.json").exists() else None
 
 
 def choose_roots() -> tuple[list[Path], str]:
@@ -103,22 +93,6 @@ def choose_roots() -> tuple[list[Path], str]:
         return roots, "yours"
     ref = reference_run()
     return ([ref], "reference") if ref else ([], "none")
-
-
-def find_roots(*places: str | os.PathLike) -> list[Path]:
-    """Every showdown root at or directly under ``places`` (a folder holding ``showdown.json``),
-    oldest first by its ``created`` stamp; folders that do not exist are skipped."""
-    roots: dict[Path, str] = {}
-    for place in places:
-        p = Path(place)
-        candidates = [p] if (p / "showdown.json").exists() else sorted(p.glob("*/showdown.json")) if p.is_dir() else []
-        for c in candidates:
-            c = c.parent if c.name == "showdown.json" else c
-            try:
-                roots[c.resolve()] = str(json.loads((c / "showdown.json").read_text()).get("created", ""))
-            except (OSError, json.JSONDecodeError):
-                continue
-    return sorted(roots, key=lambda r: (roots[r], str(r)))
 
 
 @dataclass
@@ -314,14 +288,10 @@ def point_metrics(sweep: SweepResult, i: int, slo: SLO) -> dict[str, Any]:
 
 
 def achieved_rate(sweep: SweepResult, i: int) -> tuple[float, bool]:
-    """Requests/s point ``i`` completed: over its steady window (``SweepResult.achieved``) when
-    that window saw a completion, else over the whole run (completed / duration, warm-up and
-    drain included: an underestimate), with True to say so. A quick run's window can hold two
-    arrivals and no completion, and 0 req/s would read as "served nothing"."""
-    win = (sweep.points[i].summary.get("saturation") or {}).get("window")
-    if sweep.mode != "rate" or (win and win.get("completions", 1) > 0 and not win.get("short")):
+    """Requests/s point ``i`` completed, and whether over the whole run (``achieved_basis``)."""
+    if sweep.mode != "rate":
         return sweep.achieved()[i], False
-    return sweep.points[i].summary.get("request_throughput") or 0.0, True
+    return sweep.achieved_basis()[i]
 
 
 def probe_metrics(sweep: SweepResult, slo: SLO) -> dict[str, Any] | None:

@@ -91,16 +91,18 @@ ui.table([{"label": c.label, "engine": c.engine, "server args": " ".join(c.serve
 # %% [markdown]
 # Pick the contenders and the plan. The **quick** plan (what CI runs) has one workload
 # (shared-prefix), short prompts and answers and two load points per engine, and by default
-# only the contenders that are already running or start in seconds: minutes, and indicative
-# only (eight requests per point is a small sample). The **full** plan is the one
+# only the engine already running and the two that start in seconds (add `hf` for exercise 2):
+# minutes, and indicative only (eight requests per point is a small sample). The **full** plan is the one
 # `benchmarks/showdown.py` runs: three workloads, four load points, about three quarters of an
 # hour for the whole CPU field on 2 cores. In Jupyter, re-run the cells below after changing a
 # control; marimo re-runs them.
 
 # %%
-# Quick mode (CI) runs what is already up plus the two teaching-engine contenders, which start
-# in seconds; starting vLLM or SGLang afresh takes a minute or more each.
-_quick_field = [c.label for c in field_all if c.label in running_servers or c.engine == "mini"]
+# Quick mode (CI) runs the engine already up plus the two teaching-engine contenders, which
+# start in seconds; starting vLLM or SGLang afresh takes a minute or more each, and the
+# baseline, one request at a time, is the slowest to sweep.
+_quick_field = [c.label for c in field_all
+                if c.engine == "mini" or (c.label in running_servers and c.engine != "hf")]
 engines_text = ui.text(",".join(workshop.session.sweep([c.label for c in field_all], _quick_field)),
                        "contenders (comma-separated labels from the table)")
 plan_choice = ui.dropdown(["quick", "full"], workshop.session.sweep("full", "quick"), "plan")
@@ -207,51 +209,30 @@ plot_showdown(showdown_sweeps, "itl_ms")
 # One row per engine and workload, read at the knee point: the load it sustained, the output
 # tokens per second, the latency percentiles, the **goodput** (requests per second that met
 # both objectives), the prefix-cache hit rate the server reported and its peak KV-cache use.
-# An empty cell means the server does not report that figure (the baseline has no cache).
-# Where no load point kept up and met the objectives, the row shows the lowest load instead,
-# and says so in its last column.
+# A dash means the server does not report that figure (the baseline has no cache) or the
+# engine has no knee; the note says why. `workshop/decision.py` holds the rules (its
+# docstring); notebook 11 draws the decision chart from the same rows.
 
 # %%
-def at_knee(sweeps):
-    rows = []
-    for workload, per_engine in sweeps.items():
-        for engine, sw in per_engine.items():
-            k = sw.knee_index
-            p = sw.points[0 if k is None else k].summary
-            server = p.get("server") or {}
-            rows.append({
-                "workload": workload, "engine": engine,
-                "knee (req/s offered)": sw.offered()[k] if k is not None else None,
-                "read at (req/s offered)": sw.offered()[0 if k is None else k],
-                "output tok/s": p.get("output_throughput"),
-                "TTFT p50 / p99 (ms)": (f"{p['ttft_ms']['median']:.0f} / {p['ttft_ms']['p99']:.0f}"
-                                        if p and p["ttft_ms"]["p99"] is not None else None),
-                "ITL p50 / p99 (ms)": (f"{p['itl_ms']['median']:.0f} / {p['itl_ms']['p99']:.0f}"
-                                       if p and p["itl_ms"]["p99"] is not None else None),
-                "goodput (req/s)": p.get("goodput"),
-                "prefix hit rate": server.get("prefix_cache_hit_rate"),
-                "peak KV use": server.get("peak_kv_usage"),
-                "knee": sw.knee_note().removeprefix("knee: "),
-            })
-    return rows
+from workshop import decision
 
-
-knee_rows = at_knee(showdown_sweeps)
-ui.table(knee_rows)
+showdown_results = decision.load(showdown_root)
+knee_rows = decision.knee_table(showdown_results)
+ui.table(decision.display_rows(knee_rows))
 
 # %%
-def knee_value(rows, workload, engine, column="output tok/s"):
-    """``column`` of ``engine`` on ``workload`` at its knee (None without one)."""
-    return next((r[column] for r in rows if r["workload"] == workload and r["engine"] == engine
-                 and r["knee (req/s offered)"] is not None), None)
+def knee_value(workload, engine, key="output_tps"):
+    """``key`` of ``engine`` on ``workload`` at its knee (None without one)."""
+    return next((r[key] for r in knee_rows if r["workload"] == workload and r["engine"] == engine
+                 and not r["no_knee"]), None)
 
 
-_r = knee_value(knee_rows, "shared-prefix", "mini-radix")
-_h = knee_value(knee_rows, "shared-prefix", "mini-hash")
+_r = knee_value("shared-prefix", "mini-radix")
+_h = knee_value("shared-prefix", "mini-hash")
 radix_over_hash = _r / _h if _r and _h else None
 (ui.compare(predict_radix_over_hash, radix_over_hash, "radix / hash knee throughput, shared-prefix")
  if radix_over_hash else ui.md("Exercise 1 needs both teaching-engine contenders on the shared-prefix "
-                               "workload."))
+                               "workload, each with a knee (see the notes in the table)."))
 
 # %% [markdown]
 # Our radix tree matches **whole blocks**, like the hash chain (notebook 8), so on the same
@@ -268,8 +249,8 @@ radix_over_hash = _r / _h if _r and _h else None
 predict_best_over_baseline = None   # your prediction: best goodput / baseline goodput
 
 # %%
-_good = {r["engine"]: r["goodput (req/s)"] for r in knee_rows
-         if r["workload"] == "shared-prefix" and r["goodput (req/s)"] and r["knee (req/s offered)"]}
+_good = {r["engine"]: r["goodput_at_knee"] for r in knee_rows
+         if r["workload"] == "shared-prefix" and not r["no_knee"] and r["goodput_at_knee"]}
 best_engine = max(_good, key=_good.get) if _good else None
 best_over_baseline = (_good[best_engine] / _good["hf"]) if best_engine and _good.get("hf") else None
 (ui.compare(predict_best_over_baseline, best_over_baseline,
@@ -286,11 +267,11 @@ best_over_baseline = (_good[best_engine] / _good["hf"]) if best_engine and _good
 predict_hit_rate = None   # your prediction, 0-1
 
 # %%
-_hit = knee_value(knee_rows, "shared-prefix", session.engine, "prefix hit rate")
+_hit = knee_value("shared-prefix", session.engine, "prefix_hit_rate")
 _reuse = next((r["prefix reuse"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
 (ui.compare(predict_hit_rate, _hit, f"{session.engine} prefix hit rate at the knee, shared-prefix")
- if _hit is not None else ui.md(f"{session.engine} reported no prefix-cache hit rate on the shared-prefix "
-                                "workload in this run (no cache, or not in the run)."))
+ if _hit is not None else ui.md(f"{session.engine} reported no prefix-cache hit rate at a knee on the "
+                                "shared-prefix workload in this run (no cache, no knee, or not in the run)."))
 
 # %%
 ui.md(f"The workload's prefix reuse (the ceiling) was **{_reuse:.3f}**." if _reuse is not None else "")
@@ -298,32 +279,22 @@ ui.md(f"The workload's prefix reuse (the ceiling) was **{_reuse:.3f}**." if _reu
 # %% [markdown]
 # ## 6. What this run shows, and what it does not
 #
-# Computed from the table above:
+# Computed from the table above (margins under 10 % count as ties: see `decision.TIE_WITHIN`):
 
 # %%
-def leaders(rows, column, higher_is_better=True):
-    """Per workload: the best engine on ``column``, its value and its margin over the next."""
-    out = {}
-    for workload in dict.fromkeys(r["workload"] for r in rows):
-        vals = sorted(((r[column], r["engine"]) for r in rows
-                       if r["workload"] == workload and isinstance(r[column], (int, float))),
-                      reverse=higher_is_better)
-        if vals:
-            best, runner = vals[0], (vals[1] if len(vals) > 1 else None)
-            out[workload] = (best[1], best[0], runner[1] if runner else None,
-                             best[0] / runner[0] if runner and runner[0] else None)
-    return out
-
-
 _lines = []
-_with_knee = [r for r in knee_rows if r["knee (req/s offered)"] is not None]
-for _w, (_e, _v, _next, _m) in leaders(_with_knee, "output tok/s").items():
-    _lines.append(f"* **{_w}**: the most output tokens/s at the knee came from **{_e}** ({_v:.0f} tok/s)"
-                  + (f", {_m:.2f}x the next best ({_next})." if _m else " (the only one with a knee)."))
-_none = [f"{r['engine']} on {r['workload']}" for r in knee_rows if r["knee (req/s offered)"] is None]
-if _none:
-    _lines.append("* No knee (even the lowest load failed an objective or fell behind): "
-                  + ", ".join(_none) + ".")
+for _w in dict.fromkeys(r["workload"] for r in knee_rows):
+    _v = decision.decide(knee_rows, _w, "throughput")
+    if _v.outcome == "win":
+        _lines.append(f"* **{_w}**: the most output tokens/s at the knee came from **{_v.winner}** "
+                      f"({_v.values[_v.winner]:.0f} tok/s), {_v.bound + ' ' if _v.bound else ''}"
+                      f"{_v.margin:.2f}x the next best ({_v.runner_up}).")
+    elif _v.outcome == "tie":
+        _lines.append(f"* **{_w}**: a tie within the noise band between {', '.join(_v.tied)}.")
+    elif _v.outcome == "only":
+        _lines.append(f"* **{_w}**: only **{_v.winner}** had a knee.")
+    for _e, _why in _v.excluded.items():
+        _lines.append(f"  * {_e}: {_why}")
 ui.md("\n".join(_lines) or "No contender finished a sweep in this run.")
 
 # %% [markdown]

@@ -136,7 +136,8 @@ def test_a_window_without_completions_falls_back_to_the_whole_run(tmp_path):
     sw = make_sweep([1, 2], 1)
     for p in sw.points:            # what a quick run looks like: two arrivals, nothing finished
         p.summary["saturation"]["window"].update(achieved_rate=0.0, completions=0, short=True)
-    assert sw.achieved() == [0.0, 0.0]
+    whole_runs = [p.summary["request_throughput"] for p in sw.points]
+    assert sw.achieved_basis() == [(whole_runs[0], True), (whole_runs[1], True)]
     row = decision.knee_row(decision.load(make_root(tmp_path / "r", {("a", "w"): sw})).runs[("a", "w")],
                             decision.slo_of(SLO_TTFT, SLO_ITL))
     whole = sw.points[1].summary["request_throughput"]

@@ -44,12 +44,14 @@ def test_with_servers_points_running_labels_at_their_server():
     assert all(c.base_url is None for c in out if c.label != "vllm")
 
 
-def test_find_roots_newest_first(tmp_path):
-    for name, created in (("a", "2026-01-01T00:00:00+00:00"), ("b", "2026-03-01T00:00:00+00:00")):
+def test_find_roots_oldest_first(tmp_path):
+    for name, created in (("b", "2026-01-01T00:00:00+00:00"), ("a", "2026-03-01T00:00:00+00:00")):
         Showdown(tmp_path / name, {"created": created, "runs": []}).write()
     (tmp_path / "not-a-showdown").mkdir()
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "showdown.json").write_text("{")
     assert [r.name for r in showdown.find_roots(tmp_path)] == ["b", "a"]
-    assert showdown.find_roots(tmp_path / "a") == [tmp_path / "a"]
+    assert showdown.find_roots(tmp_path / "a") == [(tmp_path / "a").resolve()]
     assert showdown.find_roots(tmp_path / "missing") == []
 
 

@@ -288,16 +288,19 @@ def new_root() -> Path:
 
 
 def find_roots(*places: str | Path) -> list[Path]:
-    """Every showdown folder under ``places`` (a folder that holds ``showdown.json``, or whose
-    subfolders do), newest first."""
-    roots: set[Path] = set()
+    """Every showdown folder at or directly under ``places`` (one holding ``showdown.json``),
+    oldest first by its ``created`` stamp; places that do not exist, and manifests that cannot
+    be read, are skipped."""
+    roots: dict[Path, str] = {}
     for place in places:
         p = Path(place)
-        if (p / "showdown.json").exists():
-            roots.add(p)
-        elif p.is_dir():
-            roots.update(q.parent for q in p.glob("*/showdown.json"))
-    return sorted(roots, key=lambda r: Showdown.load(r).manifest.get("created", ""), reverse=True)
+        candidates = [p] if (p / "showdown.json").exists() else sorted(q.parent for q in p.glob("*/showdown.json"))
+        for c in candidates:
+            try:
+                roots[c.resolve()] = str(json.loads((c / "showdown.json").read_text()).get("created", ""))
+            except (OSError, json.JSONDecodeError):
+                continue
+    return sorted(roots, key=lambda r: (roots[r], str(r)))
 
 
 __all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "default_field",

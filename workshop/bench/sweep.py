@@ -105,11 +105,25 @@ class SweepResult:
         return [_steady(p, "offered_rate", l) * per for l, p in zip(self.loads, self.points)]
 
     def achieved(self) -> list[float]:
-        """Throughput of each point in requests/s over its steady window (session ends x
-        requests per session); the run's request throughput where no window exists."""
+        """Throughput of each point in requests/s; see ``achieved_basis``."""
+        return [rate for rate, _ in self.achieved_basis()]
+
+    def achieved_basis(self) -> list[tuple[float, bool]]:
+        """Each point's throughput in requests/s over its steady window (session ends x
+        requests per session), with False; or, where there is no window, or it is flagged
+        short or saw no completion, over the whole run (completed / duration, warm-up and drain
+        included: an underestimate), with True. A small run's window can hold two arrivals and
+        no completion, and 0 req/s would read as "served nothing"."""
         per = self.config.get("requests_per_session", 1.0)
-        return [(_steady(p, "achieved_rate", None) * per if _steady(p, "achieved_rate", None) is not None
-                 else p.summary["request_throughput"]) for p in self.points]
+        out = []
+        for p in self.points:
+            win = (p.summary.get("saturation") or {}).get("window")
+            if win and win.get("achieved_rate") is not None and win.get("completions", 1) > 0 \
+                    and not win.get("short"):
+                out.append((win["achieved_rate"] * per, False))
+            else:
+                out.append((p.summary["request_throughput"], True))
+        return out
 
     def overloaded(self) -> list[bool | None]:
         """Each point's verdict (None for closed-loop points)."""
