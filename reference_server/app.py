@@ -417,7 +417,7 @@ async def _sse(response: _EngineStream, scope: dict) -> AsyncIterator[bytes]:
 
     The status line (200) is already sent: a failure now can only be an error event. It is
     counted as a failed stream (and as a 500 in the request counter), not as a client that
-    left.
+    left; so is a proxied stream whose engine sent an error event of its own (``failed``).
     """
     response.started = True
     stream, state = response.engine_stream, response.server_state
@@ -442,7 +442,12 @@ async def _sse(response: _EngineStream, scope: dict) -> AsyncIterator[bytes]:
             exc = engine_fault(exc)
         yield b"data: " + json.dumps(exc.body()).encode() + b"\n\n"
     finally:
-        if not finished:
+        if getattr(stream, "failed", False) and not scope.get(STREAM_FAILED):
+            # a proxied engine's own error event, relayed inside the 200: a failure, even
+            # if the client then left
+            state.metrics.stream_failures.inc()
+            scope[STREAM_FAILED] = True
+        elif not finished:
             state.metrics.disconnects.inc()
         state.request_finished()
         await stream.aclose()

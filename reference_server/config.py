@@ -59,21 +59,22 @@ _SECRET_FLAG = re.compile(r"key|token|secret|passw|auth|credential", re.I)
 
 
 def redact_args(args: list[str]) -> list[str]:
-    """A command line safe to show: the value of any flag whose name suggests a secret
-    (``--api-key X``, ``--hf-token=X``) replaced by ``***``."""
+    """A command line safe to show: the values of any flag whose name suggests a secret
+    (``--api-key X``, ``--hf-token=X``) replaced by ``***``; every value up to the next flag,
+    since such a flag may take several (vLLM's ``--api-key A B``)."""
     out: list[str] = []
-    hide_next = False
+    hiding = False
     for a in args:
-        if hide_next and not a.startswith("-"):
-            out.append("***")
-            hide_next = False
-            continue
-        hide_next = False
-        if a.startswith("-") and _SECRET_FLAG.search(a.split("=", 1)[0]):
-            if "=" in a:
-                a = a.split("=", 1)[0] + "=***"
-            else:
-                hide_next = True
+        if a.startswith("-"):
+            hiding = False
+            name, eq, _ = a.partition("=")
+            if _SECRET_FLAG.search(name):
+                if eq:
+                    a = name + "=***"
+                else:
+                    hiding = True
+        elif hiding:
+            a = "***"
         out.append(a)
     return out
 

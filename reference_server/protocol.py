@@ -47,7 +47,8 @@ class TextPart(_Strict):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow", strict=True)   # name, tool_calls, tool_call_id...
+    # name, tool_calls, tool_call_id, ...: passed on to a child engine; a local one refuses them
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Role
     content: Union[str, list[TextPart], None] = None
@@ -149,6 +150,9 @@ class CompletionRequest(_SamplingFields):
 
 # ---- what an in-process engine implements -----------------------------------------------
 
+# "user" is accepted and ignored, the one such field (README, "Every engine gets the same
+# answers"): an end-user id for the provider's abuse monitoring, which never reaches the
+# model, so ignoring it is all a server without such monitoring can do with it.
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "stream",
            "stream_options", "ignore_eos", "stop_token_ids", "user", "logprobs"}
 LOCAL_FIELDS = {
@@ -166,13 +170,19 @@ _NEUTRAL: dict[str, tuple] = {
 def unsupported_fields(req: ChatCompletionRequest | CompletionRequest, kind: str) -> list[str]:
     """Fields of ``req`` an in-process engine would ignore: every field outside
     ``LOCAL_FIELDS[kind]`` that the client set to something other than null or a neutral
-    value, plus the vLLM extension ``stream_options.continuous_usage_stats``."""
+    value, the vLLM extension ``stream_options.continuous_usage_stats``, and any field of a
+    message but ``role`` and ``content`` (``messages[1].tool_calls``): a message's ``name``
+    is meant for the model, and the engines give it only role and content."""
     values = {**{k: getattr(req, k) for k in req.model_fields_set}, **(req.model_extra or {})}
     out = [k for k, v in values.items() if k not in LOCAL_FIELDS[kind] and v is not None
            and v not in _NEUTRAL.get(k, ())]
     if req.stream_options is not None and req.stream_options.continuous_usage_stats:
         out.append("stream_options.continuous_usage_stats")
-    return sorted(out)
+    out = sorted(out)
+    for i, m in enumerate(getattr(req, "messages", ())):
+        out += [f"messages[{i}].{k}" for k, v in (m.model_extra or {}).items()
+                if v is not None and v != []]
+    return out
 
 
 # ---- responses -------------------------------------------------------------------------

@@ -96,6 +96,8 @@ class Engine(abc.ABC):
       (``protocol.py``). They return the OpenAI response object, or for ``stream=True`` an
       async iterator of chunks. Semantic problems only the engine can see (prompt longer than
       the context, ...) raise ``EngineError`` with a 4xx status *before* the first chunk.
+      A stream that fails later raises; a proxied one that relays the engine's own error
+      event instead sets ``failed`` on itself, so the server counts it as failed.
     * Closing a returned stream early (the client went away) must cancel the request inside
       the engine and free its KV cache.
     * ``metrics_text()`` returns Prometheus exposition text using vLLM's metric names

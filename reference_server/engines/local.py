@@ -102,7 +102,9 @@ class LocalEngine(Engine):
 
     async def chat(self, request: ChatCompletionRequest):
         self._refuse_unsupported(request, "chat")
-        messages = [m.model_dump(exclude_none=True) for m in request.messages]
+        # Role and content only: any other field was refused above, or is null.
+        messages = [m.model_dump(include={"role", "content"}, exclude_none=True)
+                    for m in request.messages]
         for m in messages:
             if isinstance(m.get("content"), list):   # [{"type": "text", "text": ...}, ...]
                 m["content"] = "".join(p.get("text", "") for p in m["content"])

@@ -49,6 +49,27 @@ def _die_with_parent() -> None:
         pass
 
 
+_WHERE = ("the child listens on 127.0.0.1, on a port the server picks, and is reached only "
+          "through the server: use the server's own --host and --port")
+_KEY = ("the child has a random key that only the server knows: protect the server with "
+        "WORKSHOP_API_KEY instead")
+
+
+def reserved_in(args: list[str], reserved) -> list[tuple[str, str]]:
+    """``(name, flag)`` for each of ``args`` that would set one of the ``reserved`` flags:
+    the flag itself, ``--flag=value``, its underscore spelling (vLLM reads ``--api_key``) or
+    an abbreviation (argparse takes any unambiguous prefix: ``--hos`` is ``--host``)."""
+    found = []
+    for a in args:
+        if not a.startswith("--") or a == "--":
+            continue
+        name = a.split("=", 1)[0].replace("_", "-")
+        flag = next((r for r in reserved if r.startswith(name)), None)
+        if flag:
+            found.append((a.split("=", 1)[0], flag))     # never the value: it may be a key
+    return found
+
+
 class ProxyEngine(Engine):
     """Start, supervise and forward to an OpenAI-compatible engine server.
 
@@ -57,8 +78,18 @@ class ProxyEngine(Engine):
     """
 
     health_path = "/health"    # answers 200 once the engine can serve
+    # Flags the server sets for the child itself, and why an engine argument after `--` may
+    # not: appended last, it would win (argparse keeps the last value) and move the child
+    # off loopback or replace the key only the server knows. Subclasses add theirs.
+    reserved_args: dict[str, str] = {"--host": _WHERE, "--port": _WHERE, "--api-key": _KEY}
 
     def __init__(self, config, model) -> None:
+        reserved = reserved_in(config.engine_args, self.reserved_args)
+        if reserved:
+            name, flag = reserved[0]
+            raise ValueError(f"engine argument {name} after `--` would set {flag} for the "
+                             f"{self.name} engine, which the server sets itself: "
+                             f"{self.reserved_args[flag]}")
         self.config = config
         self.model = model
         self.served_name = config.served_model_name or model.name
@@ -76,6 +107,7 @@ class ProxyEngine(Engine):
         self._hung_since: float | None = None         # monotonic time of the first failed probe
         self._hung = False
         self._open: set[aiohttp.ClientResponse] = set()   # upstream answers being relayed
+        self._sending: set[asyncio.Task] = set()    # requests waiting for the child's headers
         self._probe_timeout = aiohttp.ClientTimeout(total=config.upstream_probe_timeout)
 
     @abc.abstractmethod
@@ -170,8 +202,13 @@ class ProxyEngine(Engine):
                 self._hung = True
                 log.error("%s engine does not answer its health check (%d probes): hung",
                           self.name, fails)
+                # Requests in flight fail now instead of at the read timeout: those being
+                # relayed, and those still waiting for the child's headers (a non-streamed
+                # vLLM request gets none until its answer is complete).
                 for resp in list(self._open):
-                    resp.close()          # their readers fail now instead of at the timeout
+                    resp.close()
+                for task in list(self._sending):
+                    task.cancel()
 
     async def stop(self) -> None:
         self._stopping = True
@@ -220,13 +257,23 @@ class ProxyEngine(Engine):
     async def _forward(self, path: str, request):
         self.check()
         body = self.request_body(request)
+        # A task, so that the liveness probe can cut the wait for headers (``_sending``).
+        post = asyncio.ensure_future(self._client.post(path, json=body))
+        self._sending.add(post)
         try:
-            resp = await self._client.post(path, json=body)
+            await asyncio.wait((post,))
+        except BaseException:            # the client left before the child answered
+            _drop(post)
+            self.abandon(None, body)
+            raise
+        finally:
+            self._sending.discard(post)
+        if post.cancelled():             # by the liveness probe: the child is hung
+            raise self._upstream_error(ConnectionAbortedError("cut: the engine is hung"))
+        try:
+            resp = post.result()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise self._upstream_error(exc) from exc
-        except BaseException:
-            self.abandon(None, body)     # the client left before the child answered
-            raise
         if resp.status != 200:
             content = await resp.read()
             resp.release()
@@ -264,7 +311,7 @@ class ProxyEngine(Engine):
             self._open.discard(resp)
             self.abandon(resp, body)
             raise
-        if first.startswith(b'data: {"error"'):
+        if first.startswith(_ERROR_EVENT):
             self._open.discard(resp)
             resp.close()
             raise _stream_error(first)
@@ -308,6 +355,9 @@ class ProxyEngine(Engine):
                 return resp.status, None
 
 
+_ERROR_EVENT = b'data: {"error"'     # how vLLM and SGLang send an error inside a stream
+
+
 class _Relay:
     """The engine's SSE bytes, passed through untouched.
 
@@ -321,6 +371,11 @@ class _Relay:
         self.engine, self.resp, self.first, self.chunks = engine, resp, first, chunks
         self.body = body
         self.done = False
+        # Set once the engine has sent an error event inside its 200 (vLLM does when a
+        # request fails mid-generation): relayed as it is, but the stream counts as failed.
+        self.failed = False
+        self._tail = b""      # the end of the last chunk: an event may straddle two
+        self._scan(first)
 
     def __aiter__(self):
         return self
@@ -332,13 +387,23 @@ class _Relay:
         if self.done:
             raise StopAsyncIteration
         try:
-            return await self.chunks.__anext__()
+            chunk = await self.chunks.__anext__()
         except StopAsyncIteration:
             self._finish(clean=True)
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self._finish(clean=False)
             raise self.engine._upstream_error(exc) from exc
+        if not self.failed:
+            self._scan(chunk)
+        return chunk
+
+    def _scan(self, chunk: bytes) -> None:
+        # The marker cannot occur inside an event (a JSON string escapes its quotes), so
+        # finding it anywhere, even across two chunks, means an error event.
+        n = len(_ERROR_EVENT)
+        self.failed = _ERROR_EVENT in chunk or _ERROR_EVENT in self._tail + chunk[:n]
+        self._tail = chunk[-n:]
 
     async def aclose(self) -> None:
         self._finish(clean=False)
@@ -354,6 +419,14 @@ class _Relay:
             self.engine.abandon(self.resp, self.body)
         else:
             self.resp.close()
+
+
+def _drop(post: asyncio.Task) -> None:
+    """Give up on a request to the child: cancel it, or close the answer it already got."""
+    if post.done() and not post.cancelled() and post.exception() is None:
+        post.result().close()
+    else:
+        post.cancel()
 
 
 def _stream_error(first: bytes) -> EngineError:

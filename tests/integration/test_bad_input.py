@@ -139,6 +139,23 @@ def test_local_engine_refuses_what_it_does_not_implement(request, engine, param)
     assert r.json()["error"]["param"] == param
 
 
+@pytest.mark.parametrize("engine", ["hf", "mini"])
+def test_local_engine_refuses_message_fields_and_ignores_only_user(request, engine):
+    # a message's name or tool calls never reach these engines' prompt: refused, by name;
+    # "user" (an end-user id for abuse monitoring) is the one field accepted and ignored
+    server = request.getfixturevalue(f"{engine}_server")
+    for extra, param in [({"name": "bob"}, "messages[0].name"),
+                         ({"tool_calls": [{"id": "c1", "type": "function"}]},
+                          "messages[0].tool_calls")]:
+        r = _post(server, "/v1/chat/completions",
+                  {"model": M, "max_tokens": 2, "messages": [{**MSG[0], **extra}]})
+        _assert_openai_error(r, 400)
+        assert r.json()["error"]["param"] == param
+    r = _post(server, "/v1/chat/completions",
+              {"model": M, "max_tokens": 2, "messages": MSG, "user": "end-user-1"})
+    assert r.status_code == 200, r.text
+
+
 def test_neutral_values_of_unimplemented_parameters_are_accepted(server):
     # client libraries that always send them must keep working
     r = _post(server, "/v1/completions", {"model": M, "prompt": "hi", "max_tokens": 2,

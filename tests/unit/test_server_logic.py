@@ -214,6 +214,26 @@ def test_adapter_refuses_unimplemented_parameters_by_name():
                               "chat") == []
 
 
+def test_adapter_refuses_message_fields_it_would_not_pass_on_and_ignores_user():
+    class Templating(_CharTokenizer):
+        def apply_chat_template(self, messages, **kw):
+            self.seen = messages
+            return {"input_ids": self.encode("".join(m.get("content", "") for m in messages))}
+
+    engine = ScriptedEngine("x", Templating())
+    for extra, param in [({"name": "bob"}, "messages[0].name"),
+                         ({"tool_calls": [{"id": "c1"}]}, "messages[0].tool_calls"),
+                         ({"tool_call_id": "c1"}, "messages[0].tool_call_id")]:
+        with pytest.raises(EngineError) as e:
+            asyncio.run(engine.chat(chat(messages=[{"role": "user", "content": "hi", **extra}])))
+        assert e.value.status_code == 400 and e.value.param == param
+        assert param in e.value.message
+    # null asks for nothing; "user" is accepted and has no effect (README: the one such field)
+    asyncio.run(engine.chat(chat(messages=[{"role": "user", "content": "hi", "name": None}],
+                                 user="end-user-1")))
+    assert engine.tokenizer.seen == [{"role": "user", "content": "hi"}]
+
+
 def test_adapter_refuses_out_of_vocabulary_ids_and_treats_tiny_temperature_as_greedy():
     engine = ScriptedEngine("ab")
     with pytest.raises(EngineError) as e:
@@ -240,6 +260,53 @@ def test_redact_args():
     assert redact_args(["--kv-cache-dtype", "fp8", "--api-key", "s3cret", "--hf-token=abc",
                         "--max-num-seqs", "4"]) == \
         ["--kv-cache-dtype", "fp8", "--api-key", "***", "--hf-token=***", "--max-num-seqs", "4"]
+    # vLLM's --api-key takes several keys: every one is hidden, up to the next flag
+    assert redact_args(["--api-key", "a1", "b2", "--max-num-seqs", "4"]) == \
+        ["--api-key", "***", "***", "--max-num-seqs", "4"]
+
+
+@pytest.fixture
+def avx512(monkeypatch):
+    # an AVX-512 CPU, whatever this machine is (the logic, not the kernels, is tested)
+    from reference_server import dtypes
+    monkeypatch.setattr(dtypes, "cpu_lacks_avx512", lambda *a, **k: False)
+
+
+def _proxy_engine(kind: str, tmp_path, *engine_args):
+    """A vLLM or SGLang engine object, never started (no child process)."""
+    from reference_server.engines.sglang import SGLangEngine
+    from reference_server.engines.vllm import VLLMEngine
+    from reference_server.models import ModelSpec
+    cfg = ServerConfig(engine=kind, device="cpu", engine_python=__import__("sys").executable)
+    cfg.engine_args = list(engine_args)
+    return {"vllm": VLLMEngine, "sglang": SGLangEngine}[kind](cfg, ModelSpec("m", str(tmp_path),
+                                                                            False))
+
+
+@pytest.mark.parametrize("kind", ["vllm", "sglang"])
+def test_server_info_never_shows_a_secret_engine_argument(kind, tmp_path, avx512):
+    import json
+    e = _proxy_engine(kind, tmp_path, "--hf-token=hf_s3cret", "--ssl-keyfile-password", "pw1",
+                      "--admin-api-key", "adm1", "adm2", "--max-num-seqs", "4")
+    text = json.dumps(e.info().to_dict())
+    for secret in ("hf_s3cret", "pw1", "adm1", "adm2", e.child_key, str(e.port)):
+        assert secret not in text, secret
+    assert e.info().extra["engine_args"][-2:] == ["--max-num-seqs", "4"]
+
+
+@pytest.mark.parametrize("kind,args,flag", [
+    ("vllm", ["--api-key", "X"], "--api-key"), ("vllm", ["--api_key=X"], "--api-key"),
+    ("vllm", ["--host", "0.0.0.0"], "--host"), ("vllm", ["--hos=0.0.0.0"], "--host"),
+    ("vllm", ["--port", "80"], "--port"), ("vllm", ["--uds", "/tmp/s"], "--uds"),
+    ("sglang", ["--api-key", "X"], "--api-key"), ("sglang", ["--host", "0.0.0.0"], "--host"),
+    ("sglang", ["--port=80"], "--port"), ("sglang", ["--config", "my.yaml"], "--config"),
+    ("sglang", ["--tokenizer-worker-num", "2"], "--tokenizer-worker-num"),
+])
+def test_engine_args_may_not_set_the_childs_address_or_key(kind, args, flag, tmp_path, avx512):
+    with pytest.raises(ValueError, match=f"would set {flag} ") as e:
+        _proxy_engine(kind, tmp_path, "--max-num-seqs", "4", *args)
+    assert "X" not in str(e.value).replace("WORKSHOP_API_KEY", "")   # never the value
+    _proxy_engine(kind, tmp_path, "--max-num-seqs", "4", "--tokenizer-mode", "auto")   # others pass
 
 
 # ---- incremental detokenizing ----------------------------------------------------------

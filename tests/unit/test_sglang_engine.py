@@ -110,7 +110,8 @@ def test_an_out_of_vocabulary_prompt_is_refused_without_reaching_sglang(model):
 
 def test_cpu_command(model):
     cmd = engine(model, "--max-running-requests", "64").command()
-    assert cmd[:3] == [sys.executable, "-m", "sglang.launch_server"]
+    # SGLang's launcher plus our key check on every path (child_guard)
+    assert cmd[:3] == [sys.executable, "-m", "reference_server.engines.sglang_launch"]
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"       # loopback only
     assert cmd[cmd.index("--context-length") + 1] == "2048"
     assert cmd[cmd.index("--max-total-tokens") + 1] == "46603"   # --kv-cache-gib 1

@@ -10,6 +10,7 @@ engine: what they check is the server's own logic.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import os
 import signal
@@ -31,7 +32,18 @@ class H(http.server.BaseHTTPRequestHandler):
         self.send_response(200); self.send_header("Content-Type", "application/json")
         self.end_headers(); self.wfile.write(body)
     def do_POST(self):
-        time.sleep(60)          # a request the engine never answers
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body.get("prompt") != "fail mid-stream":
+            time.sleep(60)      # a request the engine never answers
+            return
+        # vLLM's way of failing a request mid-generation: an error event inside the 200,
+        # here with the event split across two writes
+        self.send_response(200); self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for part in (b'data: {"choices": [{"text": "a"}]}\\n\\ndata: {"err',
+                     b'or": {"message": "engine failed", "code": 500}}\\n\\n',
+                     b"data: [DONE]\\n\\n"):
+            self.wfile.write(part); self.wfile.flush(); time.sleep(0.2)
     def log_message(self, *a): pass
 srv = http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), H)
 threading.Timer(float(sys.argv[2]), lambda: os._exit(3)).start()
@@ -132,11 +144,17 @@ def test_hung_child_is_reported_then_recovers():
         t0 = time.monotonic()
         while client.get("/ready").status_code != 200 and time.monotonic() - t0 < 30:
             time.sleep(0.1)
+        # A request already waiting for the child's headers when it hangs: cut by the
+        # detection, not left to the 600 s read timeout.
+        in_flight = concurrent.futures.ThreadPoolExecutor(1).submit(
+            client.post, "/v1/completions", json={"model": "m", "prompt": "hi"})
+        t0 = time.monotonic()
+        while not engine._sending and time.monotonic() - t0 < 10:
+            time.sleep(0.05)
         os.kill(engine._proc.pid, signal.SIGSTOP)     # alive, but answers nothing
         try:
-            t0 = time.monotonic()
-            while client.get("/health").status_code == 200 and time.monotonic() - t0 < 10:
-                time.sleep(0.1)
+            r = in_flight.result(timeout=15)
+            assert r.status_code == 503 and r.json()["error"]["type"] == "engine_unresponsive"
             r = client.get("/health")
             assert r.status_code == 503
             assert r.json()["error"]["type"] == "engine_unresponsive"
@@ -168,6 +186,25 @@ def test_upstream_read_timeout_fails_the_request():
         r = client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
         assert r.status_code == 504 and r.json()["error"]["type"] == "engine_timeout"
         assert time.monotonic() - t0 < 10
+
+
+def test_an_error_event_inside_a_relayed_stream_counts_as_a_failed_stream():
+    from fastapi.testclient import TestClient
+
+    from reference_server.app import create_app
+
+    engine = DyingEngine(lifetime=600)
+    with TestClient(create_app(engine.config, engine=engine)) as client:
+        t0 = time.monotonic()
+        while client.get("/ready").status_code != 200 and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        r = client.post("/v1/completions",
+                        json={"model": "m", "prompt": "fail mid-stream", "stream": True})
+        assert r.status_code == 200 and 'data: {"error": {"message": "engine failed"' in r.text
+        assert _metric(client, "reference_server_stream_failures_total") == 1
+        assert _metric(client, "reference_server_client_disconnects_total") == 0
+        assert _metric(client, "reference_server_requests_total", status="500") == 1
+        assert _metric(client, "reference_server_requests_total", status="200") == 0
 
 
 # ---- the HTTP layer's own accounting, over a scripted in-process engine -----------------
@@ -320,3 +357,132 @@ def test_client_leaving_before_the_first_byte_frees_its_slot_and_engine_stream()
     with pytest.raises(Exception):
         asyncio.run(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send))
     assert state.active == 0 and closed == [True]
+
+
+# ---- the child's own key check (it runs inside the child: here, over a stand-in app) ----
+
+# Paths vLLM 0.32 serves outside the prefixes its own key check covers (/v1, /v2, /inference,
+# /cohere), and SGLang's open ones (/health*, /metrics*).
+CHILD_PATHS = [("POST", "/invocations"), ("POST", "/tokenize"), ("POST", "/detokenize"),
+               ("POST", "/generative_scoring"), ("POST", "/scale_elastic_ep"),
+               ("GET", "/metrics"), ("GET", "/docs"), ("GET", "/health"),
+               ("GET", "/health_generate"), ("OPTIONS", "/v1/completions"),
+               ("GET", "/v1/models")]
+
+
+def _child_app(engine_client=None):
+    from starlette.applications import Starlette
+    from starlette.responses import PlainTextResponse
+    from starlette.routing import Route, WebSocketRoute
+
+    from reference_server.engines.vllm import ChildMiddleware
+
+    async def anything(request):
+        return PlainTextResponse("served")
+
+    async def realtime(ws):
+        await ws.accept()
+        await ws.send_text("served")
+        await ws.close()
+
+    methods = ["GET", "POST", "OPTIONS"]
+    app = Starlette(routes=[Route(p, anything, methods=methods) for _, p in CHILD_PATHS]
+                    + [WebSocketRoute("/v1/realtime", realtime)])
+    app.state.engine_client = engine_client
+    app.add_middleware(ChildMiddleware)        # as vLLM's --middleware does
+    return app
+
+
+def test_the_childs_key_is_needed_on_every_path(monkeypatch):
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    class EngineClient:
+        async def reset_prefix_cache(self):
+            return True
+
+    monkeypatch.setenv("VLLM_API_KEY", "child-key")
+    with TestClient(_child_app(EngineClient())) as client:
+        for auth in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "child-key"}):
+            for method, path in CHILD_PATHS + [("POST", "/reset_prefix_cache")]:
+                r = client.request(method, path, headers=auth)
+                assert r.status_code == 401, (method, path, auth)
+                assert r.json()["error"]["type"] == "authentication_error"
+            with pytest.raises(WebSocketDisconnect) as closed:
+                with client.websocket_connect("/v1/realtime", headers=auth) as ws:
+                    ws.receive_text()
+            assert closed.value.code == 1008
+        key = {"Authorization": "Bearer child-key"}
+        for method, path in CHILD_PATHS:
+            assert client.request(method, path, headers=key).text == "served", path
+        with client.websocket_connect("/v1/realtime", headers=key) as ws:
+            assert ws.receive_text() == "served"
+        assert client.post("/reset_prefix_cache", headers=key).json() == {"success": True}
+        assert client.get("/reset_prefix_cache", headers=key).status_code == 405
+    monkeypatch.delenv("VLLM_API_KEY")              # started without its key: closed
+    with TestClient(_child_app()) as client:
+        assert client.get("/health", headers={"Authorization": "Bearer "}).status_code == 401
+
+
+def test_every_route_of_vllms_own_app_needs_the_childs_key(monkeypatch):
+    """vLLM's real app (no engine behind it), built from the arguments the child gets, with
+    our middleware loaded the way vLLM loads it: every route it mounts, today's and any a
+    later vLLM adds, answers 401 without the child's key."""
+    pytest.importorskip("vllm")
+    from starlette.testclient import TestClient
+    from vllm.entrypoints.launchers.app import build_app
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from reference_server.engines.vllm import ChildMiddleware
+
+    monkeypatch.setenv("VLLM_API_KEY", "child-key")
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(
+        ["--model", "m", "--middleware", f"{ChildMiddleware.__module__}.ChildMiddleware"])
+    app = build_app(args, supported_tasks=("generate",))
+    routes = {(m, r.path.replace("{", "").replace("}", ""))
+              for r in app.routes for m in (getattr(r, "methods", None) or {"GET"})}
+    assert {("POST", "/invocations"), ("POST", "/tokenize"), ("GET", "/metrics"),
+            ("POST", "/scale_elastic_ep"), ("POST", "/v1/completions")} <= routes
+    client = TestClient(app, raise_server_exceptions=False)   # no lifespan: no engine
+    for auth in ({}, {"Authorization": "Bearer wrong"}):
+        open_routes = [(m, p, r.status_code) for m, p in sorted(routes)
+                       if (r := client.request(m, p, headers=auth)).status_code != 401]
+        assert open_routes == []
+    # with the key, requests reach vLLM (which, without an engine, fails them otherwise)
+    assert client.get("/version", headers={"Authorization": "Bearer child-key"}).status_code == 200
+
+
+def test_sglang_is_launched_with_the_guard_on_its_app(monkeypatch):
+    """``sglang_launch`` over stand-in SGLang modules: the guard goes on the app SGLang
+    serves, with the key SGLang parsed, and modes it cannot guard are refused."""
+    import types
+
+    from reference_server.engines import sglang_launch
+    from reference_server.engines.child_guard import ChildKeyGuard
+
+    def launch(**parsed_args):
+        added, ran = [], []
+        parsed = types.SimpleNamespace(**{
+            "api_key": "sgl-key", "tokenizer_worker_num": 1, "encoder_only": False,
+            "smg_grpc_mode": False, "use_ray": False, **parsed_args})
+        app = types.SimpleNamespace(add_middleware=lambda cls, **kw: added.append((cls, kw)))
+        fake = {
+            "sglang": types.ModuleType("sglang"),
+            "sglang.launch_server": types.SimpleNamespace(run_server=ran.append),
+            "sglang.srt.plugins": types.SimpleNamespace(load_plugins=lambda: None),
+            "sglang.srt.server_args": types.SimpleNamespace(prepare_server_args=lambda a: parsed),
+            "sglang.srt.utils": types.SimpleNamespace(kill_process_tree=lambda *a, **k: None),
+            "sglang.srt.entrypoints.http_server": types.SimpleNamespace(app=app),
+        }
+        with monkeypatch.context() as m:
+            for name, module in fake.items():
+                m.setitem(sys.modules, name, module)
+            sglang_launch.main(["--model-path", "m"])
+        return added, ran == [parsed]
+
+    assert launch() == ([(ChildKeyGuard, {"key": "sgl-key"})], True)
+    for unguardable in ({"api_key": None}, {"tokenizer_worker_num": 2}, {"smg_grpc_mode": True},
+                        {"use_ray": True}, {"encoder_only": True}):
+        with pytest.raises(SystemExit):
+            launch(**unguardable)
