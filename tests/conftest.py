@@ -114,8 +114,8 @@ def unavailable(engine: str) -> str | None:
     """Why ``engine`` cannot run here (skip), or None. On CI every engine must run: a
     missing one fails its tests there instead of skipping them.
 
-    vLLM's and SGLang's CPU builds need AVX-512; SGLang needs its own environment
-    (scripts/test.sh builds it)."""
+    vLLM's CPU build needs AVX-512; SGLang needs its own environment (scripts/test.sh builds
+    it), with a kernel built for this CPU."""
     if os.environ.get("CI"):
         return None
     from reference_server import dtypes
@@ -123,10 +123,8 @@ def unavailable(engine: str) -> str | None:
         return dtypes.cpu_cannot_run(engine)
     if engine != "sglang":
         return None
-    from reference_server.engines.sglang import default_python
-    probe = subprocess.run([default_python(), "-c", "import importlib.util as u, sys; "
-                            "sys.exit(u.find_spec('sglang') is None)"], capture_output=True)
-    return None if probe.returncode == 0 else "SGLang is not installed: bash scripts/setup.sh --with-sglang"
+    from reference_server.engines.sglang import not_installed
+    return not_installed()
 
 
 # The engines the selected tests use (pytest_collection_modifyitems): the fleet starts those,

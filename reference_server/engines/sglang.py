@@ -70,6 +70,21 @@ def default_python(env: dict | None = None, root: str = PROJECT_ROOT) -> str:
     return str(python) if python.exists() else sys.executable
 
 
+def not_installed(python: str | None = None) -> str | None:
+    """Why SGLang cannot start from ``python`` (default: ``default_python()``), or None.
+    Its kernel library is imported too: one built for another CPU dies there (SIGILL)."""
+    python = python or default_python()
+    try:
+        probe = subprocess.run([python, "-c", "import sglang, sgl_kernel"], capture_output=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"SGLang could not be probed with {python}: {e}"
+    if probe.returncode == 0:
+        return None
+    return (f"SGLang (with its kernel library) does not import in {python}: run "
+            "`bash scripts/setup.sh --with-sglang` (it builds .venv-sglang), or point "
+            "--engine-python at an interpreter that has it")
+
+
 def engine_arg(args: list[str], flag: str) -> str | None:
     """The value of ``flag`` in ``args`` (``--flag V`` or ``--flag=V``; the last one wins, as
     with argparse), or None."""
@@ -239,8 +254,6 @@ class SGLangEngine(ProxyEngine):
         if config.engine_python is None:
             self.python = default_python()
         self.device = config.resolved_device()
-        if self.device == "cpu" and dtypes.cpu_cannot_run("sglang"):
-            raise RuntimeError(dtypes.cpu_cannot_run("sglang"))
         # SGLang's argument parser would take a key starting with "-" for a flag.
         self.child_key = "sgl-" + self.child_key
         self._config_dir: str | None = None
@@ -325,13 +338,9 @@ class SGLangEngine(ProxyEngine):
 
     def _check_installed(self) -> None:
         """Fail with the fix, not with a child's ModuleNotFoundError in the log."""
-        probe = subprocess.run([self.python, "-c", "import importlib.util as u, sys; "
-                                "sys.exit(u.find_spec('sglang') is None)"],
-                               capture_output=True, timeout=60)
-        if probe.returncode != 0:
-            raise EngineDied(f"SGLang is not installed for {self.python}: run "
-                             "`bash scripts/setup.sh --with-sglang` (it builds .venv-sglang), "
-                             "or point --engine-python at an interpreter that has it")
+        problem = not_installed(self.python)
+        if problem:
+            raise EngineDied(problem)
 
     async def stop(self) -> None:
         await super().stop()

@@ -410,7 +410,7 @@ def test_avx512_probe_reads_the_flags_line():
 def test_engines_that_need_avx512_say_why(monkeypatch):
     from reference_server import dtypes
     monkeypatch.setattr(dtypes, "cpu_lacks_avx512", lambda *a, **k: True)
-    assert "AVX-512" in dtypes.cpu_cannot_run("vllm") and "AVX-512" in dtypes.cpu_cannot_run("sglang")
+    assert "AVX-512" in dtypes.cpu_cannot_run("vllm") and "--engine mini" in dtypes.cpu_cannot_run("vllm")
     assert dtypes.cpu_cannot_run("mini") is None and dtypes.cpu_cannot_run("hf") is None
     monkeypatch.setattr(dtypes, "cpu_lacks_avx512", lambda *a, **k: False)
     assert dtypes.cpu_cannot_run("vllm") is None

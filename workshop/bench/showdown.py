@@ -26,7 +26,6 @@ import json
 import math
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -121,11 +120,9 @@ class Plan:
 
 
 def sglang_installed() -> bool:
-    """SGLang lives in its own environment (``.venv-sglang``): can that one import it?"""
-    from reference_server.engines.sglang import default_python
-    probe = subprocess.run([default_python(), "-c", "import importlib.util as u, sys; "
-                            "sys.exit(u.find_spec('sglang') is None)"], capture_output=True)
-    return probe.returncode == 0
+    """SGLang lives in its own environment (``.venv-sglang``): does it import there?"""
+    from reference_server.engines.sglang import not_installed
+    return not_installed() is None
 
 
 def default_field(gpu: bool | None = None) -> tuple[Contender, ...]:
