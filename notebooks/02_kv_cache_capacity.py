@@ -281,7 +281,7 @@ def _(kvcache, ui):
 
 @app.cell
 def _(ui):
-    calc_weights = ui.dropdown(["bf16", "fp8", "int8", "int4"], "int4", "weight precision")
+    calc_weights = ui.dropdown(["bf16", "fp8", "int8", "int4", "mxfp4"], "int4", "weight precision")
     calc_weights
     return (calc_weights,)
 

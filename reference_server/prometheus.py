@@ -39,6 +39,15 @@ SGLANG_TOKEN_USAGE = "sglang:token_usage"
 SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"             # a running rate, not a counter
 SGLANG_NUM_RUNNING = "sglang:num_running_reqs"
 SGLANG_NUM_QUEUED = "sglang:num_queue_reqs"
+SGLANG_NUM_USED_TOKENS = "sglang:num_used_tokens"          # KV tokens held (exact; token_usage is rounded)
+SGLANG_MAX_TOTAL_TOKENS = "sglang:max_total_num_tokens"     # KV-cache capacity in tokens
+SGLANG_PROMPT_TOKENS = "sglang:prompt_tokens_total"
+SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"
+SGLANG_CACHED_TOKENS = "sglang:cached_tokens_total"         # prompt tokens found in the radix cache
+SGLANG_NUM_RETRACTED = "sglang:num_retracted_requests_total"  # SGLang's preemptions
+SGLANG_TIME_TO_FIRST_TOKEN = "sglang:time_to_first_token_seconds"    # histogram
+SGLANG_INTER_TOKEN_LATENCY = "sglang:inter_token_latency_seconds"    # histogram
+SGLANG_E2E_REQUEST_LATENCY = "sglang:e2e_request_latency_seconds"    # histogram
 
 # -- the reference server's HTTP layer ------------------------------------------------------
 SERVER_REQUESTS = "reference_server_requests_total"          # labels: endpoint, status

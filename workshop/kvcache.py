@@ -62,15 +62,25 @@ class GPU:
     price_source: str
 
 
+def gpu_memory_bytes(g: dict) -> int:
+    """Total device memory of one ``gpus.json`` entry, in bytes.
+
+    ``memory_mib`` (what nvidia-smi reports as memory.total) wins where the data has it.
+    Otherwise the datasheet's ``memory_gb`` is taken as decimal GB (10^9 bytes), as
+    vendors quote it: an estimate, since the usable total differs by part.
+    """
+    if g.get("memory_mib"):
+        return int(g["memory_mib"]) * 2**20
+    return int(g["memory_gb"] * 1e9)
+
+
 def load_gpus() -> dict[str, GPU]:
     data = json.loads((DATA_DIR / "gpus.json").read_text())
     out = {}
     for g in data["gpus"]:
         out[g["name"]] = GPU(
             name=g["name"],
-            # For these parts the vendor's "GB" is GiB in practice (nvidia-smi shows
-            # 81,559 MiB on an "80GB" H100); the T4's 16 GB drops to 15 GiB with ECC on.
-            memory_bytes=int(g["memory_gb"] * GIB),
+            memory_bytes=gpu_memory_bytes(g),
             bandwidth_bytes_s=g["bandwidth_gb_s"] * 1e9,
             flops=(g.get("bf16_tflops") or g["fp16_tflops"]) * 1e12,
             price_usd_hour=g.get("price_usd_hour"),

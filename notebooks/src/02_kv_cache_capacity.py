@@ -197,7 +197,7 @@ calc_gpu = ui.dropdown(list(gpu_catalogue), "L4", "GPU")
 calc_gpu
 
 # %%
-calc_weights = ui.dropdown(["bf16", "fp8", "int8", "int4"], "int4", "weight precision")
+calc_weights = ui.dropdown(["bf16", "fp8", "int8", "int4", "mxfp4"], "int4", "weight precision")
 calc_weights
 
 # %%

@@ -157,22 +157,22 @@ _GAUGES = [  # (vLLM name, SGLang name, how several samples combine, help)
      "KV-cache usage, 0 to 1 (tokens held by requests; cached prefixes no request uses are free)."),
 ]
 _COUNTERS = [
-    (P.PROMPT_TOKENS, "sglang:prompt_tokens_total", "Prompt tokens processed."),
-    (P.GENERATION_TOKENS, "sglang:generation_tokens_total", "Tokens generated."),
+    (P.PROMPT_TOKENS, P.SGLANG_PROMPT_TOKENS, "Prompt tokens processed."),
+    (P.GENERATION_TOKENS, P.SGLANG_GENERATION_TOKENS, "Tokens generated."),
     # SGLang looks every prompt token up in its radix tree and reports the hits per request
     # (its cache report): queries are the prompt tokens, hits the cached ones.
-    (P.PREFIX_CACHE_QUERIES, "sglang:prompt_tokens_total",
+    (P.PREFIX_CACHE_QUERIES, P.SGLANG_PROMPT_TOKENS,
      "Prompt tokens looked up in the prefix cache (counted when the request finishes)."),
-    (P.PREFIX_CACHE_HITS, "sglang:cached_tokens_total",
+    (P.PREFIX_CACHE_HITS, P.SGLANG_CACHED_TOKENS,
      "Prompt tokens found in the prefix cache (counted when the request finishes)."),
     # SGLang's name for a preemption: a running request retracted for lack of KV space.
-    (P.NUM_PREEMPTIONS, "sglang:num_retracted_requests_total",
+    (P.NUM_PREEMPTIONS, P.SGLANG_NUM_RETRACTED,
      "Requests preempted (retracted) for lack of KV space."),
 ]
 _HISTOGRAMS = [
-    (P.TIME_TO_FIRST_TOKEN, "sglang:time_to_first_token_seconds", "Time to first token."),
-    (P.INTER_TOKEN_LATENCY, "sglang:inter_token_latency_seconds", "Time between output tokens."),
-    (P.E2E_REQUEST_LATENCY, "sglang:e2e_request_latency_seconds", "Request latency, end to end."),
+    (P.TIME_TO_FIRST_TOKEN, P.SGLANG_TIME_TO_FIRST_TOKEN, "Time to first token."),
+    (P.INTER_TOKEN_LATENCY, P.SGLANG_INTER_TOKEN_LATENCY, "Time between output tokens."),
+    (P.E2E_REQUEST_LATENCY, P.SGLANG_E2E_REQUEST_LATENCY, "Request latency, end to end."),
 ]
 
 
@@ -188,12 +188,12 @@ class _Translated:
         for name, source, how, doc in _GAUGES:
             found = [s.value for s in by_name.get(source, [])]
             value = sum(found) if how == "sum" else (sum(found) / len(found) if found else 0.0)
-            used = sum(s.value for s in by_name.get("sglang:num_used_tokens", []))
-            total = sum(s.value for s in by_name.get("sglang:max_total_num_tokens", []))
+            used = sum(s.value for s in by_name.get(P.SGLANG_NUM_USED_TOKENS, []))
+            total = sum(s.value for s in by_name.get(P.SGLANG_MAX_TOTAL_TOKENS, []))
             if name == P.KV_CACHE_USAGE and total > 0:
                 # sglang:token_usage is rounded to 0.01: one short request in a 46k-token
                 # cache reads 0. The token counts it comes from are exact.
-                value, source = used / total, "sglang:num_used_tokens / sglang:max_total_num_tokens"
+                value, source = used / total, f"{P.SGLANG_NUM_USED_TOKENS} / {P.SGLANG_MAX_TOTAL_TOKENS}"
             g = GaugeMetricFamily(name, f"{doc} From {source}.", labels=labels)
             g.add_metric(values, value)
             yield g

@@ -98,6 +98,25 @@ def test_gpu_catalogue_has_sources_and_sane_numbers():
     assert gpus["H200"].memory_bytes > gpus["H100-SXM"].memory_bytes
 
 
+def test_gpu_memory_is_not_datasheet_gb_read_as_gib():
+    # Vendors quote decimal GB; nvidia-smi shows e.g. 23,034 MiB (22.5 GiB) on a "24 GB" L4.
+    gpus = kv.load_gpus()
+    for name in ("L4", "A10"):
+        assert gpus[name].memory_bytes < 22.6 * 2**30, name
+    assert gpus["T4"].memory_bytes <= 15 * 2**30
+    assert gpus["H100-SXM"].memory_bytes < 80 * 2**30
+    assert gpus["H200"].memory_bytes < 141 * 2**30
+    # Without an nvidia-smi figure the datasheet GB is read as 10^9 bytes.
+    assert kv.gpu_memory_bytes({"memory_gb": 24}) == 24 * 10**9
+    assert kv.gpu_memory_bytes({"memory_gb": 24, "memory_mib": 23034}) == 23034 * 2**20
+
+
+def test_gpt_oss_120b_fits_one_80gb_gpu_only_in_mxfp4():
+    cfg, h100 = kv.load_model("gpt-oss-120b"), kv.load_gpus()["H100-SXM"]
+    assert kv.plan(cfg, h100, weight_dtype="mxfp4", context=4096).fits
+    assert not kv.plan(cfg, h100, weight_dtype="bf16", context=1).fits
+
+
 def test_decode_bound_batch1_is_weights_over_bandwidth():
     cfg = kv.load_model("llama-3.1-8b")
     gpu = kv.load_gpus()["H100-SXM"]
@@ -285,7 +304,7 @@ def test_latency_plan_takes_the_tighter_limit_and_prices_it():
     assert tight.tpot_s == pytest.approx(tpot)
     assert tight.usd_per_million_tokens == pytest.approx(0.80 / (tight.batch / tpot * 3600) * 1e6)
     loose = kv.latency_plan(cfg, gpu, 0.5, context=8192, weight_dtype="int4")
-    fits = int((24 * 2**30 * 0.9 - weights) // kv_user)      # 90% of memory, weights first
+    fits = int((23034 * 2**20 * 0.9 - weights) // kv_user)      # 90% of memory, weights first
     assert loose.limited_by == "KV-cache memory" and loose.batch == fits
     assert loose.max_batch_latency > fits
     two = kv.latency_plan(cfg, gpu, 0.05, context=8192, weight_dtype="int4", num_gpus=2)
@@ -316,3 +335,12 @@ def test_latency_table_and_figure():
     assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any("target 30 ms" in t for t in labels) and any(t.startswith("answer") for t in labels)
+
+
+def test_notebook_02_offers_mxfp4_weights():
+    import ast
+    from pathlib import Path
+    src = Path(__file__).parents[2] / "notebooks" / "src" / "02_kv_cache_capacity.py"
+    offered = next(ast.literal_eval(node.value.args[0]) for node in ast.walk(ast.parse(src.read_text()))
+                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "calc_weights")
+    assert "mxfp4" in offered and set(offered) <= set(kv.WEIGHT_BYTES)

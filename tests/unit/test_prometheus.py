@@ -67,3 +67,25 @@ def test_the_server_writes_the_names_readers_look_for():
     assert (m[P.NUM_REQUESTS_WAITING], m[P.KV_CACHE_USAGE], m[P.PROMPT_TOKENS]) == (2, 0.5, 5)
     labelled = [s for s in P.parse(text) if s.name == P.SERVER_REQUESTS]
     assert labelled[0].labels == {"endpoint": "/v1/completions", "status": "200"}
+
+
+def test_metric_names_are_spelled_only_in_prometheus_py():
+    """No vLLM or SGLang metric name as a string literal outside reference_server/prometheus.py."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).parents[2]
+    name = re.compile(r"\b(?:vllm|sglang):[a-z_]+")
+    inline = []
+    for package in ("reference_server", "workshop", "mini_engine"):
+        for path in sorted((root / package).rglob("*.py")):
+            if path == root / "reference_server" / "prometheus.py":
+                continue
+            tree = ast.parse(path.read_text())
+            docstrings = {id(n.value) for n in ast.walk(tree)
+                          if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+            inline += [f"{path.relative_to(root)}:{n.lineno}: {n.value!r}" for n in ast.walk(tree)
+                       if isinstance(n, ast.Constant) and isinstance(n.value, str)
+                       and id(n) not in docstrings and name.search(n.value)]
+    assert not inline, "\n".join(inline)

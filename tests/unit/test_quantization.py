@@ -299,3 +299,11 @@ def test_int4_min_max_is_not_the_teaching_engines_int4():
     engine = Int4Linear(w, group_size=32).dequantize()
     assert torch.allclose(ours, w, atol=1e-6)
     assert not torch.allclose(engine, w, atol=1e-6)
+
+
+def test_one_definition_of_common_prefix_and_sharegpt_path():
+    from workshop import prefix_caching
+    from workshop.bench import workloads
+    assert Q.common_prefix is prefix_caching.common_prefix
+    assert Q.sharegpt_path is workloads.sharegpt_path
+    assert Q.common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and Q.common_prefix([], [1]) == 0

@@ -23,6 +23,8 @@ import argparse
 import asyncio
 import json
 
+from reference_server import prometheus as P
+
 
 class MockServer:
     def __init__(self, chunk_delay_s: float = 0.0, first_token_delay_s: float = 0.0,
@@ -84,13 +86,14 @@ class MockServer:
             self._simple(writer, 200, b"{}")
             return
         if method == "GET" and path == "/metrics":
-            text = (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total"
-                    f'{{model_name="mock"}} {float(self.prompt_tokens)}\n'
-                    f'vllm:prefix_cache_hits_total{{model_name="mock"}} {float(self.prompt_tokens // 2)}\n'
-                    f'vllm:kv_cache_usage_perc{{model_name="mock"}} {self._kv_usage()}\n'
-                    f'vllm:num_preemptions_total{{model_name="mock"}} 0.0\n'
-                    f'vllm:num_requests_running{{model_name="mock"}} {float(self.running)}\n'
-                    f'vllm:num_requests_waiting{{model_name="mock"}} {float(self.waiting)}\n')
+            m = '{model_name="mock"}'
+            text = (f"# TYPE {P.PREFIX_CACHE_QUERIES} counter\n"
+                    f"{P.PREFIX_CACHE_QUERIES}{m} {float(self.prompt_tokens)}\n"
+                    f"{P.PREFIX_CACHE_HITS}{m} {float(self.prompt_tokens // 2)}\n"
+                    f"{P.KV_CACHE_USAGE}{m} {self._kv_usage()}\n"
+                    f"{P.NUM_PREEMPTIONS}{m} 0.0\n"
+                    f"{P.NUM_REQUESTS_RUNNING}{m} {float(self.running)}\n"
+                    f"{P.NUM_REQUESTS_WAITING}{m} {float(self.waiting)}\n")
             self._simple(writer, 200, text.encode(), "text/plain")
             return
         if method != "POST" or path not in ("/v1/chat/completions", "/v1/completions"):
