@@ -126,10 +126,12 @@ def _(mo):
     mo.md(r"""
     **Is the formula right?** The server also reports a bytes-per-token figure, but it computes
     it with this same formula from the same `config.json`, so agreeing with it would prove
-    nothing. The engine itself measures independently: vLLM is given a KV budget in bytes, sizes
-    one block with its own per-layer tensor shapes, and cuts the budget into whole blocks, which
-    it publishes in `/metrics` (`vllm:cache_config_info`). If the formula is right, *budget /
-    (block size x bytes per token)*, rounded down, is the engine's block count.
+    nothing. An engine that sizes its cache itself gives an independent check: vLLM is given a KV
+    budget in bytes, sizes one block with its own per-layer tensor shapes, and cuts the budget
+    into whole blocks, which it publishes in `/metrics` (`vllm:cache_config_info`). If the
+    formula is right, *budget / (block size x bytes per token)*, rounded down, is the engine's
+    block count. An engine that publishes no such figure (SGLang does not) gets no check: the
+    next cell says so.
     """)
     return
 
@@ -154,10 +156,12 @@ def _(kv, kvcache, session, ui):
             "tokens but does not publish the byte budget it cut them from (on a GPU: what is left "
             "after the weights), so there is no independent figure to check the formula against.")
     else:
-        kv_check_text = ("This server publishes no `vllm:cache_config_info`, so there is no "
-                         "engine figure to check the formula against.")
+        kv_check_text = (
+            f"This {session.engine_name} server publishes no block count or KV byte budget of its "
+            "own (`vllm:cache_config_info`), so there is no engine figure to check the formula "
+            "against: check skipped.")
     ui.md(kv_check_text + f" Capacity: {kv.capacity_tokens:,} tokens in blocks of "
-          f"{kv.block_size}.")
+          f"{kv.block_size} token{'s' if kv.block_size != 1 else ''}.")
     return
 
 
@@ -201,8 +205,13 @@ def _(context_rows, kv, kv_usage):
 
 
 @app.cell
-def _(context_rows, ui):
+def _(context_rows, kv, kv_usage, ui):
     _last = context_rows[-1]
+    # How many tokens each reading fell short of the prediction (the gauge in tokens).
+    _gauge_tokens = kv_usage.usable_blocks(kv.capacity_tokens, kv.block_size) * kv.block_size
+    _short = [(_r["predicted usage (%)"] - _r["measured usage (%)"]) / 100 * _gauge_tokens
+              for _r in context_rows if _r["samples"]]
+    _trail = min(_short) if _short else 0.0
     ui.md(
         f"At {_last['tokens held']:,} tokens one request occupied "
         f"**{_last['measured usage (%)']:.2f}%** of this engine's cache by its own gauge (the "
@@ -210,6 +219,11 @@ def _(context_rows, ui):
         f"{_last['KV in use (MiB, derived)']:.1f} MiB. "
         "The `samples` column counts the `/metrics` readings taken while the request ran; with zero "
         "the request was over before a reading caught it, so its measured value is 0."
+        + (f" Every peak here is at least **{_trail:.0f} tokens** short of the prediction: this "
+           "engine refreshes its gauge less often than every step, so a request's last tokens are "
+           "not counted before it ends (SGLang refreshes its gauges at each prefill and every "
+           "`--decode-log-interval` decode steps, 40 by default)."
+           if _trail >= 2 * kv.block_size else "")
     )
     return
 
@@ -367,9 +381,10 @@ def _(mo):
 
     To separate them we send the *same* requests (same prompts, same lengths, `ignore_eos`) four
     ways: to the Hugging Face baseline (`--engine hf`, one request at a time by design) and to
-    vLLM, each first one after another, then many at once. The next cell connects to (or starts)
-    the baseline server. The four runs take a few minutes without quick mode, mostly spent
-    waiting for the baseline: that wait is the point.
+    the engine the first cell connected to (vLLM unless `WORKSHOP_ENGINE` names another, e.g.
+    SGLang), each first one after another, then many at once. The next cell connects to (or
+    starts) the baseline server. The four runs take a few minutes without quick mode, mostly
+    spent waiting for the baseline: that wait is the point.
     """)
     return
 
@@ -386,8 +401,8 @@ def _(engine_comparison, hf_session, session, ui, workshop):
     bench_concurrency = workshop.session.sweep(16, 4)
     bench_output = workshop.session.sweep(128, 16)
     engine_rows = engine_comparison.compare_engines(
-        {"hf": hf_session, "vllm": session}, bench_requests, bench_concurrency, input_len=128,
-        output_len=bench_output)
+        {"hf": hf_session, session.engine: session}, bench_requests, bench_concurrency,
+        input_len=128, output_len=bench_output)
     ui.table(engine_rows)
     return bench_concurrency, bench_output, bench_requests, engine_rows
 
@@ -406,22 +421,23 @@ def _(
     bench_requests,
     engine_comparison,
     engine_rows,
+    session,
     ui,
 ):
     factors = {r["comparison"]: r["speed-up (x)"]
                for r in engine_comparison.factor_rows(engine_rows, bench_concurrency)}
-    _total = factors["total: vllm concurrent vs hf sequential"]
+    _total = factors[f"total: {session.engine} concurrent vs hf sequential"]
     _engine = factors["engine alone (both sequential)"]
-    _batching = factors["concurrency with batching (vllm)"]
+    _batching = factors[f"concurrency with batching ({session.engine})"]
     _hf_conc = factors["concurrency without batching (hf)"]
     _ttft = {(r["engine"], r["in flight"]): r["median TTFT (ms)"] for r in engine_rows}
     ui.md(
         f"Measured here, {bench_requests} requests of 128 prompt + {bench_output} output tokens:\n\n"
         + ui.markdown_table([{"comparison": k, "speed-up": f"{v:.1f}x"} for k, v in factors.items()])
-        + f"\n\nThe headline number, vLLM with {bench_concurrency} requests in flight against the "
-        f"baseline one at a time, is **{_total:.1f}x**: the product of the engine alone, both "
-        f"serving one request at a time (**{_engine:.1f}x**), and batching on vLLM "
-        f"(**{_batching:.1f}x**). "
+        + f"\n\nThe headline number, {session.engine_name} with {bench_concurrency} requests in "
+        f"flight against the baseline one at a time, is **{_total:.1f}x**: the product of the "
+        f"engine alone, both serving one request at a time (**{_engine:.1f}x**), and batching on "
+        f"{session.engine_name} (**{_batching:.1f}x**). "
         + ("In this run **batching** contributed the larger factor. " if _batching > _engine else
            "In this run the **engine alone** contributed the larger factor, not batching. A "
            "likely reason on a CPU with few cores: one request already "

@@ -30,7 +30,14 @@ until curl -sf "http://127.0.0.1:$port/ready" >/dev/null; do
   sleep 2
 done
 echo "==> ready: OpenAI API at http://127.0.0.1:$port/v1 (model $(curl -s "http://127.0.0.1:$port/v1/models" | python -c 'import json,sys; print(json.load(sys.stdin)["data"][0]["id"])'))"
-export WORKSHOP_BASE_URL="http://127.0.0.1:$port"
+# The notebooks' first cell (workshop.session.connect) serves WORKSHOP_ENGINE and finds its
+# server in that engine's variable: WORKSHOP_BASE_URL for vLLM, WORKSHOP_SGLANG_BASE_URL ...
+export WORKSHOP_ENGINE="$engine"
+if [ "$engine" = vllm ]; then
+  export WORKSHOP_BASE_URL="http://127.0.0.1:$port"
+else
+  export "WORKSHOP_$(echo "$engine" | tr '[:lower:]' '[:upper:]')_BASE_URL=http://127.0.0.1:$port"
+fi
 if [ "${WORKSHOP_UI:-marimo}" = none ]; then
   echo "    try: curl http://127.0.0.1:$port/server_info   (Ctrl-C to stop)"
   wait $server

@@ -1,16 +1,24 @@
 """The first cell of every notebook: find (or start) an inference server and say what it is.
 
-``connect()`` decides where the notebook's requests go, in this order:
+``connect()`` decides where the notebook's requests go. Its engine is the ``engine``
+argument, else ``WORKSHOP_ENGINE`` (``vllm``, ``sglang``, ``hf`` or ``mini``; default
+``vllm``), so every notebook runs unchanged against SGLang with ``WORKSHOP_ENGINE=sglang``
+(SGLang needs ``scripts/setup.sh --with-sglang``). For that engine, in this order:
 
 1. an explicit ``base_url`` argument, else the environment: ``WORKSHOP_BASE_URL`` for the
-   vLLM engine, ``WORKSHOP_<ENGINE>_BASE_URL`` for others (``WORKSHOP_HF_BASE_URL`` ...), with
-   ``WORKSHOP_API_KEY`` / ``WORKSHOP_<ENGINE>_API_KEY``;
-2. a server already answering on this engine's default local port (vLLM 8000, hf 8001);
-3. otherwise it starts the reference server as a child process and stops it when Python exits.
-   Outside a checkout on a GPU (Colab, molab) it serves the Hugging Face model named by
-   ``model=`` or ``WORKSHOP_MODEL``, else the bundled one. On a CPU that cannot run the
-   engine's CPU build (vLLM and SGLang need AVX-512), a plain default server is the teaching
-   engine instead, and the cell says so.
+   vLLM engine, ``WORKSHOP_<ENGINE>_BASE_URL`` for others (``WORKSHOP_SGLANG_BASE_URL``,
+   ``WORKSHOP_HF_BASE_URL`` ...), with ``WORKSHOP_API_KEY`` / ``WORKSHOP_<ENGINE>_API_KEY``;
+2. a server already answering on this engine's default local port (vLLM 8000, hf 8001,
+   SGLang 8002, mini 8003);
+3. otherwise it starts the reference server on that engine as a child process and stops it
+   when Python exits. Outside a checkout on a GPU (Colab, molab) it serves the Hugging Face
+   model named by ``model=`` or ``WORKSHOP_MODEL``, else the bundled one. On a CPU that
+   cannot run vLLM's CPU build (it needs AVX-512), a plain default vLLM server is the
+   teaching engine instead, and the cell says so.
+
+Notebook 1's Hugging Face baseline is ``connect(engine="hf")``: an explicit engine is never
+replaced by ``WORKSHOP_ENGINE``. ``Session.engine`` is what the server reports it runs, and
+``Session.engine_name`` its display name ("SGLang"), for prose and plot labels.
 
 ``start()`` is for notebooks that compare settings of one engine side by side (the teaching
 engine with a contiguous KV layout next to a paged one, ...): it always starts a new server
@@ -50,6 +58,9 @@ from reference_server import launch, prometheus
 T = TypeVar("T")
 
 DEFAULT_PORTS = {"vllm": 8000, "hf": 8001, "sglang": 8002, "mini": 8003}
+DEFAULT_ENGINE = "vllm"
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "hf": "Hugging Face baseline",
+                "mini": "teaching engine"}
 BUNDLED_MODEL = "smollm2-135m"
 # On a Colab GPU the default is the same model the CPU course uses, so numbers compare across
 # machines; pass model= or set WORKSHOP_MODEL for a bigger one.
@@ -72,6 +83,21 @@ def quick() -> bool:
 def sweep(full: T, quick_value: T) -> T:
     """``full`` normally, ``quick_value`` in quick mode: ``sweep([1, 2, 4, 8], [1, 4])``."""
     return quick_value if quick() else full
+
+
+def default_engine(env: dict[str, str] | None = None) -> str:
+    """The engine ``connect()`` uses when none is named: ``WORKSHOP_ENGINE``, else vLLM."""
+    env = os.environ if env is None else env
+    engine = (env.get("WORKSHOP_ENGINE") or "").strip().lower() or DEFAULT_ENGINE
+    if engine not in DEFAULT_PORTS:
+        raise ValueError(f"WORKSHOP_ENGINE={engine!r} is not an engine of the reference server; "
+                         f"use one of {', '.join(DEFAULT_PORTS)}")
+    return engine
+
+
+def engine_name(engine: str) -> str:
+    """How prose and plots name an engine: ``"sglang"`` -> ``"SGLang"``."""
+    return ENGINE_NAMES.get(engine, engine)
 
 
 def env_names(engine: str) -> tuple[str, str]:
@@ -144,6 +170,11 @@ class Session:
 
     # -- facts --------------------------------------------------------------------------------
     @property
+    def engine_name(self) -> str:
+        """The engine's display name, for prose and plot labels: "vLLM", "SGLang", ..."""
+        return engine_name(self.engine)
+
+    @property
     def is_local(self) -> bool:
         return urlparse(self.base_url).hostname in ("127.0.0.1", "localhost", "::1")
 
@@ -178,10 +209,12 @@ class Session:
                 del _STARTED[key]
 
 
-def connect(engine: str = "vllm", model: str | None = None, base_url: str | None = None,
+def connect(engine: str | None = None, model: str | None = None, base_url: str | None = None,
             api_key: str | None = None, port: int | None = None,
             server_args: Sequence[str] = (), start: bool = True, verbose: bool = True) -> Session:
-    """Connect to (or start) a server for ``engine`` and print what it is. See the module doc."""
+    """Connect to (or start) a server for ``engine`` (default: ``WORKSHOP_ENGINE``, else
+    vLLM) and print what it is. See the module doc."""
+    engine = engine or default_engine()
     url_var, key_var = env_names(engine)
     api_key = api_key or os.environ.get(key_var) or (os.environ.get("WORKSHOP_API_KEY")
                                                      if engine != "vllm" else None)

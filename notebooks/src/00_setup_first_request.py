@@ -10,10 +10,14 @@
 # token** (how long the user stares at nothing) and **tokens per second** (how fast the answer
 # then scrolls). Every number below is measured on the machine you are running on.
 #
-# The first cell finds a server: the one named by `WORKSHOP_BASE_URL`, else one already running
-# on `http://127.0.0.1:8000`, else it starts the course's reference server (vLLM with the small
-# bundled model, SmolLM2-135M). On Colab it installs what is missing first, and on a GPU runtime
-# it serves the Hugging Face model named by `WORKSHOP_MODEL`.
+# The first cell finds a server for the engine named by `WORKSHOP_ENGINE` (`vllm` unless you
+# set it, e.g. to `sglang` before starting Jupyter or marimo): the server named by
+# `WORKSHOP_BASE_URL` (for SGLang `WORKSHOP_SGLANG_BASE_URL`), else one already running on the
+# engine's port (vLLM `http://127.0.0.1:8000`, SGLang `:8002`), else it starts the course's
+# reference server on that engine with the small bundled model, SmolLM2-135M. Every notebook
+# runs against either engine; a part that needs a feature the server lacks says so and skips.
+# On Colab it installs what is missing first, and on a GPU runtime it serves the Hugging Face
+# model named by `WORKSHOP_MODEL`.
 
 # %%
 # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
@@ -128,8 +132,9 @@ token_prompt
 # The token ids below come from the tokenizer files (␣ marks a space, which belongs to the
 # token that follows it); the request sends the prompt as *text*, so the `usage` the server
 # returns is its own, independent count. `logprobs: 5` asks for the log-probabilities of the
-# five most likely next tokens (vLLM computes them from the raw logits, before temperature or
-# top-p); `exp(logprob)` is the probability.
+# five most likely next tokens, computed from the raw logits, before temperature or top-p
+# (vLLM's default; SGLang's for greedy requests such as these); `exp(logprob)` is the
+# probability.
 
 # %%
 token_prompt_ids = tokenizer.encode(token_prompt.value)
@@ -271,8 +276,9 @@ stream_plot
 #
 # A single run is noisy: the first request after start-up is often slower, and on a laptop other
 # programs compete for the cores. Repeat the same request a few times and look at the spread.
-# `workshop.probe.stream_chat` is the stopwatch above, packaged. The repeats set `ignore_eos`, a
-# vLLM extension that keeps generating past the model's end-of-text token, so every run produces
+# `workshop.probe.stream_chat` is the stopwatch above, packaged. The repeats set `ignore_eos`,
+# an extension of the OpenAI API (vLLM's and SGLang's; the reference server accepts it for every
+# engine) that keeps generating past the model's end-of-text token, so every run produces
 # exactly `max_tokens` tokens and the runs compare like for like.
 
 # %%
@@ -346,7 +352,8 @@ ui.md(ui.compare_text(predict_sentence_tokens, exercise_count.usage.prompt_token
 #   a decode step feeds only the newest token through the layers; the K and V of all earlier
 #   tokens are read from the KV cache. Across requests, automatic prefix caching (the
 #   `prefix_caching` row of `/server_info`) lets vLLM reuse the K and V of a prompt start it
-#   has already seen, in whole blocks of tokens (later in the course).
+#   has already seen, in whole blocks of tokens; SGLang keeps them in a radix tree of token
+#   sequences (later in the course).
 # * **Text handling runs beside the model.** In vLLM's V1 engine the API-server process
 #   tokenizes prompts and turns ids back into text, while a separate engine-core process
 #   schedules and runs the model, so neither waits for the other

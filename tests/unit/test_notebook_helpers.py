@@ -32,8 +32,25 @@ def test_env_names_per_engine():
     assert session.env_names("hf") == ("WORKSHOP_HF_BASE_URL", "WORKSHOP_HF_API_KEY")
 
 
+def test_default_engine_follows_workshop_engine():
+    assert session.default_engine({}) == "vllm"
+    assert session.default_engine({"WORKSHOP_ENGINE": ""}) == "vllm"
+    assert session.default_engine({"WORKSHOP_ENGINE": " SGLang "}) == "sglang"
+    assert session.default_engine({"WORKSHOP_ENGINE": "hf"}) == "hf"
+    with pytest.raises(ValueError, match="WORKSHOP_ENGINE='tgi'.*vllm, hf, sglang, mini"):
+        session.default_engine({"WORKSHOP_ENGINE": "tgi"})
+
+
+def test_engine_display_names():
+    assert session.engine_name("sglang") == "SGLang" and session.engine_name("vllm") == "vLLM"
+    assert session.engine_name("other") == "other"
+    s = session.Session(base_url="http://h", api_key=None, model="m", engine="sglang")
+    assert s.engine_name == "SGLang"
+
+
 def test_connect_without_server_and_without_start_fails_clearly(monkeypatch):
     monkeypatch.delenv("WORKSHOP_BASE_URL", raising=False)
+    monkeypatch.delenv("WORKSHOP_ENGINE", raising=False)
     with pytest.raises(RuntimeError, match="no vllm server"):
         session.connect(port=1, start=False, verbose=False)
 
@@ -248,6 +265,21 @@ def test_factor_rows_reads_benchmark_rows():
     assert out["total: vllm concurrent vs hf sequential"] == pytest.approx(6.0)
 
 
+def test_factors_name_whichever_engine_was_compared():
+    rows = [{"engine": e, "in flight": c, "output tok/s": v}
+            for e, c, v in (("hf", 1, 10.0), ("hf", 4, 10.0), ("sglang", 1, 20.0),
+                            ("sglang", 4, 60.0))]
+    assert engine_comparison.compared_engine(rows) == "sglang"
+    out = {r["comparison"]: r["speed-up (x)"] for r in engine_comparison.factor_rows(rows, 4)}
+    assert out["concurrency with batching (sglang)"] == pytest.approx(3.0)
+    assert out["total: sglang concurrent vs hf sequential"] == pytest.approx(6.0)
+    ax = engine_comparison.plot_throughput(rows).axes[0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["Hugging Face baseline (hf)",
+                                                                    "SGLang"]
+    with pytest.raises(ValueError, match="one engine"):
+        engine_comparison.compared_engine(rows[:2])
+
+
 def test_throughput_plot_has_one_legend_entry_per_engine():
     rows = [{"engine": e, "in flight": c, "output tok/s": v}
             for e, c, v in (("hf", 1, 10.0), ("hf", 4, 10.0), ("vllm", 1, 20.0), ("vllm", 4, 60.0))]
@@ -364,7 +396,8 @@ def _fake_server(info: dict | None, api_key: str | None = None):
 @pytest.fixture
 def clean_env(monkeypatch):
     for var in ("WORKSHOP_BASE_URL", "WORKSHOP_API_KEY", "WORKSHOP_HF_BASE_URL",
-                "WORKSHOP_HF_API_KEY", "WORKSHOP_MODEL"):
+                "WORKSHOP_HF_API_KEY", "WORKSHOP_SGLANG_BASE_URL", "WORKSHOP_SGLANG_API_KEY",
+                "WORKSHOP_MODEL", "WORKSHOP_ENGINE"):
         monkeypatch.delenv(var, raising=False)
     return monkeypatch
 
@@ -397,6 +430,29 @@ def test_connect_engine_specific_variables(clean_env):
         assert s.engine == "hf" and s.how == "$WORKSHOP_HF_BASE_URL"
     finally:
         srv.shutdown()
+
+
+def test_connect_takes_its_engine_from_workshop_engine(clean_env):
+    srv = _fake_server({"engine": "sglang", "model": "smol"}, api_key="sk")
+    try:
+        clean_env.setenv("WORKSHOP_ENGINE", "sglang")
+        clean_env.setenv("WORKSHOP_BASE_URL", "http://127.0.0.1:1")   # vLLM's: not for sglang
+        clean_env.setenv("WORKSHOP_SGLANG_BASE_URL", f"http://127.0.0.1:{srv.server_port}")
+        clean_env.setenv("WORKSHOP_SGLANG_API_KEY", "sk")
+        s = session.connect(verbose=False)
+        assert (s.engine, s.engine_name, s.api_key) == ("sglang", "SGLang", "sk")
+        assert s.how == "$WORKSHOP_SGLANG_BASE_URL"
+        # An engine named in the call wins over WORKSHOP_ENGINE (notebook 1's hf baseline).
+        with pytest.raises(RuntimeError, match="no hf server at http://127.0.0.1:8001"):
+            session.connect(engine="hf", start=False, verbose=False)
+    finally:
+        srv.shutdown()
+
+
+def test_workshop_engine_picks_the_default_port(clean_env):
+    clean_env.setenv("WORKSHOP_ENGINE", "sglang")
+    with pytest.raises(RuntimeError, match="no sglang server at http://127.0.0.1:8002"):
+        session.connect(start=False, verbose=False)
 
 
 def test_connect_finds_vllms_own_server_on_the_port(clean_env):
