@@ -143,9 +143,22 @@ def test_marimo_notebook_runs_on_sglang(name, sglang_server, hf_server):
 
 # -- against vLLM ----------------------------------------------------------------------------------
 
+# What a run must have found, beyond "no cell failed": notebook -> text its output must show.
+MUST_SHOW = {
+    # a measured point above its roof means mis-counted FLOPs or a mis-measured roof
+    "03_prefill_decode_roofline": "Every point is under its roof",
+}
+
+
 @pytest.mark.parametrize("name", NAMES)
 def test_jupyter_notebook_runs(name, vllm_server, hf_server, monkeypatch):
     run_jupyter(name, notebook_env(vllm_server, hf_server), monkeypatch)
+    if name in MUST_SHOW:
+        import nbformat
+        nb = nbformat.read(OUT_DIR / f"{name}.executed.ipynb", as_version=4)
+        shown = "".join(str(o.get("data", {}).get("text/markdown", "")) + str(o.get("text", ""))
+                        for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []))
+        assert MUST_SHOW[name] in shown, f"{name}: '{MUST_SHOW[name]}' not in its output"
 
 
 @pytest.mark.parametrize("name", NAMES)
