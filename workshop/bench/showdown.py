@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import shlex
 import sys
@@ -143,7 +144,6 @@ def default_field(gpu: bool | None = None) -> tuple[Contender, ...]:
 
 def machine() -> dict[str, Any]:
     from workshop.session import cpu_name, gpu_name, memory_gib
-    import os
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     return {"cpu": cpu_name(), "cores": cores, "memory_gib": round(memory_gib() or 0.0, 1),
             "gpu": gpu_name(), "platform": platform.platform(), "python": platform.python_version()}
