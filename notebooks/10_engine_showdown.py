@@ -419,16 +419,17 @@ def _():
 @app.cell
 def _(knee_value, predict_hit_rate, session, ui, workload_rows):
     _hit = knee_value("shared-prefix", session.engine, "prefix_hit_rate")
-    _reuse = next((r["prefix reuse"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
+    shared_prefix_reuse = next((r["prefix reuse"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
     (ui.compare(predict_hit_rate, _hit, f"{session.engine} prefix hit rate at the knee, shared-prefix")
      if _hit is not None else ui.md(f"{session.engine} reported no prefix-cache hit rate at a knee on the "
                                     "shared-prefix workload in this run (no cache, no knee, or not in the run)."))
-    return
+    return (shared_prefix_reuse,)
 
 
 @app.cell
-def _(ui):
-    ui.md(f"The workload's prefix reuse (the ceiling) was **{_reuse:.3f}**." if _reuse is not None else "")
+def _(shared_prefix_reuse, ui):
+    ui.md(f"The workload's prefix reuse (the ceiling) was **{shared_prefix_reuse:.3f}**."
+          if shared_prefix_reuse is not None else "")
     return
 
 

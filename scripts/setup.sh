@@ -61,12 +61,6 @@ if [ "$with_sglang" = 1 ]; then
   bash scripts/setup_sglang.sh "$device"
 fi
 
-if [ "$device" = cpu ] && [ "$(uname -m)" = x86_64 ] && ! grep -qw avx512f /proc/cpuinfo; then
-  echo "==> NOTE: this CPU has no AVX-512: vLLM's CPU build cannot run on it. The notebooks start"
-  echo "    the course's teaching engine instead (and say so); 'reference-server --engine mini'"
-  echo "    or '--engine hf' serve the same API."
-fi
-
 echo "==> preparing the bundled model (once)"
 HF_HUB_OFFLINE=1 python -m workshop model prepare
 

@@ -114,13 +114,10 @@ def unavailable(engine: str) -> str | None:
     """Why ``engine`` cannot run here (skip), or None. On CI every engine must run: a
     missing one fails its tests there instead of skipping them.
 
-    vLLM's CPU build needs AVX-512; SGLang needs its own environment (scripts/test.sh builds
-    it), with a kernel built for this CPU."""
+    SGLang needs its own environment (scripts/test.sh builds it), with a kernel built for
+    this CPU."""
     if os.environ.get("CI"):
         return None
-    from reference_server import dtypes
-    if dtypes.cpu_cannot_run(engine):
-        return dtypes.cpu_cannot_run(engine)
     if engine != "sglang":
         return None
     from reference_server.engines.sglang import not_installed

@@ -12,9 +12,7 @@ argument, else ``WORKSHOP_ENGINE`` (``vllm``, ``sglang``, ``hf`` or ``mini``; de
    SGLang 8002, mini 8003);
 3. otherwise it starts the reference server on that engine as a child process and stops it
    when Python exits. Outside a checkout on a GPU (Colab, molab) it serves the Hugging Face
-   model named by ``model=`` or ``WORKSHOP_MODEL``, else the bundled one. On a CPU that
-   cannot run vLLM's CPU build (it needs AVX-512), a plain default vLLM server is the
-   teaching engine instead, and the cell says so.
+   model named by ``model=`` or ``WORKSHOP_MODEL``, else the bundled one.
 
 Notebook 1's Hugging Face baseline is ``connect(engine="hf")``: an explicit engine is never
 replaced by ``WORKSHOP_ENGINE``. ``Session.engine`` is what the server reports it runs, and
@@ -237,13 +235,12 @@ def connect(engine: str | None = None, model: str | None = None, base_url: str |
             launch.wait_ready(local, timeout=START_TIMEOUT_S, api_key=api_key,
                               progress=_still_starting if verbose else None)
             session = _describe_server(local, api_key, engine, how=f"found running on :{port}")
-            fallback = "mini" if _cpu_cannot_run(engine) else None   # see _start_server
-            if session.info.get("engine") not in (engine, fallback, None, "unknown"):
+            if session.info.get("engine") not in (engine, None, "unknown"):
                 raise RuntimeError(
                     f"port {port} runs a {session.info.get('engine')!r} server, not {engine!r}; "
                     f"stop it, pass port=..., or set {url_var}")
         elif start:
-            session = _start_server(engine, model, port, api_key, list(server_args), verbose, fallback=True)
+            session = _start_server(engine, model, port, api_key, list(server_args), verbose)
             _STARTED[(engine, model or "")] = session
         else:
             raise RuntimeError(f"no {engine} server at {local} and start=False")
@@ -266,11 +263,6 @@ def start(engine: str = "mini", server_args: Sequence[str] = (), model: str | No
 
 
 # -- finding and starting servers -------------------------------------------------------------
-
-def _cpu_cannot_run(engine: str) -> str | None:
-    from reference_server import dtypes
-    return dtypes.cpu_cannot_run(engine) if gpu_name() is None else None
-
 
 def _answers(base_url: str, api_key: str | None) -> bool:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -300,22 +292,13 @@ def _describe_server(base_url: str, api_key: str | None, engine: str, how: str) 
 
 
 def _start_server(engine: str, model: str | None, port: int, api_key: str | None,
-                  server_args: list[str], verbose: bool, fallback: bool = False) -> Session:
+                  server_args: list[str], verbose: bool) -> Session:
     device_args: list[str] = []
     if not in_checkout() and gpu_name() is not None:
         model = model or DEFAULT_GPU_MODEL
         device_args = ["--device", "cuda"]
     model = model or BUNDLED_MODEL
     from reference_server.models import cache_dir
-
-    unable = _cpu_cannot_run(engine) if not device_args else None
-    if unable and fallback and not server_args:
-        # A plain default server: the teaching engine serves the same API and metric names,
-        # so the notebook runs; it says so, and what it shows is that engine's behaviour.
-        print(f"NOTE: {unable}\nStarting the teaching engine (mini) in its place.", flush=True)
-        engine = "mini"
-    elif unable:
-        raise RuntimeError(unable)
 
     log_path = cache_dir() / "logs" / f"server-{engine}-{port}.log"
     if verbose:

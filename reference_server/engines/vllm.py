@@ -60,8 +60,6 @@ class VLLMEngine(ProxyEngine):
         self.device = config.resolved_device()
         self._cache: dict[str, str] = {}
         self._version = "unknown"
-        if self.device == "cpu" and dtypes.cpu_cannot_run("vllm"):
-            raise RuntimeError(dtypes.cpu_cannot_run("vllm"))
         has_config = (Path(model.path) / "config.json").exists()
         self.dtype = served_dtype(config.dtype, self.device, config.engine_args,
                                   self.device == "cpu" and dtypes.cpu_has_amx(),

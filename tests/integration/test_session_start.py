@@ -25,22 +25,3 @@ def test_start_serves_the_knobs_asked_for_and_stops():
     with pytest.raises(httpx.HTTPError):
         httpx.get(s.base_url + "/health", timeout=2)
 
-
-def test_a_cpu_that_cannot_run_vllm_gets_the_teaching_engine(monkeypatch):
-    # What a learner on an AVX2-only laptop gets from a notebook's first cell: a server that
-    # works, named for what it is; asked for vLLM with vLLM's own flags, a clear refusal.
-    from reference_server import launch
-
-    monkeypatch.setattr(session, "_cpu_cannot_run", lambda engine: "no AVX-512" if engine == "vllm" else None)
-    monkeypatch.setattr(session, "gpu_name", lambda: None)
-    monkeypatch.delenv("WORKSHOP_BASE_URL", raising=False)
-    s = session._start_server("vllm", None, launch.free_port(), "sk-test", [], verbose=False, fallback=True)
-    try:
-        assert s.engine == "mini" and s.info["engine"] == "mini"
-    finally:
-        s.stop()
-    with pytest.raises(RuntimeError, match="no AVX-512"):
-        session._start_server("vllm", None, launch.free_port(), "sk-test", ["--", "--max-num-seqs", "4"],
-                              verbose=False, fallback=True)
-    with pytest.raises(RuntimeError, match="no AVX-512"):   # start(): a server of its own, never swapped
-        session.start("vllm", verbose=False)

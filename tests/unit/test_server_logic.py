@@ -265,13 +265,6 @@ def test_redact_args():
         ["--api-key", "***", "***", "--max-num-seqs", "4"]
 
 
-@pytest.fixture
-def avx512(monkeypatch):
-    # an AVX-512 CPU, whatever this machine is (the logic, not the kernels, is tested)
-    from reference_server import dtypes
-    monkeypatch.setattr(dtypes, "cpu_lacks_avx512", lambda *a, **k: False)
-
-
 def _proxy_engine(kind: str, tmp_path, *engine_args):
     """A vLLM or SGLang engine object, never started (no child process)."""
     from reference_server.engines.sglang import SGLangEngine
@@ -284,7 +277,7 @@ def _proxy_engine(kind: str, tmp_path, *engine_args):
 
 
 @pytest.mark.parametrize("kind", ["vllm", "sglang"])
-def test_server_info_never_shows_a_secret_engine_argument(kind, tmp_path, avx512):
+def test_server_info_never_shows_a_secret_engine_argument(kind, tmp_path):
     import json
     e = _proxy_engine(kind, tmp_path, "--hf-token=hf_s3cret", "--ssl-keyfile-password", "pw1",
                       "--admin-api-key", "adm1", "adm2", "--max-num-seqs", "4")
@@ -302,7 +295,7 @@ def test_server_info_never_shows_a_secret_engine_argument(kind, tmp_path, avx512
     ("sglang", ["--port=80"], "--port"), ("sglang", ["--config", "my.yaml"], "--config"),
     ("sglang", ["--tokenizer-worker-num", "2"], "--tokenizer-worker-num"),
 ])
-def test_engine_args_may_not_set_the_childs_address_or_key(kind, args, flag, tmp_path, avx512):
+def test_engine_args_may_not_set_the_childs_address_or_key(kind, args, flag, tmp_path):
     with pytest.raises(ValueError, match=f"would set {flag} ") as e:
         _proxy_engine(kind, tmp_path, "--max-num-seqs", "4", *args)
     assert "X" not in str(e.value).replace("WORKSHOP_API_KEY", "")   # never the value
@@ -396,21 +389,3 @@ def test_help_engine_lists_the_teaching_engines_knobs(capsys):
     assert done.value.code == 0
     assert "--kv-layout" in capsys.readouterr().out
 
-
-def test_avx512_probe_reads_the_flags_line():
-    from reference_server import dtypes
-    avx2 = "processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n"
-    avx512 = "flags\t\t: fpu avx2 avx512f avx512bw\n"
-    assert dtypes.cpu_lacks_avx512(avx2, "x86_64")
-    assert not dtypes.cpu_lacks_avx512(avx512, "x86_64")
-    assert not dtypes.cpu_lacks_avx512(avx2, "aarch64")       # not an x86 question
-    assert not dtypes.cpu_lacks_avx512("model name: ?\n", "x86_64")  # no flags line: do not guess
-
-
-def test_engines_that_need_avx512_say_why(monkeypatch):
-    from reference_server import dtypes
-    monkeypatch.setattr(dtypes, "cpu_lacks_avx512", lambda *a, **k: True)
-    assert "AVX-512" in dtypes.cpu_cannot_run("vllm") and "--engine mini" in dtypes.cpu_cannot_run("vllm")
-    assert dtypes.cpu_cannot_run("mini") is None and dtypes.cpu_cannot_run("hf") is None
-    monkeypatch.setattr(dtypes, "cpu_lacks_avx512", lambda *a, **k: False)
-    assert dtypes.cpu_cannot_run("vllm") is None

@@ -128,15 +128,11 @@ def sglang_installed() -> bool:
 
 def default_field(gpu: bool | None = None) -> tuple[Contender, ...]:
     """The contenders this machine can run: the GPU field on a GPU, else the CPU field
-    (vLLM and SGLang only on a CPU their builds run on, SGLang only where its environment is
-    installed)."""
+    (SGLang only where its environment, kernel included, imports)."""
     if gpu is None:
         from workshop.session import gpu_name
         gpu = gpu_name() is not None
-    from reference_server import dtypes
     field_ = GPU_FIELD if gpu else CPU_FIELD
-    if not gpu:
-        field_ = tuple(c for c in field_ if not dtypes.cpu_cannot_run(c.engine))
     if not sglang_installed():
         field_ = tuple(c for c in field_ if c.engine != "sglang")
     return field_
