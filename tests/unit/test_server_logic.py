@@ -389,3 +389,12 @@ def test_help_engine_lists_the_teaching_engines_knobs(capsys):
     assert done.value.code == 0
     assert "--kv-layout" in capsys.readouterr().out
 
+
+
+def test_vllm_child_runs_without_dev_mode_and_with_its_own_key(tmp_path):
+    # Dev mode mounts unauthenticated routes (/collective_rpc, /sleep, ...); the child's key
+    # travels by environment, never on the command line (ps).
+    e = _proxy_engine("vllm", tmp_path)
+    env = e.env()
+    assert env["VLLM_SERVER_DEV_MODE"] == "0"
+    assert env["VLLM_API_KEY"] == e.child_key and e.child_key not in " ".join(e.command())
