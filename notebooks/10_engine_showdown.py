@@ -119,7 +119,7 @@ def _(mo):
 def _(session, workshop):
     import os
 
-    from workshop import ui
+    from workshop import decision, ui
     from workshop.bench import showdown
 
     field_all = showdown.default_field()
@@ -129,7 +129,7 @@ def _(session, workshop):
     ui.table([{"label": c.label, "engine": c.engine, "server args": " ".join(c.server_args) or "(defaults)",
                "server": "already running" if c.label in running_servers else "started here",
                "note": c.note} for c in field_all])
-    return field_all, running_servers, showdown, ui
+    return decision, field_all, running_servers, showdown, ui
 
 
 @app.cell(hide_code=True)
@@ -271,13 +271,14 @@ def _(mo):
 
 
 @app.cell
-def _(contenders, plan, plan_choice, session, showdown, ui):
+def _(contenders, decision, plan, plan_choice, session, showdown, ui):
     showdown_root = showdown.new_root()
-    showdown_result = showdown.run_showdown(showdown_root, contenders, plan, model=session.model,
-                                            mode=plan_choice.value, command="notebook 10")
-    showdown_sweeps = showdown_result.sweeps()
+    showdown.run_showdown(showdown_root, contenders, plan, model=session.model, mode=plan_choice.value,
+                          command="notebook 10")
+    showdown_results = decision.load(showdown_root)
+    showdown_sweeps = showdown_results.sweeps()
     ui.md(f"Results in `{showdown_root}`; notebook 11 draws the decision chart from this folder.")
-    return showdown_root, showdown_sweeps
+    return showdown_results, showdown_sweeps
 
 
 @app.cell(hide_code=True)
@@ -334,13 +335,10 @@ def _(mo):
 
 
 @app.cell
-def _(showdown_root, ui):
-    from workshop import decision
-
-    showdown_results = decision.load(showdown_root)
+def _(decision, showdown_results, ui):
     knee_rows = decision.knee_table(showdown_results)
     ui.table(decision.display_rows(knee_rows))
-    return decision, knee_rows
+    return (knee_rows,)
 
 
 @app.cell

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -223,3 +224,26 @@ def mini_server(fleet) -> RunningServer:
 def server(request) -> RunningServer:
     """The same API test against every engine."""
     return request.getfixturevalue(f"{request.param}_server")
+
+
+@pytest.fixture
+def mock_engine():
+    """``start(chunk_delay_s, first_token_delay_s, max_concurrency)`` runs
+    ``python -m workshop.bench.mock_server`` with that timing (a server of known capacity)
+    and returns its URL; every one started is stopped after the test."""
+    procs = []
+
+    def start(chunk_delay_s: float, first_token_delay_s: float, max_concurrency: int) -> str:
+        port = launcher.free_port()
+        p = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port),
+                              "--chunk-delay-s", str(chunk_delay_s), "--first-token-delay-s", str(first_token_delay_s),
+                              "--max-concurrency", str(max_concurrency)],
+                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        procs.append(p)
+        assert "mock server on" in p.stdout.readline()
+        return f"http://127.0.0.1:{port}"
+
+    yield start
+    for p in procs:
+        p.terminate()
+        p.wait(10)

@@ -195,6 +195,12 @@ class Results:
         run = next((r for r in self.runs.values() if r.engine == engine), None)
         return run.kind if run else engine.split("-")[0]
 
+    def sweeps(self) -> dict[str, dict[str, SweepResult]]:
+        """workload -> engine -> the finished sweep (``plots.plot_showdown``'s input)."""
+        return {w: {e: self.runs[(e, w)].sweep for e in self.engines
+                    if (e, w) in self.runs and self.runs[(e, w)].ok}
+                for w in self.workloads}
+
     def select(self, engines: Iterable[str] | None = None, workloads: Iterable[str] | None = None) -> "Results":
         """The same results limited to some engines and workloads."""
         es = set(engines) if engines is not None else None

@@ -407,10 +407,15 @@ def memory_gib() -> float | None:
     return None
 
 
+def cores() -> int:
+    """CPU cores this process may use (its affinity, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def hardware() -> str:
     """One line about this machine: GPU if any, CPU model, usable cores, RAM."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores_ = cores()
     mem = memory_gib()
-    cpu = f"{cpu_name()}, {cores} cores" + (f", {mem:.0f} GiB RAM" if mem else "")
+    cpu = f"{cpu_name()}, {cores_} cores" + (f", {mem:.0f} GiB RAM" if mem else "")
     gpu = gpu_name()
     return f"GPU {gpu}; CPU {cpu}" if gpu else f"CPU {cpu} (no GPU)"

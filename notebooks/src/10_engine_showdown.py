@@ -77,7 +77,7 @@ session = workshop.session.connect()
 # %%
 import os
 
-from workshop import ui
+from workshop import decision, ui
 from workshop.bench import showdown
 
 field_all = showdown.default_field()
@@ -176,9 +176,10 @@ predict_radix_over_hash = None   # your prediction: radix knee throughput / hash
 
 # %%
 showdown_root = showdown.new_root()
-showdown_result = showdown.run_showdown(showdown_root, contenders, plan, model=session.model,
-                                        mode=plan_choice.value, command="notebook 10")
-showdown_sweeps = showdown_result.sweeps()
+showdown.run_showdown(showdown_root, contenders, plan, model=session.model, mode=plan_choice.value,
+                      command="notebook 10")
+showdown_results = decision.load(showdown_root)
+showdown_sweeps = showdown_results.sweeps()
 ui.md(f"Results in `{showdown_root}`; notebook 11 draws the decision chart from this folder.")
 
 # %% [markdown]
@@ -214,9 +215,6 @@ plot_showdown(showdown_sweeps, "itl_ms")
 # docstring); notebook 11 draws the decision chart from the same rows.
 
 # %%
-from workshop import decision
-
-showdown_results = decision.load(showdown_root)
 knee_rows = decision.knee_table(showdown_results)
 ui.table(decision.display_rows(knee_rows))
 

@@ -79,11 +79,7 @@ def test_sweep_and_compare_round_trip(tmp_path):
 # machine is a loaded 2-core box, and the sweep's points are a fifth of the capacity apart.
 
 import math
-import os
 import re
-import socket
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -91,33 +87,6 @@ import pytest
 from workshop.bench import sweep_load
 from workshop.bench.client import arrival_times
 from workshop.bench.saturation import Baseline, judge, offered_vs_asked, sampling_band
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mock_engine():
-    """Start ``python -m workshop.bench.mock_server`` with the given timing; yield its URL."""
-    procs = []
-
-    def start(chunk_delay_s: float, first_token_delay_s: float, max_concurrency: int) -> str:
-        port = _free_port()
-        p = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port),
-                              "--chunk-delay-s", str(chunk_delay_s), "--first-token-delay-s", str(first_token_delay_s),
-                              "--max-concurrency", str(max_concurrency)],
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        procs.append(p)
-        assert "mock server on" in p.stdout.readline()
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(10)
 
 
 # Few chunks per request (CPU stays low) and a service time long against the machine's

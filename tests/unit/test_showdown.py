@@ -4,9 +4,6 @@ mock engines of known capacity (``workshop.bench.mock_server``), one of which ca
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
@@ -55,38 +52,11 @@ def test_find_roots_oldest_first(tmp_path):
     assert showdown.find_roots(tmp_path / "missing") == []
 
 
-def _free_port() -> int:
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture
-def mock_engines():
-    procs = []
-
-    def start(chunk_delay_s: float, max_concurrency: int) -> str:
-        port = _free_port()
-        p = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port),
-                              "--chunk-delay-s", str(chunk_delay_s), "--first-token-delay-s", "0.05",
-                              "--max-concurrency", str(max_concurrency)],
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        procs.append(p)
-        assert "mock server on" in p.stdout.readline()
-        return f"http://127.0.0.1:{port}"
-
-    yield start
-    for p in procs:
-        p.terminate()
-        p.wait(10)
-
-
-def test_a_showdown_over_http_ranks_engines_by_capacity(mock_engines, tmp_path):
+def test_a_showdown_over_http_ranks_engines_by_capacity(mock_engine, tmp_path):
     # Two engines that differ only in how many requests they serve at once (8 vs 2), a third
     # that cannot start: the showdown records it and goes on.
-    fast = Contender("fast", "mock", base_url=mock_engines(0.15, 8))
-    slow = Contender("slow", "mock", base_url=mock_engines(0.15, 2))
+    fast = Contender("fast", "mock", base_url=mock_engine(0.15, 0.05, 8))
+    slow = Contender("slow", "mock", base_url=mock_engine(0.15, 0.05, 2))
     broken = Contender("broken", "no-such-engine")
     plan = Plan(workloads=("shared-prefix",), num_requests=24, sweep_points=4, probe_requests=4,
                 probe_concurrency=12, slo_ttft_ms=None, slo_itl_ms=None,
@@ -101,7 +71,8 @@ def test_a_showdown_over_http_ranks_engines_by_capacity(mock_engines, tmp_path):
     assert runs[("slow", "shared-prefix")]["status"] == "ok"
     assert runs[("broken", "shared-prefix")]["folder"] is None
     assert m["engines"]["broken"]["status"].startswith("did not start")
-    sweeps = Showdown.load(tmp_path / "sd").sweeps()["shared-prefix"]
+    from workshop import decision
+    sweeps = decision.load(tmp_path / "sd").sweeps()["shared-prefix"]
     assert set(sweeps) == {"fast", "slow"}
     note = {e: s.knee_note() + "\n" + s.table() for e, s in sweeps.items()}
     # capacities 8/0.2 = 40 and 2/0.2 = 10 requests/s: the fast knee lies well above the slow one

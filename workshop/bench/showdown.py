@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import shlex
 import sys
@@ -139,9 +138,8 @@ def default_field(gpu: bool | None = None) -> tuple[Contender, ...]:
 
 
 def machine() -> dict[str, Any]:
-    from workshop.session import cpu_name, gpu_name, memory_gib
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu_name(), "cores": cores, "memory_gib": round(memory_gib() or 0.0, 1),
+    from workshop.session import cores, cpu_name, gpu_name, memory_gib
+    return {"cpu": cpu_name(), "cores": cores(), "memory_gib": round(memory_gib() or 0.0, 1),
             "gpu": gpu_name(), "platform": platform.platform(), "python": platform.python_version()}
 
 
@@ -164,15 +162,6 @@ class Showdown:
     def folder(self, engine: str, workload: str) -> Path:
         return self.root / engine / workload
 
-    def sweeps(self) -> dict[str, dict[str, Any]]:
-        """workload -> engine -> ``SweepResult``, for the runs that finished."""
-        from .sweep import SweepResult
-        out: dict[str, dict[str, Any]] = {}
-        for run in self.manifest.get("runs", []):
-            if run.get("folder") and (self.root / run["folder"] / "sweep.json").exists():
-                out.setdefault(run["workload"], {})[run["engine"]] = SweepResult.load(self.root / run["folder"])
-        return out
-
 
 def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None, plan: Plan | None = None,
                  model: str = "smollm2-135m", mode: str = "full", command: str | None = None,
@@ -192,7 +181,7 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
         "command": command or " ".join(shlex.quote(a) for a in sys.argv),
         "mode": mode, "machine": machine(), "model": model,
         "slo": {"ttft_ms": plan.slo_ttft_ms, "itl_ms": plan.slo_itl_ms},
-        "plan": {k: v for k, v in asdict(plan).items()},
+        "plan": asdict(plan),
         "engines": {}, "workloads": {w: {"params": plan.kwargs_for(w)} for w in plan.workloads},
         "runs": []})
     show.write()
