@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import statistics
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
@@ -227,44 +226,6 @@ def run_kinds(sessions: dict[str, Any], workloads: dict[str, dict], concurrency:
     return rows, raw
 
 
-def _run(coro):
-    """Run a coroutine whether or not an event loop is running (Jupyter runs one)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return asyncio.run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = asyncio.run(coro)
-        except BaseException as e:   # re-raised on the caller's thread
-            box["error"] = e
-    t = threading.Thread(target=target, name="prefix-caching-run")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-RESET_TRIES = 5
-
-
-async def _reset(client, base_url: str) -> bool:
-    """One ``POST /reset_prefix_cache``; True when the server says the cache was emptied."""
-    async with client.session.post(base_url + "/reset_prefix_cache",
-                                   headers=client.headers) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"/reset_prefix_cache answered {resp.status}: this server "
-                               "cannot empty its prefix cache")
-        try:
-            body = await resp.json(content_type=None)
-        except ValueError:
-            return True
-        return bool(body.get("success", True)) if isinstance(body, dict) else True
-
-
 def sequential_run(session, requests, reset_each: bool) -> list:
     """Send ``requests`` (``workshop.bench`` ``Request``s) one at a time and record each.
 
@@ -277,6 +238,7 @@ def sequential_run(session, requests, reset_each: bool) -> list:
     Returns the harness's ``RequestRecord``s (``ttft``, ``prompt_tokens``, ``cached_tokens``,
     ...)."""
     from workshop.bench.client import OpenAIClient
+    from workshop.bench.event_loop import run_sync
     from workshop.bench.metrics import RequestRecord
 
     async def main() -> list:
@@ -295,7 +257,7 @@ def sequential_run(session, requests, reset_each: bool) -> list:
                 records.append(rec)
         return records
 
-    return _run(main())
+    return run_sync(main())
 
 
 def sequential_row(records, before: dict, after: dict, cache: str) -> dict:

@@ -6,7 +6,8 @@ import json
 import pytest
 
 from workshop.bench.workloads import (
-    Request, Reply, Tokenizer, build_workload, describe, load_json_array_prefix, plan, prefix_reuse_ratio)
+    Request, Reply, Tokenizer, build_workload, describe, iter_json_array, plan, prefix_reuse_ratio,
+    sharegpt_conversations)
 
 
 @pytest.fixture(scope="module")
@@ -102,15 +103,41 @@ def test_prefix_reuse_ratio_by_hand():
     assert prefix_reuse_ratio([]) == 0.0
 
 
-def test_truncated_json_array_keeps_complete_items(tmp_path):
+@pytest.mark.parametrize("chunk", [3, 7, 1 << 20])
+def test_truncated_json_array_keeps_complete_items(tmp_path, chunk):
+    # Small chunks cut items, strings and numbers mid-way: they must come out whole anyway.
     items = [{"id": i, "conversations": [{"from": "human", "value": "x" * i}]} for i in range(5)]
     text = json.dumps(items, indent=2)
     cut = text[: text.index('"id": 4') + 3]
     p = tmp_path / "cut.json"
     p.write_text(cut)
-    assert [d["id"] for d in load_json_array_prefix(p)] == [0, 1, 2, 3]
+    assert [d["id"] for d in iter_json_array(p, chunk)] == [0, 1, 2, 3]
     p.write_text(text)
-    assert len(load_json_array_prefix(p)) == 5
+    assert list(iter_json_array(p, chunk)) == items
+    p.write_text("[12345, 678,\n 9]")
+    assert list(iter_json_array(p, chunk)) == [12345, 678, 9]
+    p.write_text('[{"a": 1}, {"a": oops}, {"a": 3}]')       # broken mid-file: stop there
+    assert list(iter_json_array(p, chunk)) == [{"a": 1}]
+
+
+def test_sharegpt_conversations_are_read_lazily(tmp_path, monkeypatch):
+    import builtins
+    from workshop.bench import workloads
+    items = [{"id": str(i), "conversations": [{"from": "human", "value": str(i) * 100}]}
+             for i in range(20_000)]
+    p = tmp_path / "sharegpt.json"
+    p.write_text(json.dumps(items))
+    read = []
+
+    def counting_open(*args, **kwargs):
+        f = builtins.open(*args, **kwargs)
+        real = f.read
+        f.read = lambda n=-1: (lambda s: (read.append(len(s)), s)[1])(real(n))
+        return f
+    monkeypatch.setattr(workloads, "open", counting_open, raising=False)
+    first = next(sharegpt_conversations(p))
+    assert first == [{"from": "human", "value": "0" * 100}]
+    assert sum(read) <= 1 << 20 < p.stat().st_size          # one chunk, not the whole file
 
 
 def test_sharegpt_filters_and_seed(tok, tmp_path, monkeypatch):

