@@ -13,18 +13,41 @@ import torch
 import torch.nn.functional as F
 
 
+def quantize_int8_per_channel(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``w`` [out, in] -> int8 ``q`` [out, in] and one fp32 scale per output row [out, 1].
+
+    scale = the row's largest |w| / 127, q = w / scale rounded: symmetric, so zero stays exact
+    and the row's largest weight is represented exactly.
+    """
+    w = w.float()
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
+    return torch.round(w / scale).clamp(-127, 127).to(torch.int8), scale
+
+
+def dequantize_int8(q: torch.Tensor, scale: torch.Tensor, dtype=torch.float32) -> torch.Tensor:
+    return (q.float() * scale).to(dtype)
+
+
+def pack_int4(q: torch.Tensor) -> torch.Tensor:
+    """Values 0..15, last dimension even -> uint8 with two values per byte (low nibble first)."""
+    q = q.to(torch.uint8)
+    return q[..., 0::2] | (q[..., 1::2] << 4)
+
+
+def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``pack_int4``: uint8 values 0..15, twice as many along the last axis."""
+    return torch.stack([packed & 0x0F, packed >> 4], dim=-1).flatten(-2)
+
+
 class Int8Linear:
     """``y = x @ (q * scale)^T`` with ``q`` int8 and one fp scale per output row (symmetric)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        w = weight.float()
-        scale = w.abs().amax(dim=1, keepdim=True).clamp(min=1e-8) / 127.0
-        self.qweight = torch.round(w / scale).clamp(-127, 127).to(torch.int8)
-        self.scale = scale
+        self.qweight, self.scale = quantize_int8_per_channel(weight)
         self.bias = bias
 
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
-        return (self.qweight.float() * self.scale).to(dtype)
+        return dequantize_int8(self.qweight, self.scale, dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.dequantize(x.dtype), self.bias)
@@ -46,15 +69,14 @@ class Int4Linear:
         lo, hi = w.amin(dim=2, keepdim=True), w.amax(dim=2, keepdim=True)
         scale = ((hi - lo) / 15.0).clamp(min=1e-8)
         zero = torch.round(-lo / scale)
-        q = torch.round(w / scale + zero).clamp(0, 15).to(torch.uint8).reshape(out_f, in_f)
-        self.packed = q[:, 0::2] | (q[:, 1::2] << 4)        # low nibble: even column
+        self.packed = pack_int4(torch.round(w / scale + zero).clamp(0, 15).reshape(out_f, in_f))
         self.scale, self.zero = scale, zero
         self.shape, self.group_size, self.bias = (out_f, in_f), group_size, bias
 
     def dequantize(self, dtype=torch.float32) -> torch.Tensor:
         out_f, in_f = self.shape
-        q = torch.stack([self.packed & 0xF, self.packed >> 4], dim=2).reshape(out_f, in_f)
-        w = (q.float().reshape(out_f, -1, self.group_size) - self.zero) * self.scale
+        q = unpack_int4(self.packed).float().reshape(out_f, -1, self.group_size)
+        w = (q - self.zero) * self.scale
         return w.reshape(out_f, in_f).to(dtype)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

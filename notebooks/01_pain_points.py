@@ -101,7 +101,8 @@ def _(mo):
 
 @app.cell
 def _(session):
-    from workshop import engine_comparison, kv_usage, kvcache, live_requests, prompt_latency, ui
+    from workshop import (capacity, engine_comparison, kv_usage, kvcache, live_requests,
+                          prompt_latency, ui)
 
     kv = kv_usage.server_kv(session)
     _a = kv.arch
@@ -111,6 +112,7 @@ def _(session):
           f"has {_a.num_heads} attention heads but {_a.num_kv_heads} KV heads; counting the "
           f"former would overstate the cache {_a.num_heads / _a.num_kv_heads:.0f}x.")
     return (
+        capacity,
         engine_comparison,
         kv,
         kv_usage,
@@ -288,6 +290,7 @@ def _(kv, kv_usage, users_rows):
 
 @app.cell
 def _(
+    capacity,
     kv,
     kv_out_tokens,
     kv_usage,
@@ -302,7 +305,7 @@ def _(
     _waited = max(_r["peak waiting"] for _r in users_rows)
     _llama = kvcache.load_model("llama-3.1-8b")
     _llama_bytes = kvcache.kv_bytes_per_token(_llama)
-    _h100 = kvcache.load_gpus()["H100-SXM"]
+    _h100 = capacity.load_gpus()["H100-SXM"]
     _hundred = 100 * _llama_bytes * 8192
     _room = _h100.memory_bytes - kvcache.weight_bytes(_llama, "bf16")
     if _waited:

@@ -44,7 +44,10 @@ def _(mo):
        context and number of users, how fast can it decode at best, and what does that imply
        per million tokens?
     4. the **other direction**: from a latency target (time per output token) to the largest
-       batch, the users per GPU and the cost per million tokens.
+       batch, the users per GPU and the cost per million tokens;
+    5. the same from a **time-to-first-token** target: how many prompts can be prefilled
+       together within it, hence the requests per second one GPU sustains and the cost per
+       million prompt tokens.
 
     Two mistakes are common in online calculators, and the calculator here avoids both: counting
     keys and values for every *attention* head (models with grouped-query attention store them
@@ -115,11 +118,11 @@ def _(mo):
 
 @app.cell
 def _():
-    from workshop import kvcache, ui
+    from workshop import capacity, capacity_plots, kvcache, roofline, ui
 
-    model_table = kvcache.model_rows(context=32_768)
+    model_table = capacity_plots.model_rows(context=32_768)
     ui.table(model_table)
-    return kvcache, ui
+    return capacity, capacity_plots, kvcache, roofline, ui
 
 
 @app.cell
@@ -272,8 +275,8 @@ def _(kvcache, ui):
 
 
 @app.cell
-def _(kvcache, ui):
-    gpu_catalogue = kvcache.load_gpus()
+def _(capacity, ui):
+    gpu_catalogue = capacity.load_gpus()
     calc_gpu = ui.dropdown(list(gpu_catalogue), "L4", "GPU")
     calc_gpu
     return calc_gpu, gpu_catalogue
@@ -323,6 +326,7 @@ def _(
     calc_num_gpus,
     calc_users,
     calc_weights,
+    capacity,
     gpu_catalogue,
     kvcache,
     ui,
@@ -331,8 +335,8 @@ def _(
     # The deployment the controls describe, passed whole to every calculation below.
     calc_deployment = dict(weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
                            context=int(calc_context.value), num_gpus=int(calc_num_gpus.value))
-    calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], users=int(calc_users.value),
-                             **calc_deployment)
+    calc_plan = capacity.plan(calc_cfg, gpu_catalogue[calc_gpu.value], users=int(calc_users.value),
+                              **calc_deployment)
     _p = calc_plan
     ui.md(
         f"**{_p.model}** on {_p.num_gpus} x {_p.gpu}, weights {_p.weight_dtype}, KV cache "
@@ -361,9 +365,16 @@ def _(mo):
 
 
 @app.cell
-def _(calc_cfg, calc_deployment, calc_users, gpu_catalogue, kvcache, ui):
-    ui.table(kvcache.gpu_rows(calc_cfg, gpu_catalogue, users=int(calc_users.value),
-                              **calc_deployment))
+def _(
+    calc_cfg,
+    calc_deployment,
+    calc_users,
+    capacity_plots,
+    gpu_catalogue,
+    ui,
+):
+    ui.table(capacity_plots.gpu_rows(calc_cfg, gpu_catalogue, users=int(calc_users.value),
+                                     **calc_deployment))
     return
 
 
@@ -377,9 +388,16 @@ def _(mo):
 
 
 @app.cell
-def _(calc_cfg, calc_gpu, calc_num_gpus, calc_weights, gpu_catalogue, kvcache):
-    capacity_plot = kvcache.plot_users_vs_context(calc_cfg, gpu_catalogue[calc_gpu.value],
-                                                  calc_weights.value, int(calc_num_gpus.value))
+def _(
+    calc_cfg,
+    calc_gpu,
+    calc_num_gpus,
+    calc_weights,
+    capacity_plots,
+    gpu_catalogue,
+):
+    capacity_plot = capacity_plots.plot_users_vs_context(calc_cfg, gpu_catalogue[calc_gpu.value],
+                                                         calc_weights.value, int(calc_num_gpus.value))
     capacity_plot
     return
 
@@ -470,6 +488,7 @@ def _(
     calc_kv,
     calc_num_gpus,
     calc_weights,
+    capacity,
     gpu_catalogue,
     kvcache,
     slo_tpot_ms,
@@ -488,12 +507,12 @@ def _(
                                      / slo_kv_per_user), 0)
 
     # The whole calculation: the compute bound too, the experts a batch touches, and memory.
-    slo = kvcache.latency_plan(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
+    slo = capacity.latency_plan(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
     ui.table([{"": "closed form (memory-bound, active weights)", "batch": slo_closed_form},
               {"": "latency alone (full TPOT formula)", "batch": slo.max_batch_latency},
               {"": "KV-cache memory alone", "batch": slo.max_batch_memory},
               {"": f"served at {slo_tpot_ms.value} ms ({slo.limited_by})", "batch": slo.batch}])
-    return slo, slo_closed_form, slo_gpu, slo_target_s
+    return math, slo, slo_closed_form, slo_gpu, slo_target_s
 
 
 @app.cell
@@ -502,6 +521,7 @@ def _(
     calc_deployment,
     calc_num_gpus,
     calc_plan,
+    capacity,
     kvcache,
     slo,
     slo_closed_form,
@@ -510,7 +530,7 @@ def _(
     ui,
 ):
     if slo.batch == 0:
-        _one = kvcache.decode_step(calc_cfg, slo_gpu, 1, **calc_deployment)
+        _one = capacity.decode_step(calc_cfg, slo_gpu, 1, **calc_deployment)
         _why = (f"The weights alone ({kvcache.human_bytes(calc_plan.weight_bytes)}) leave no room "
                 "for a KV cache." if slo.max_batch_memory == 0 else
                 f"One user alone already takes {_one.seconds * 1e3:.1f} ms per token.")
@@ -547,8 +567,8 @@ def _(
 
 
 @app.cell
-def _(calc_cfg, calc_deployment, kvcache, slo_gpu, slo_target_s):
-    slo_plot = kvcache.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
+def _(calc_cfg, calc_deployment, capacity_plots, slo_gpu, slo_target_s):
+    slo_plot = capacity_plots.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
     slo_plot
     return
 
@@ -562,8 +582,15 @@ def _(mo):
 
 
 @app.cell
-def _(calc_cfg, calc_deployment, gpu_catalogue, kvcache, slo_target_s, ui):
-    ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s, **calc_deployment))
+def _(
+    calc_cfg,
+    calc_deployment,
+    capacity_plots,
+    gpu_catalogue,
+    slo_target_s,
+    ui,
+):
+    ui.table(capacity_plots.latency_rows(calc_cfg, gpu_catalogue, slo_target_s, **calc_deployment))
     return
 
 
@@ -588,28 +615,28 @@ def _():
 def _(
     calc_cfg,
     calc_deployment,
-    kvcache,
+    capacity,
     predict_batch_at_double_target,
     slo_gpu,
     slo_target_s,
     slo_tpot_ms,
     ui,
 ):
-    slo_double = kvcache.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s, **calc_deployment)
+    slo_double = capacity.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s, **calc_deployment)
     ui.compare(predict_batch_at_double_target, slo_double.batch,
                f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
     return (slo_double,)
 
 
 @app.cell
-def _(calc_cfg, calc_weights, kvcache, slo, slo_double, ui):
+def _(calc_cfg, calc_weights, kvcache, roofline, slo, slo_double, ui):
     if slo.batch == 0 or slo_double.batch == 0:
         _reading = "Here at least one of the two serves nobody, so there is no ratio to read."
     else:
         _ratio = slo_double.batch / slo.batch
         _reading = (f"Twice the target gave **{_ratio:.2f}x** the users ({slo.batch:,} -> "
                     f"{slo_double.batch:,}), limited by {slo_double.limited_by}. ")
-        _weights_share = (kvcache.weights_read_per_step(calc_cfg, slo.batch)
+        _weights_share = (roofline.weights_read_per_step(calc_cfg, slo.batch)
                           * kvcache.WEIGHT_BYTES[calc_weights.value] / slo.step.bytes_read)
         if slo_double.limited_by == "KV-cache memory":
             _reading += ("Memory, not latency, caps it now: loosening the target further adds no "
@@ -624,6 +651,259 @@ def _(calc_cfg, calc_weights, kvcache, slo, slo_double, ui):
                          "proportion to the users"
                          + (", and these steps are compute-bound." if slo.step.bound_by == "compute"
                             else "."))
+    ui.md(_reading)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 5. From a time-to-first-token target to requests per second and cost
+
+    The other promise a service makes: the first token arrives within *TTFT* (time to first
+    token). Before it, the engine **prefills** the whole prompt, and there every prompt token
+    passes through every weight: one pass over the weights serves hundreds or thousands of
+    tokens, so a prefill is compute-bound already for a single prompt of a few hundred tokens
+    (notebook 3 places it on the roofline). A prompt of $L$ tokens costs
+
+    $$F(L) = 2L \times \text{active parameters} + 2L^2 \times \text{layers} \times \text{heads} \times \text{head dim} - 2(L-1) \times \text{LM-head parameters}$$
+
+    FLOPs: 2 per active weight per token, attention over the prompt (each token looks back at
+    $L/2$ tokens on average), and the output layer only for the last token, whose logits give
+    the first token. $N$ prompts prefilled together take at least
+
+    $$\text{TTFT}(N) = \max\left(\frac{N \times F(L)}{\text{peak FLOP/s}},\ \frac{\text{weight bytes read} + N \times \text{KV bytes}(L)}{\text{bandwidth}}\right)$$
+
+    (the weights are read once for all of them, each prompt's KV cache written once). When the
+    compute term wins, solving $\text{TTFT}(N) \le \text{target}$ gives
+
+    $$N_{\max} = \left\lfloor \frac{\text{target} \times \text{peak FLOP/s}}{F(L)} \right\rfloor$$
+
+    That many prompts fit in one step when they **arrive together**. A stream of requests is
+    less lucky: a request that arrives while a prefill step runs waits for it, then for its own,
+    so to keep every request within the target each step may take only **half** of it. Run back
+    to back, steps of $N'$ prompts (the largest within half the target) serve
+    $N' / \text{TTFT}(N')$ requests per second, and a million prompt tokens cost
+    $\text{price per hour} \times \text{GPUs} / (3600 \times \text{requests/s} \times L) \times 10^6$.
+    Here the GPUs only prefill: decoding the answers takes time of its own (section 4), so the
+    rate is an upper bound and the cost a lower bound.
+
+    Model, GPU, precisions and GPU count are the controls of section 3; choose the target and
+    the prompt length here. (In Jupyter, re-run the cells below after moving them.)
+    """)
+    return
+
+
+@app.cell
+def _(ui):
+    slo_ttft_ms = ui.slider(50, 5000, 500, 50, "TTFT target (ms to the first token)")
+    slo_ttft_ms
+    return (slo_ttft_ms,)
+
+
+@app.cell
+def _(ui):
+    slo_prompt_len = ui.slider(128, 32_768, 2048, 128, "prompt length (tokens)")
+    slo_prompt_len
+    return (slo_prompt_len,)
+
+
+@app.cell
+def _(
+    calc_cfg,
+    calc_deployment,
+    calc_num_gpus,
+    capacity,
+    math,
+    roofline,
+    slo_gpu,
+    slo_prompt_len,
+    slo_ttft_ms,
+    ui,
+):
+    ttft_target_s = slo_ttft_ms.value / 1000
+    ttft_prompt = int(slo_prompt_len.value)
+    ttft_deployment = {k: v for k, v in calc_deployment.items() if k != "context"}
+    # The closed form above, written out: F(L), then the prompts whose FLOPs fit in the target.
+    ttft_flops_per_prompt = (2 * ttft_prompt * calc_cfg.active_params
+                             + 2 * ttft_prompt**2 * calc_cfg.num_layers * calc_cfg.num_heads
+                             * calc_cfg.head_dim
+                             - 2 * (ttft_prompt - 1) * roofline.lm_head_params(calc_cfg))
+    ttft_peak = slo_gpu.flops * int(calc_num_gpus.value)
+    ttft_closed_form = math.floor(ttft_target_s * ttft_peak / ttft_flops_per_prompt)
+
+    # The whole calculation: the memory term too, the experts a batch touches, KV memory, and
+    # half the target for a stream.
+    ttft = capacity.ttft_plan(calc_cfg, slo_gpu, ttft_target_s, prompt_len=ttft_prompt,
+                              **ttft_deployment)
+    ui.table([{"": "closed form (compute-bound)", "prompts": ttft_closed_form},
+              {"": "latency alone (full TTFT formula)", "prompts": ttft.max_prompts_latency},
+              {"": "KV-cache memory alone", "prompts": ttft.max_prompts_memory},
+              {"": f"together within {slo_ttft_ms.value} ms ({ttft.limited_by})",
+               "prompts": ttft.together},
+              {"": f"a stream: per step within {slo_ttft_ms.value / 2:g} ms", "prompts": ttft.stream}])
+    return (
+        ttft,
+        ttft_closed_form,
+        ttft_deployment,
+        ttft_flops_per_prompt,
+        ttft_prompt,
+        ttft_target_s,
+    )
+
+
+@app.cell
+def _(
+    calc_cfg,
+    calc_num_gpus,
+    calc_plan,
+    capacity,
+    kvcache,
+    roofline,
+    slo,
+    slo_gpu,
+    slo_ttft_ms,
+    ttft,
+    ttft_closed_form,
+    ttft_deployment,
+    ttft_flops_per_prompt,
+    ttft_prompt,
+    ui,
+):
+    if ttft_flops_per_prompt != roofline.prefill_flops(calc_cfg, ttft_prompt):
+        _formula = (f"(The formula above gives {ttft_flops_per_prompt:.4g} FLOPs per prompt, "
+                    f"`roofline.prefill_flops` {roofline.prefill_flops(calc_cfg, ttft_prompt):.4g}: "
+                    "they should agree; report it.) ")
+    else:
+        _formula = ""
+    if ttft.together == 0:
+        _one = capacity.prefill_step(calc_cfg, slo_gpu, 1, ttft_prompt, **ttft_deployment)
+        _why = ("The prompt is longer than the model's context." if ttft.limited_by.startswith(
+            "context") else f"The weights alone ({kvcache.human_bytes(calc_plan.weight_bytes)}) "
+                "leave no room for a KV cache." if ttft.max_prompts_memory == 0 else
+                f"One prompt alone already takes {_one.seconds * 1e3:,.1f} ms to prefill.")
+    elif ttft.max_prompts_latency == ttft_closed_form:
+        _why = "The full formula agrees with the closed form: these prefills are compute-bound."
+    elif ttft.max_prompts_latency < ttft_closed_form:
+        _why = (f"The full formula allows fewer prompts than the closed form: at "
+                f"{ttft.max_prompts_latency + 1:,} prompts the bytes to read (weights once, "
+                "each prompt's KV cache) would take longer than the FLOPs.")
+    else:
+        _why = (f"The full formula allows {ttft.max_prompts_latency:,} prompts against the closed "
+                f"form's {ttft_closed_form:,}.")
+    ui.md(
+        _formula
+        + f"At a {slo_ttft_ms.value} ms target, {calc_cfg.name} on {int(calc_num_gpus.value)} x "
+        f"{slo_gpu.name} prefills **{ttft.together:,} prompts of {ttft_prompt:,} tokens "
+        f"together**, limited by **{ttft.limited_by}**. {_why}"
+        + (f" For a stream of requests, steps of {ttft.stream:,} prompts take "
+           f"{ttft.stream_step.seconds * 1e3:,.1f} ms each (within half the target), so the GPUs "
+           f"sustain **{ttft.requests_per_s:,.1f} requests/s** "
+           f"({ttft.requests_per_s_per_gpu:,.1f} per GPU, {ttft.prompt_tokens_per_s:,.0f} prompt "
+           "tokens/s)" if ttft.stream_step is not None else
+           " Half the target is too short for even one prompt, so a stream of requests cannot be "
+           "promised it at any rate")
+        + (f", and a million prompt tokens cost at least "
+           f"**${ttft.usd_per_million_prompt_tokens:,.4f}**." if
+           ttft.usd_per_million_prompt_tokens is not None else ".")
+        + (f" Section 4's batch decodes output tokens for at least "
+           f"${slo.usd_per_million_tokens:,.3f} per million: a prompt token costs "
+           f"{ttft.usd_per_million_prompt_tokens / slo.usd_per_million_tokens:.2g}x an output "
+           "token here, because one pass over the weights prefills many tokens but decodes only "
+           "one per user."
+           if ttft.usd_per_million_prompt_tokens is not None
+           and slo.usd_per_million_tokens is not None else "")
+    )
+    return
+
+
+@app.cell
+def _(
+    calc_cfg,
+    capacity_plots,
+    slo_gpu,
+    ttft_deployment,
+    ttft_prompt,
+    ttft_target_s,
+):
+    ttft_plot = capacity_plots.plot_ttft_vs_prompts(calc_cfg, slo_gpu, ttft_target_s,
+                                                    prompt_len=ttft_prompt, **ttft_deployment)
+    ttft_plot
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    The same target and prompt length on every GPU of the catalogue:
+    """)
+    return
+
+
+@app.cell
+def _(
+    calc_cfg,
+    capacity_plots,
+    gpu_catalogue,
+    ttft_deployment,
+    ttft_prompt,
+    ttft_target_s,
+    ui,
+):
+    ui.table(capacity_plots.ttft_rows(calc_cfg, gpu_catalogue, ttft_target_s, prompt_len=ttft_prompt,
+                                      **ttft_deployment))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **Predict, then compute.** Same target, same model and GPU, but prompts **twice as long**.
+    How many of them can be prefilled together now? Write the number you expect, then run the
+    cell after it.
+    """)
+    return
+
+
+@app.cell
+def _():
+    predict_prompts_at_double_length = None   # your guess: prompts together at 2 x the length
+    return (predict_prompts_at_double_length,)
+
+
+@app.cell
+def _(
+    calc_cfg,
+    capacity,
+    predict_prompts_at_double_length,
+    slo_gpu,
+    slo_ttft_ms,
+    ttft_deployment,
+    ttft_prompt,
+    ttft_target_s,
+    ui,
+):
+    ttft_double = capacity.ttft_plan(calc_cfg, slo_gpu, ttft_target_s, prompt_len=2 * ttft_prompt,
+                                     **ttft_deployment)
+    ui.compare(predict_prompts_at_double_length, ttft_double.together,
+               f"prompts of {2 * ttft_prompt:,} tokens prefilled together within "
+               f"{slo_ttft_ms.value} ms", "prompts", how="computed")
+    return (ttft_double,)
+
+
+@app.cell
+def _(calc_cfg, roofline, ttft, ttft_double, ttft_prompt, ui):
+    if ttft.together == 0 or ttft_double.together == 0:
+        _reading = "Here at least one of the two prefills nothing, so there is no ratio to read."
+    else:
+        _flops_ratio = (roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
+                        / roofline.prefill_flops(calc_cfg, ttft_prompt))
+        _reading = (f"Twice the prompt length gave **{ttft_double.together / ttft.together:.2f}x** "
+                    f"the prompts ({ttft.together:,} -> {ttft_double.together:,}), limited by "
+                    f"{ttft_double.limited_by}. One prompt of {2 * ttft_prompt:,} tokens costs "
+                    f"{_flops_ratio:.2f}x the FLOPs of one of {ttft_prompt:,}: "
+                    + ("more than twice, because attention grows with the square of the length."
+                       if _flops_ratio > 2.005 else "about twice: the weights' FLOPs dominate."))
     ui.md(_reading)
     return
 
@@ -647,6 +927,31 @@ def _(gpu_catalogue, ui):
                "bf16 TFLOP/s": round(g.flops / 1e12), "spec source": g.spec_source,
                "$/hour": g.price_usd_hour, "price source": g.price_source}
               for g in gpu_catalogue.values()])
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## What the real engines do
+
+    * **Prefill and decode share the GPU.** vLLM splits long prompts into chunks (*chunked
+      prefill*, on by default in its V1 engine) and fills each step with decode tokens first, then
+      prefill chunks, up to `--max-num-batched-tokens` tokens in all: a long prompt no longer
+      stalls everybody's next token, and that budget trades TTFT against TPOT
+      ([vLLM docs: optimization and tuning](https://docs.vllm.ai/en/stable/configuration/optimization/)).
+      Sarathi-Serve's *stall-free batching* is the same idea
+      ([Agrawal et al. 2024](https://arxiv.org/abs/2403.02310)).
+    * **Or they get separate GPUs.** Disaggregated serving runs prefill and decode on different
+      GPUs, so the TTFT and TPOT targets above are met, and scaled, independently: DistServe
+      ([Zhong et al. 2024](https://arxiv.org/abs/2401.09670)) and Splitwise
+      ([Patel et al. 2024](https://arxiv.org/abs/2311.18677)) move each request's KV cache from
+      the prefill GPU to the decode GPU.
+    * **What the calculators here leave out.** Engines reach a fraction of these bounds
+      (notebook 3 measures how much on this machine), keep activations and CUDA graphs in the
+      memory outside the KV cache, and pay for communication under tensor parallelism; treat
+      every figure above as the best case, and measure (notebook 10) before you buy.
+    """)
     return
 
 

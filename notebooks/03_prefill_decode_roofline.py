@@ -105,15 +105,15 @@ def _(mo):
 
 @app.cell
 def _(session):
-    from workshop import kvcache, roofline, ui
+    from workshop import capacity, kvcache, roofline, roofline_measure, roofline_plots, ui
     from workshop.session import sweep
 
     if str(session.info.get("device", "cpu")).startswith("cuda"):
-        machine = roofline.measure_cuda_machine()       # the server runs on this GPU: measure it
+        machine = roofline_measure.measure_cuda_machine()   # the server runs on this GPU: measure it
     else:
-        machine = roofline.measure_machine("this CPU", mib=sweep(512, 256),
-                                           sizes=sweep((512, 1024, 2048), (512, 1024)),
-                                           repeats=sweep(5, 3))
+        machine = roofline_measure.measure_machine("this CPU", mib=sweep(512, 256),
+                                                   sizes=sweep((512, 1024, 2048), (512, 1024)),
+                                                   repeats=sweep(5, 3))
     ui.md(
         f"**{machine.name}**: memory bandwidth **{machine.bandwidth / 1e9:,.1f} GB/s**, peak "
         f"**{machine.flops / 1e9:,.1f} GFLOP/s** ("
@@ -123,7 +123,16 @@ def _(session):
         "reads to keep the arithmetic units busy. (On a shared machine these numbers move from run "
         "to run; re-run the cell and compare.)"
     )
-    return kvcache, machine, roofline, sweep, ui
+    return (
+        capacity,
+        kvcache,
+        machine,
+        roofline,
+        roofline_measure,
+        roofline_plots,
+        sweep,
+        ui,
+    )
 
 
 @app.cell(hide_code=True)
@@ -200,7 +209,7 @@ def _(mo):
 
 
 @app.cell
-def _(model_path, roofline, session, sweep, ui):
+def _(model_path, roofline_measure, session, sweep, ui):
     import torch
     from transformers import AutoModelForCausalLM
     from reference_server.models import resolve_model
@@ -210,13 +219,15 @@ def _(model_path, roofline, session, sweep, ui):
         resolve_model(model_path).path, dtype=torch.bfloat16).eval()
     if str(session.info.get("device", "cpu")).startswith("cuda"):
         _hf_model = _hf_model.cuda()             # time it where the server runs
-    weights_stream_s = roofline.time_weight_stream(_hf_model, repeats=sweep(5, 3))
+    weights_stream_s = roofline_measure.time_weight_stream(_hf_model, repeats=sweep(5, 3))
     leaf_modules = sum(1 for _m in _hf_model.modules() if not list(_m.children()))
     decode_contexts = sweep([64, 256, 512, 1024, 2048], [64, 512])
     decode_rows = []
     for _ctx in ui.progress(decode_contexts, title="timing decode steps"):
-        _cached = roofline.time_decode_step(_hf_model, _ctx, use_cache=True, repeats=sweep(5, 3))
-        _full = roofline.time_decode_step(_hf_model, _ctx, use_cache=False, repeats=sweep(3, 1))
+        _cached = roofline_measure.time_decode_step(_hf_model, _ctx, use_cache=True,
+                                                    repeats=sweep(5, 3))
+        _full = roofline_measure.time_decode_step(_hf_model, _ctx, use_cache=False,
+                                                  repeats=sweep(3, 1))
         decode_rows.append({"context (tokens)": _ctx, "KV-cached step (ms)": _cached * 1e3,
                             "re-run everything (ms)": _full * 1e3, "ratio": _full / _cached})
     del _hf_model          # free it before the server sweep below competes for the same cores
@@ -267,13 +278,13 @@ def _(mo):
 
 
 @app.cell
-def _(roofline, session, sweep, ui):
+def _(roofline_measure, session, sweep, ui):
     decode_batches = sweep([1, 2, 4, 8, 16, 32, 64], [1, 4, 16])
     decode_input, decode_output = 128, sweep(64, 24)
-    serve_decode_rows = [roofline.serve_decode(session, _b, decode_input, decode_output)
+    serve_decode_rows = [roofline_measure.serve_decode(session, _b, decode_input, decode_output)
                          for _b in ui.progress(decode_batches, title="decode sweep")]
     prefill_lengths = sweep([128, 512, 1024, 1536], [256, 1024])
-    serve_prefill_rows = [roofline.serve_prefill(session, _t, repeats=sweep(3, 2))
+    serve_prefill_rows = [roofline_measure.serve_prefill(session, _t, repeats=sweep(3, 2))
                           for _t in ui.progress(prefill_lengths, title="prefill sweep")]
     ui.table(serve_decode_rows)
     return decode_input, decode_output, serve_decode_rows, serve_prefill_rows
@@ -290,6 +301,7 @@ def _(
     machine,
     model_cfg,
     roofline,
+    roofline_plots,
     serve_decode_rows,
     serve_prefill_rows,
     session,
@@ -299,8 +311,8 @@ def _(
          for r in serve_decode_rows]
         + [roofline.prefill_point(model_cfg, r["prompt tokens"], r["prefill tok/s"])
            for r in serve_prefill_rows])
-    roofline.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
-                             [machine], {machine.name: measured_points}, (0.3, 3000))
+    roofline_plots.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
+                                   [machine], {machine.name: measured_points}, (0.3, 3000))
     return (measured_points,)
 
 
@@ -409,8 +421,8 @@ def _(kvcache, ui):
 
 
 @app.cell
-def _(gpu_model_choice, kvcache, machine, roofline):
-    gpu_catalogue = kvcache.load_gpus()
+def _(capacity, gpu_model_choice, kvcache, machine, roofline, roofline_plots):
+    gpu_catalogue = capacity.load_gpus()
     gpu_names = ["L4", "A100-80GB", "H100-SXM", "MI300X"]
     gpu_machines = [roofline.Machine(n, gpu_catalogue[n].bandwidth_bytes_s, gpu_catalogue[n].flops,
                                      "datasheet") for n in gpu_names]
@@ -426,8 +438,9 @@ def _(gpu_model_choice, kvcache, machine, roofline):
         _pts.append(roofline.Point("prefill 2048", _i,
                                    float(roofline.attainable_flops(_i, _m.flops, _m.bandwidth)), 0.0))
         gpu_points[_m.name] = _pts
-    roofline.roofline_figure(f"{gpu_cfg.name}, bf16, 1,024-token context: predicted (datasheet roofs)",
-                             gpu_machines + [machine], gpu_points, (0.3, 3000))
+    roofline_plots.roofline_figure(
+        f"{gpu_cfg.name}, bf16, 1,024-token context: predicted (datasheet roofs)",
+        gpu_machines + [machine], gpu_points, (0.3, 3000))
     return gpu_cfg, gpu_machines
 
 
@@ -491,11 +504,11 @@ def _(
     decode_input,
     decode_output,
     predict_batch8_tok_s,
-    roofline,
+    roofline_measure,
     session,
     ui,
 ):
-    exercise_batch8 = roofline.serve_decode(session, 8, decode_input, decode_output)
+    exercise_batch8 = roofline_measure.serve_decode(session, 8, decode_input, decode_output)
     ui.compare(predict_batch8_tok_s, exercise_batch8["tok/s total"],
                "decode rate at batch 8 (all requests)", "tokens/s")
     return
@@ -517,8 +530,8 @@ def _():
 
 
 @app.cell
-def _(predict_ttft_768_ms, roofline, session, ui):
-    exercise_prefill = roofline.serve_prefill(session, 768, repeats=2)
+def _(predict_ttft_768_ms, roofline_measure, session, ui):
+    exercise_prefill = roofline_measure.serve_prefill(session, 768, repeats=2)
     ui.compare(predict_ttft_768_ms, exercise_prefill["TTFT ms (median)"],
                "time to first token, 768-token prompt", "ms")
     return

@@ -334,13 +334,13 @@ def _(mo):
 def _(av, live_variants, sweep, ui, workshop):
     from transformers import AutoTokenizer
 
-    from workshop import quantization
+    from workshop import model_quality
 
     kv_pool_gib = 1                         # each server's KV pool (the server's --kv-cache-gib)
     n_positions = sweep(128, 24)            # teacher-forced positions of the held-out text
-    questions = quantization.QUESTIONS[:sweep(6, 3)]
+    questions = model_quality.QUESTIONS[:sweep(6, 3)]
     answer_tokens = sweep(32, 16)
-    heldout_text = quantization.heldout_texts(1)[0]
+    heldout_text = model_quality.heldout_texts(1)[0]
 
     live_results = []                       # one dict per served variant, GQA first
     echo_refusal = ""
@@ -544,7 +544,7 @@ def _(mo):
     mo.md(r"""
     SmolLM2's shape: 9 query heads of 64, with 9 (MHA), 3 (GQA, as shipped) or 1 (MQA) KV heads,
     one user, one layer, fp32, each timing the best of 10 after a warm-up
-    (`workshop.roofline.best_time_s`), on **one** CPU thread: with several, any thread that
+    (`workshop.timing.best_time_s`), on **one** CPU thread: with several, any thread that
     other work on the machine preempts stalls the rest, and on a shared machine the timings
     then measure the load rather than the cache.
 

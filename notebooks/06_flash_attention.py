@@ -520,11 +520,11 @@ def _(mo):
 
 @app.cell
 def _(fa, kvcache, session, sweep, ui):
-    from workshop import roofline
+    from workshop import roofline, roofline_measure
 
     max_prompt = int(session.info.get("max_model_len") or 2048) - 16
     prefill_lengths = [n for n in sweep([128, 256, 512, 1024, 1536], [128, 512]) if n <= max_prompt]
-    prefill_results = [roofline.serve_prefill(session, _n, repeats=sweep(3, 1))
+    prefill_results = [roofline_measure.serve_prefill(session, _n, repeats=sweep(3, 1))
                        for _n in ui.progress(prefill_lengths, title="prefill sweep")]
     served_cfg = kvcache.served_model_config(str(session.info.get("model_path") or session.model),
                                              name=session.model)
@@ -532,7 +532,7 @@ def _(fa, kvcache, session, sweep, ui):
         _r["attention share of FLOPs"] = fa.attention_share(served_cfg, _r["prompt tokens"])
         _r["TTFT per token (ms)"] = _r["TTFT ms (median)"] / _r["prompt tokens"]
     ui.table(prefill_results)
-    return max_prompt, prefill_results, roofline, served_cfg
+    return max_prompt, prefill_results, roofline, roofline_measure, served_cfg
 
 
 @app.cell(hide_code=True)
@@ -558,8 +558,8 @@ def _():
 
 
 @app.cell
-def _(exercise_prompt, my_ttft_ms, roofline, session, sweep, ui):
-    exercise_prefill = roofline.serve_prefill(session, exercise_prompt, repeats=sweep(3, 1))
+def _(exercise_prompt, my_ttft_ms, roofline_measure, session, sweep, ui):
+    exercise_prefill = roofline_measure.serve_prefill(session, exercise_prompt, repeats=sweep(3, 1))
     ui.compare(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
                f"TTFT for a {exercise_prompt:,}-token prompt", "ms")
     return (exercise_prefill,)

@@ -10,7 +10,7 @@ implement (``unsupported_fields``), so nothing is accepted and silently ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from typing import Any, Generic, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
@@ -196,20 +196,32 @@ class Usage(BaseModel):
     prompt_tokens_details: dict[str, int] | None = None
 
 
-class CompletionChoice(BaseModel):
+class _Choice(BaseModel):
     index: int
-    text: str
     finish_reason: str | None = None
     logprobs: dict[str, Any] | None = None
 
 
-class CompletionResponse(BaseModel):
+ChoiceT = TypeVar("ChoiceT", bound=_Choice)
+
+
+class _Envelope(BaseModel, Generic[ChoiceT]):
+    """What every completion, chat completion and streamed chunk carries around its choices;
+    each subclass fixes ``object``."""
     id: str
-    object: Literal["text_completion"] = "text_completion"
+    object: str
     created: int
     model: str
-    choices: list[CompletionChoice]
+    choices: list[ChoiceT]
     usage: Usage | None = None
+
+
+class CompletionChoice(_Choice):
+    text: str
+
+
+class CompletionResponse(_Envelope[CompletionChoice]):
+    object: Literal["text_completion"] = "text_completion"
 
 
 class AssistantMessage(BaseModel):
@@ -217,20 +229,12 @@ class AssistantMessage(BaseModel):
     content: str
 
 
-class ChatChoice(BaseModel):
-    index: int
+class ChatChoice(_Choice):
     message: AssistantMessage
-    finish_reason: str | None = None
-    logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionResponse(BaseModel):
-    id: str
+class ChatCompletionResponse(_Envelope[ChatChoice]):
     object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -238,29 +242,16 @@ class DeltaMessage(BaseModel):
     content: str | None = None
 
 
-class ChatStreamChoice(BaseModel):
-    index: int
+class ChatStreamChoice(_Choice):
     delta: DeltaMessage
-    finish_reason: str | None = None
-    logprobs: dict[str, Any] | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(_Envelope[ChatStreamChoice]):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
-    choices: list[ChatStreamChoice]
-    usage: Usage | None = None
 
 
-class CompletionChunk(BaseModel):
-    id: str
+class CompletionChunk(_Envelope[CompletionChoice]):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
-    choices: list[CompletionChoice]
-    usage: Usage | None = None
 
 
 class ModelCard(BaseModel):

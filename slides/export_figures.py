@@ -95,7 +95,7 @@ FIGURES: dict[str, list[FigureSpec]] = {
                    "the same roofline predicted for common GPUs (datasheet roofs)"),
     ],
     "04_quantization": [
-        FigureSpec("tradeoff", r"quant\.plot_tradeoff\(", r"^Memory vs quality",
+        FigureSpec("tradeoff", r"^plot_tradeoff\(", r"^Memory vs quality",
                    "memory, decode speed and quality per weight format"),
     ],
     "05_attention_variants": [

@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 from reference_server.kv import kv_bytes_per_sequence, kv_bytes_per_token
 from reference_server.model_config import ModelArch
 from workshop import plots
-from workshop.roofline import best_time_s
+from workshop.timing import best_time_s
 
 # ---------------------------------------------------------------------------------------
 # The architecture of each variant (the formula stays in reference_server.kv)

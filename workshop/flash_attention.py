@@ -24,7 +24,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from workshop.roofline import best_time_s, flops_per_token, prefill_flops
+from workshop.roofline import flops_per_token, prefill_flops
+from workshop.timing import best_time_s
 
 Attention = Callable[..., np.ndarray]
 

@@ -226,6 +226,23 @@ def run_kinds(sessions: dict[str, Any], workloads: dict[str, dict], concurrency:
     return rows, raw
 
 
+RESET_TRIES = 5
+
+
+async def _reset(client, base_url: str) -> bool:
+    """One ``POST /reset_prefix_cache``; True when the server says the cache was emptied."""
+    async with client.session.post(base_url + "/reset_prefix_cache",
+                                   headers=client.headers) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"/reset_prefix_cache answered {resp.status}: this server "
+                               "cannot empty its prefix cache")
+        try:
+            body = await resp.json(content_type=None)
+        except ValueError:
+            return True
+        return bool(body.get("success", True)) if isinstance(body, dict) else True
+
+
 def sequential_run(session, requests, reset_each: bool) -> list:
     """Send ``requests`` (``workshop.bench`` ``Request``s) one at a time and record each.
 

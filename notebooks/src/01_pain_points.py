@@ -59,7 +59,8 @@ session = workshop.session.connect()
 # this server runs, read from its `config.json`:
 
 # %%
-from workshop import engine_comparison, kv_usage, kvcache, live_requests, prompt_latency, ui
+from workshop import (capacity, engine_comparison, kv_usage, kvcache, live_requests,
+                      prompt_latency, ui)
 
 kv = kv_usage.server_kv(session)
 _a = kv.arch
@@ -193,7 +194,7 @@ _fit = kv_usage.users_until_full(_per_user, kv.block_size, kv.capacity_tokens)
 _waited = max(_r["peak waiting"] for _r in users_rows)
 _llama = kvcache.load_model("llama-3.1-8b")
 _llama_bytes = kvcache.kv_bytes_per_token(_llama)
-_h100 = kvcache.load_gpus()["H100-SXM"]
+_h100 = capacity.load_gpus()["H100-SXM"]
 _hundred = 100 * _llama_bytes * 8192
 _room = _h100.memory_bytes - kvcache.weight_bytes(_llama, "bf16")
 if _waited:

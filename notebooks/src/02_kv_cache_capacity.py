@@ -14,7 +14,10 @@
 #    context and number of users, how fast can it decode at best, and what does that imply
 #    per million tokens?
 # 4. the **other direction**: from a latency target (time per output token) to the largest
-#    batch, the users per GPU and the cost per million tokens.
+#    batch, the users per GPU and the cost per million tokens;
+# 5. the same from a **time-to-first-token** target: how many prompts can be prefilled
+#    together within it, hence the requests per second one GPU sustains and the cost per
+#    million prompt tokens.
 #
 # Two mistakes are common in online calculators, and the calculator here avoids both: counting
 # keys and values for every *attention* head (models with grouped-query attention store them
@@ -73,9 +76,9 @@ session = workshop.session.connect()
 # precision, the mistake to avoid.
 
 # %%
-from workshop import kvcache, ui
+from workshop import capacity, capacity_plots, kvcache, roofline, ui
 
-model_table = kvcache.model_rows(context=32_768)
+model_table = capacity_plots.model_rows(context=32_768)
 ui.table(model_table)
 
 # %%
@@ -192,7 +195,7 @@ calc_model = ui.dropdown(kvcache.list_models(), "llama-3.1-8b", "model")
 calc_model
 
 # %%
-gpu_catalogue = kvcache.load_gpus()
+gpu_catalogue = capacity.load_gpus()
 calc_gpu = ui.dropdown(list(gpu_catalogue), "L4", "GPU")
 calc_gpu
 
@@ -221,8 +224,8 @@ calc_cfg = kvcache.load_model(calc_model.value)
 # The deployment the controls describe, passed whole to every calculation below.
 calc_deployment = dict(weight_dtype=calc_weights.value, kv_dtype=calc_kv.value,
                        context=int(calc_context.value), num_gpus=int(calc_num_gpus.value))
-calc_plan = kvcache.plan(calc_cfg, gpu_catalogue[calc_gpu.value], users=int(calc_users.value),
-                         **calc_deployment)
+calc_plan = capacity.plan(calc_cfg, gpu_catalogue[calc_gpu.value], users=int(calc_users.value),
+                          **calc_deployment)
 _p = calc_plan
 ui.md(
     f"**{_p.model}** on {_p.num_gpus} x {_p.gpu}, weights {_p.weight_dtype}, KV cache "
@@ -244,16 +247,16 @@ ui.md(
 # The same question for every GPU in the catalogue:
 
 # %%
-ui.table(kvcache.gpu_rows(calc_cfg, gpu_catalogue, users=int(calc_users.value),
-                          **calc_deployment))
+ui.table(capacity_plots.gpu_rows(calc_cfg, gpu_catalogue, users=int(calc_users.value),
+                                 **calc_deployment))
 
 # %% [markdown]
 # How many users fit as the context grows, with a 16-bit cache, an 8-bit cache, and what the
 # naive calculation would tell you:
 
 # %%
-capacity_plot = kvcache.plot_users_vs_context(calc_cfg, gpu_catalogue[calc_gpu.value],
-                                              calc_weights.value, int(calc_num_gpus.value))
+capacity_plot = capacity_plots.plot_users_vs_context(calc_cfg, gpu_catalogue[calc_gpu.value],
+                                                     calc_weights.value, int(calc_num_gpus.value))
 capacity_plot
 
 # %%
@@ -333,7 +336,7 @@ slo_closed_form = max(math.floor((slo_target_s * slo_bandwidth - slo_weight_byte
                                  / slo_kv_per_user), 0)
 
 # The whole calculation: the compute bound too, the experts a batch touches, and memory.
-slo = kvcache.latency_plan(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
+slo = capacity.latency_plan(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
 ui.table([{"": "closed form (memory-bound, active weights)", "batch": slo_closed_form},
           {"": "latency alone (full TPOT formula)", "batch": slo.max_batch_latency},
           {"": "KV-cache memory alone", "batch": slo.max_batch_memory},
@@ -341,7 +344,7 @@ ui.table([{"": "closed form (memory-bound, active weights)", "batch": slo_closed
 
 # %%
 if slo.batch == 0:
-    _one = kvcache.decode_step(calc_cfg, slo_gpu, 1, **calc_deployment)
+    _one = capacity.decode_step(calc_cfg, slo_gpu, 1, **calc_deployment)
     _why = (f"The weights alone ({kvcache.human_bytes(calc_plan.weight_bytes)}) leave no room "
             "for a KV cache." if slo.max_batch_memory == 0 else
             f"One user alone already takes {_one.seconds * 1e3:.1f} ms per token.")
@@ -376,14 +379,14 @@ ui.md(
 )
 
 # %%
-slo_plot = kvcache.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
+slo_plot = capacity_plots.plot_tpot_vs_batch(calc_cfg, slo_gpu, slo_target_s, **calc_deployment)
 slo_plot
 
 # %% [markdown]
 # The same target on every GPU of the catalogue:
 
 # %%
-ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s, **calc_deployment))
+ui.table(capacity_plots.latency_rows(calc_cfg, gpu_catalogue, slo_target_s, **calc_deployment))
 
 # %% [markdown]
 # ## Predict, then compute
@@ -395,7 +398,7 @@ ui.table(kvcache.latency_rows(calc_cfg, gpu_catalogue, slo_target_s, **calc_depl
 predict_batch_at_double_target = None   # your guess: the largest batch at 2 x the target
 
 # %%
-slo_double = kvcache.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s, **calc_deployment)
+slo_double = capacity.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s, **calc_deployment)
 ui.compare(predict_batch_at_double_target, slo_double.batch,
            f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
 
@@ -406,7 +409,7 @@ else:
     _ratio = slo_double.batch / slo.batch
     _reading = (f"Twice the target gave **{_ratio:.2f}x** the users ({slo.batch:,} -> "
                 f"{slo_double.batch:,}), limited by {slo_double.limited_by}. ")
-    _weights_share = (kvcache.weights_read_per_step(calc_cfg, slo.batch)
+    _weights_share = (roofline.weights_read_per_step(calc_cfg, slo.batch)
                       * kvcache.WEIGHT_BYTES[calc_weights.value] / slo.step.bytes_read)
     if slo_double.limited_by == "KV-cache memory":
         _reading += ("Memory, not latency, caps it now: loosening the target further adds no "
@@ -424,6 +427,158 @@ else:
 ui.md(_reading)
 
 # %% [markdown]
+# ## 5. From a time-to-first-token target to requests per second and cost
+#
+# The other promise a service makes: the first token arrives within *TTFT* (time to first
+# token). Before it, the engine **prefills** the whole prompt, and there every prompt token
+# passes through every weight: one pass over the weights serves hundreds or thousands of
+# tokens, so a prefill is compute-bound already for a single prompt of a few hundred tokens
+# (notebook 3 places it on the roofline). A prompt of $L$ tokens costs
+#
+# $$F(L) = 2L \times \text{active parameters} + 2L^2 \times \text{layers} \times \text{heads} \times \text{head dim} - 2(L-1) \times \text{LM-head parameters}$$
+#
+# FLOPs: 2 per active weight per token, attention over the prompt (each token looks back at
+# $L/2$ tokens on average), and the output layer only for the last token, whose logits give
+# the first token. $N$ prompts prefilled together take at least
+#
+# $$\text{TTFT}(N) = \max\left(\frac{N \times F(L)}{\text{peak FLOP/s}},\ \frac{\text{weight bytes read} + N \times \text{KV bytes}(L)}{\text{bandwidth}}\right)$$
+#
+# (the weights are read once for all of them, each prompt's KV cache written once). When the
+# compute term wins, solving $\text{TTFT}(N) \le \text{target}$ gives
+#
+# $$N_{\max} = \left\lfloor \frac{\text{target} \times \text{peak FLOP/s}}{F(L)} \right\rfloor$$
+#
+# That many prompts fit in one step when they **arrive together**. A stream of requests is
+# less lucky: a request that arrives while a prefill step runs waits for it, then for its own,
+# so to keep every request within the target each step may take only **half** of it. Run back
+# to back, steps of $N'$ prompts (the largest within half the target) serve
+# $N' / \text{TTFT}(N')$ requests per second, and a million prompt tokens cost
+# $\text{price per hour} \times \text{GPUs} / (3600 \times \text{requests/s} \times L) \times 10^6$.
+# Here the GPUs only prefill: decoding the answers takes time of its own (section 4), so the
+# rate is an upper bound and the cost a lower bound.
+#
+# Model, GPU, precisions and GPU count are the controls of section 3; choose the target and
+# the prompt length here. (In Jupyter, re-run the cells below after moving them.)
+
+# %%
+slo_ttft_ms = ui.slider(50, 5000, 500, 50, "TTFT target (ms to the first token)")
+slo_ttft_ms
+
+# %%
+slo_prompt_len = ui.slider(128, 32_768, 2048, 128, "prompt length (tokens)")
+slo_prompt_len
+
+# %%
+ttft_target_s = slo_ttft_ms.value / 1000
+ttft_prompt = int(slo_prompt_len.value)
+ttft_deployment = {k: v for k, v in calc_deployment.items() if k != "context"}
+# The closed form above, written out: F(L), then the prompts whose FLOPs fit in the target.
+ttft_flops_per_prompt = (2 * ttft_prompt * calc_cfg.active_params
+                         + 2 * ttft_prompt**2 * calc_cfg.num_layers * calc_cfg.num_heads
+                         * calc_cfg.head_dim
+                         - 2 * (ttft_prompt - 1) * roofline.lm_head_params(calc_cfg))
+ttft_peak = slo_gpu.flops * int(calc_num_gpus.value)
+ttft_closed_form = math.floor(ttft_target_s * ttft_peak / ttft_flops_per_prompt)
+
+# The whole calculation: the memory term too, the experts a batch touches, KV memory, and
+# half the target for a stream.
+ttft = capacity.ttft_plan(calc_cfg, slo_gpu, ttft_target_s, prompt_len=ttft_prompt,
+                          **ttft_deployment)
+ui.table([{"": "closed form (compute-bound)", "prompts": ttft_closed_form},
+          {"": "latency alone (full TTFT formula)", "prompts": ttft.max_prompts_latency},
+          {"": "KV-cache memory alone", "prompts": ttft.max_prompts_memory},
+          {"": f"together within {slo_ttft_ms.value} ms ({ttft.limited_by})",
+           "prompts": ttft.together},
+          {"": f"a stream: per step within {slo_ttft_ms.value / 2:g} ms", "prompts": ttft.stream}])
+
+# %%
+if ttft_flops_per_prompt != roofline.prefill_flops(calc_cfg, ttft_prompt):
+    _formula = (f"(The formula above gives {ttft_flops_per_prompt:.4g} FLOPs per prompt, "
+                f"`roofline.prefill_flops` {roofline.prefill_flops(calc_cfg, ttft_prompt):.4g}: "
+                "they should agree; report it.) ")
+else:
+    _formula = ""
+if ttft.together == 0:
+    _one = capacity.prefill_step(calc_cfg, slo_gpu, 1, ttft_prompt, **ttft_deployment)
+    _why = ("The prompt is longer than the model's context." if ttft.limited_by.startswith(
+        "context") else f"The weights alone ({kvcache.human_bytes(calc_plan.weight_bytes)}) "
+            "leave no room for a KV cache." if ttft.max_prompts_memory == 0 else
+            f"One prompt alone already takes {_one.seconds * 1e3:,.1f} ms to prefill.")
+elif ttft.max_prompts_latency == ttft_closed_form:
+    _why = "The full formula agrees with the closed form: these prefills are compute-bound."
+elif ttft.max_prompts_latency < ttft_closed_form:
+    _why = (f"The full formula allows fewer prompts than the closed form: at "
+            f"{ttft.max_prompts_latency + 1:,} prompts the bytes to read (weights once, "
+            "each prompt's KV cache) would take longer than the FLOPs.")
+else:
+    _why = (f"The full formula allows {ttft.max_prompts_latency:,} prompts against the closed "
+            f"form's {ttft_closed_form:,}.")
+ui.md(
+    _formula
+    + f"At a {slo_ttft_ms.value} ms target, {calc_cfg.name} on {int(calc_num_gpus.value)} x "
+    f"{slo_gpu.name} prefills **{ttft.together:,} prompts of {ttft_prompt:,} tokens "
+    f"together**, limited by **{ttft.limited_by}**. {_why}"
+    + (f" For a stream of requests, steps of {ttft.stream:,} prompts take "
+       f"{ttft.stream_step.seconds * 1e3:,.1f} ms each (within half the target), so the GPUs "
+       f"sustain **{ttft.requests_per_s:,.1f} requests/s** "
+       f"({ttft.requests_per_s_per_gpu:,.1f} per GPU, {ttft.prompt_tokens_per_s:,.0f} prompt "
+       "tokens/s)" if ttft.stream_step is not None else
+       " Half the target is too short for even one prompt, so a stream of requests cannot be "
+       "promised it at any rate")
+    + (f", and a million prompt tokens cost at least "
+       f"**${ttft.usd_per_million_prompt_tokens:,.4f}**." if
+       ttft.usd_per_million_prompt_tokens is not None else ".")
+    + (f" Section 4's batch decodes output tokens for at least "
+       f"${slo.usd_per_million_tokens:,.3f} per million: a prompt token costs "
+       f"{ttft.usd_per_million_prompt_tokens / slo.usd_per_million_tokens:.2g}x an output "
+       "token here, because one pass over the weights prefills many tokens but decodes only "
+       "one per user."
+       if ttft.usd_per_million_prompt_tokens is not None
+       and slo.usd_per_million_tokens is not None else "")
+)
+
+# %%
+ttft_plot = capacity_plots.plot_ttft_vs_prompts(calc_cfg, slo_gpu, ttft_target_s,
+                                                prompt_len=ttft_prompt, **ttft_deployment)
+ttft_plot
+
+# %% [markdown]
+# The same target and prompt length on every GPU of the catalogue:
+
+# %%
+ui.table(capacity_plots.ttft_rows(calc_cfg, gpu_catalogue, ttft_target_s, prompt_len=ttft_prompt,
+                                  **ttft_deployment))
+
+# %% [markdown]
+# **Predict, then compute.** Same target, same model and GPU, but prompts **twice as long**.
+# How many of them can be prefilled together now? Write the number you expect, then run the
+# cell after it.
+
+# %%
+predict_prompts_at_double_length = None   # your guess: prompts together at 2 x the length
+
+# %%
+ttft_double = capacity.ttft_plan(calc_cfg, slo_gpu, ttft_target_s, prompt_len=2 * ttft_prompt,
+                                 **ttft_deployment)
+ui.compare(predict_prompts_at_double_length, ttft_double.together,
+           f"prompts of {2 * ttft_prompt:,} tokens prefilled together within "
+           f"{slo_ttft_ms.value} ms", "prompts", how="computed")
+
+# %%
+if ttft.together == 0 or ttft_double.together == 0:
+    _reading = "Here at least one of the two prefills nothing, so there is no ratio to read."
+else:
+    _flops_ratio = (roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
+                    / roofline.prefill_flops(calc_cfg, ttft_prompt))
+    _reading = (f"Twice the prompt length gave **{ttft_double.together / ttft.together:.2f}x** "
+                f"the prompts ({ttft.together:,} -> {ttft_double.together:,}), limited by "
+                f"{ttft_double.limited_by}. One prompt of {2 * ttft_prompt:,} tokens costs "
+                f"{_flops_ratio:.2f}x the FLOPs of one of {ttft_prompt:,}: "
+                + ("more than twice, because attention grows with the square of the length."
+                   if _flops_ratio > 2.005 else "about twice: the weights' FLOPs dominate."))
+ui.md(_reading)
+
+# %% [markdown]
 # ## Where the GPU numbers come from
 #
 # Peak figures are the vendors' dense (no 2:4 sparsity) bf16 tensor numbers and peak memory
@@ -436,3 +591,23 @@ ui.table([{"GPU": g.name, "memory (GiB)": round(g.memory_bytes / 2**30),
            "bf16 TFLOP/s": round(g.flops / 1e12), "spec source": g.spec_source,
            "$/hour": g.price_usd_hour, "price source": g.price_source}
           for g in gpu_catalogue.values()])
+
+# %% [markdown]
+# ## What the real engines do
+#
+# * **Prefill and decode share the GPU.** vLLM splits long prompts into chunks (*chunked
+#   prefill*, on by default in its V1 engine) and fills each step with decode tokens first, then
+#   prefill chunks, up to `--max-num-batched-tokens` tokens in all: a long prompt no longer
+#   stalls everybody's next token, and that budget trades TTFT against TPOT
+#   ([vLLM docs: optimization and tuning](https://docs.vllm.ai/en/stable/configuration/optimization/)).
+#   Sarathi-Serve's *stall-free batching* is the same idea
+#   ([Agrawal et al. 2024](https://arxiv.org/abs/2403.02310)).
+# * **Or they get separate GPUs.** Disaggregated serving runs prefill and decode on different
+#   GPUs, so the TTFT and TPOT targets above are met, and scaled, independently: DistServe
+#   ([Zhong et al. 2024](https://arxiv.org/abs/2401.09670)) and Splitwise
+#   ([Patel et al. 2024](https://arxiv.org/abs/2311.18677)) move each request's KV cache from
+#   the prefill GPU to the decode GPU.
+# * **What the calculators here leave out.** Engines reach a fraction of these bounds
+#   (notebook 3 measures how much on this machine), keep activations and CUDA graphs in the
+#   memory outside the KV cache, and pay for communication under tensor parallelism; treat
+#   every figure above as the best case, and measure (notebook 10) before you buy.

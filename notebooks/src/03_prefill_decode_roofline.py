@@ -63,15 +63,15 @@ session = workshop.session.connect()
 # it, for arithmetic. On a GPU the server runs on the GPU, so we measure that instead.
 
 # %%
-from workshop import kvcache, roofline, ui
+from workshop import capacity, kvcache, roofline, roofline_measure, roofline_plots, ui
 from workshop.session import sweep
 
 if str(session.info.get("device", "cpu")).startswith("cuda"):
-    machine = roofline.measure_cuda_machine()       # the server runs on this GPU: measure it
+    machine = roofline_measure.measure_cuda_machine()   # the server runs on this GPU: measure it
 else:
-    machine = roofline.measure_machine("this CPU", mib=sweep(512, 256),
-                                       sizes=sweep((512, 1024, 2048), (512, 1024)),
-                                       repeats=sweep(5, 3))
+    machine = roofline_measure.measure_machine("this CPU", mib=sweep(512, 256),
+                                               sizes=sweep((512, 1024, 2048), (512, 1024)),
+                                               repeats=sweep(5, 3))
 ui.md(
     f"**{machine.name}**: memory bandwidth **{machine.bandwidth / 1e9:,.1f} GB/s**, peak "
     f"**{machine.flops / 1e9:,.1f} GFLOP/s** ("
@@ -144,13 +144,15 @@ _hf_model = AutoModelForCausalLM.from_pretrained(
     resolve_model(model_path).path, dtype=torch.bfloat16).eval()
 if str(session.info.get("device", "cpu")).startswith("cuda"):
     _hf_model = _hf_model.cuda()             # time it where the server runs
-weights_stream_s = roofline.time_weight_stream(_hf_model, repeats=sweep(5, 3))
+weights_stream_s = roofline_measure.time_weight_stream(_hf_model, repeats=sweep(5, 3))
 leaf_modules = sum(1 for _m in _hf_model.modules() if not list(_m.children()))
 decode_contexts = sweep([64, 256, 512, 1024, 2048], [64, 512])
 decode_rows = []
 for _ctx in ui.progress(decode_contexts, title="timing decode steps"):
-    _cached = roofline.time_decode_step(_hf_model, _ctx, use_cache=True, repeats=sweep(5, 3))
-    _full = roofline.time_decode_step(_hf_model, _ctx, use_cache=False, repeats=sweep(3, 1))
+    _cached = roofline_measure.time_decode_step(_hf_model, _ctx, use_cache=True,
+                                                repeats=sweep(5, 3))
+    _full = roofline_measure.time_decode_step(_hf_model, _ctx, use_cache=False,
+                                              repeats=sweep(3, 1))
     decode_rows.append({"context (tokens)": _ctx, "KV-cached step (ms)": _cached * 1e3,
                         "re-run everything (ms)": _full * 1e3, "ratio": _full / _cached})
 del _hf_model          # free it before the server sweep below competes for the same cores
@@ -184,10 +186,10 @@ ui.md(
 # %%
 decode_batches = sweep([1, 2, 4, 8, 16, 32, 64], [1, 4, 16])
 decode_input, decode_output = 128, sweep(64, 24)
-serve_decode_rows = [roofline.serve_decode(session, _b, decode_input, decode_output)
+serve_decode_rows = [roofline_measure.serve_decode(session, _b, decode_input, decode_output)
                      for _b in ui.progress(decode_batches, title="decode sweep")]
 prefill_lengths = sweep([128, 512, 1024, 1536], [256, 1024])
-serve_prefill_rows = [roofline.serve_prefill(session, _t, repeats=sweep(3, 2))
+serve_prefill_rows = [roofline_measure.serve_prefill(session, _t, repeats=sweep(3, 2))
                       for _t in ui.progress(prefill_lengths, title="prefill sweep")]
 ui.table(serve_decode_rows)
 
@@ -200,8 +202,8 @@ measured_points = (
      for r in serve_decode_rows]
     + [roofline.prefill_point(model_cfg, r["prompt tokens"], r["prefill tok/s"])
        for r in serve_prefill_rows])
-roofline.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
-                         [machine], {machine.name: measured_points}, (0.3, 3000))
+roofline_plots.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
+                               [machine], {machine.name: measured_points}, (0.3, 3000))
 
 # %% [markdown]
 # **A check the picture must pass.** No kernel runs faster than the machine allows, so every
@@ -281,7 +283,7 @@ gpu_model_choice = ui.dropdown(kvcache.list_models(), "llama-3.1-8b", "model")
 gpu_model_choice
 
 # %%
-gpu_catalogue = kvcache.load_gpus()
+gpu_catalogue = capacity.load_gpus()
 gpu_names = ["L4", "A100-80GB", "H100-SXM", "MI300X"]
 gpu_machines = [roofline.Machine(n, gpu_catalogue[n].bandwidth_bytes_s, gpu_catalogue[n].flops,
                                  "datasheet") for n in gpu_names]
@@ -297,8 +299,9 @@ for _m in gpu_machines:
     _pts.append(roofline.Point("prefill 2048", _i,
                                float(roofline.attainable_flops(_i, _m.flops, _m.bandwidth)), 0.0))
     gpu_points[_m.name] = _pts
-roofline.roofline_figure(f"{gpu_cfg.name}, bf16, 1,024-token context: predicted (datasheet roofs)",
-                         gpu_machines + [machine], gpu_points, (0.3, 3000))
+roofline_plots.roofline_figure(
+    f"{gpu_cfg.name}, bf16, 1,024-token context: predicted (datasheet roofs)",
+    gpu_machines + [machine], gpu_points, (0.3, 3000))
 
 # %%
 ui.table([{"GPU": _m.name, "ridge (FLOP/byte)": round(_m.ridge),
@@ -342,7 +345,7 @@ ui.md(
 predict_batch8_tok_s = None      # your prediction, e.g. 120.0
 
 # %%
-exercise_batch8 = roofline.serve_decode(session, 8, decode_input, decode_output)
+exercise_batch8 = roofline_measure.serve_decode(session, 8, decode_input, decode_output)
 ui.compare(predict_batch8_tok_s, exercise_batch8["tok/s total"],
            "decode rate at batch 8 (all requests)", "tokens/s")
 
@@ -354,7 +357,7 @@ ui.compare(predict_batch8_tok_s, exercise_batch8["tok/s total"],
 predict_ttft_768_ms = None       # your prediction in milliseconds
 
 # %%
-exercise_prefill = roofline.serve_prefill(session, 768, repeats=2)
+exercise_prefill = roofline_measure.serve_prefill(session, 768, repeats=2)
 ui.compare(predict_ttft_768_ms, exercise_prefill["TTFT ms (median)"],
            "time to first token, 768-token prompt", "ms")
 

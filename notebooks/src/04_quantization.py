@@ -57,17 +57,16 @@ session = workshop.session.connect()
 # everything else), so each group of 32-128 consecutive weights gets its own scale. Symmetric
 # groups use levels -8..7 times *absmax / 7*; min/max ("asymmetric") groups spread the 16
 # levels from the group's minimum to its maximum. Two 4-bit numbers are packed per byte. These
-# are the functions the rest of the notebook uses (int8: the teaching engine's `Int8Linear`,
-# which `workshop/quantization.py` calls; int4: `workshop/quantization.py`; unit-tested):
+# are the functions the rest of the notebook uses (int8 and the packing: the teaching engine's
+# own, `mini_engine/quant.py`; int4 groups: `workshop/quantization.py`; unit-tested):
 
 # %%
 import inspect
-import textwrap
 
 from workshop import quantization as quant
 from workshop import ui
 
-ui.md("```python\n" + textwrap.dedent(inspect.getsource(quant.Int8Linear.__init__)) + "\n"
+ui.md("```python\n" + inspect.getsource(quant.quantize_int8_per_channel) + "\n"
       + inspect.getsource(quant.quantize_int4_groupwise) + "\n"
       + inspect.getsource(quant.pack_int4) + "```")
 
@@ -197,16 +196,18 @@ ui.md(
 # %%
 from transformers import AutoTokenizer
 
+from workshop import model_memory, model_quality, quantization_measure
+
 tokenizer = AutoTokenizer.from_pretrained(model_path)
-heldout = quant.heldout_texts(n=workshop.session.sweep(40, 4))
-questions = quant.QUESTIONS[:workshop.session.sweep(12, 3)]
+heldout = model_quality.heldout_texts(n=workshop.session.sweep(40, 4))
+questions = model_quality.QUESTIONS[:workshop.session.sweep(12, 3)]
 variant_names = workshop.session.sweep(list(quant.VARIANTS), [
     "bf16 (reference)", "int8 per-channel (ours)", "int4 group 64, symmetric (ours)",
     "int4 group 32, min/max (ours, Q4_1's grid)", "int8 dynamic (PyTorch library)"])
 quality_rows = []
 _reference = None
 for _name in ui.progress(variant_names, title="quantize and measure"):
-    _row, _answers = quant.evaluate_variant(
+    _row, _answers = quantization_measure.evaluate_variant(
         _name, quant.VARIANTS[_name], model_path, tokenizer, heldout, questions, _reference,
         max_tokens=workshop.session.sweep(8192, 512), new_tokens=workshop.session.sweep(32, 12),
         speed_tokens=workshop.session.sweep(48, 4))
@@ -218,7 +219,9 @@ reference_ids = _reference        # the bf16 model's greedy answers, as token id
 ui.table(quality_rows)
 
 # %%
-quant.plot_tradeoff(quality_rows)
+from workshop.quantization_plots import plot_tradeoff
+
+plot_tradeoff(quality_rows)
 
 # %%
 _ref = quality_rows[0]
@@ -266,11 +269,11 @@ ui.md(
 # this model's linear layers on one held-out text, largest ratio first:
 
 # %%
-_model = quant.load_bf16(model_path)
-activation_rows = sorted(quant.linear_input_ranges(_model, tokenizer, heldout[0]),
+_model = quantization_measure.load_bf16(model_path)
+activation_rows = sorted(model_quality.linear_input_ranges(_model, tokenizer, heldout[0]),
                          key=lambda r: -r["max / mean"])
 del _model
-quant.release_memory()
+model_memory.release_memory()
 ui.table(activation_rows[:6])
 
 # %%
@@ -327,7 +330,7 @@ _group = int(try_group.value)
 _symmetric = try_scheme.value.endswith("symmetric")
 _label = ("int8 per channel (yours)" if _bits == 8 else
           f"int4 group {_group}, {'symmetric' if _symmetric else 'min/max'} (yours)")
-try_row, _ = quant.evaluate_variant(
+try_row, _ = quantization_measure.evaluate_variant(
     _label, lambda m: quant.quantize_model(m, _bits, _group, _symmetric), model_path, tokenizer,
     heldout, questions, reference_ids, max_tokens=workshop.session.sweep(8192, 512),
     speed_tokens=workshop.session.sweep(48, 4))
@@ -456,13 +459,14 @@ ui.compare(predict_error_group16, exercise_error_group16,
 predict_group192_mib = None      # your prediction in MiB
 
 # %%
-_model = quant.quantize_model(quant.load_bf16(model_path), 4, 192, symmetric=False)
-exercise_group192_mib = quant.state_dict_bytes(_model) / 2**20
+_model = quant.quantize_model(quantization_measure.load_bf16(model_path), 4, 192,
+                              symmetric=False)
+exercise_group192_mib = model_memory.state_dict_bytes(_model) / 2**20
 # Measured now, shown by question 3: the same model's perplexity on the same texts.
-exercise_group192_ppl = quant.perplexity(_model, tokenizer, heldout,
-                                         max_tokens=workshop.session.sweep(8192, 512))
+exercise_group192_ppl = model_quality.perplexity(_model, tokenizer, heldout,
+                                                 max_tokens=workshop.session.sweep(8192, 512))
 del _model
-quant.release_memory()
+model_memory.release_memory()
 ui.compare(predict_group192_mib, exercise_group192_mib,
            "weights, int4 min/max in groups of 192", "MiB")
 

@@ -358,11 +358,11 @@ ui.md(
 # each token it attends to (`roofline.prefill_flops`).
 
 # %%
-from workshop import roofline
+from workshop import roofline, roofline_measure
 
 max_prompt = int(session.info.get("max_model_len") or 2048) - 16
 prefill_lengths = [n for n in sweep([128, 256, 512, 1024, 1536], [128, 512]) if n <= max_prompt]
-prefill_results = [roofline.serve_prefill(session, _n, repeats=sweep(3, 1))
+prefill_results = [roofline_measure.serve_prefill(session, _n, repeats=sweep(3, 1))
                    for _n in ui.progress(prefill_lengths, title="prefill sweep")]
 served_cfg = kvcache.served_model_config(str(session.info.get("model_path") or session.model),
                                          name=session.model)
@@ -383,7 +383,7 @@ ui.md(f"Prompt length for the exercise: **{exercise_prompt:,} tokens**.")
 my_ttft_ms = None    # your prediction, e.g. 500
 
 # %%
-exercise_prefill = roofline.serve_prefill(session, exercise_prompt, repeats=sweep(3, 1))
+exercise_prefill = roofline_measure.serve_prefill(session, exercise_prompt, repeats=sweep(3, 1))
 ui.compare(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
            f"TTFT for a {exercise_prompt:,}-token prompt", "ms")
 

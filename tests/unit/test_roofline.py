@@ -1,4 +1,4 @@
-"""Roofline arithmetic, and the measurement helpers' bookkeeping (not their speed)."""
+"""Roofline arithmetic, the measurement helpers' bookkeeping (not their speed), the figures."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ import numpy as np
 import pytest
 
 from workshop import roofline as rl
+from workshop import roofline_measure as rm
+from workshop import roofline_plots as rp
 from workshop.kvcache import load_model
+from workshop.timing import best_time_s
 
 
 def test_roof_is_min_of_bandwidth_and_peak():
@@ -66,15 +69,15 @@ def test_decode_bound_batch1_equals_bandwidth_over_bytes():
 
 def test_measurement_bookkeeping(monkeypatch):
     # Fix the timer so the byte and FLOP counts themselves are what is tested.
-    monkeypatch.setattr(rl, "best_time_s", lambda fn, repeats: (fn(), 0.5)[1])
-    assert rl.measure_read_bandwidth(mib=4) == pytest.approx(4 * 2**20 / 0.5)
-    assert rl.measure_copy_bandwidth(mib=4) == pytest.approx(2 * 4 * 2**20 / 0.5)
-    assert rl.measure_matmul_flops(n=64) == pytest.approx(2 * 64**3 / 0.5)
+    monkeypatch.setattr(rm, "best_time_s", lambda fn, repeats: (fn(), 0.5)[1])
+    assert rm.measure_read_bandwidth(mib=4) == pytest.approx(4 * 2**20 / 0.5)
+    assert rm.measure_copy_bandwidth(mib=4) == pytest.approx(2 * 4 * 2**20 / 0.5)
+    assert rm.measure_matmul_flops(n=64) == pytest.approx(2 * 64**3 / 0.5)
 
 
 def test_measurements_run_and_are_finite():
-    bw = rl.measure_read_bandwidth(mib=8, repeats=1)
-    fl = rl.measure_matmul_flops(n=128, repeats=1, dtype="float32")
+    bw = rm.measure_read_bandwidth(mib=8, repeats=1)
+    fl = rm.measure_matmul_flops(n=128, repeats=1, dtype="float32")
     assert math.isfinite(bw) and bw > 0 and math.isfinite(fl) and fl > 0
 
 
@@ -84,7 +87,7 @@ def test_plot_roofline_draws(tmp_path):
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots()
     m = rl.Machine("toy", bandwidth=1e10, flops=1e11)
-    rl.plot_roofline(ax, m, [rl.Point("p", 2.0, 1e10, 1.0)])
+    rp.plot_roofline(ax, m, [rl.Point("p", 2.0, 1e10, 1.0)])
     assert len(ax.lines) >= 3          # roof, ridge line, point
     fig.savefig(tmp_path / "roof.png")
     plt.close(fig)
@@ -97,17 +100,17 @@ def test_time_decode_step_runs_on_a_tiny_model():
     cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
     model = LlamaForCausalLM(cfg).eval()
-    cached = rl.time_decode_step(model, context=32, use_cache=True, repeats=2)
-    full = rl.time_decode_step(model, context=32, use_cache=False, repeats=1)
+    cached = rm.time_decode_step(model, context=32, use_cache=True, repeats=2)
+    full = rm.time_decode_step(model, context=32, use_cache=False, repeats=1)
     assert cached > 0 and full > 0
-    assert rl.time_weight_stream(model, repeats=1) > 0
+    assert rm.time_weight_stream(model, repeats=1) > 0
 
 
 def test_roofline_figure_has_one_roof_per_machine():
     import matplotlib
     matplotlib.use("Agg")
     machines = [rl.Machine("a", 1e10, 1e11), rl.Machine("b", 1e12, 1e14)]
-    fig = rl.roofline_figure("t", machines, {"a": [rl.Point("decode b=1", 1.0, 1e9, 1.0)]})
+    fig = rp.roofline_figure("t", machines, {"a": [rl.Point("decode b=1", 1.0, 1e9, 1.0)]})
     labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
     assert labels == ["a roof", "b roof"]
 
@@ -127,11 +130,11 @@ def test_serve_helpers_turn_latencies_into_rates(monkeypatch):
                             "completed": kw["num_requests"], "errors": 0})
     monkeypatch.setattr(bench, "run_benchmark", fake_run_benchmark)
     session = type("S", (), {"base_url": "http://x", "model": "m", "api_key": None})()
-    d = rl.serve_decode(session, batch=8, input_len=100, output_len=20)
+    d = rm.serve_decode(session, batch=8, input_len=100, output_len=20)
     assert d["tok/s per request"] == pytest.approx(20.0)
     assert d["tok/s total"] == pytest.approx(160.0) and d["context"] == 110
     assert calls[-1]["concurrency"] == 8 and calls[-1]["num_requests"] == 8
-    p = rl.serve_prefill(session, prompt_tokens=400)
+    p = rm.serve_prefill(session, prompt_tokens=400)
     assert p["prefill tok/s"] == pytest.approx(2000.0) and calls[-1]["concurrency"] == 1
 
 
@@ -141,8 +144,7 @@ def test_moe_decode_reads_active_not_all_parameters():
     cfg = load_model("gpt-oss-120b")
     h100 = rl.Machine("H100", bandwidth=3.35e12, flops=989e12)
     bound = rl.decode_bound_tokens_per_s(cfg, h100, batch=1, context=1)
-    from workshop.kvcache import weights_read_per_step
-    assert weights_read_per_step(cfg, 1) == pytest.approx(cfg.active_params, rel=0.01)
+    assert rl.weights_read_per_step(cfg, 1) == pytest.approx(cfg.active_params, rel=0.01)
     assert 300 < bound < 340
     # A large batch touches nearly every expert: the bytes approach all parameters.
     assert rl.weight_bytes_read(cfg, 4096) == pytest.approx(cfg.params * 2, rel=0.02)
@@ -188,12 +190,22 @@ def test_measured_bf16_prefill_lies_under_the_measured_bf16_roof():
     model = LlamaForCausalLM(hf_cfg).to(torch.bfloat16).eval()
     params = sum(p.numel() for p in model.parameters())     # tied weights counted once
     cfg = read_arch(hf_cfg.to_dict(), name="tiny", params=params)
-    machine = rl.measure_machine("here", mib=64, sizes=(256, 512), repeats=3)
+    machine = rm.measure_machine("here", mib=64, sizes=(256, 512), repeats=3)
     t = 256
     ids = torch.randint(0, 32768, (1, t))
     with torch.inference_mode():
-        seconds = rl.best_time_s(lambda: model(ids, logits_to_keep=1), 3)
+        seconds = best_time_s(lambda: model(ids, logits_to_keep=1), 3)
     point = rl.prefill_point(cfg, t, t / seconds)
     assert rl.above_roof(machine, [point], dtype="bfloat16") == [], (
         f"prefill at {point.flops / 1e9:.2f} GFLOP/s, bf16 ceiling "
         f"{machine.ceiling('bfloat16') / 1e9:.2f}")
+
+
+def test_moe_reads_more_experts_as_batch_grows():
+    cfg = load_model("gpt-oss-120b")
+    reads = [rl.weights_read_per_step(cfg, b) for b in (1, 4, 64, 4096)]
+    assert reads == sorted(reads)
+    assert reads[0] == pytest.approx(cfg.active_params, rel=1e-6)
+    assert reads[-1] == pytest.approx(cfg.params, rel=1e-3)
+    dense = load_model("llama-3.1-8b")
+    assert rl.weights_read_per_step(dense, 64) == dense.params
