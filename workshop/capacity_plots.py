@@ -111,7 +111,7 @@ def plot_users_vs_context(cfg: ModelArch, gpu: GPU, weight_dtype: str, num_gpus:
                      "context per user (tokens)", "max simultaneous users")
     for kv_dtype, style in (("bf16", "o-"), ("fp8", "s-")):
         users = [max(int(memory // kv_bytes_per_sequence(cfg, c, kv_dtype)), 0) for c in contexts]
-        ax.plot(contexts, users, style, label=f"KV cache {kv_dtype} (this module)")
+        ax.plot(contexts, users, style, label=f"KV cache {kv_dtype} (KV heads only)")
     # The classic mistake: keys and values for every attention head (bf16 cache).
     heads = [max(int(memory // (naive_kv_bytes_per_token(cfg, "bf16") * c)), 0) for c in contexts]
     ax.plot(contexts, heads, "x--", color="tab:gray",
@@ -204,7 +204,7 @@ def plot_ttft_vs_prompts(cfg: ModelArch, gpu: GPU, ttft_s: float, *, prompt_len:
         ax.plot([tp.stream], [tp.stream_step.seconds * 1e3], "D", color="tab:orange",
                 markersize=7, label=f"stream: {_prompts(tp.stream)} per step, "
                 f"{tp.requests_per_s:,.1f} requests/s")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left")     # the bound rises from the lower left
     return fig
 
 

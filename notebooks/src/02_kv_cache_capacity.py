@@ -461,7 +461,7 @@ ui.md(_reading)
 # the prompt length here. (In Jupyter, re-run the cells below after moving them.)
 
 # %%
-slo_ttft_ms = ui.slider(50, 5000, 500, 50, "TTFT target (ms to the first token)")
+slo_ttft_ms = ui.slider(50, 5000, 1000, 50, "TTFT target (ms to the first token)")
 slo_ttft_ms
 
 # %%
@@ -516,9 +516,10 @@ else:
 ui.md(
     _formula
     + f"At a {slo_ttft_ms.value} ms target, {calc_cfg.name} on {int(calc_num_gpus.value)} x "
-    f"{slo_gpu.name} prefills **{ttft.together:,} prompts of {ttft_prompt:,} tokens "
-    f"together**, limited by **{ttft.limited_by}**. {_why}"
-    + (f" For a stream of requests, steps of {ttft.stream:,} prompts take "
+    f"{slo_gpu.name} prefills **{ttft.together:,} prompt{'' if ttft.together == 1 else 's'} "
+    f"of {ttft_prompt:,} tokens together**, limited by **{ttft.limited_by}**. {_why}"
+    + (f" For a stream of requests, steps of {ttft.stream:,} "
+       f"prompt{'' if ttft.stream == 1 else 's'} take "
        f"{ttft.stream_step.seconds * 1e3:,.1f} ms each (within half the target), so the GPUs "
        f"sustain **{ttft.requests_per_s:,.1f} requests/s** "
        f"({ttft.requests_per_s_per_gpu:,.1f} per GPU, {ttft.prompt_tokens_per_s:,.0f} prompt "
@@ -570,12 +571,18 @@ if ttft.together == 0 or ttft_double.together == 0:
 else:
     _flops_ratio = (roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
                     / roofline.prefill_flops(calc_cfg, ttft_prompt))
+    # How many prompts' worth of time the target holds, before rounding down to whole ones.
+    _worth = [ttft_target_s / capacity.prefill_step(calc_cfg, slo_gpu, 1, _n,
+                                                    **ttft_deployment).seconds
+              for _n in (ttft_prompt, 2 * ttft_prompt)]
     _reading = (f"Twice the prompt length gave **{ttft_double.together / ttft.together:.2f}x** "
                 f"the prompts ({ttft.together:,} -> {ttft_double.together:,}), limited by "
                 f"{ttft_double.limited_by}. One prompt of {2 * ttft_prompt:,} tokens costs "
                 f"{_flops_ratio:.2f}x the FLOPs of one of {ttft_prompt:,}: "
-                + ("more than twice, because attention grows with the square of the length."
-                   if _flops_ratio > 2.005 else "about twice: the weights' FLOPs dominate."))
+                + ("more than twice, because attention grows with the square of the length. "
+                   if _flops_ratio > 2.005 else "about twice: the weights' FLOPs dominate. ")
+                + f"The target holds {_worth[0]:.2f} single-prompt prefills at {ttft_prompt:,} "
+                f"tokens and {_worth[1]:.2f} at {2 * ttft_prompt:,}; only whole prompts count.")
 ui.md(_reading)
 
 # %% [markdown]
