@@ -398,3 +398,39 @@ def test_vllm_child_runs_without_dev_mode_and_with_its_own_key(tmp_path):
     env = e.env()
     assert env["VLLM_SERVER_DEV_MODE"] == "0"
     assert env["VLLM_API_KEY"] == e.child_key and e.child_key not in " ".join(e.command())
+
+
+def test_concurrent_preparations_convert_once(tmp_path, monkeypatch):
+    """Setup, a notebook and a test session preparing the model at once: one converts, the
+    others wait and find it prepared (two conversions used to delete each other's folder)."""
+    import threading
+    import time
+
+    from reference_server import models
+
+    calls = []
+
+    def convert(folder, progress):
+        calls.append(folder)
+        time.sleep(0.3)             # long enough for the other caller to arrive meanwhile
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / models._MARKER).write_text('{"files": ["config.json"]}')
+
+    monkeypatch.setattr(models, "_convert", convert)
+    folder = tmp_path / "model"
+    errors = []
+
+    def prepare():
+        try:
+            assert models.prepare_model(folder) == folder
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=prepare) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(calls) == 1 and models.is_prepared(folder)
