@@ -434,3 +434,36 @@ def test_concurrent_preparations_convert_once(tmp_path, monkeypatch):
         t.join()
     assert not errors
     assert len(calls) == 1 and models.is_prepared(folder)
+
+
+@pytest.mark.parametrize("url,origin,prefix", [
+    ("http://h:8000/v1", "http://h:8000", ""), ("http://h:8000", "http://h:8000", ""),
+    ("http://h:8000/v1/", "http://h:8000", ""), ("https://h/openai/v1", "https://h", "/openai"),
+    ("https://h/prefix", "https://h", "/prefix")])
+def test_upstream_url_is_split_into_origin_and_route_prefix(url, origin, prefix):
+    from reference_server.engines.remote import split_upstream
+    assert split_upstream(url) == (origin, prefix)
+
+
+@pytest.mark.parametrize("url,why", [
+    ("h:8000", "http"), ("ftp://h/v1", "http"), ("http://user:pw@h/v1", "credentials"),
+    ("http://h/v1?key=x", "query")])
+def test_upstream_url_refused(url, why):
+    from reference_server.engines.remote import split_upstream
+    with pytest.raises(ValueError, match=why):
+        split_upstream(url)
+
+
+def test_remote_engine_flags(monkeypatch, capsys):
+    monkeypatch.setenv("WORKSHOP_UPSTREAM_API_KEY", "up-key")
+    c = parse_args(["--engine", "remote", "--upstream", "http://h:1/v1"])
+    assert (c.upstream, c.upstream_api_key) == ("http://h:1/v1", "up-key")
+    for argv in (["--engine", "remote"], ["--engine", "mini", "--upstream", "http://h:1"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+    assert "--upstream" in capsys.readouterr().err
+    from reference_server.engines.remote import RemoteEngine
+    with pytest.raises(ValueError, match="starts none"):
+        RemoteEngine(ServerConfig(engine="remote", upstream="http://h:1", engine_args=["--x"]))
+    engine = RemoteEngine(c)
+    assert (engine.url, engine.child_key, engine.port) == ("http://h:1", "up-key", None)
