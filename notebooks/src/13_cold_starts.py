@@ -90,8 +90,8 @@ model_path = resolve_model("smollm2-135m").path
 state_dict = cs.read_safetensors_folder(model_path)
 scratch = cache_dir() / "cold_start"
 paths = cs.write_formats(state_dict, scratch)
-# About 800 MB: deleted when the kernel stops (a killed kernel leaves them, and the next run
-# writes over them).
+# About 800 MB, deleted when this Python process ends normally (a Jupyter kernel shut down);
+# a killed one, or marimo's export, leaves them, and the next run writes over them.
 atexit.register(cs.remove, paths.values())
 ui.table([{"file": p.name, "read as": ", ".join(f for f in cs.FORMATS if paths[f] == p),
            "MiB": p.stat().st_size / cs.MiB} for p in dict.fromkeys(paths.values())])
@@ -249,7 +249,7 @@ full_bytes = cs.nbytes(state_dict)
 sweep_sizes = [int(full_bytes * _f) for _f in sweep([1 / 256, 1 / 16, 0.25, 0.5, 0.75, 1.0],
                                                    [1 / 64, 0.25, 0.5])]
 fit_formats = sweep(cs.FORMATS, ("safetensors", "packed"))
-size_rows = cs.size_sweep(state_dict, sweep_sizes, fit_formats, scratch, repeats=sweep(3, 2),
+size_rows = cs.size_sweep(state_dict, sweep_sizes, fit_formats, scratch, repeats=sweep(3, 1),
                           chunk_mib=chunk_mib.value, threads=read_threads.value,
                           progress=lambda xs: ui.progress(xs, title="sizes"))
 load_fits = {f: cs.fit_load_time([r["bytes"] for r in size_rows if r["format"] == f],
@@ -261,24 +261,25 @@ ui.table([{"format": f, "fixed cost (ms)": fit.fixed_s * 1e3,
 
 # %% [markdown]
 # **Exercise 2 (predict, then measure).** Below, a checkpoint bigger than any in the fit is
-# written in the packed format (the model's tensors plus copies of them). Use the packed
-# line above (`fixed + size / bandwidth`) to predict its cold load time, then measure.
+# loaded cold in the packed format (in quick mode the whole model, whose file exists already;
+# otherwise the model's tensors plus copies of them). Use the packed line above
+# (`fixed + size / bandwidth`) to predict its cold load time, then measure.
 
 # %%
-exercise_bytes = int(full_bytes * sweep(2.0, 1.5))
-ui.md(f"The bigger checkpoint: **{exercise_bytes / cs.MiB:,.0f} MiB**.")
+exercise_factor = sweep(2.0, 1.0)
+ui.md(f"The bigger checkpoint: **{full_bytes * exercise_factor / cs.MiB:,.0f} MiB** of tensors.")
 
 # %%
 my_big_load_s = None    # your prediction in seconds, e.g. 1.0
 
 # %%
-_big = cs.resized(state_dict, exercise_bytes)
-_big_path = cs.write_packed(_big, scratch / "bigger.packed")
+_big_path = paths["packed"] if exercise_factor == 1 else cs.write_packed(
+    cs.resized(state_dict, int(full_bytes * exercise_factor)), scratch / "bigger.packed")
 exercise_big = cs.time_load("packed", _big_path, cold=True, chunk_mib=chunk_mib.value,
                             threads=read_threads.value)
 exercise_big_bytes = _big_path.stat().st_size
-cs.remove([_big_path])
-del _big
+if _big_path != paths["packed"]:
+    cs.remove([_big_path])
 ui.compare(my_big_load_s, exercise_big["seconds"],
            f"cold packed load of {exercise_big_bytes / cs.MiB:,.0f} MiB", "s")
 
@@ -344,8 +345,10 @@ ui.md(
 #   number for every token; the destination writes it into its own blocks and computes only the
 #   last token.
 #
-# We run both between two copies of the teaching engine in this process. Starting them is a
-# cold start of its own (read the weights, fuse them, allocate the KV pool):
+# We run both between two copies of the teaching engine in this process, one thread each (they
+# take turns, and a single thread keeps its pace when other work shares the cores, where two
+# threads waiting on each other can lose several times over). Starting them is a cold start of
+# its own (read the weights, fuse them, allocate the KV pool):
 
 # %%
 import time
@@ -353,9 +356,9 @@ import time
 from mini_engine import LLMEngine
 
 _t0 = time.perf_counter()
-source_engine = LLMEngine(model_path, kv_cache_gib=0.1)
+source_engine = LLMEngine(model_path, kv_cache_gib=0.1, num_threads=1)
 engine_start_s = time.perf_counter() - _t0
-destination_engine = LLMEngine(model_path, kv_cache_gib=0.1)
+destination_engine = LLMEngine(model_path, kv_cache_gib=0.1, num_threads=1)
 kv_bytes_per_token = source_engine.runner.kv_bytes_per_token()
 engine_dtype = str(source_engine.runner.model.dtype).removeprefix("torch.")
 ui.md(f"One teaching engine started in **{engine_start_s:.1f} s** ({engine_dtype}, KV "
@@ -461,5 +464,5 @@ ui.md(
 # prefill speed on the destination against the link and the KV bytes per token.
 
 # %% [markdown]
-# The checkpoint files in the scratch folder are deleted when this notebook's kernel stops
-# (a killed kernel leaves them; the next run writes over them).
+# The checkpoint files in the scratch folder are deleted when this notebook's Python process
+# ends normally; otherwise the next run writes over them.
