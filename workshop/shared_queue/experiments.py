@@ -77,62 +77,102 @@ def worker_activity(stats: dict[str, dict], start: float, end: float) -> dict[st
         steps = [(t, m, b, d) for t, m, b, d in s["steps"] if start <= t <= end + 1]
         loads = [(t, m, d) for t, m, d in s["loads"] if start <= t <= end + 1]
         busy = sum(d for *_, d in steps) + sum(d for *_, d in loads)
+        wall = max(end - start, 1e-9)
         out[w] = {"steps": len(steps), "batches": [b for _, _, b, _ in steps],
-                  "busy_s": busy, "busy": busy / max(end - start, 1e-9),
+                  "busy_s": busy, "wall_s": wall, "busy": busy / wall,
                   "served": len(s["served"]), "loads": len(loads),
                   "peak_bytes": s["peak_bytes"], "budget": s["budget"],
                   "rss_bytes": s["rss_bytes"], "served_list": s["served"]}
     return out
 
 
+def _merge_activity(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
+    out: dict[str, dict] = {}
+    for act in parts:
+        for w, a in act.items():
+            m = out.setdefault(w, {"steps": 0, "batches": [], "busy_s": 0.0, "wall_s": 0.0,
+                                   "served": 0, "loads": 0, "peak_bytes": 0, "served_list": []})
+            for k in ("steps", "busy_s", "wall_s", "served", "loads"):
+                m[k] += a[k]
+            m["batches"] += a["batches"]
+            m["served_list"] += a["served_list"]
+            m["peak_bytes"] = max(m["peak_bytes"], a["peak_bytes"])
+            m["budget"], m["rss_bytes"] = a["budget"], a["rss_bytes"]
+            m["busy"] = m["busy_s"] / m["wall_s"]
+    return out
+
+
 @dataclass
 class Point:
+    """One route at one rate: one or more runs (rounds), taken as one sample."""
     route: str
-    rate: float                       # asked, req/s
-    run: Run
-    activity: dict[str, dict]
-    offsets: list[float]
-    window_s: float
+    rate: float                                   # asked, req/s
+    runs: list[Run]
+    activities: list[dict[str, dict]]             # per run: worker -> activity
+    offsets: list[list[float]]                    # per run: arrival times
 
     @property
     def records(self) -> list[dict]:
-        return self.run.records
+        return [r for run in self.runs for r in run.records]
+
+    @property
+    def activity(self) -> dict[str, dict]:
+        return _merge_activity(self.activities)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(run.duplicates for run in self.runs)
+
+    @classmethod
+    def merge(cls, points: Sequence["Point"]) -> "Point":
+        return cls(points[0].route, points[0].rate, [r for p in points for r in p.runs],
+                   [a for p in points for a in p.activities], [o for p in points for o in p.offsets])
 
     def summary(self) -> dict:
         rec = self.records
         done = [r for r in rec if r["latency_s"] is not None and not r["error"]]
-        ends = [r["received"] for r in done]
-        wall = (max(ends) - min(r["sent"] for r in rec)) if ends else math.nan
+        walls = []                     # per run: first publish to last reply
+        for run in self.runs:
+            ends = [r["received"] for r in run.records if r["received"] is not None]
+            if ends:
+                walls.append(max(ends) - min(r["sent"] for r in run.records))
         lat = [r["latency_s"] if r["latency_s"] is not None and not r["error"] else None
                for r in rec]
-        short = [l for l, r in zip(lat, rec) if r["max_tokens"] == min(x["max_tokens"] for x in rec)]
-        batches = [b for a in self.activity.values() for b in a["batches"]]
-        busy = [a["busy"] for a in self.activity.values()]
+        shortest = min((r["max_tokens"] for r in rec), default=0)
+        short = [l for l, r in zip(lat, rec) if r["max_tokens"] == shortest]
+        activity = self.activity
+        batches = [b for a in activity.values() for b in a["batches"]]
+        busy = [a["busy"] for a in activity.values()]
+        span = sum(o[-1] for o in self.offsets)
         return {"route": self.route, "asked req/s": self.rate,
-                "offered req/s": len(rec) / self.window_s,
-                "achieved req/s": len(done) / wall if wall and wall > 0 else 0.0,
+                # arrivals over the time they took (the Poisson draw, not the rate asked)
+                "offered req/s": sum(len(o) - 1 for o in self.offsets) / span if span > 0
+                else math.nan,
+                "achieved req/s": len(done) / sum(walls) if sum(walls) > 0 else 0.0,
                 "requests": len(rec), "no reply": len(rec) - len(done),
                 "p50 s": percentile(lat, 50), "p99 s": percentile(lat, 99),
                 "p99 short s": percentile(short, 99),
                 "mean batch": float(np.mean(batches)) if batches else 0.0,
                 "busy min": min(busy) if busy else 0.0, "busy max": max(busy) if busy else 0.0,
-                "repeats": self.run.duplicates}
+                "repeats": self.duplicates}
 
 
-def run_point(cluster: Cluster, route: str, rate: float, window_s: float, mix: Mix,
-              seed: int, models: Sequence[str] | None = None, drain_s: float | None = None) -> Point:
-    """Requests arriving for ``window_s`` seconds at ``rate`` per second (Poisson), all routed
-    by ``route``; the same ``seed`` gives the same requests and arrival times."""
+def run_point(cluster: Cluster, route: str, rate: float, n: int, mix: Mix, seed: int,
+              models: Sequence[str] | None = None, drain_s: float | None = None) -> Point:
+    """``n`` requests arriving at ``rate`` per second (Poisson), all routed by ``route``; the
+    same ``seed`` gives the same requests and arrival times. Replies are awaited for as long
+    as the arrivals took (``drain_s``) after the last one."""
     rng = np.random.default_rng(seed)
-    n = max(2, int(round(rate * window_s)))
+    n = max(2, n)
     names = list(models) if models else [next(iter(cluster.models))] * n
     reqs = make_requests(cluster, names[:n], mix, rng)
     offsets = poisson_offsets(n, rate, rng)
     cluster.reset()
     cluster.gateway.set_route(route)
-    run = cluster.gateway.run(reqs, offsets, route, drain_s if drain_s is not None else window_s)
+    run = cluster.gateway.run(reqs, offsets, route,
+                              drain_s if drain_s is not None else max(offsets[-1], 5.0))
     activity = worker_activity(cluster.stats(reset=True), run.started, run.ended)
-    return Point(route, rate, run, activity, offsets, window_s)
+    return Point(route, rate, [run], [activity], [offsets])
 
 
 def measure_capacity(cluster: Cluster, mix: Mix, n: int, seed: int = 0,
@@ -145,18 +185,26 @@ def measure_capacity(cluster: Cluster, mix: Mix, n: int, seed: int = 0,
     cluster.gateway.set_route(PULL)
     run = cluster.gateway.run(reqs, [0.0] * n, PULL, timeout)
     done = [r for r in run.records if r["latency_s"] is not None]
-    seconds = max(r["latency_s"] for r in done)
+    seconds = max(r["latency_s"] for r in done)     # all were sent at once
     activity = worker_activity(cluster.stats(reset=True), run.started, run.ended)
     return {"requests": n, "seconds": seconds, "req_per_s": len(done) / seconds,
             "mean batch": float(np.mean([b for a in activity.values() for b in a["batches"]]))}
 
 
-def sweep(cluster: Cluster, routes: Sequence[str], rates: Sequence[float], window_s: float,
-          mix: Mix, seed: int = 1, progress: Callable = iter) -> list[Point]:
-    """Every route at every rate; point i of every route gets the same requests."""
-    jobs = [(route, i, rate) for i, rate in enumerate(rates) for route in routes]
-    return [run_point(cluster, route, rate, window_s, mix, seed + i)
-            for route, i, rate in progress(jobs)]
+def sweep(cluster: Cluster, routes: Sequence[str], rates: Sequence[float], n: int,
+          mix: Mix, rounds: int = 1, seed: int = 1, progress: Callable = iter) -> list[Point]:
+    """Every route at every rate, ``n`` requests each, in ``rounds`` turns: at each rate the
+    routes take turns with ``n / rounds`` requests, so a slow spell of a shared machine
+    hits them alike. Round k of rate i gets the same requests at the same times whatever
+    the route."""
+    per = max(2, math.ceil(n / rounds))
+    jobs = [(i, rate, k, route) for i, rate in enumerate(rates) for k in range(rounds)
+            for route in routes]
+    parts: dict[tuple[str, int], list[Point]] = {}
+    for i, rate, k, route in progress(jobs):
+        parts.setdefault((route, i), []).append(
+            run_point(cluster, route, rate, per, mix, seed + 1000 * i + k))
+    return [Point.merge(parts[(route, i)]) for i in range(len(rates)) for route in routes]
 
 
 def knee(points: Sequence[Point], route: str, p99_objective_s: float) -> dict:
@@ -213,7 +261,7 @@ def zipf_run(cluster: Cluster, s: float, n: int, rate: float, mix: Mix, budget_m
     cluster.configure(budget_models, pinned)
     rng = np.random.default_rng(seed)
     models = zipf_models(names, s, n, rng)
-    point = run_point(cluster, PULL, rate, n / rate, mix, seed, models=models,
+    point = run_point(cluster, PULL, rate, n, mix, seed, models=models,
                       drain_s=max(30.0, n / rate))
     return ZipfResult(s, names, point, budget_models, list(pinned))
 

@@ -29,6 +29,9 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Sequence
 
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
+
 from workshop.shared_queue import wire
 from workshop.shared_queue.worker import POOL_CONSUMER, STREAM, direct_consumer
 
@@ -80,10 +83,6 @@ class Gateway:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     async def _connect(self) -> None:
-        import nats
-        from nats.js.api import (AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
-                                 StreamConfig)
-        self._ConsumerConfig, self._AckPolicy = ConsumerConfig, AckPolicy
         self.nc = await nats.connect(self.nats_url, name="gateway")
         self.js = self.nc.jetstream()
         # Work-queue retention: a message leaves the stream when a worker acknowledges it.
@@ -96,8 +95,8 @@ class Gateway:
         await self.nc.subscribe("events.ready.*", cb=self._on_ready)
 
     async def _add_consumer(self, name: str, subject: str) -> None:
-        await self.js.add_consumer(STREAM, self._ConsumerConfig(
-            durable_name=name, filter_subject=subject, ack_policy=self._AckPolicy.EXPLICIT,
+        await self.js.add_consumer(STREAM, ConsumerConfig(
+            durable_name=name, filter_subject=subject, ack_policy=AckPolicy.EXPLICIT,
             ack_wait=self.ack_wait, max_ack_pending=self.max_ack_pending))
 
     async def _on_ready(self, msg) -> None:

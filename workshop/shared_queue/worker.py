@@ -38,8 +38,14 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import nats
+import nats.errors
+
 from workshop.shared_queue import wire
 from workshop.shared_queue.packing import ModelPool
+
+# torch and the teaching engine are imported inside the worker process only: the notebook
+# imports this module to show its code and must not pay for them.
 
 STREAM = "WORK"
 POOL_CONSUMER = "pool"
@@ -63,7 +69,7 @@ class WorkerSpec:
     threads: int = 1
 
 
-@dataclass
+@dataclass(eq=False)                  # compared by identity: one per pulled message
 class Held:
     """A request this worker pulled and has not acknowledged yet."""
     msg: object                       # nats Msg
@@ -175,7 +181,7 @@ class Worker:
         while len(out) < n:
             try:
                 msg = await self.inbox_sub.next_msg(timeout)
-            except Exception:           # nats' TimeoutError: the server never answered
+            except nats.errors.TimeoutError:       # the server never answered
                 break
             if msg.headers and "Status" in msg.headers:
                 break
@@ -207,8 +213,8 @@ class Worker:
             for h in list(self.held.values()):
                 try:
                     await h.msg.in_progress()
-                except Exception:
-                    pass
+                except nats.errors.Error:      # the connection is closing: nothing to keep
+                    return
 
     # -- engine steps -------------------------------------------------------------------------
 
@@ -255,14 +261,11 @@ class Worker:
                 if name not in self.engines:
                     await asyncio.get_running_loop().run_in_executor(None, self._load, name)
             self._reset_stats()
-        elif cmd["cmd"] == "stop":
-            self.stopping = True
         await msg.respond(wire.encode(answer))
 
     # -- the loop -----------------------------------------------------------------------------
 
     async def run(self) -> None:
-        import nats
         import torch
         torch.set_num_threads(self.spec.threads)
         self.nc = await nats.connect(self.spec.nats_url, name=self.spec.id,
