@@ -289,9 +289,12 @@ ui.md(
     + (f" ({p99_ratio:.2f}x). " if np.isfinite(p99_ratio) else ". ")
     + ("Neither route answered every request in time (as long after the last arrival as "
        "the arrivals took): this load is past both knees. " if _both_inf else
-       "Pulling kept the tail lower, as the design intends: a request waited in the shared "
-       "queue for the first free slot anywhere instead of behind a long request on the "
-       "worker the router picked. " if p99_ratio > 1.1 else
+       "Pulling kept the tail lower, as the design intends" + (
+           ": short requests, too, waited less (a request waits in the shared queue for the "
+           "first free slot anywhere, not behind a long request on the worker the router "
+           "picked). " if _pull["p99 short s"] < 0.9 * _rr["p99 short s"] else
+           ", though not through the short requests, whose p99 was not clearly lower "
+           "pulled; the difference is in the long ones. ") if p99_ratio > 1.1 else
        "Round-robin pushing kept the tail lower here, against what the design predicts. "
        if p99_ratio < 0.9 else
        "The two tails were within 10 % of each other: no clear winner at this load. ")
@@ -517,14 +520,17 @@ if kill_result:
            f"**{len(_lost)} got no reply** in time") + ", and "
         + ("**none was answered twice**. " if not _dups and not kill_result["run"].duplicates else
            f"**{len(_dups)} were answered more than once** (the gateway kept the first). ")
-        + f"{len(kill_redelivered)} requests were delivered a second time, to "
-        + ", ".join(sorted({r['worker'] for r in kill_redelivered})) + "; the last of them "
-        f"came back {kill_recovery_s:.1f} s after the kill: `ack_wait` "
+        + (f"{len(kill_redelivered)} request{'s were' if len(kill_redelivered) != 1 else ' was'} "
+           f"delivered a second time, to "
+           + ", ".join(sorted({r['worker'] for r in kill_redelivered}))
+           + f"; the last came back {kill_recovery_s:.1f} s after the kill: `ack_wait` "
         f"({kill_result['ack_wait']:g} s) for the queue to give up on the dead worker, "
         "plus the time to run the request again from the start (its partial output died with "
         "the worker). A shorter `ack_wait` recovers faster but must stay longer than the "
         "longest silence of a healthy worker: here the keep-alive every `ack_wait / 3` sets "
-        "that silence, not the request's length.")
+        "that silence, not the request's length.") if kill_redelivered else
+        "Nothing the victim held needed a second delivery (it had finished its requests "
+        "before it died): re-run this cell to kill it while it works.")
 else:
     kill_summary = ui.md("With one worker there is nobody to take over: start two.")
 kill_summary
@@ -558,12 +564,14 @@ _done = kill_summary
 #
 # **vLLM** replicates a model with `--data-parallel-size N`: one engine-core process per
 # replica behind one API server, which *pushes* each request to the replica with the lowest
-# count of waiting plus running requests (vLLM 0.32, `vllm/v1/engine/core_client.py`,
+# score, its waiting plus running requests, with waiting ones weighted up when its KV cache
+# is over half full (vLLM 0.32, `vllm/v1/engine/core_client.py`,
 # `get_core_engine_for_request`), or leaves balancing to an external router
 # ([data parallel deployment](https://docs.vllm.ai/en/latest/serving/data_parallel_deployment/)).
 # **SGLang** recommends its router (sgl-router / SGLang Model Gateway) in front of replicas,
 # with cache-aware, power-of-two, random and round-robin policies
-# ([DP and router guide](https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html)).
+# ([DP and router guide](https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html),
+# [sglang-router](https://pypi.org/project/sglang-router/)).
 # **llm-d** does the same on Kubernetes: an Endpoint Picker behind the Gateway API Inference
 # Extension scores every replica on queue depth, KV-cache use and prefix-cache hits per
 # request ([llm-d router](https://github.com/llm-d/llm-d-router)). These are push designs
