@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -42,10 +42,6 @@ class Mix:
         prompts = rng.integers(self.prompt[0], self.prompt[1] + 1, n)
         outputs = np.where(rng.random(n) < self.p_long, self.long, self.short)
         return [(int(p), int(o)) for p, o in zip(prompts, outputs)]
-
-    @property
-    def max_tokens(self) -> int:
-        return self.prompt[1] + max(self.short, self.long)
 
 
 def make_requests(cluster: Cluster, models: Sequence[str], mix: Mix,
@@ -232,7 +228,6 @@ class ZipfResult:
     point: Point
     budget_models: float
     pinned: list[str]
-    replayed: dict[str, float] = field(default_factory=dict)
 
     def hit_rate(self) -> float:
         served = [r for r in self.point.records if r["hit"] is not None]
