@@ -10,6 +10,7 @@ teaching engine in the workers.
 * ``packing``: pinned models plus lazy loading and LRU eviction under a memory budget;
 * ``catalog``: the models (named copies of the bundled one) and their sizes;
 * ``cluster``: NATS + gateway + workers started and stopped together;
+* ``children``: those processes die with the notebook's, even when it cannot clean up;
 * ``experiments``: workloads, load sweeps, the knee, the Zipf run, a worker killed;
 * ``figures``: the notebook's plots, from those results.
 """

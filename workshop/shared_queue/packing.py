@@ -150,9 +150,4 @@ def che_hit_rate(p: Sequence[float], capacity: float, pinned: int = 0) -> float:
     return float(hot.sum() + np.sum(rest * (1 - np.exp(-q * hi))))
 
 
-def models_that_fit(budget: int, size: int) -> int:
-    return int(budget // size) if size > 0 else 0
-
-
-__all__ = ["Admission", "ModelPool", "zipf_weights", "zipf_models", "replay", "che_hit_rate",
-           "models_that_fit"]
+__all__ = ["Admission", "ModelPool", "zipf_weights", "zipf_models", "replay", "che_hit_rate"]

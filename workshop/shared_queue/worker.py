@@ -42,6 +42,7 @@ import nats
 import nats.errors
 
 from workshop.shared_queue import wire
+from workshop.shared_queue.children import die_with_parent
 from workshop.shared_queue.packing import ModelPool
 
 # torch and the teaching engine are imported inside the worker process only: the notebook
@@ -341,16 +342,6 @@ class WorkerProcess:
                 self.kill()
 
 
-def _die_with_parent() -> None:
-    # Linux: the worker gets SIGTERM when the notebook's process dies, so no orphan keeps a
-    # copy of the models in memory.
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def spawn(spec: WorkerSpec, log_path: str | Path | None = None) -> WorkerProcess:
     """Start a worker process (it announces itself on ``events.ready.<id>`` when ready)."""
     import workshop
@@ -361,7 +352,7 @@ def spawn(spec: WorkerSpec, log_path: str | Path | None = None) -> WorkerProcess
     try:
         proc = subprocess.Popen([sys.executable, "-m", "workshop.shared_queue.worker",
                                  json.dumps(asdict(spec))], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, preexec_fn=_die_with_parent)
+                                env=env, preexec_fn=die_with_parent)
     finally:
         if out is not subprocess.DEVNULL:
             out.close()
