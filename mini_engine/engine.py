@@ -31,7 +31,7 @@ from mini_engine.model_runner import ModelRunner
 from mini_engine.prefix_cache import make_prefix_cache
 from mini_engine.sampler import TokenLogprob, logprob_of, sample_row
 from mini_engine.scheduler import ScheduledSeq, SchedulerOutput, make_scheduler
-from mini_engine.sequence import SamplingParams, Sequence
+from mini_engine.sequence import SamplingParams, SeqStatus, Sequence
 from mini_engine.spec_decode import (NgramProposer, SelfDraftProposer, SpecStats,
                                      accept_greedy)
 
@@ -114,6 +114,54 @@ class LLMEngine:
             raise ValueError(f"duplicate request id {seq.request_id!r}")
         self.requests[seq.request_id] = seq
         self.scheduler.add(seq)
+        return seq
+
+    # -- live migration: a running request's state out of one engine and into another ----
+
+    def export_kv(self, request_id: str) -> tuple[list[int], list[list[torch.Tensor]]]:
+        """What another engine needs to continue ``request_id`` without recomputing: its
+        token ids and the KV of its computed tokens (per layer, the layout's entries, slot
+        axis in token order). Read-only: the request keeps running here."""
+        seq = self.requests[request_id]
+        cache = self.runner.kv_cache
+        slots = self._slots(seq, seq.num_computed_tokens)
+        return list(seq.token_ids), [cache.read(layer, slots) for layer in range(len(cache.layers))]
+
+    def _slots(self, seq: Sequence, n: int) -> torch.Tensor:
+        """The pool slots of ``seq``'s first ``n`` tokens (block_manager.py's formula)."""
+        bs = self.block_manager.block_size
+        return torch.tensor([seq.block_table[i // bs] * bs + i % bs for i in range(n)],
+                            dtype=torch.long, device=self.runner.kv_cache.layers[0][0].device)
+
+    def add_request_with_kv(self, token_ids: list[int], kv: list[list[torch.Tensor]],
+                            params: SamplingParams | None = None,
+                            request_id: str | None = None) -> Sequence:
+        """``add_request`` for a request migrated here with its KV cache (``export_kv`` of
+        another engine with the same model, layout and dtype): the KV of the first
+        ``len(kv[0][0])`` tokens is written into fresh blocks instead of being recomputed,
+        and the request joins the running batch. At least the last token must lack KV (its
+        logits give the next token). ``params.max_tokens`` counts from here."""
+        seq = self.add_request(token_ids, params, request_id)
+        cache = self.runner.kv_cache
+        n = 0
+        try:
+            n = kv[0][0].shape[cache.layout.slot_axis(0)] if kv else 0
+            if len(kv) != len(cache.layers) or not 0 <= n < len(token_ids):
+                raise ValueError(f"KV for {n} tokens over {len(kv)} layers does not fit a "
+                                 f"{len(token_ids)}-token request on {len(cache.layers)} layers")
+            if len(self.scheduler.running) >= self.scheduler.max_num_seqs \
+                    or not self.block_manager.allocate(seq, len(token_ids)):
+                raise ValueError("no room for the migrated request (sequences or KV blocks)")
+            slots = self._slots(seq, n)
+            for layer, values in enumerate(kv):
+                cache.write(layer, slots, *values)
+        except Exception:
+            self.abort(seq.request_id)
+            raise
+        self.scheduler.waiting.remove(seq)
+        seq.num_computed_tokens = n
+        seq.status = SeqStatus.RUNNING
+        self.scheduler.running.append(seq)
         return seq
 
     def abort(self, request_id: str) -> bool:

@@ -39,10 +39,12 @@ async def serve(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)   # one line per proxied call is noise
-    if any(a == "--api-key" or a.startswith("--api-key=") for a in (argv or sys.argv[1:])):
-        logging.getLogger("reference_server").warning(
-            "--api-key on the command line is visible to every user of this machine (ps); "
-            "set WORKSHOP_API_KEY instead")
+    for flag, env in (("--api-key", "WORKSHOP_API_KEY"),
+                      ("--upstream-api-key", "WORKSHOP_UPSTREAM_API_KEY")):
+        if any(a == flag or a.startswith(flag + "=") for a in (argv or sys.argv[1:])):
+            logging.getLogger("reference_server").warning(
+                "%s on the command line is visible to every user of this machine (ps); "
+                "set %s instead", flag, env)
     app = create_app(config)
     server = uvicorn.Server(uvicorn.Config(app, host=config.host, port=config.port,
                                            log_level=config.log_level, access_log=False,

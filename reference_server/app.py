@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from reference_server import __version__
 from reference_server.config import ServerConfig
-from reference_server.engines import Engine, EngineDied, EngineError, create_engine
+from reference_server.engines import Engine, EngineDied, EngineError, create_engine, loads_model
 from reference_server.engines.base import engine_fault
 from reference_server.metrics import ServerMetrics
 from reference_server.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard,
@@ -84,12 +84,15 @@ class ServerState:
         try:
             if self.engine is None:
                 from reference_server.models import resolve_model
-                model = await asyncio.to_thread(resolve_model, self.config.model)
+                model = (await asyncio.to_thread(resolve_model, self.config.model)
+                         if loads_model(self.config.engine) else None)
                 self.engine = create_engine(self.config, model)
             await self.engine.start()
             info = self.engine.info()
             self.served_name = info.model
-            self.model_names = {info.model, info.model_path, self.config.model}
+            self.model_names = {info.model, info.model_path}
+            if loads_model(self.config.engine):    # a remote engine's --model is a choice
+                self.model_names.add(self.config.model)
             self.metrics.engine_up.set(1)
             log.info("engine %s ready: model %s on %s", info.engine, info.model, info.device)
         except Exception as exc:  # reported on /health and by the exit code, never hidden

@@ -7,7 +7,7 @@ import os
 import re
 from dataclasses import dataclass, field, fields
 
-ENGINES = ("vllm", "sglang", "hf", "mini")
+ENGINES = ("vllm", "sglang", "hf", "mini", "remote")
 
 
 @dataclass
@@ -38,6 +38,10 @@ class ServerConfig:
     liveness_interval: float = 5.0
     liveness_failures: int = 3
     engine_python: str | None = None      # interpreter for a child engine (own venv for SGLang)
+    # --engine remote: the OpenAI-compatible server to front, and its key (from
+    # $WORKSHOP_UPSTREAM_API_KEY: a flag shows in `ps`)
+    upstream: str | None = None
+    upstream_api_key: str | None = None
     engine_start_timeout: float = 600.0
     engine_args: list[str] = field(default_factory=list)   # passed verbatim to a child engine
     log_level: str = "info"
@@ -84,7 +88,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p = argparse.ArgumentParser(
         prog="reference-server",
         description="OpenAI-compatible server over vLLM, SGLang, the Hugging Face "
-                    "baseline or the teaching engine. Extra arguments after `--` go to the child engine.")
+                    "baseline, the teaching engine or a remote OpenAI-compatible server. "
+                    "Extra arguments after `--` go to the child engine.")
     p.add_argument("--engine", choices=ENGINES, default=d.engine)
     p.add_argument("--model", default=d.model,
                    help="'smollm2-135m' (bundled, offline), a model folder, or a Hugging Face id")
@@ -107,10 +112,16 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--max-queued-requests", type=int, default=d.max_queued_requests,
                    help="requests admitted beyond what the engine runs at once; the next "
                         "gets a 429 with Retry-After")
+    p.add_argument("--upstream", default=None,
+                   help="--engine remote: base URL of the OpenAI-compatible server to front "
+                        "(e.g. http://gpu-node:8000/v1)")
+    p.add_argument("--upstream-api-key", default=os.environ.get("WORKSHOP_UPSTREAM_API_KEY"),
+                   help="--engine remote: the key the remote server expects. Prefer "
+                        "$WORKSHOP_UPSTREAM_API_KEY: a flag is visible to every user in `ps`")
     p.add_argument("--upstream-read-timeout", type=float, default=d.upstream_read_timeout,
-                   help="child engine: longest silence (s) while a request runs")
+                   help="child or remote engine: longest silence (s) while a request runs")
     p.add_argument("--upstream-probe-timeout", type=float, default=d.upstream_probe_timeout,
-                   help="child engine: timeout (s) of /health, /metrics and similar calls")
+                   help="child or remote engine: timeout (s) of /health, /metrics and similar calls")
     p.add_argument("--liveness-interval", type=float, default=d.liveness_interval)
     p.add_argument("--liveness-failures", type=int, default=d.liveness_failures,
                    help="failed liveness probes in a row after which the child is hung")
@@ -129,6 +140,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     ns = p.parse_args(argv)
+    if (ns.engine == "remote") != bool(ns.upstream):
+        p.error("--engine remote needs --upstream URL" if ns.engine == "remote" else
+                "--upstream is for --engine remote")
     if ns.help_engine:
         from reference_server.engines.mini import engine_arg_parser
         engine_arg_parser().print_help()

@@ -8,6 +8,7 @@ Nothing here touches the network.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -117,6 +118,18 @@ def prepare_model(folder: Path | None = None, force: bool = False, progress: boo
     folder = Path(folder or bundled_model_dir())
     if is_prepared(folder) and not force:
         return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # Setup, a notebook's first cell and a test session may all find the model unprepared at
+    # once: one converts while the others wait on the lock, then find it prepared.
+    with open(folder.with_name(folder.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if is_prepared(folder) and not force:
+            return folder
+        _convert(folder, progress)
+    return folder
+
+
+def _convert(folder: Path, progress: bool) -> None:
     from tqdm.auto import tqdm
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -163,7 +176,6 @@ def prepare_model(folder: Path | None = None, force: bool = False, progress: boo
         "check_question": CHECK_QUESTION, "check_answer": answer}, indent=2))
     shutil.rmtree(folder, ignore_errors=True)
     tmp.rename(folder)
-    return folder
 
 
 def verify_model(folder: Path, model=None, tokenizer=None) -> str:

@@ -50,6 +50,8 @@ SGLANG_INTER_TOKEN_LATENCY = "sglang:inter_token_latency_seconds"    # histogram
 SGLANG_E2E_REQUEST_LATENCY = "sglang:e2e_request_latency_seconds"    # histogram
 
 # -- the reference server's HTTP layer ------------------------------------------------------
+SERVER_PREFIX = "reference_server_"                          # every name below starts so
+VLLM_PREFIX = "vllm:"
 SERVER_REQUESTS = "reference_server_requests_total"          # labels: endpoint, status
 SERVER_IN_FLIGHT = "reference_server_requests_in_flight"
 SERVER_CLIENT_DISCONNECTS = "reference_server_client_disconnects_total"
@@ -129,4 +131,16 @@ def first(metrics: dict[str, float], names: tuple[str, ...]) -> float | None:
     return None
 
 
-__all__ = ["Sample", "parse", "totals", "labels_of", "first"]
+def without(text: str, prefix: str) -> str:
+    """``text`` less every metric whose name starts with ``prefix``: its samples and its
+    ``# HELP`` / ``# TYPE`` lines (so a page can be merged with another that has its own)."""
+    keep = []
+    for line in text.splitlines():
+        words = line.split()
+        name = words[2] if line.startswith("#") and len(words) > 2 else line
+        if not name.startswith(prefix):
+            keep.append(line)
+    return "\n".join(keep) + ("\n" if keep else "")
+
+
+__all__ = ["Sample", "parse", "totals", "labels_of", "first", "without"]

@@ -15,6 +15,7 @@
 #   PYTHON=python3.11          the interpreter to build the environment from
 set -euo pipefail
 cd "$(dirname "$0")/.."
+here=$PWD
 
 device=${1:?usage: setup_sglang.sh cpu|cuda}
 venv=${WORKSHOP_SGLANG_VENV:-.venv-sglang}
@@ -30,12 +31,12 @@ tokenspeed-mla torch-memory-saver"
 
 kernel_src=${SGLANG_KERNEL_SRC:-../shared/third_party/sglang-kernel-cpu}
 kernel_hash=""
-if [ "$device" = cpu ] && [ "$(uname -m)" = x86_64 ] && ! grep -qw avx512f /proc/cpuinfo; then
-  # Its kernels are AVX-512 code: built here they would die with "Illegal instruction".
-  echo "==> SGLang skipped: its CPU kernel needs AVX-512 and this CPU has none (AVX2 only);" >&2
-  echo "    the reference server's --engine mini and --engine hf run here" >&2
-  [ -n "${CI:-}" ] && exit 1   # CI runs every engine: a CPU without AVX-512 is a failure there
-  exit 0
+# Upstream builds the kernel for AVX-512 (and AMX): on an x86 CPU without AVX-512 it would die
+# with "Illegal instruction", so there it is built from the same source for AVX2
+# (scripts/sglang_kernel_avx2.py says how). The variant is part of the wheel's cache key.
+kernel_isa=native
+if [ "$device" = cpu ] && [ "$(uname -m)" = x86_64 ]; then
+  if grep -qw avx512f /proc/cpuinfo; then kernel_isa=avx512; else kernel_isa=avx2; fi
 fi
 if [ "$device" = cpu ]; then
   if [ ! -f "$kernel_src/pyproject_cpu.toml" ]; then
@@ -43,8 +44,9 @@ if [ "$device" = cpu ]; then
     echo "SGLang's python/sglang/kernels/aot folder)" >&2
     exit 1
   fi
-  kernel_hash=$(cd "$kernel_src" && find . -type f ! -path './build/*' -print0 | LC_ALL=C sort -z \
-                | xargs -0 sha256sum | sha256sum | cut -c1-16)
+  kernel_hash=$( (cd "$kernel_src" && find . -type f ! -path './build/*' -print0 | LC_ALL=C sort -z \
+                  | xargs -0 sha256sum; if [ "$kernel_isa" = avx2 ]; then cat "$here/scripts/sglang_kernel_avx2.py"; fi) \
+                | sha256sum | cut -c1-16)
 fi
 
 if [ ! -x "$venv/bin/python" ]; then
@@ -131,13 +133,14 @@ EOF
 
 # The CPU kernel library: built once per source, torch and Python, then taken from the cache.
 pyver=$("$py" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
-cache=${WORKSHOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llm-workshop}/wheels/sglang-kernel-cpu-$kernel_hash-torch${torch_cpu%+cpu}-$pyver
+cache=${WORKSHOP_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/llm-workshop}/wheels/sglang-kernel-cpu-$kernel_isa-$kernel_hash-torch${torch_cpu%+cpu}-$pyver
 if ! ls "$cache"/*.whl >/dev/null 2>&1; then
   echo "==> building SGLang's CPU kernel from $kernel_src (once: about 5 minutes on 2 cores)"
   command -v cmake >/dev/null || "$py" -m pip install --quiet cmake ninja
   build=$(mktemp -d)
   cp -r "$kernel_src/." "$build/src"
   cp "$build/src/pyproject_cpu.toml" "$build/src/pyproject.toml"
+  if [ "$kernel_isa" = avx2 ]; then "$py" scripts/sglang_kernel_avx2.py "$build/src"; fi
   # Its pyproject pins the torch it was released with; --no-build-isolation builds against
   # the environment's torch, the one the kernel will run with.
   "$py" -m pip wheel --quiet --no-build-isolation --no-deps "$build/src" -w "$build/wheels"

@@ -6,6 +6,10 @@ engine"``) starts nothing and ``-k sglang`` starts SGLang alone.
 
 SGLang runs from its own environment (``scripts/setup.sh --with-sglang``, which
 ``scripts/test.sh`` runs); where that was not built its tests are skipped, except on CI.
+
+``remote`` is a reference server with ``--engine remote`` in front of a second server
+process: a teaching-engine server with a key of its own (``UPSTREAM_KEY``), started with it
+(one per session) and stopped with it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from reference_server import launch as launcher, prometheus
 
 API_KEY = "sk-workshop-test"
 MODEL = "smollm2-135m"
-ENGINES = ("vllm", "sglang", "hf", "mini")
+ENGINES = ("vllm", "sglang", "hf", "mini", "remote")
+UPSTREAM_KEY = "sk-remote-upstream-test"      # the remote engine's upstream's key, not ours
 # Per-engine server options. The queue bounds are small enough for the queue test to fill
 # them and large enough for the 64-stream load test: vLLM and SGLang run 64 at once here (as
 # mini does by default), hf runs one and queues the rest.
@@ -33,7 +38,11 @@ FLEET_ARGS = {
     "sglang": ("--max-queued-requests", "8", "--", "--max-running-requests", "64"),
     "hf": ("--max-queued-requests", "64"),
     "mini": ("--max-queued-requests", "8"),
+    # the same bound as its upstream's (mini, below), so the upstream never refuses what
+    # the remote server admitted
+    "remote": ("--max-queued-requests", "8"),
 }
+UPSTREAM_ARGS = ("--max-queued-requests", "8")
 START_TIMEOUT = float(os.environ.get("WORKSHOP_TEST_START_TIMEOUT", "900"))
 LOG_DIR = Path(os.environ.get("WORKSHOP_TEST_LOGS", "/tmp/workshop-test-logs"))
 
@@ -85,15 +94,26 @@ class RunningServer:
             return ""
 
 
-def launch(engine: str, *args: str, api_key: str = API_KEY) -> RunningServer:
-    """Start ``python -m reference_server`` without waiting for it to be ready."""
+def launch(engine: str, *args: str, api_key: str = API_KEY, env: dict | None = None,
+           log_level: str = "warning") -> RunningServer:
+    """Start ``python -m reference_server`` without waiting for it to be ready (``env``:
+    variables added to this process's)."""
     port = _free_port()
     log_path = LOG_DIR / f"{engine}-{port}.log"
     child = launcher.launch(["--engine", engine, "--model", MODEL, "--max-model-len", "2048",
-                             "--kv-cache-gib", "1", "--log-level", "warning", *args],
+                             "--kv-cache-gib", "1", "--log-level", log_level, *args],
                             port=port, log_path=log_path, api_key=api_key,
-                            env={**os.environ, "HF_HUB_OFFLINE": "1"})
+                            env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})})
     return RunningServer(engine, child.base_url, api_key, MODEL, child.proc, log_path)
+
+
+def launch_remote(upstream: RunningServer, *args: str, upstream_key: str | None = UPSTREAM_KEY,
+                  **kw) -> RunningServer:
+    """A ``--engine remote`` server in front of ``upstream``, its key by environment."""
+    server = launch("remote", "--upstream", upstream.base_url + "/v1", *args,
+                    env={"WORKSHOP_UPSTREAM_API_KEY": upstream_key or ""}, **kw)
+    server.extra["upstream"] = upstream
+    return server
 
 
 def wait_ready(server: RunningServer, timeout: float = START_TIMEOUT) -> RunningServer:
@@ -108,6 +128,8 @@ def wait_ready(server: RunningServer, timeout: float = START_TIMEOUT) -> Running
 
 def stop(server: RunningServer) -> None:
     launcher.stop(server.proc, timeout=60)
+    if "upstream" in server.extra:
+        stop(server.extra["upstream"])
 
 
 @functools.cache
@@ -172,15 +194,22 @@ class _Fleet:
             resolve_model(MODEL)
             for e in ENGINES:
                 if e in (_WANTED or ENGINES) and not unavailable(e):
-                    self.servers[e] = launch(e, *FLEET_ARGS.get(e, ()))
+                    self.servers[e] = self._launch(e)
         if engine not in self.servers:      # not foreseen at collection: start it now
-            self.servers[engine] = launch(engine, *FLEET_ARGS.get(engine, ()))
+            self.servers[engine] = self._launch(engine)
         if engine not in self.ready:
             self.ready[engine] = wait_ready(self.servers[engine])
         return self.ready[engine]
 
+    @staticmethod
+    def _launch(engine: str) -> RunningServer:
+        if engine != "remote":
+            return launch(engine, *FLEET_ARGS.get(engine, ()))
+        upstream = launch("mini", *UPSTREAM_ARGS, api_key=UPSTREAM_KEY)
+        return launch_remote(upstream, *FLEET_ARGS["remote"])
+
     def retire(self, engine: str) -> None:
-        """Stop ``engine``'s server: no test left needs it."""
+        """Stop ``engine``'s server (and a remote one's upstream): no test left needs it."""
         server = self.servers.pop(engine, None)
         self.ready.pop(engine, None)
         if server is not None:
@@ -218,6 +247,12 @@ def hf_server(fleet) -> RunningServer:
 @pytest.fixture(scope="session")
 def mini_server(fleet) -> RunningServer:
     return fleet.get("mini")
+
+
+@pytest.fixture(scope="session")
+def remote_server(fleet) -> RunningServer:
+    """``--engine remote`` in front of a teaching-engine server (``.extra["upstream"]``)."""
+    return fleet.get("remote")
 
 
 @pytest.fixture(params=ENGINES)

@@ -12,13 +12,21 @@ _REGISTRY = {
     "sglang": "reference_server.engines.sglang:SGLangEngine",
     "hf": "reference_server.engines.hf:HFEngine",
     "mini": "reference_server.engines.mini:MiniEngine",
+    "remote": "reference_server.engines.remote:RemoteEngine",
 }
 
 
+def loads_model(engine: str) -> bool:
+    """Whether ``engine`` serves a model of this machine (``--model``, resolved and prepared
+    before it starts); the remote engine serves the remote server's."""
+    return engine != "remote"
+
+
 def create_engine(config, model) -> Engine:
-    """``config``: ``ServerConfig``; ``model``: ``reference_server.models.ModelSpec``."""
+    """``config``: ``ServerConfig``; ``model``: ``reference_server.models.ModelSpec`` (None
+    for an engine that does not ``loads_model``)."""
     module, cls = _REGISTRY[config.engine].split(":")
     return getattr(importlib.import_module(module), cls)(config, model)
 
 
-__all__ = ["Engine", "EngineDied", "EngineError", "EngineInfo", "create_engine"]
+__all__ = ["Engine", "EngineDied", "EngineError", "EngineInfo", "create_engine", "loads_model"]

@@ -1,4 +1,5 @@
-"""Engines that run as a child process speaking the OpenAI API (vLLM's or SGLang's server).
+"""Engines that speak the OpenAI API over HTTP: a child process we start (vLLM's or SGLang's
+server), or a server someone else runs (``remote.py``: the same proxy without a child).
 
 Why a child process and not an import: vLLM and SGLang pin conflicting versions of shared
 packages, so each may live in its own virtual environment (``--engine-python``); and a
@@ -74,7 +75,9 @@ class ProxyEngine(Engine):
     """Start, supervise and forward to an OpenAI-compatible engine server.
 
     Subclasses say how to launch it (``command``, ``env``) and describe it (``info``); this
-    class owns the process, readiness, crash detection and the forwarding itself.
+    class owns the process, readiness, crash detection and the forwarding itself. One that
+    starts no process (``target`` and ``spawn`` overridden) keeps the rest: readiness,
+    liveness, timeouts and forwarding.
     """
 
     health_path = "/health"    # answers 200 once the engine can serve
@@ -82,6 +85,8 @@ class ProxyEngine(Engine):
     # not: appended last, it would win (argparse keeps the last value) and move the child
     # off loopback or replace the key only the server knows. Subclasses add theirs.
     reserved_args: dict[str, str] = {"--host": _WHERE, "--port": _WHERE, "--api-key": _KEY}
+    # Why a liveness failure happens, for the 503 that reports it.
+    hung_hint = "its process is running: hung or overloaded"
 
     def __init__(self, config, model) -> None:
         reserved = reserved_in(config.engine_args, self.reserved_args)
@@ -92,9 +97,11 @@ class ProxyEngine(Engine):
                              f"{self.reserved_args[flag]}")
         self.config = config
         self.model = model
-        self.served_name = config.served_model_name or model.name
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        # a remote engine has no model of ours: it names the remote server's once it is up
+        self.served_name = config.served_model_name or (model.name if model is not None else "")
+        self.port: int | None = None
+        self.prefix = ""          # a path the engine's routes sit under ("" for a child)
+        self.url, self.child_key = self.target()   # the key is never logged, never on a command line
         self.python = config.engine_python or sys.executable
         self._proc: subprocess.Popen | None = None
         self._ready = False
@@ -103,12 +110,17 @@ class ProxyEngine(Engine):
         self._watch: asyncio.Task | None = None
         self._probe: asyncio.Task | None = None
         self._client: aiohttp.ClientSession | None = None
-        self.child_key = secrets.token_urlsafe(32)   # never logged, never on a command line
         self._hung_since: float | None = None         # monotonic time of the first failed probe
         self._hung = False
         self._open: set[aiohttp.ClientResponse] = set()   # upstream answers being relayed
         self._sending: set[asyncio.Task] = set()    # requests waiting for the child's headers
         self._probe_timeout = aiohttp.ClientTimeout(total=config.upstream_probe_timeout)
+
+    def target(self) -> tuple[str, str | None]:
+        """Where the engine listens and the key it requires: a child of ours, on a free
+        loopback port, with a random key only this process knows."""
+        self.port = free_port()
+        return f"http://127.0.0.1:{self.port}", secrets.token_urlsafe(32)
 
     @abc.abstractmethod
     def command(self) -> list[str]: ...
@@ -129,34 +141,36 @@ class ProxyEngine(Engine):
                              "see the server log above for its last words")
         if self._hung:
             raise EngineHung(
-                f"{self.name} engine process is running but has not answered its health check "
-                f"for {time.monotonic() - self._hung_since:.0f} s (hung or overloaded); "
+                f"{self.name} engine has not answered its health check for "
+                f"{time.monotonic() - self._hung_since:.0f} s ({self.hung_hint}); "
                 "requests are refused until it answers again")
 
-    async def start(self) -> None:
+    def spawn(self) -> subprocess.Popen | None:
+        """Start the engine's process (None: there is none to start)."""
         cmd = self.command()
         log.info("starting %s engine: %s", self.name, " ".join(redact_args(cmd)))
-        self._proc = subprocess.Popen(cmd, env=self.env(), start_new_session=True,
-                                      preexec_fn=_die_with_parent)
+        return subprocess.Popen(cmd, env=self.env(), start_new_session=True,
+                                preexec_fn=_die_with_parent)
+
+    async def start(self) -> None:
+        self._proc = self.spawn()
         # aiohttp rather than httpx: its C HTTP parser costs less CPU per relayed chunk, and
         # on a small CPU every cycle the proxy spends is taken from the engine. No pool
         # limit: one connection per in-flight stream, as the client would have had.
         self._client = aiohttp.ClientSession(
             base_url=self.url, connector=aiohttp.TCPConnector(limit=0),
-            headers={"Authorization": f"Bearer {self.child_key}"},
+            headers={"Authorization": f"Bearer {self.child_key}"} if self.child_key else None,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
                                           sock_read=self.config.upstream_read_timeout))
         deadline = time.monotonic() + self.config.engine_start_timeout
         while time.monotonic() < deadline:
-            if self._proc.poll() is not None:
+            if self._proc is not None and self._proc.poll() is not None:
                 self._exit_code = self._proc.returncode
                 raise EngineDied(f"{self.name} engine exited with code {self._exit_code} "
                                  "while starting; see its log above")
             try:
-                async with self._client.get(self.health_path,
-                                            timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    if resp.status == 200:
-                        break
+                if await self.serving():
+                    break
             except (aiohttp.ClientError, asyncio.TimeoutError):
                 pass
             await asyncio.sleep(0.5)
@@ -165,8 +179,15 @@ class ProxyEngine(Engine):
             raise EngineDied(f"{self.name} engine not ready after {self.config.engine_start_timeout} s")
         await self.on_ready()
         self._ready = True
-        self._watch = asyncio.create_task(self._watch_process())
+        if self._proc is not None:
+            self._watch = asyncio.create_task(self._watch_process())
         self._probe = asyncio.create_task(self._liveness())
+
+    async def serving(self) -> bool:
+        """Whether the engine can serve yet (polled while it starts)."""
+        async with self._client.get(self.prefix + self.health_path,
+                                    timeout=aiohttp.ClientTimeout(total=2)) as resp:
+            return resp.status == 200
 
     async def on_ready(self) -> None:
         """Hook: read whatever ``info`` needs from the running engine."""
@@ -185,7 +206,7 @@ class ProxyEngine(Engine):
         while self._exit_code is None:
             await asyncio.sleep(c.liveness_interval)
             try:
-                async with self._client.get(self.health_path,
+                async with self._client.get(self.prefix + self.health_path,
                                             timeout=self._probe_timeout) as resp:
                     ok = resp.status == 200
             except (aiohttp.ClientError, asyncio.TimeoutError):
@@ -200,8 +221,8 @@ class ProxyEngine(Engine):
                 self._hung_since = time.monotonic() - c.liveness_interval
             if fails >= c.liveness_failures and not self._hung and self._exit_code is None:
                 self._hung = True
-                log.error("%s engine does not answer its health check (%d probes): hung",
-                          self.name, fails)
+                log.error("%s engine does not answer its health check (%d probes): %s",
+                          self.name, fails, self.hung_hint)
                 # Requests in flight fail now instead of at the read timeout: those being
                 # relayed, and those still waiting for the child's headers (a non-streamed
                 # vLLM request gets none until its answer is complete).
@@ -258,7 +279,7 @@ class ProxyEngine(Engine):
         self.check()
         body = self.request_body(request)
         # A task, so that the liveness probe can cut the wait for headers (``_sending``).
-        post = asyncio.ensure_future(self._client.post(path, json=body))
+        post = asyncio.ensure_future(self._client.post(self.prefix + path, json=body))
         self._sending.add(post)
         try:
             await asyncio.wait((post,))
@@ -326,29 +347,31 @@ class ProxyEngine(Engine):
         if isinstance(exc, asyncio.TimeoutError):
             return EngineError(504, f"{self.name} engine sent nothing for "
                                f"{self.config.upstream_read_timeout:.0f} s", "engine_timeout")
-        return EngineError(502, f"lost the connection to the {self.name} engine: "
-                           f"{type(exc).__name__}", "engine_error")
+        what = ("could not connect to" if isinstance(exc, aiohttp.ClientConnectorError)
+                else "lost the connection to")
+        return EngineError(502, f"{what} the {self.name} engine: {type(exc).__name__}",
+                           "engine_error")
 
     async def metrics_text(self) -> str:
         self.check()
-        async with self._client.get("/metrics", timeout=self._probe_timeout) as resp:
+        async with self._client.get(self.prefix + "/metrics", timeout=self._probe_timeout) as resp:
             resp.raise_for_status()
             return await resp.text()
 
     async def get_json(self, path: str) -> dict:
-        async with self._client.get(path, timeout=self._probe_timeout) as resp:
+        async with self._client.get(self.prefix + path, timeout=self._probe_timeout) as resp:
             resp.raise_for_status()
             return await resp.json()
 
     async def post(self, path: str) -> int:
         """POST without a body; returns the status code."""
-        async with self._client.post(path, timeout=self._probe_timeout) as resp:
+        async with self._client.post(self.prefix + path, timeout=self._probe_timeout) as resp:
             await resp.read()
             return resp.status
 
     async def post_json(self, path: str) -> tuple[int, Any]:
         """POST without a body; returns the status code and the JSON answer (None if not JSON)."""
-        async with self._client.post(path, timeout=self._probe_timeout) as resp:
+        async with self._client.post(self.prefix + path, timeout=self._probe_timeout) as resp:
             try:
                 return resp.status, await resp.json(content_type=None)
             except ValueError:

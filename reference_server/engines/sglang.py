@@ -283,6 +283,10 @@ class SGLangEngine(ProxyEngine):
                "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", c.dtype, "--context-length", str(c.max_model_len),
                "--enable-metrics", "--enable-cache-report",   # cached-token counts in "usage"
+               # Its running/KV gauges are refreshed every N decode steps (default 40): at CPU
+               # speed that is seconds, so a reader mid-request saw the previous request's
+               # values (seen: a test waiting for "1 running" timed out on a 2-core AVX2 CPU).
+               "--decode-log-interval", "1",
                "--log-level", "debug" if c.log_level == "debug" else "warning"]
         if self._config_dir:
             cmd += ["--config", os.path.join(self._config_dir, "key.yaml")]

@@ -153,8 +153,8 @@ def test_prefix_cache_reset(server):
     r = httpx.post(server.base_url + "/reset_prefix_cache", headers=server.headers)
     assert r.status_code == 200
     # hf keeps no prefix cache; vLLM's is reached without its dev mode (see engines/vllm.py);
-    # SGLang's through its /flush_cache
-    assert r.json()["success"] is (server.engine in ("vllm", "sglang", "mini"))
+    # SGLang's through its /flush_cache; remote's is its upstream's (mini's)
+    assert r.json()["success"] is (server.engine in ("vllm", "sglang", "mini", "remote"))
 
 
 # ---- authentication -------------------------------------------------------------------

@@ -52,3 +52,17 @@ def test_agentic_session_is_dependent_and_reuses_prefixes(vllm_server):
     # computed from the requests actually sent (real replies included)
     assert s["workload"]["requests"] == 8
     assert s["workload"]["prefix_reuse_ratio"] > 0.5
+
+
+def test_harness_measures_through_a_remote_engine(remote_server, tmp_path):
+    """The harness reads a remote engine like any other: its requests, the server's metrics
+    (the upstream's, under vLLM's names) and what the server says it is."""
+    res = run_benchmark(remote_server.base_url, remote_server.model, "random", num_requests=4,
+                        concurrency=2, api_key=remote_server.api_key, seed=0, warmup=0,
+                        progress=False, output_dir=str(tmp_path / "remote"), input_len=16,
+                        output_len=4, label="remote")
+    s = res.summary
+    assert s["errors"] == 0, s["error_kinds"]
+    assert [r.output_tokens for r in res.records] == [4] * 4
+    assert s["server"]["metrics_available"] and s["server"]["peak_kv_usage"] is not None
+    assert res.environment["server"]["engine"] == "reference-remote"

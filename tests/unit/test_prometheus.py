@@ -89,3 +89,12 @@ def test_metric_names_are_spelled_only_in_prometheus_py():
                        if isinstance(n, ast.Constant) and isinstance(n.value, str)
                        and id(n) not in docstrings and name.search(n.value)]
     assert not inline, "\n".join(inline)
+
+
+def test_without_drops_a_family_with_its_comments():
+    page = ("# HELP reference_server_engine_up Up.\n# TYPE reference_server_engine_up gauge\n"
+            "reference_server_engine_up 1.0\n" + PROM)
+    kept = P.without(page, P.SERVER_PREFIX)
+    assert P.SERVER_PREFIX not in kept
+    assert kept == PROM
+    assert P.without("", P.SERVER_PREFIX) == ""

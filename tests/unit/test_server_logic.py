@@ -398,3 +398,72 @@ def test_vllm_child_runs_without_dev_mode_and_with_its_own_key(tmp_path):
     env = e.env()
     assert env["VLLM_SERVER_DEV_MODE"] == "0"
     assert env["VLLM_API_KEY"] == e.child_key and e.child_key not in " ".join(e.command())
+
+
+def test_concurrent_preparations_convert_once(tmp_path, monkeypatch):
+    """Setup, a notebook and a test session preparing the model at once: one converts, the
+    others wait and find it prepared (two conversions used to delete each other's folder)."""
+    import threading
+    import time
+
+    from reference_server import models
+
+    calls = []
+
+    def convert(folder, progress):
+        calls.append(folder)
+        time.sleep(0.3)             # long enough for the other caller to arrive meanwhile
+        folder.mkdir()
+        (folder / "config.json").write_text("{}")
+        (folder / models._MARKER).write_text('{"files": ["config.json"]}')
+
+    monkeypatch.setattr(models, "_convert", convert)
+    folder = tmp_path / "model"
+    errors = []
+
+    def prepare():
+        try:
+            assert models.prepare_model(folder) == folder
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=prepare) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(calls) == 1 and models.is_prepared(folder)
+
+
+@pytest.mark.parametrize("url,origin,prefix", [
+    ("http://h:8000/v1", "http://h:8000", ""), ("http://h:8000", "http://h:8000", ""),
+    ("http://h:8000/v1/", "http://h:8000", ""), ("https://h/openai/v1", "https://h", "/openai"),
+    ("https://h/prefix", "https://h", "/prefix")])
+def test_upstream_url_is_split_into_origin_and_route_prefix(url, origin, prefix):
+    from reference_server.engines.remote import split_upstream
+    assert split_upstream(url) == (origin, prefix)
+
+
+@pytest.mark.parametrize("url,why", [
+    ("h:8000", "http"), ("ftp://h/v1", "http"), ("http://user:pw@h/v1", "credentials"),
+    ("http://h/v1?key=x", "query")])
+def test_upstream_url_refused(url, why):
+    from reference_server.engines.remote import split_upstream
+    with pytest.raises(ValueError, match=why):
+        split_upstream(url)
+
+
+def test_remote_engine_flags(monkeypatch, capsys):
+    monkeypatch.setenv("WORKSHOP_UPSTREAM_API_KEY", "up-key")
+    c = parse_args(["--engine", "remote", "--upstream", "http://h:1/v1"])
+    assert (c.upstream, c.upstream_api_key) == ("http://h:1/v1", "up-key")
+    for argv in (["--engine", "remote"], ["--engine", "mini", "--upstream", "http://h:1"]):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+    assert "--upstream" in capsys.readouterr().err
+    from reference_server.engines.remote import RemoteEngine
+    with pytest.raises(ValueError, match="starts none"):
+        RemoteEngine(ServerConfig(engine="remote", upstream="http://h:1", engine_args=["--x"]))
+    engine = RemoteEngine(c)
+    assert (engine.url, engine.child_key, engine.port) == ("http://h:1", "up-key", None)

