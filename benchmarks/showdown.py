@@ -78,12 +78,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _chart(folders: list[str], out: str) -> int:
-    from workshop import decision
+    from workshop import decision_chart
     roots = showdown.find_roots(*folders)
     if not roots:
         print(f"no showdown folder under {folders}", file=sys.stderr)
         return 1
-    return decision.write_report(roots, out)
+    return decision_chart.write_report(roots, out)
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def _(mo):
        Dynamo, TGI, llama.cpp / Ollama) and the figures the engines publish about themselves,
        each with its source and date.
 
-    The helpers live in `workshop/decision.py`; its docstring states every rule used below.
+    The helpers live in `workshop/decision.py` (its docstring states every rule used below) and
+    `workshop/decision_chart.py` (the figure).
     """)
     return
 
@@ -104,7 +105,7 @@ def _(mo):
 
 @app.cell
 def _():
-    from workshop import decision, ui
+    from workshop import decision, decision_chart, ui
 
     showdown_roots, showdown_source = decision.choose_roots()
     showdown = decision.load(*showdown_roots)
@@ -124,7 +125,7 @@ def _():
           + "".join(f"\n- ⚠ {w}" for w in showdown.warnings)
           + "".join(f"\n- {old.engine} / {old.workload} from `{old.root.path.name}` ({old.status}) "
                     f"replaced by the run in `{new.root.path.name}`" for old, new in showdown.replaced))
-    return decision, showdown, ui
+    return decision, decision_chart, showdown, ui
 
 
 @app.cell(hide_code=True)
@@ -296,8 +297,8 @@ def _(mo):
 
 
 @app.cell
-def _(chosen, chosen_engines, decision, knee_rows, verdicts):
-    decision.plot_decision(verdicts, knee_rows, decision.title_for(chosen), engines=chosen_engines)
+def _(chosen, chosen_engines, decision_chart, knee_rows, verdicts):
+    decision_chart.plot_decision(verdicts, knee_rows, decision_chart.title_for(chosen), engines=chosen_engines)
     return
 
 

@@ -21,7 +21,8 @@
 #    Dynamo, TGI, llama.cpp / Ollama) and the figures the engines publish about themselves,
 #    each with its source and date.
 #
-# The helpers live in `workshop/decision.py`; its docstring states every rule used below.
+# The helpers live in `workshop/decision.py` (its docstring states every rule used below) and
+# `workshop/decision_chart.py` (the figure).
 
 # %%
 # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
@@ -62,7 +63,7 @@ session = workshop.session.connect()
 # workloads works; a run that failed is shown with its reason.
 
 # %%
-from workshop import decision, ui
+from workshop import decision, decision_chart, ui
 
 showdown_roots, showdown_source = decision.choose_roots()
 showdown = decision.load(*showdown_roots)
@@ -187,7 +188,7 @@ ui.table(decision.display_rows(knee_rows))
 # look slower. Below, each engine's throughput at its knee.
 
 # %%
-decision.plot_decision(verdicts, knee_rows, decision.title_for(chosen), engines=chosen_engines)
+decision_chart.plot_decision(verdicts, knee_rows, decision_chart.title_for(chosen), engines=chosen_engines)
 
 # %%
 ui.table(decision.verdict_rows(verdicts))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workshop import decision
+from workshop import decision, decision_chart
 from workshop.bench.metrics import RequestRecord, summarize
 from workshop.bench.results import BenchResult
 from workshop.bench.sweep import SweepResult
@@ -308,11 +308,11 @@ def test_chart_and_report(two_engines, tmp_path):
     res = decision.load(two_engines)
     rows = decision.knee_table(res)
     verdicts = decision.decisions(rows)
-    fig = decision.plot_decision(verdicts, rows, decision.title_for(res))
+    fig = decision_chart.plot_decision(verdicts, rows, decision_chart.title_for(res))
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     texts = " ".join(t.get_text() for t in fig.axes[0].texts)
     assert "fast" in texts and "×2" in texts
-    assert decision.write_report([two_engines], tmp_path / "out") == 0
+    assert decision_chart.write_report([two_engines], tmp_path / "out") == 0
     md = (tmp_path / "out" / "decision.md").read_text()
     assert (tmp_path / "out" / "decision.png").stat().st_size > 10_000
     assert "| sharegpt | throughput | fast x2 |" in md and "not measured" in md.lower()
