@@ -23,6 +23,10 @@ notebook's prose. The rules, written down once:
   engine's p99 TTFT, p99 ITL and peak KV use are interpolated linearly in offered load between
   its two kept-up points around that load (clamped to its lowest point, and flagged, when the
   common load lies below every point it ran).
+* **Capacity alone** when no engine kept up within the objectives at any load on a workload:
+  the throughput verdict then ranks each engine's *capacity*, the most output tok/s it
+  delivered at any load tried (its closed-loop throughput probe included), objectives and
+  saturation ignored, and says so (``Verdict.ignores_objectives``).
 * **Goodput**: requests per second that met every objective = steady achieved rate x the
   fraction of the point's measured requests that met them (failed ones count as misses), best
   over the sweep's points (the client-bound ones left out). Re-scored from ``BenchResult.records``
@@ -47,7 +51,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from workshop.bench.metrics import SLO
-from workshop.bench.showdown import find_roots, results_dir
+from workshop.bench.showdown import find_roots, objectives_text, results_dir
 from workshop.bench.sweep import SweepResult
 
 TIE_WITHIN = 0.10
@@ -115,6 +119,11 @@ class Root:
     def slo(self) -> dict[str, float | None]:
         s = self.manifest.get("slo") or {}
         return {"ttft_ms": s.get("ttft_ms"), "itl_ms": s.get("itl_ms")}
+
+    @property
+    def objectives(self) -> str:
+        """The objectives its knees were judged with, and where each came from."""
+        return objectives_text(self.manifest.get("slo") or {})
 
     @property
     def machine(self) -> str:
@@ -317,6 +326,30 @@ def probe_metrics(sweep: SweepResult, slo: SLO) -> dict[str, Any] | None:
     return m
 
 
+def probe_throughput(sweep: SweepResult) -> float | None:
+    """Output tok/s of the closed-loop throughput probe: its steady session rate (what the
+    sweep's loads were drawn from) x requests per session x mean output tokens per request."""
+    probe = (sweep.probes or {}).get("throughput")
+    cfg = sweep.config or {}
+    completed = probe.summary.get("completed") if probe is not None else None
+    if not completed or not cfg.get("max_throughput_rate"):
+        return None
+    per_request = (probe.summary.get("total_output_tokens") or 0) / completed
+    return cfg["max_throughput_rate"] * cfg.get("requests_per_session", 1.0) * per_request
+
+
+def capacity(points: Sequence[dict[str, Any]], probe_tps: float | None) -> tuple[float | None, str | None]:
+    """The most output tok/s delivered at any load tried (``points``, client-bound ones left
+    out) or by the throughput probe, objectives ignored; and where: "<x> req/s offered" or
+    "throughput probe"."""
+    best = max(points, key=lambda p: p["output_tps"], default=None)
+    if probe_tps is not None and (best is None or probe_tps > best["output_tps"]):
+        return probe_tps, "throughput probe"
+    if best is None:
+        return None, None
+    return best["output_tps"], f"{best['offered']:.3g} req/s offered"
+
+
 def _metrics(p: Any, offered: float, achieved: float, slo: SLO) -> dict[str, Any]:
     s = p.summary
     measured = [r for r in p.records if not r.warmup]
@@ -342,14 +375,7 @@ def _metrics(p: Any, offered: float, achieved: float, slo: SLO) -> dict[str, Any
 
 def knee_under(sweep: SweepResult, slo: SLO) -> SweepResult:
     """The sweep with its knee (and config objectives) as they are under ``slo``."""
-    cfg = sweep.config or {}
-    if cfg.get("slo_ttft_ms") == slo.ttft_ms and cfg.get("slo_itl_ms") == slo.itl_ms:
-        return sweep
-    from workshop.bench.sweep import _knee  # the sweep's own rule, so both agree
-    k = _knee(sweep.mode, sweep.loads, sweep.points, slo.ttft_ms, slo.itl_ms,
-              cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1))
-    return dataclasses.replace(sweep, knee_index=k, config={**cfg, "slo_ttft_ms": slo.ttft_ms,
-                                                            "slo_itl_ms": slo.itl_ms})
+    return sweep.under_objectives(slo.ttft_ms, slo.itl_ms)
 
 
 def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
@@ -363,7 +389,7 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                            "itl_p50": None, "itl_p99": None, "goodput_at_knee": None, "slo_met_at_knee": None,
                            "best_goodput": None, "best_goodput_at": None, "prefix_hit_rate": None,
                            "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None, "points": [],
-                           "curve": [], "max_output_tps": None}
+                           "curve": [], "capacity_tps": None, "capacity_at": None}
     if not run.ok:
         row["note"] = run.status
         return row
@@ -380,7 +406,7 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
     cap = run.server_info.get("kv_capacity_tokens")
     row["kv_capacity_tokens"] = cap if isinstance(cap, (int, float)) and cap > 0 else None
     usable = [p for p in pts if not p["client_limited"]]
-    row["max_output_tps"] = max((p["output_tps"] for p in usable), default=None)
+    row["capacity_tps"], row["capacity_at"] = capacity(usable, probe_throughput(sw))
     if usable:
         best = max(usable, key=lambda p: p["goodput"])
         row["best_goodput"], row["best_goodput_at"] = best["goodput"], best["offered"]
@@ -426,7 +452,7 @@ def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "workload": r["workload"], "engine": r["engine"],
             "knee sessions/s (asked)": f(r["knee_asked"]), "knee req/s (offered)": knee,
-            "output tok/s": f(r["output_tps"]),
+            "output tok/s": f(r["output_tps"]), "capacity tok/s": f(r["capacity_tps"]),
             "TTFT p50 ms": f(r["ttft_p50"]), "TTFT p99 ms": f(r["ttft_p99"]),
             "ITL p50 ms": f(r["itl_p50"]), "ITL p99 ms": f(r["itl_p99"]),
             "goodput req/s": f(r["goodput_at_knee"]),
@@ -459,6 +485,7 @@ class Verdict:
     basis: str = ""                          # where it was measured
     excluded: dict[str, str] = field(default_factory=dict)   # engine -> why it is not compared
     flags: dict[str, str] = field(default_factory=dict)      # engine -> caveat on its value
+    ignores_objectives: bool = False         # ranked by capacity: nobody met the objectives
 
     @property
     def outcome(self) -> str:
@@ -473,13 +500,15 @@ class Verdict:
     def label(self) -> str:
         """A short cell label: "vllm x2.1", "tie: a, b", "only a", "-"."""
         o = self.outcome
+        why = " (capacity, objectives ignored)" if self.ignores_objectives else ""
         if o == "win":
             sign = {"at least": ">=", "at most": "<=", "unknown": "?"}.get(self.bound, "")
-            return f"{self.winner} x{sign}{self.margin:.2g}" if self.margin < 10 else f"{self.winner} x{sign}{self.margin:.0f}"
+            m = f"{self.margin:.2g}" if self.margin < 10 else f"{self.margin:.0f}"
+            return f"{self.winner} x{sign}{m}{why}"
         if o == "tie":
-            return "tie: " + ", ".join(self.tied)
+            return "tie: " + ", ".join(self.tied) + why
         if o == "only":
-            return f"only {self.winner}"
+            return f"only {self.winner}{why}"
         return "-"
 
 
@@ -540,7 +569,15 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
         elif r["no_knee"] and constraint != "goodput":
             v.excluded[r["engine"]] = r["note"] or "no knee"
     live = [r for r in mine if r["engine"] not in v.excluded]
-    if constraint == "throughput":
+    finished = [r for r in mine if r["status"].startswith("ok")]
+    if constraint == "throughput" and finished and all(r["no_knee"] for r in finished):
+        v.excluded = {e: why for e, why in v.excluded.items() if why.startswith("run ")}
+        v.values = {r["engine"]: r["capacity_tps"] for r in finished if r["capacity_tps"] is not None}
+        v.ignores_objectives = True
+        v.basis = ("capacity alone, the most output tok/s at any load tried (throughput probe "
+                   "included): no engine kept up within the objectives at any load, so this "
+                   "ranking ignores the latency objectives")
+    elif constraint == "throughput":
         v.values = {r["engine"]: r["output_tps"] for r in live if r["output_tps"] is not None}
         v.basis = "at each engine's knee"
     elif constraint == "goodput":
@@ -572,7 +609,7 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
             del v.values[e]
     r_ = rank(v.values, better, tie_within)
     v.winner, v.runner_up, v.margin, v.tied = r_["winner"], r_["runner_up"], r_["margin"], r_["tied"]
-    if constraint == "throughput" and v.outcome == "win":
+    if constraint == "throughput" and v.outcome == "win" and not v.ignores_objectives:
         lb = {r["engine"]: r["lower_bound"] for r in live}
         w, ru = lb.get(v.winner, False), lb.get(v.runner_up, False)
         v.bound = "unknown" if w and ru else "at least" if w else "at most" if ru else ""

@@ -72,7 +72,7 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
     for i, w in enumerate(workloads):
         for j, c in enumerate(constraints):
             v = by.get((w, c))
-            face, text, hatch = (0.96, 0.96, 0.96), "no data", None
+            face, text, hatch, edge = (0.96, 0.96, 0.96), "no data", None, None
             if v is not None:
                 o = v.outcome
                 if o == "win":
@@ -89,10 +89,17 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                     text = f"{v.winner}\n(the only one that qualifies)"
                 else:
                     text = _why_nobody(v)
+                if v.ignores_objectives and o != "none":
+                    # Another question than the other cells answer: drawn like the capacity
+                    # outlines below (dashed, lighter) and saying so.
+                    face, hatch = _light(face, 0.5), None
+                    edge = colors.get(v.winner, (0.5, 0.5, 0.5)) if v.winner else (0.5, 0.5, 0.5)
+                    text += "\ncapacity alone, objectives\nignored: no engine met\nthem at any load"
                 if v.flags and o in ("win", "tie"):
                     text += "\n(see caveats)"
-            grid_ax.add_patch(Rectangle((j + 0.02, i + 0.04), 0.96, 0.92, facecolor=face, edgecolor="white",
-                                        hatch=hatch, linewidth=1.0))
+            grid_ax.add_patch(Rectangle((j + 0.02, i + 0.04), 0.96, 0.92, facecolor=face,
+                                        edgecolor=edge or "white", linestyle="--" if edge else "-",
+                                        hatch=hatch, linewidth=1.5 if edge else 1.0))
             grid_ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8.5)
     grid_ax.set_xticks([j + 0.5 for j in range(len(constraints))])
     grid_ax.set_xticklabels([f"{CONSTRAINTS[c][0]}\n({'higher' if CONSTRAINTS[c][3] == 'higher' else 'lower'} "
@@ -112,16 +119,17 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
     # -- the bars: filled at the knee; an outline at the best throughput of any load tried
     width = 0.8 / max(len(engines), 1)
     bar_ax.set_title("output tok/s: filled at each engine's knee (hatched: the knee is the highest load tried, "
-                     "a lower bound); outline: the most at any load tried, objectives or not", fontsize=9)
-    ymax = max([r["output_tps"] or 0 for r in rows] + [r.get("max_output_tps") or 0 for r in rows] + [1e-9])
+                     "a lower bound);\ndashed outline: capacity, the most at any load tried or in the throughput probe, "
+                     "objectives ignored", fontsize=9)
+    ymax = max([r["output_tps"] or 0 for r in rows] + [r.get("capacity_tps") or 0 for r in rows] + [1e-9])
     for k, e in enumerate(engines):
         for i, w in enumerate(workloads):
             r = next((r for r in rows if r["engine"] == e and r["workload"] == w), None)
             x = i + (k - (len(engines) - 1) / 2) * width
             if r is None:
                 continue
-            if r.get("max_output_tps"):
-                bar_ax.bar(x, r["max_output_tps"], width * 0.92, facecolor="none", edgecolor=colors[e],
+            if r.get("capacity_tps"):
+                bar_ax.bar(x, r["capacity_tps"], width * 0.92, facecolor="none", edgecolor=colors[e],
                            linestyle="--", linewidth=1.0)
             if r["output_tps"] is None:
                 why = "no knee" if r["status"].startswith("ok") else "run failed"
@@ -161,8 +169,8 @@ def write_report(roots: Sequence[str | os.PathLike], out: str | os.PathLike) -> 
     lines = ["# Decision chart", "", "Measured here:", ""]
     lines += [f"- {r.describe()}" for r in results.roots]
     lines += [f"- WARNING: {w}" for w in results.warnings]
-    lines += ["", f"SLO: TTFT <= {slo.ttft_ms:g} ms, ITL <= {slo.itl_ms:g} ms (the knee: p99s; goodput: each "
-              f"request's first token and every gap); "
+    lines += ["", f"Objectives of `{results.newest.path.name}`, used for every folder: {results.newest.objectives} "
+              f"(the knee: p99s; goodput: each request's first token and every gap); "
               f"ties: within {TIE_WITHIN:.0%}.", "", "## At each knee", "", markdown_table(display_rows(rows)),
               "", "## Winners", "", markdown_table(verdict_rows(verdicts)), "",
               "## Not measured here (cited)", "", markdown_table(feature_rows()), "",

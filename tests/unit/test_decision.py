@@ -157,6 +157,29 @@ def test_no_knee_and_knee_at_the_top_are_flagged(tmp_path):
 
 # --------------------------------------------------------------------------- winners
 
+def test_when_no_engine_meets_the_objectives_throughput_falls_back_to_capacity(tmp_path):
+    # Neither keeps up anywhere; "big" delivers the most at its heaviest load (0.6 x 8 req/s x
+    # 16 tokens), "small" more in its throughput probe (5 req/s x 8) than at any load point.
+    big = make_sweep([2, 4, 8], None, out=16)
+    small = make_sweep([1, 2], None)
+    small.probes["throughput"] = make_point(5.0)
+    small.config["max_throughput_rate"] = 5.0
+    rows = decision.knee_table(decision.load(make_root(tmp_path / "r", {("big", "w"): big, ("small", "w"): small})))
+    by = {r["engine"]: r for r in rows}
+    assert by["big"]["capacity_tps"] == pytest.approx(0.6 * 8 * 16) and by["big"]["capacity_at"] == "8 req/s offered"
+    assert by["small"]["capacity_tps"] == pytest.approx(5 * 8) and by["small"]["capacity_at"] == "throughput probe"
+    v = decision.decide(rows, "w", "throughput")
+    assert v.ignores_objectives and (v.winner, v.runner_up) == ("big", "small")
+    assert v.margin == pytest.approx(76.8 / 40) and v.bound == ""
+    assert "ignores the latency objectives" in v.basis and "objectives ignored" in v.label
+    assert not v.excluded                          # no knee is the reason for the fallback, not a reason out
+    # one engine with a knee: the usual rule, the other left out
+    rows2 = decision.knee_table(decision.load(make_root(tmp_path / "r2", {("big", "w"): make_sweep([2, 4, 8], 0),
+                                                                         ("small", "w"): small})))
+    v2 = decision.decide(rows2, "w", "throughput")
+    assert not v2.ignores_objectives and v2.outcome == "only" and v2.winner == "big"
+
+
 def test_throughput_winner_and_margin(two_engines):
     rows = decision.knee_table(decision.load(two_engines))
     v = decision.decide(rows, "sharegpt", "throughput")

@@ -4,8 +4,18 @@ One ``run_showdown`` call serves each contender in turn (a reference server of i
 already running), runs a load sweep (``sweep.sweep_load``: synchronous and throughput probes,
 then open-loop rates up to past the maximum) for every workload, and writes one results folder:
 
-    <root>/showdown.json                 what ran: command, machine, date, engines, workloads, SLO
+    <root>/showdown.json                 what ran: command, machine, date, engines, workloads,
+                                         the objectives used and where they came from
     <root>/<engine>/<workload>/          a SweepResult (sweep.json, point-NN/, probe-*/)
+
+**Objectives** (p99 TTFT and p99 ITL) are used as stated (``Plan.slo_ttft_ms`` /
+``slo_itl_ms``). One not stated is derived from the run itself once every contender has run,
+by ``derive_objectives``: ``Plan.slo_factor`` x the best contender's unloaded p99 (its
+synchronous probe, one request at a time) on each workload, the highest of those over the
+workloads, so that the fastest engine, unloaded, meets it on every workload. A fixed number
+would be met by everything on a GPU and by nothing on a 2-core CPU. Every sweep is then judged
+under the objectives used (its knee re-scored from its stored points) and ``showdown.json``
+records them under ``slo``: the values, which were stated and which derived, and from what.
 
 ``workshop.decision`` draws the decision chart from such folders, any number of them and any
 subset of engines. ``benchmarks/showdown.py`` is the command; notebook 10 calls this module
@@ -87,8 +97,10 @@ class Plan:
     sweep_points: int = 4              # open-loop rates between the synchronous and 1.5 x max rate
     probe_requests: int = 6            # one at a time, for the synchronous rate and the baseline
     probe_concurrency: int = 12        # the closed-loop throughput probe
-    slo_ttft_ms: float = 1000.0
-    slo_itl_ms: float = 100.0
+    # p99 objectives in ms; None: not stated, derived from the run (the module docstring)
+    slo_ttft_ms: float | None = None
+    slo_itl_ms: float | None = None
+    slo_factor: float = 3.0            # a derived objective: this x the best unloaded p99
     seed: int = 0
     # ShareGPT replies clipped to this many tokens: the recorded ones average ~300, which would
     # make the one-request-at-a-time baseline's sweep alone take most of an hour on 2 cores.
@@ -137,6 +149,75 @@ def default_field(gpu: bool | None = None) -> tuple[Contender, ...]:
     return field_
 
 
+OBJECTIVES = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"))
+
+
+def unloaded_latency(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload and contender (``sweeps``: workload -> label -> ``SweepResult``), the
+    synchronous probe's p99 TTFT and ITL in ms: each engine's latency with nothing else to do."""
+    rows = []
+    for w, by_label in sweeps.items():
+        for label, sw in by_label.items():
+            probe = (sw.probes or {}).get("synchronous")
+            if probe is None or not probe.summary.get("completed"):
+                continue
+            rows.append({"workload": w, "engine": label, **{key: probe.summary[key]["p99"] for key, _ in OBJECTIVES}})
+    return rows
+
+
+def derive_objectives(unloaded: Sequence[dict[str, Any]], factor: float) -> dict[str, dict[str, Any] | None]:
+    """For each objective (``ttft_ms``, ``itl_ms``): ``factor`` x the lowest unloaded p99 among
+    the contenders on a workload, on the workload where that lowest value is highest. Each
+    comes with the engine and workload it was taken from; None where no probe measured it."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for key, _ in OBJECTIVES:
+        best: dict[str, dict[str, Any]] = {}
+        for r in unloaded:
+            if r.get(key) is not None and (r["workload"] not in best or r[key] < best[r["workload"]][key]):
+                best[r["workload"]] = r
+        if not best:
+            out[key] = None
+            continue
+        r = max(best.values(), key=lambda r: r[key])
+        out[key] = {"ms": factor * r[key], "unloaded_p99_ms": r[key], "engine": r["engine"],
+                    "workload": r["workload"]}
+    return out
+
+
+def objectives_entry(plan: "Plan", derived: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
+    """``showdown.json``'s ``slo``: the values used (ms, None: none), and for each how it was
+    set: ``{"stated": true}``, or derived (``factor``, ``engine``, ``workload``,
+    ``unloaded_p99_ms``), or ``{"derived": null}`` (no probe to derive it from, or not yet)."""
+    entry: dict[str, Any] = {"factor": plan.slo_factor, "how": {}}
+    for key, _ in OBJECTIVES:
+        stated = getattr(plan, f"slo_{key}")
+        if stated is not None:
+            entry[key], entry["how"][key] = float(stated), {"stated": True}
+            continue
+        d = (derived or {}).get(key)
+        entry[key] = d["ms"] if d else None
+        entry["how"][key] = {"derived": {k: v for k, v in d.items() if k != "ms"} if d else None}
+    return entry
+
+
+def objectives_text(entry: dict[str, Any]) -> str:
+    """One line on a ``showdown.json`` ``slo`` entry: the values and where each came from."""
+    parts = []
+    for key, name in OBJECTIVES:
+        value, how = entry.get(key), (entry.get("how") or {}).get(key) or {}
+        if how.get("stated"):
+            parts.append(f"p99 {name} ≤ {value:,.0f} ms (stated)")
+        elif how.get("derived"):
+            d = how["derived"]
+            parts.append(f"p99 {name} ≤ {value:,.0f} ms (derived: {entry.get('factor', '?'):g} x "
+                         f"{d['engine']}'s unloaded p99 of {d['unloaded_p99_ms']:,.0f} ms on {d['workload']})")
+        elif value is not None:
+            parts.append(f"p99 {name} ≤ {value:,.0f} ms")
+        else:
+            parts.append(f"no {name} objective")
+    return "; ".join(parts)
+
+
 def machine() -> dict[str, Any]:
     from workshop.session import cores, cpu_name, gpu_name, memory_gib
     return {"cpu": cpu_name(), "cores": cores(), "memory_gib": round(memory_gib() or 0.0, 1),
@@ -180,11 +261,12 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(shlex.quote(a) for a in sys.argv),
         "mode": mode, "machine": machine(), "model": model,
-        "slo": {"ttft_ms": plan.slo_ttft_ms, "itl_ms": plan.slo_itl_ms},
+        "slo": objectives_entry(plan),
         "plan": asdict(plan),
         "engines": {}, "workloads": {w: {"params": plan.kwargs_for(w)} for w in plan.workloads},
         "runs": []})
     show.write()
+    finished: dict[tuple[str, str], Any] = {}     # (label, workload) -> SweepResult
     for c in contenders:
         t0 = time.monotonic()
         log(f"== {c.label}: {'using ' + c.base_url if c.base_url else 'starting ' + c.engine} ==")
@@ -215,6 +297,7 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
                         slo_itl_ms=plan.slo_itl_ms, seed=plan.seed, progress=progress,
                         reset_cache=True, label=c.label, **plan.kwargs_for(w, c.request_scale))
                     result.save(show.folder(c.label, w), plots=False)
+                    finished[(c.label, w)] = result
                     run["status"] = "ok"
                     run["knee"] = result.knee_note()
                     log(f"   {w}: {result.knee_note()}  ({time.monotonic() - t1:.0f} s)")
@@ -228,9 +311,28 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
         finally:
             if not c.base_url:
                 server.stop()
+    _judge(show, plan, finished, log)
     show.manifest["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     show.write()
     return show
+
+
+def _judge(show: Showdown, plan: Plan, finished: dict[tuple[str, str], Any], log: Callable[[str], None]) -> None:
+    """Derive the objectives not stated, record them, and re-judge every sweep under them."""
+    sweeps: dict[str, dict[str, Any]] = {}
+    for (label, w), sw in finished.items():
+        sweeps.setdefault(w, {})[label] = sw
+    entry = objectives_entry(plan, derive_objectives(unloaded_latency(sweeps), plan.slo_factor))
+    show.manifest["slo"] = entry
+    log(f"objectives: {objectives_text(entry)}")
+    runs = {(r["engine"], r["workload"]): r for r in show.manifest["runs"]}
+    for (label, w), sw in finished.items():
+        judged = sw.under_objectives(entry["ttft_ms"], entry["itl_ms"])
+        if judged is not sw:
+            judged.save(show.folder(label, w), plots=False)
+        runs[(label, w)]["knee"] = judged.knee_note()
+        log(f"   {label} / {w}: {judged.knee_note()}")
+    show.write()
 
 
 def _describe(c: Contender) -> dict[str, Any]:
@@ -286,4 +388,4 @@ def find_roots(*places: str | Path) -> list[Path]:
 
 
 __all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "default_field",
-           "run_showdown", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine"]
+           "run_showdown", "unloaded_latency", "derive_objectives", "objectives_entry", "objectives_text", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine"]

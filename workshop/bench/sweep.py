@@ -125,6 +125,17 @@ class SweepResult:
                 out.append((p.summary["request_throughput"], True))
         return out
 
+    def under_objectives(self, slo_ttft_ms: float | None, slo_itl_ms: float | None) -> "SweepResult":
+        """The same sweep with its knee (and config) as they are under other p99 objectives:
+        the stored points re-judged by the sweep's own rule, nothing run again."""
+        cfg = self.config or {}
+        if cfg.get("slo_ttft_ms") == slo_ttft_ms and cfg.get("slo_itl_ms") == slo_itl_ms:
+            return self
+        k = _knee(self.mode, self.loads, self.points, slo_ttft_ms, slo_itl_ms,
+                  cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1))
+        return SweepResult(self.mode, self.loads, self.points, k,
+                           {**cfg, "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms}, self.probes)
+
     def overloaded(self) -> list[bool | None]:
         """Each point's verdict (None for closed-loop points)."""
         return [(p.summary.get("saturation") or {}).get("overloaded") for p in self.points]
