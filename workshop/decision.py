@@ -389,7 +389,7 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                            "itl_p50": None, "itl_p99": None, "goodput_at_knee": None, "slo_met_at_knee": None,
                            "best_goodput": None, "best_goodput_at": None, "prefix_hit_rate": None,
                            "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None, "points": [],
-                           "curve": [], "capacity_tps": None, "capacity_at": None}
+                           "curve": [], "capacity_tps": None, "capacity_at": None, "synchronous_tps": None}
     if not run.ok:
         row["note"] = run.status
         return row
@@ -397,16 +397,12 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
     pts = [point_metrics(sw, i, slo) for i in range(len(sw.points))]
     row["points"] = pts
     row["note"] = sw.knee_note()
-    if sw.knee_index is None and pts and row["note"].endswith("fails)"):
-        broken = [f"p99 {what} {pts[0][key]:.0f} ms over the {lim:g} ms objective"
-                  for what, key, lim in (("TTFT", "ttft_p99", slo.ttft_ms), ("ITL", "itl_p99", slo.itl_ms))
-                  if lim is not None and pts[0][key] is not None and pts[0][key] > lim]
-        if broken:
-            row["note"] = row["note"][:-1] + ": " + "; ".join(broken) + ")"
     cap = run.server_info.get("kv_capacity_tokens")
     row["kv_capacity_tokens"] = cap if isinstance(cap, (int, float)) and cap > 0 else None
     usable = [p for p in pts if not p["client_limited"]]
     row["capacity_tps"], row["capacity_at"] = capacity(usable, probe_throughput(sw))
+    probe = probe_metrics(sw, slo)
+    row["synchronous_tps"] = probe["output_tps"] if probe else None
     if usable:
         best = max(usable, key=lambda p: p["goodput"])
         row["best_goodput"], row["best_goodput_at"] = best["goodput"], best["offered"]
@@ -424,7 +420,6 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                knee_index=k)
     if at["whole_run"]:
         row["note"] += " [rates over the whole run: the steady window was too short]"
-    probe = probe_metrics(sw, slo)
     row["curve"] = ([probe] if probe else []) + pts[:k + 1]
     return row
 

@@ -209,6 +209,8 @@ def test_the_synchronous_probe_anchors_loads_below_the_first_point(tmp_path):
     assert v.values["fast"] == pytest.approx(30 + (1 - 0.5) / (2 - 0.5) * 60, rel=1e-6)
     assert v.values["slow"] == pytest.approx(300, rel=1e-6) and not v.flags
     assert v.winner == "fast"
+    # one request at a time: the probe's rate x 8 output tokens each
+    assert {r["engine"]: r["synchronous_tps"] for r in rows} == pytest.approx({"fast": 0.5 * 8, "slow": 0.3 * 8})
 
 
 def test_interpolation_between_points_and_below_the_first():

@@ -144,7 +144,8 @@ class SweepResult:
         """One line on where the knee is and why, for people."""
         if self.knee_index is None:
             first = (self.points[0].summary.get("saturation") or {}).get("reasons") if self.points else None
-            return "knee: none (even the lowest load fails" + (f": {first[0]}" if first else "") + ")"
+            why = first[0] if first else "; ".join(self._broken_objectives(0)) if self.points else ""
+            return "knee: none (even the lowest load fails" + (f": {why}" if why else "") + ")"
         k = self.knee_index
         unit = "req/s" if self.mode == "rate" else "concurrent"
         at = f"{self.loads[k]:.3g} {unit}" + (f" asked, {self.knee_offered:.3g} offered" if self.mode == "rate" else "")
@@ -162,6 +163,14 @@ class SweepResult:
         if not why and any(slo):
             why = ["an objective fails (p99 TTFT / ITL)"]
         return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why) or "no gain") + ")"
+
+    def _broken_objectives(self, i: int) -> list[str]:
+        """The p99 objectives point ``i`` breaks, as "p99 TTFT 2,300 ms over the 1,000 ms objective"."""
+        s = self.points[i].summary
+        return [f"p99 {name} {s[key]['p99']:,.0f} ms over the {lim:,.0f} ms objective"
+                for name, key, lim in (("TTFT", "ttft_ms", self.config.get("slo_ttft_ms")),
+                                       ("ITL", "itl_ms", self.config.get("slo_itl_ms")))
+                if lim is not None and s[key]["p99"] is not None and s[key]["p99"] > lim]
 
     def table(self) -> str:
         rate = self.mode == "rate"
