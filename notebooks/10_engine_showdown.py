@@ -309,7 +309,8 @@ def _(mo):
 @app.cell
 def _(showdown, showdown_sweeps, ui):
     unloaded_rows = showdown.unloaded_latency(showdown_sweeps)
-    ui.table(unloaded_rows)
+    ui.table([{"workload": _r["workload"], "engine": _r["engine"], "unloaded p99 TTFT (ms)": _r["ttft_ms"],
+               "unloaded p99 ITL (ms)": _r["itl_ms"]} for _r in unloaded_rows], floatfmt=",.0f")
     return (unloaded_rows,)
 
 
@@ -342,7 +343,7 @@ def _(plan, showdown, showdown_results, ui, unloaded_rows):
                "derived here": derived_here[_key],
                "used by the run": objectives_used[_key],
                "how": "stated" if objectives_used["how"][_key].get("stated") else "derived"}
-              for _key, _name in showdown.OBJECTIVES])
+              for _key, _name in showdown.OBJECTIVES], floatfmt=",.0f")
     return
 
 
@@ -539,7 +540,7 @@ def _(decision, knee_rows, ui):
             _lines.append(f"* **{_w}**: no contender kept up within the objectives at any load, so this "
                           "ranks **capacity alone** (the most output tokens/s at any load tried) and "
                           "ignores the latency objectives: "
-                          + ", ".join(f"{_e} {_x:.0f} tok/s" for _e, _x in
+                          + ", ".join(f"{_e} {_x:.3g} tok/s" for _e, _x in
                                       sorted(_v.values.items(), key=lambda kv: -kv[1]))
                           + (f"; {_v.winner} {_v.margin:.2f}x {_v.runner_up}." if _v.outcome == "win" else
                              f"; a tie within the noise band between {', '.join(_v.tied)}." if _v.outcome == "tie"

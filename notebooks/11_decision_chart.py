@@ -195,14 +195,16 @@ def _(mo):
 
 @app.cell
 def _(showdown, ui):
-    slo_ttft = ui.slider(0, 60000, min(round(showdown.slo["ttft_ms"] or 0), 60000), 1, "TTFT objective, p99 (ms; 0: none)")
+    # the newest folder's objectives (rounded to the ms), with room above them to loosen
+    slo_start = {k: round(showdown.slo[k] or 0) for k in ("ttft_ms", "itl_ms")}
+    slo_ttft = ui.slider(0, max(30000, 3 * slo_start["ttft_ms"]), slo_start["ttft_ms"], 1, "TTFT objective, p99 (ms; 0: none)")
     slo_ttft
-    return (slo_ttft,)
+    return slo_start, slo_ttft
 
 
 @app.cell
-def _(showdown, ui):
-    slo_itl = ui.slider(0, 10000, min(round(showdown.slo["itl_ms"] or 0), 10000), 1, "ITL objective (ms; 0: none)")
+def _(slo_start, ui):
+    slo_itl = ui.slider(0, max(5000, 3 * slo_start["itl_ms"]), slo_start["itl_ms"], 1, "ITL objective (ms; 0: none)")
     slo_itl
     return (slo_itl,)
 

@@ -101,7 +101,7 @@ class Plan:
     # p99 objectives in ms; None: not stated, derived from the run (the module docstring)
     slo_ttft_ms: float | None = None
     slo_itl_ms: float | None = None
-    slo_factor: float = 3.0            # a derived objective: this x the best unloaded p99
+    slo_factor: float = 3.0            # a derived objective: this x the best unloaded latency
     seed: int = 0
     # ShareGPT replies clipped to this many tokens: the recorded ones average ~300, which would
     # make the one-request-at-a-time baseline's sweep alone take most of an hour on 2 cores.
@@ -401,4 +401,6 @@ def find_roots(*places: str | Path) -> list[Path]:
 
 
 __all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "default_field",
-           "run_showdown", "OBJECTIVES", "DERIVED_FROM", "unloaded_latency", "derive_objectives", "objectives_entry", "objectives_text", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine"]
+           "run_showdown", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine",
+           "OBJECTIVES", "DERIVED_FROM", "unloaded_latency", "derive_objectives", "objectives_entry",
+           "objectives_text"]

@@ -161,7 +161,7 @@ class SweepResult:
         why = (nxt.get("saturation") or {}).get("reasons") or []
         slo = self.config.get("slo_ttft_ms"), self.config.get("slo_itl_ms")
         if not why and any(slo):
-            why = ["an objective fails (p99 TTFT / ITL)"]
+            why = self._broken_objectives(k + 1) or ["an objective fails (p99 TTFT / ITL)"]
         return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why) or "no gain") + ")"
 
     def _broken_objectives(self, i: int) -> list[str]:
