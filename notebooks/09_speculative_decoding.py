@@ -724,7 +724,7 @@ def _(session, ui, workshop):
     ui.md(f"vLLM with `--speculative-config '{json.dumps(vllm_spec_config)}'`: "
           + (f"started at {vllm_spec.base_url} ({vllm_spec.info.get('engine')} "
              f"{vllm_spec.info.get('engine_version', '')}, {vllm_spec.info.get('dtype')})."
-             if vllm_spec else f"**not measured**: `{vllm_spec_error[-600:]}`"
+             if vllm_spec else f"**did not start**: `{vllm_spec_error[-600:]}`"
              if session.engine == "vllm" else f"**{vllm_spec_error}**."))
     return vllm_spec, vllm_spec_error
 

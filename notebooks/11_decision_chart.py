@@ -197,7 +197,8 @@ def _(mo):
 def _(showdown, ui):
     # the newest folder's objectives (rounded to the ms), with room above them to loosen
     slo_start = {k: round(showdown.slo[k] or 0) for k in ("ttft_ms", "itl_ms")}
-    slo_ttft = ui.slider(0, max(30000, 3 * slo_start["ttft_ms"]), slo_start["ttft_ms"], 1, "TTFT objective, p99 (ms; 0: none)")
+    slo_ttft = ui.slider(0, max(30000, 3 * slo_start["ttft_ms"]), slo_start["ttft_ms"], 1,
+                         "TTFT objective, p99 (ms; 0: none)")
     slo_ttft
     return slo_start, slo_ttft
 

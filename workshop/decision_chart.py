@@ -169,7 +169,8 @@ def write_report(roots: Sequence[str | os.PathLike], out: str | os.PathLike) -> 
     lines = ["# Decision chart", "", "Measured here:", ""]
     lines += [f"- {r.describe()}" for r in results.roots]
     lines += [f"- WARNING: {w}" for w in results.warnings]
-    lines += ["", f"Objectives of `{results.newest.path.name}`, used for every folder: {results.newest.objectives} "
+    lines += ["", f"Objectives of `{results.newest.path.name}`, used for every folder: "
+              f"{results.newest.objectives} "
               f"(the knee: p99s; goodput: each request's first token and every gap); "
               f"ties: within {TIE_WITHIN:.0%}.", "", "## At each knee", "", markdown_table(display_rows(rows)),
               "", "## Winners", "", markdown_table(verdict_rows(verdicts)), "",

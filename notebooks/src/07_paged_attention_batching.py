@@ -579,8 +579,8 @@ _bs = int(session.info.get("block_size") or 0)
 # cache on demand and reports no block size.
 _pred = kv_usage.predicted_usage([64 + vllm_out - 1] * vllm_n, _bs, _cap) if _cap and _bs else None
 ui.md(
-    f"The server's engine ({session.engine_name}) ran up to **{vllm_samples.peak(kv_usage.RUNNING):.0f}** requests at "
-    f"once, with up "
+    f"The server's engine ({session.engine_name}) ran up to "
+    f"**{vllm_samples.peak(kv_usage.RUNNING):.0f}** requests at once, with up "
     f"to {vllm_samples.peak(kv_usage.WAITING):.0f} waiting, and its KV usage peaked at "
     f"**{100 * vllm_samples.peak(kv_usage.KV_USAGE):.1f}%** of "
     + (f"{_cap:,} tokens in blocks of {_bs}" if _bs else

@@ -92,13 +92,14 @@ ui.table([{"label": c.label, "engine": c.engine, "server args": " ".join(c.serve
 # Pick the contenders and the plan. The **quick** plan (what CI runs) has one workload
 # (shared-prefix), short prompts and answers and two load points per engine, and by default
 # only the engine already running and the two that start in seconds (add `hf` for the
-# baseline): minutes, and indicative only (eight requests per point is a small sample). The **full** plan is the one `benchmarks/showdown.py` runs: three workloads,
-# four load points, about three quarters of an hour for the whole CPU field on 2 cores.
+# baseline): minutes, and indicative only (eight requests per point is a small sample). The
+# **full** plan is the one `benchmarks/showdown.py` runs: three workloads, four load points,
+# about three quarters of an hour for the whole CPU field on 2 cores.
 #
 # The **objectives** (p99 TTFT and p99 ITL) are yours to state. Left at 0, an objective is
 # derived from the run itself once every contender has run: the factor below times the best
-# contender's unloaded latency (its synchronous probe), as section 4 computes. In Jupyter, re-run
-# the cells below after changing a control; marimo re-runs them.
+# contender's unloaded latency (its synchronous probe), as section 4 computes. In Jupyter,
+# re-run the cells below after changing a control; marimo re-runs them.
 
 # %%
 # Quick mode (CI) runs the engine already up plus the two teaching-engine contenders, which
@@ -111,7 +112,8 @@ engines_text = ui.text(",".join(workshop.session.sweep([c.label for c in field_a
 plan_choice = ui.dropdown(["quick", "full"], workshop.session.sweep("full", "quick"), "plan")
 slo_ttft = ui.slider(0, 10000, 0, 1, "objective: p99 TTFT (ms; 0: derive it from the run)")
 slo_itl = ui.slider(0, 2000, 0, 1, "objective: p99 ITL (ms; 0: derive it from the run)")
-slo_factor = ui.slider(1.5, 10, showdown.Plan().slo_factor, 0.5, "a derived objective: x the best unloaded latency")
+slo_factor = ui.slider(1.5, 10, showdown.Plan().slo_factor, 0.5,
+                       "a derived objective: x the best unloaded latency")
 ui.md("Set the contenders, the plan and the objectives:")
 
 # %%

@@ -168,7 +168,8 @@ def unloaded_latency(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             probe = (sw.probes or {}).get("synchronous")
             if probe is None or not probe.summary.get("completed"):
                 continue
-            rows.append({"workload": w, "engine": label, **{key: probe.summary[key]["p99"] for key, _ in OBJECTIVES}})
+            rows.append({"workload": w, "engine": label,
+                         **{key: probe.summary[key]["p99"] for key, _ in OBJECTIVES}})
     return rows
 
 
