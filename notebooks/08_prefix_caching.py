@@ -687,7 +687,7 @@ def _(session, shared_prefix_tokens, shared_wl, ui):
     ui.md(f"The course's server: **{server_name} {session.info.get('engine_version', '')}**, "
           + (f"block size **{server_block} tokens**, " if server_block else "no block size reported, ")
           + f"prefix caching **{'on' if server_has_cache else 'off'}**"
-          + ("" if server_has_cache else
+          + ("." if server_has_cache else
              f": this section needs a prefix cache, so it is skipped on this server"
              + (f" ({_why_not})" if _why_not else "") + ".")
           + (f" The {len(server_requests)} requests share {shared_prefix_tokens} tokens per group: "
@@ -742,7 +742,7 @@ def _(
             server_ttft_ratio = (statistics.median(server_runs["cache on"][i].ttft for i in server_hit_requests)
                                  / statistics.median(server_runs["cache off"][i].ttft for i in server_hit_requests))
     (ui.compare(predict_ttft_ratio, server_ttft_ratio,
-                f"TTFT with / without {server_name}'s prefix cache (requests that hit)")
+                f"TTFT with / without the server's prefix cache ({server_name}; requests that hit)")
      if server_has_cache else
      ui.md(f"Skipped: {server_name} has no prefix cache on, so there is nothing to compare."))
     return (
@@ -776,7 +776,6 @@ def _(
     server_block,
     server_hit_requests,
     server_leaked,
-    server_name,
     server_requests,
     server_rows,
     server_ttft_ratio,
@@ -798,16 +797,16 @@ def _(
                      "too; the per-reply numbers do not)." if _other_traffic else ".")]
         if _server_formula is not None:
             _parts.append(
-                f"Section 2's formula with {server_name}'s {server_block}-token blocks predicts "
+                f"Section 2's formula with the server's {server_block}-token blocks predicts "
                 f"**{_server_formula:.3f}**; with the teaching engine's {mini_info['block_size']}-token "
                 f"blocks it gave {formula_hit_rate:.3f}"
                 + (": the shared prefix rounds down to the same number of tokens with both block "
                    "sizes here (try a prefix length that is not a multiple of 128)."
                    if abs(_server_formula - formula_hit_rate) < 1e-9 else
-                   f": {server_name}'s larger blocks leave more of each shared prefix to recompute "
+                   f": the server's larger blocks leave more of each shared prefix to recompute "
                    f"({shared_prefix_tokens - _reusable} of {shared_prefix_tokens} tokens here)."
                    if server_block > mini_info["block_size"] else
-                   f": {server_name}'s smaller blocks reuse more of each shared prefix "
+                   f": the server's smaller blocks reuse more of each shared prefix "
                    f"({_reusable} of {shared_prefix_tokens} tokens here)."))
         _parts.append(
             "With a reset before every request no reply reported a cached token: \"off\" really "
@@ -821,7 +820,7 @@ def _(
                 f"{len(server_hit_requests)} requests hit with the cache and found nothing without it; "
                 f"with the cache their median TTFT was **{server_ttft_ratio:.2f}x** what it was without"
                 + (", a clear gain even on this CPU." if server_ttft_ratio < 0.7 else
-                   f", a modest gain: at a few hundred tokens {server_name}'s prefill on this machine is "
+                   f", a modest gain: at a few hundred tokens the server's prefill on this machine is "
                    "short next to the rest of a request's path to its first token."
                    if server_ttft_ratio < 0.95
                    else ": no measurable gain here; at this prompt length prefill is a small part of "
@@ -882,7 +881,7 @@ def _(session, ui):
                     ("enable_prefix_caching", "prefix_caching_hash_algo", "block_size",
                      "num_gpu_blocks") if k in vllm_cache_config)
         + "." if vllm_cache_config else
-        "This server publishes no `vllm:cache_config_info` (not a vLLM engine?)."
+        f"This server publishes no `vllm:cache_config_info` (it runs {session.engine_name}, not vLLM)."
     )
     return
 
@@ -913,7 +912,7 @@ def _(
         f"* **The hit rate is arithmetic.** Shared tokens rounded down to whole blocks, over all "
         f"prompt tokens: the formula gave {formula_hit_rate:.3f}, the hash server's counters "
         f"{measured_hit_rate:.3f}"
-        + (f", {server_name}'s replies {server_rows[1]['hit rate (usage)']:.3f}"
+        + (f", the course's server's replies ({server_name}) {server_rows[1]['hit rate (usage)']:.3f}"
            if server_rows and server_rows[1]["hit rate (usage)"] is not None else "") + ".\n"
         f"* **Hash vs radix** found "
         + ("the same tokens" if kinds_same_tokens else "different numbers of tokens")
@@ -924,7 +923,8 @@ def _(
         f"* **What a hit saves** is the prefill of the skipped tokens: on this machine the teaching "
         f"engine's median TTFT was {ttft_gain_shared:.1f}x lower with the hash cache than without on "
         f"the shared-prefix workload"
-        + (f", and {server_name}'s {1 / server_ttft_ratio:.1f}x lower for requests that hit"
+        + (f", and the course's server's ({server_name}) {1 / server_ttft_ratio:.1f}x lower for requests "
+           "that hit"
            if server_hit_requests else "")
         + ". The gain grows with the share of the prompt that is shared and with the cost of "
           "prefill (longer prompts, larger models)."

@@ -712,7 +712,7 @@ def _(session, ui, workshop):
     vllm_spec_config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
     vllm_spec, vllm_spec_error = None, None
     if session.engine != "vllm":
-        vllm_spec_error = (f"skipped: the course's server runs {session.engine_name}, not vLLM, so there is "
+        vllm_spec_error = (f"skipped: the course's server runs `{session.engine}`, not vLLM, so there is "
                            "no vLLM without speculation to compare with")
     else:
         try:
@@ -730,15 +730,7 @@ def _(session, ui, workshop):
 
 
 @app.cell
-def _(
-    sd,
-    server_prompts,
-    server_tokens,
-    session,
-    ui,
-    vllm_spec,
-    vllm_spec_error,
-):
+def _(sd, server_prompts, server_tokens, session, ui, vllm_spec):
     vllm_runs = []
     if vllm_spec is not None:
         for _name, _prompts in ui.progress(list(server_prompts.items()), title="vLLM"):
@@ -750,7 +742,7 @@ def _(
                                 [r for r in vllm_runs if r["server"] == "vLLM, no spec"])
     vllm_log_warnings = (sd.log_warnings(vllm_spec.log_path, "speculative")
                          if vllm_spec is not None and vllm_spec.log_path else [])
-    ui.table(vllm_rows) if vllm_rows else ui.md(f"_(no vLLM runs: {vllm_spec_error})_")
+    ui.table(vllm_rows) if vllm_rows else ui.md("_(no vLLM runs)_")
     return vllm_log_warnings, vllm_rows
 
 

@@ -472,7 +472,7 @@ import json
 vllm_spec_config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 vllm_spec, vllm_spec_error = None, None
 if session.engine != "vllm":
-    vllm_spec_error = (f"skipped: the course's server runs {session.engine_name}, not vLLM, so there is "
+    vllm_spec_error = (f"skipped: the course's server runs `{session.engine}`, not vLLM, so there is "
                        "no vLLM without speculation to compare with")
 else:
     try:
@@ -499,7 +499,7 @@ vllm_rows = sd.speedup_rows([r for r in vllm_runs if r["server"] != "vLLM, no sp
                             [r for r in vllm_runs if r["server"] == "vLLM, no spec"])
 vllm_log_warnings = (sd.log_warnings(vllm_spec.log_path, "speculative")
                      if vllm_spec is not None and vllm_spec.log_path else [])
-ui.table(vllm_rows) if vllm_rows else ui.md(f"_(no vLLM runs: {vllm_spec_error})_")
+ui.table(vllm_rows) if vllm_rows else ui.md("_(no vLLM runs)_")
 
 # %%
 if vllm_spec is not None:
