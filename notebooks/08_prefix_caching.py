@@ -744,7 +744,7 @@ def _(
     (ui.compare(predict_ttft_ratio, server_ttft_ratio,
                 f"TTFT with / without the server's prefix cache ({server_name}; requests that hit)")
      if server_has_cache else
-     ui.md(f"Skipped: {server_name} has no prefix cache on, so there is nothing to compare."))
+     ui.md(f"Skipped: the server ({server_name}) has no prefix cache on, so there is nothing to compare."))
     return (
         server_hit_requests,
         server_leaked,
@@ -881,7 +881,7 @@ def _(session, ui):
                     ("enable_prefix_caching", "prefix_caching_hash_algo", "block_size",
                      "num_gpu_blocks") if k in vllm_cache_config)
         + "." if vllm_cache_config else
-        f"This server publishes no `vllm:cache_config_info` (it runs {session.engine_name}, not vLLM)."
+        f"This server publishes no `vllm:cache_config_info` (it runs `{session.engine}`, not vLLM)."
     )
     return
 
