@@ -52,6 +52,8 @@ def test_objectives_not_stated_are_derived_from_the_best_unloaded_p99():
     assert "2,000 ms (stated)" in text
     assert "975 ms (derived: 3 x (p99 ITL 25 ms + p99 TTFT 300 ms), fast unloaded on b)" in text
     assert showdown.objectives_text(showdown.objectives_entry(Plan())) == "no TTFT objective; no ITL objective"
+    # a manifest written before objectives said where they came from
+    assert showdown.objectives_text({"ttft_ms": 1000, "itl_ms": 100}) == "p99 TTFT ≤ 1,000 ms; p99 ITL ≤ 100 ms"
     assert Plan.quick().slo_ttft_ms is None and Plan.full().slo_itl_ms is None
 
 
