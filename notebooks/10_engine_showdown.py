@@ -122,10 +122,10 @@ def _(session, workshop):
     from workshop import decision, ui
     from workshop.bench import showdown
 
-    field_all = showdown.default_field()
     running_servers = {session.engine: session}
     if os.environ.get("WORKSHOP_HF_BASE_URL"):
         running_servers["hf"] = workshop.session.connect("hf", verbose=False)
+    field_all = showdown.default_field(running=running_servers)
     ui.table([{"label": c.label, "engine": c.engine, "server args": " ".join(c.server_args) or "(defaults)",
                "server": "already running" if c.label in running_servers else "started here",
                "note": c.note} for c in field_all])

@@ -594,6 +594,10 @@ ui.md(
        if vllm_samples.peak(kv_usage.WAITING) == 0 else
        "Requests waited: the engine admits only what its limits allow per step (sequences, "
        "free KV blocks, tokens per step), the rest queue.")
+    # source: decode_log_interval in sglang/srt/server_args.py (0.5.18)
+    + (" SGLang refreshes these gauges only once every `--decode-log-interval` decode steps "
+       "(40 by default), so they lag the burst: read the peaks as lower bounds."
+       if session.engine == "sglang" else "")
 )
 
 # %%

@@ -45,7 +45,7 @@ def test_objectives_not_stated_are_derived_from_the_best_unloaded_p99():
                            "unloaded_p99_ms": {"itl_ms": 25.0, "ttft_ms": 300.0}}
     assert showdown.derive_objectives([], 3.0) == {"ttft_ms": None, "itl_ms": None}
     # stated ones are kept as stated; each says where it came from
-    entry = showdown.objectives_entry(Plan(slo_ttft_ms=2000.0), d)
+    entry = showdown.objectives_entry(Plan(slo_ttft_ms=2000.0, slo_factor=3.0), d)
     assert entry["ttft_ms"] == 2000.0 and entry["how"]["ttft_ms"] == {"stated": True}
     assert entry["itl_ms"] == 975.0 and entry["how"]["itl_ms"]["derived"]["engine"] == "fast"
     text = showdown.objectives_text(entry)
@@ -55,6 +55,14 @@ def test_objectives_not_stated_are_derived_from_the_best_unloaded_p99():
     # a manifest written before objectives said where they came from
     assert showdown.objectives_text({"ttft_ms": 1000, "itl_ms": 100}) == "p99 TTFT ≤ 1,000 ms; p99 ITL ≤ 100 ms"
     assert Plan.quick().slo_ttft_ms is None and Plan.full().slo_itl_ms is None
+
+
+def test_a_running_sglang_server_is_in_the_field_where_sglang_is_not_installed(monkeypatch):
+    monkeypatch.setattr(showdown, "sglang_installed", lambda: False)
+    assert "sglang" not in [c.label for c in showdown.default_field(gpu=False)]
+    assert "sglang" in [c.label for c in showdown.default_field(gpu=False, running={"sglang": object()})]
+    monkeypatch.setattr(showdown, "sglang_installed", lambda: True)
+    assert "sglang" in [c.label for c in showdown.default_field(gpu=False)]
 
 
 def test_with_servers_points_running_labels_at_their_server():
