@@ -35,13 +35,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engines", help="comma-separated labels from the field "
                    f"(CPU: {','.join(c.label for c in showdown.CPU_FIELD)}; "
                    f"GPU: {','.join(c.label for c in showdown.GPU_FIELD)}); default: all this machine runs")
-    p.add_argument("--workloads", default=",".join(showdown.WORKLOADS))
+    p.add_argument("--workloads", help=f"comma-separated, of {','.join(showdown.WORKLOADS)}; "
+                   "default: the plan's (all three; --quick: shared-prefix)")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--quick", action="store_true", help="the notebooks' quick plan (minutes, not an hour)")
     p.add_argument("--num-requests", type=int, help="requests (sessions) per load point")
     p.add_argument("--sweep-points", type=int)
-    p.add_argument("--slo-ttft-ms", type=float)
-    p.add_argument("--slo-itl-ms", type=float)
+    p.add_argument("--slo-ttft-ms", type=float, help="p99 TTFT objective; default: derived from the run")
+    p.add_argument("--slo-itl-ms", type=float, help="p99 ITL objective; default: derived from the run")
+    p.add_argument("--slo-factor", type=float,
+                   help="an objective not given is this x the best contender's unloaded p99 "
+                   f"(default {showdown.Plan().slo_factor:g})")
     p.add_argument("--gpu", action="store_true", help="the GPU field even if no GPU is found")
     p.add_argument("--output-dir", help="default results/showdown-<time>")
     p.add_argument("--chart-only", nargs="*", metavar="FOLDER",
@@ -54,8 +58,11 @@ def main(argv: list[str] | None = None) -> int:
 
     plan = showdown.Plan.quick() if args.quick else showdown.Plan.full()
     changes = {k: v for k, v in (("num_requests", args.num_requests), ("sweep_points", args.sweep_points),
-                                 ("slo_ttft_ms", args.slo_ttft_ms), ("slo_itl_ms", args.slo_itl_ms)) if v}
-    plan = replace(plan, workloads=tuple(w for w in args.workloads.split(",") if w), **changes)
+                                 ("slo_ttft_ms", args.slo_ttft_ms), ("slo_itl_ms", args.slo_itl_ms),
+                                 ("slo_factor", args.slo_factor)) if v}
+    if args.workloads:
+        changes["workloads"] = tuple(w for w in args.workloads.split(",") if w)
+    plan = replace(plan, **changes)
     unknown = set(plan.workloads) - set(showdown.WORKLOADS)
     if unknown:
         p.error(f"unknown workload(s) {sorted(unknown)}; choose from {', '.join(showdown.WORKLOADS)}")
@@ -78,12 +85,12 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _chart(folders: list[str], out: str) -> int:
-    from workshop import decision
+    from workshop import decision_chart
     roots = showdown.find_roots(*folders)
     if not roots:
         print(f"no showdown folder under {folders}", file=sys.stderr)
         return 1
-    return decision.write_report(roots, out)
+    return decision_chart.write_report(roots, out)
 
 
 if __name__ == "__main__":

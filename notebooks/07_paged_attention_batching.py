@@ -48,7 +48,8 @@ def _(mo):
     4. **static vs continuous batching** (Orca, Yu et al., OSDI 2022): a timeline drawn from the
        engine's own step trace, then throughput and latency through the server;
     5. **chunked prefill**: what a long prompt does to everybody else's next token;
-    6. the same gauges on vLLM while a burst of requests runs.
+    6. the same gauges on the course's server (vLLM unless `WORKSHOP_ENGINE` names another
+       engine) while a burst of requests runs.
     """)
     return
 
@@ -726,11 +727,13 @@ def _(chunk_budget, chunk_long, chunk_rows, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## 6. The same gauges on vLLM
+    ## 6. The same gauges on the course's server
 
-    Everything above has a counterpart in vLLM's `/metrics`. A burst of requests goes to the
-    course's vLLM server while a thread samples its running and waiting gauges and its KV usage.
-    (Other notebooks may be using the same server: their requests show up in the gauges too.)
+    Everything above has a counterpart in vLLM's `/metrics`, and the reference server exports
+    those names whatever engine it fronts. A burst of requests goes to the course's server (the
+    engine the first cell connected to) while a thread samples its running and waiting gauges
+    and its KV usage. (Other notebooks may be using the same server: their requests show up in
+    the gauges too.)
     """)
     return
 
@@ -755,7 +758,7 @@ def _(batching, kv_usage, live_requests, session, workshop):
     vllm_samples = _sampler.samples
     vllm_plot = batching.plot_gauges(
         vllm_samples, kv_usage.RUNNING, kv_usage.WAITING, kv_usage.KV_USAGE,
-        f"{session.info.get('engine', 'vLLM')}: {vllm_n} requests of 64 + {vllm_out} tokens at once")
+        f"{session.engine_name}: {vllm_n} requests of 64 + {vllm_out} tokens at once")
     vllm_plot
     return vllm_n, vllm_out, vllm_results, vllm_samples
 
@@ -763,15 +766,17 @@ def _(batching, kv_usage, live_requests, session, workshop):
 @app.cell
 def _(kv_usage, session, ui, vllm_n, vllm_out, vllm_results, vllm_samples):
     _cap = int(session.info.get("kv_capacity_tokens") or 0)
-    _bs = int(session.info.get("block_size") or 16)
-    _pred = kv_usage.predicted_usage([64 + vllm_out - 1] * vllm_n, _bs, _cap) if _cap else None
-    _engine_name = session.info.get("engine", "the engine")
+    _bs = int(session.info.get("block_size") or 0)
+    # The block arithmetic needs a paged pool: the Hugging Face baseline grows one sequence's
+    # cache on demand and reports no block size.
+    _pred = kv_usage.predicted_usage([64 + vllm_out - 1] * vllm_n, _bs, _cap) if _cap and _bs else None
     ui.md(
-        f"`{_engine_name}` ran up to **{vllm_samples.peak(kv_usage.RUNNING):.0f}** requests at "
-        f"once, with up "
+        f"The server's engine ({session.engine_name}) ran up to "
+        f"**{vllm_samples.peak(kv_usage.RUNNING):.0f}** requests at once, with up "
         f"to {vllm_samples.peak(kv_usage.WAITING):.0f} waiting, and its KV usage peaked at "
-        f"**{100 * vllm_samples.peak(kv_usage.KV_USAGE):.1f}%** of {_cap:,} tokens in blocks of "
-        f"{_bs}"
+        f"**{100 * vllm_samples.peak(kv_usage.KV_USAGE):.1f}%** of "
+        + (f"{_cap:,} tokens in blocks of {_bs}" if _bs else
+           f"{_cap:,} tokens (no blocks: this engine reports no block size)" if _cap else "its cache")
         + (f" (if all {vllm_n} held their full 64 + {vllm_out} tokens at once: "
            f"{100 * _pred:.1f}%, by the block arithmetic of notebook 1)." if _pred is not None else ".")
         + f" {sum(_r.error is None for _r in vllm_results)} of {vllm_n} requests completed "
@@ -781,6 +786,10 @@ def _(kv_usage, session, ui, vllm_n, vllm_out, vllm_results, vllm_samples):
            if vllm_samples.peak(kv_usage.WAITING) == 0 else
            "Requests waited: the engine admits only what its limits allow per step (sequences, "
            "free KV blocks, tokens per step), the rest queue.")
+        # source: decode_log_interval in sglang/srt/server_args.py (0.5.18)
+        + (" SGLang refreshes these gauges only once every `--decode-log-interval` decode steps "
+           "(40 by default), so they lag the burst: read the peaks as lower bounds."
+           if session.engine == "sglang" else "")
     )
     return
 

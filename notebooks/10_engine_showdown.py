@@ -122,10 +122,10 @@ def _(session, workshop):
     from workshop import decision, ui
     from workshop.bench import showdown
 
-    field_all = showdown.default_field()
     running_servers = {session.engine: session}
     if os.environ.get("WORKSHOP_HF_BASE_URL"):
         running_servers["hf"] = workshop.session.connect("hf", verbose=False)
+    field_all = showdown.default_field(running=running_servers)
     ui.table([{"label": c.label, "engine": c.engine, "server args": " ".join(c.server_args) or "(defaults)",
                "server": "already running" if c.label in running_servers else "started here",
                "note": c.note} for c in field_all])
@@ -137,17 +137,21 @@ def _(mo):
     mo.md(r"""
     Pick the contenders and the plan. The **quick** plan (what CI runs) has one workload
     (shared-prefix), short prompts and answers and two load points per engine, and by default
-    only the engine already running and the two that start in seconds (add `hf` for exercise 2):
-    minutes, and indicative only (eight requests per point is a small sample). The **full** plan is the one
-    `benchmarks/showdown.py` runs: three workloads, four load points, about three quarters of an
-    hour for the whole CPU field on 2 cores. In Jupyter, re-run the cells below after changing a
-    control; marimo re-runs them.
+    only the engine already running and the two that start in seconds (add `hf` for the
+    baseline): minutes, and indicative only (eight requests per point is a small sample). The
+    **full** plan is the one `benchmarks/showdown.py` runs: three workloads, four load points,
+    about three quarters of an hour for the whole CPU field on 2 cores.
+
+    The **objectives** (p99 TTFT and p99 ITL) are yours to state. Left at 0, an objective is
+    derived from the run itself once every contender has run: the factor below times the best
+    contender's unloaded latency (its synchronous probe), as section 4 computes. In Jupyter,
+    re-run the cells below after changing a control; marimo re-runs them.
     """)
     return
 
 
 @app.cell
-def _(field_all, running_servers, ui, workshop):
+def _(field_all, running_servers, showdown, ui, workshop):
     # Quick mode (CI) runs the engine already up plus the two teaching-engine contenders, which
     # start in seconds; starting vLLM or SGLang afresh takes a minute or more each, and the
     # baseline, one request at a time, is the slowest to sweep.
@@ -156,10 +160,12 @@ def _(field_all, running_servers, ui, workshop):
     engines_text = ui.text(",".join(workshop.session.sweep([c.label for c in field_all], _quick_field)),
                            "contenders (comma-separated labels from the table)")
     plan_choice = ui.dropdown(["quick", "full"], workshop.session.sweep("full", "quick"), "plan")
-    slo_ttft = ui.slider(100, 5000, 1000, 100, "objective: p99 TTFT (ms)")
-    slo_itl = ui.slider(20, 500, 100, 10, "objective: p99 ITL (ms)")
+    slo_ttft = ui.slider(0, 10000, 0, 1, "objective: p99 TTFT (ms; 0: derive it from the run)")
+    slo_itl = ui.slider(0, 2000, 0, 1, "objective: p99 ITL (ms; 0: derive it from the run)")
+    slo_factor = ui.slider(1.5, 10, showdown.Plan().slo_factor, 0.5,
+                           "a derived objective: x the best unloaded latency")
     ui.md("Set the contenders, the plan and the objectives:")
-    return engines_text, plan_choice, slo_itl, slo_ttft
+    return engines_text, plan_choice, slo_factor, slo_itl, slo_ttft
 
 
 @app.cell
@@ -187,11 +193,18 @@ def _(slo_itl):
 
 
 @app.cell
+def _(slo_factor):
+    slo_factor
+    return
+
+
+@app.cell
 def _(
     engines_text,
     plan_choice,
     running_servers,
     showdown,
+    slo_factor,
     slo_itl,
     slo_ttft,
     ui,
@@ -201,11 +214,14 @@ def _(
     _known = {c.label: c for c in (*showdown.CPU_FIELD, *showdown.GPU_FIELD)}
     chosen = [_known[x.strip()] for x in engines_text.value.split(",") if x.strip() in _known]
     plan = replace(showdown.Plan.quick() if plan_choice.value == "quick" else showdown.Plan.full(),
-                   slo_ttft_ms=float(slo_ttft.value), slo_itl_ms=float(slo_itl.value))
+                   slo_ttft_ms=float(slo_ttft.value) or None, slo_itl_ms=float(slo_itl.value) or None,
+                   slo_factor=float(slo_factor.value))
     contenders = showdown.with_servers(chosen, running_servers)
+    _objective = {key: f"p99 {name} ≤ {getattr(plan, 'slo_' + key):.0f} ms" if getattr(plan, "slo_" + key)
+                  else f"p99 {name} derived from the run" for key, name in showdown.OBJECTIVES}
     ui.md(f"**{len(contenders)} contenders** ({', '.join(c.label for c in contenders)}) x "
           f"**{len(plan.workloads)} workloads** ({', '.join(plan.workloads)}), the {plan_choice.value} plan; "
-          f"objectives p99 TTFT ≤ {plan.slo_ttft_ms:.0f} ms, p99 ITL ≤ {plan.slo_itl_ms:.0f} ms.")
+          f"objectives: {', '.join(_objective.values())}.")
     return contenders, plan
 
 
@@ -244,16 +260,16 @@ def _(mo):
     mo.md(r"""
     **Exercise 1 (predict, then measure).** The two teaching-engine contenders differ only in
     how they find a cached prefix: hashed blocks or a radix tree. On the **shared-prefix**
-    workload, what will the radix engine's throughput at its knee be, as a multiple of the hash
-    engine's?
-    (1.0 = the same.) Write it, run the showdown, and the cell after it compares.
+    workload, what will the radix engine's **capacity** (the most output tokens/s it delivers at
+    any load tried, its throughput probe included, objectives aside) be, as a multiple of the
+    hash engine's? (1.0 = the same.) Write it, run the showdown, and the cell after it compares.
     """)
     return
 
 
 @app.cell
 def _():
-    predict_radix_over_hash = None   # your prediction: radix knee throughput / hash knee throughput
+    predict_radix_over_hash = None   # your prediction: radix capacity / hash capacity
     return (predict_radix_over_hash,)
 
 
@@ -284,7 +300,65 @@ def _(contenders, decision, plan, plan_choice, session, showdown, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## 4. The curves
+    ## 4. The objectives
+
+    Each engine's **unloaded** latency: the p99 TTFT and p99 ITL of its synchronous probe, one
+    request at a time, on each workload.
+    """)
+    return
+
+
+@app.cell
+def _(showdown, showdown_sweeps, ui):
+    unloaded_rows = showdown.unloaded_latency(showdown_sweeps)
+    ui.table([{"workload": _r["workload"], "engine": _r["engine"], "unloaded p99 TTFT (ms)": _r["ttft_ms"],
+               "unloaded p99 ITL (ms)": _r["itl_ms"]} for _r in unloaded_rows], floatfmt=",.0f")
+    return (unloaded_rows,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    An objective you did not state is derived from that table. For the TTFT objective, take
+    each engine's unloaded p99 TTFT; for the ITL objective, its unloaded p99 ITL **plus** its
+    p99 TTFT: a continuous batcher prefills a newcomer's prompt in the same step as everybody's
+    next token, so the longest gap of an answer that overlaps another request is about one
+    decode step plus one prefill, however light the load. On each workload keep the best
+    (lowest) engine's value, take the highest of those over the workloads, and multiply by the
+    factor you set. The cell below computes it from the table, next to what the run recorded
+    in `showdown.json`, which judged every knee and goodput below.
+    """)
+    return
+
+
+@app.cell
+def _(plan, showdown, showdown_results, ui, unloaded_rows):
+    derived_here = {}
+    for _key, _terms in showdown.DERIVED_FROM.items():   # ttft_ms: (ttft_ms,); itl_ms: (itl_ms, ttft_ms)
+        _best = {}
+        for _r in unloaded_rows:
+            if all(_r[_t] is not None for _t in _terms):
+                _best[_r["workload"]] = min(_best.get(_r["workload"], float("inf")), sum(_r[_t] for _t in _terms))
+        derived_here[_key] = plan.slo_factor * max(_best.values()) if _best else None
+    objectives_used = showdown_results.newest.manifest["slo"]
+    ui.table([{"objective": f"p99 {_name} (ms)",
+               "derived here": derived_here[_key],
+               "used by the run": objectives_used[_key],
+               "how": "stated" if objectives_used["how"][_key].get("stated") else "derived"}
+              for _key, _name in showdown.OBJECTIVES], floatfmt=",.0f")
+    return
+
+
+@app.cell
+def _(showdown_results, ui):
+    ui.md(f"Objectives of this run: {showdown_results.newest.objectives}.")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    ## 5. The curves
 
     Top row: the throughput each engine achieved against the load it was offered, both in
     requests per second over each point's steady window (sessions per second times requests
@@ -322,11 +396,13 @@ def _(plot_showdown, showdown_sweeps):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## 5. At the knee
+    ## 6. At the knee
 
     One row per engine and workload, read at the knee point: the load it sustained, the output
     tokens per second, the latency percentiles, the **goodput** (requests per second that met
-    both objectives), the prefix-cache hit rate the server reported and its peak KV-cache use.
+    both objectives), the prefix-cache hit rate the server reported and its peak KV-cache use;
+    and, knee or not, its **capacity**: the most output tokens per second it delivered at any
+    load tried (its throughput probe included), objectives aside.
     A dash means the server does not report that figure (the baseline has no cache) or the
     engine has no knee; the note says why. `workshop/decision.py` holds the rules (its
     docstring); notebook 11 draws the decision chart from the same rows.
@@ -343,19 +419,24 @@ def _(decision, showdown_results, ui):
 
 @app.cell
 def _(knee_rows, predict_radix_over_hash, ui):
-    def knee_value(workload, engine, key="output_tps"):
-        """``key`` of ``engine`` on ``workload`` at its knee (None without one)."""
-        return next((r[key] for r in knee_rows if r["workload"] == workload and r["engine"] == engine
-                     and not r["no_knee"]), None)
+    def row_of(workload, engine):
+        """The row of ``engine`` on ``workload`` (None when it did not run there)."""
+        return next((r for r in knee_rows if r["workload"] == workload and r["engine"] == engine), None)
 
 
-    _r = knee_value("shared-prefix", "mini-radix")
-    _h = knee_value("shared-prefix", "mini-hash")
+    def capacity_of(workload, engine):
+        """The most output tok/s ``engine`` delivered on ``workload`` at any load tried."""
+        r = row_of(workload, engine)
+        return r["capacity_tps"] if r else None
+
+
+    _r = capacity_of("shared-prefix", "mini-radix")
+    _h = capacity_of("shared-prefix", "mini-hash")
     radix_over_hash = _r / _h if _r and _h else None
-    (ui.compare(predict_radix_over_hash, radix_over_hash, "radix / hash knee throughput, shared-prefix")
-     if radix_over_hash else ui.md("Exercise 1 needs both teaching-engine contenders on the shared-prefix "
-                                   "workload, each with a knee (see the notes in the table)."))
-    return (knee_value,)
+    (ui.compare(predict_radix_over_hash, radix_over_hash, "radix / hash capacity (output tok/s), shared-prefix")
+     if radix_over_hash else ui.md("Exercise 1 needs both teaching-engine contenders to finish the shared-prefix "
+                                   "workload (see the notes in the table)."))
+    return (row_of,)
 
 
 @app.cell(hide_code=True)
@@ -372,29 +453,31 @@ def _(mo):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Exercise 2 (predict, then measure).** The baseline serves one request at a time; the best
-    engine batches them. On the **shared-prefix** workload, how many times the baseline's
-    goodput will the best contender's goodput at its knee be?
+    **Exercise 2 (predict, then measure).** Every sweep starts with a synchronous probe: one
+    request at a time, which is how the baseline always serves. On the **shared-prefix**
+    workload, how many times its own one-at-a-time output tokens/s will the contender with the
+    most capacity deliver at its capacity? That ratio is what batching buys that engine here.
     """)
     return
 
 
 @app.cell
 def _():
-    predict_best_over_baseline = None   # your prediction: best goodput / baseline goodput
-    return (predict_best_over_baseline,)
+    predict_batching_gain = None   # your prediction: capacity / one-at-a-time output tok/s
+    return (predict_batching_gain,)
 
 
 @app.cell
-def _(knee_rows, predict_best_over_baseline, ui):
-    _good = {r["engine"]: r["goodput_at_knee"] for r in knee_rows
-             if r["workload"] == "shared-prefix" and not r["no_knee"] and r["goodput_at_knee"]}
-    best_engine = max(_good, key=_good.get) if _good else None
-    best_over_baseline = (_good[best_engine] / _good["hf"]) if best_engine and _good.get("hf") else None
-    (ui.compare(predict_best_over_baseline, best_over_baseline,
-                f"{best_engine} / hf goodput at the knee, shared-prefix")
-     if best_over_baseline else ui.md("Exercise 2 needs the baseline (hf) and another contender on the "
-                                      "shared-prefix workload, each with a knee."))
+def _(knee_rows, predict_batching_gain, ui):
+    _caps = {r["engine"]: r for r in knee_rows
+             if r["workload"] == "shared-prefix" and r["capacity_tps"] and r["synchronous_tps"]}
+    best_engine = max(_caps, key=lambda e: _caps[e]["capacity_tps"]) if _caps else None
+    batching_gain = (_caps[best_engine]["capacity_tps"] / _caps[best_engine]["synchronous_tps"]
+                     if best_engine else None)
+    (ui.compare(predict_batching_gain, batching_gain,
+                f"{best_engine}'s capacity / its one-at-a-time output tok/s, shared-prefix")
+     if batching_gain else ui.md("Exercise 2 needs a contender that finished the shared-prefix workload "
+                                 "with its synchronous probe."))
     return
 
 
@@ -403,7 +486,8 @@ def _(mo):
     mo.md(r"""
     **Exercise 3 (predict, then measure).** Look at the workload table in section 2: the
     prefix reuse of the shared-prefix workload is the most any cache could find. What hit rate
-    will the engine you connected to in the first cell report at its knee on that workload?
+    will the engine you connected to in the first cell report on that workload, at its knee (or,
+    without one, at the lightest load tried)?
     """)
     return
 
@@ -415,12 +499,20 @@ def _():
 
 
 @app.cell
-def _(knee_value, predict_hit_rate, session, ui, workload_rows):
-    _hit = knee_value("shared-prefix", session.engine, "prefix_hit_rate")
+def _(contenders, predict_hit_rate, row_of, session, ui, workload_rows):
+    # The contender running the connected engine (for the teaching engine: its first label, hash).
+    _label = next((c.label for c in contenders if c.engine == session.engine), None)
+    _row = row_of("shared-prefix", _label) if _label else None
+    _at, _hit = None, None
+    if _row and _row["points"]:
+        _at, _hit = (("its knee", _row["prefix_hit_rate"]) if not _row["no_knee"] else
+                     (f"its lightest load ({_row['points'][0]['offered']:.3g} req/s; no knee)",
+                      _row["points"][0]["prefix_hit_rate"]))
     shared_prefix_reuse = next((r["prefix reuse"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
-    (ui.compare(predict_hit_rate, _hit, f"{session.engine} prefix hit rate at the knee, shared-prefix")
-     if _hit is not None else ui.md(f"{session.engine} reported no prefix-cache hit rate at a knee on the "
-                                    "shared-prefix workload in this run (no cache, no knee, or not in the run)."))
+    (ui.compare(predict_hit_rate, _hit, f"{_label} prefix hit rate at {_at}, shared-prefix")
+     if _at and _hit is not None else
+     ui.md(f"{session.engine_name} reported no prefix-cache hit rate on the shared-prefix workload in this "
+           "run (no cache, or not in the run)."))
     return (shared_prefix_reuse,)
 
 
@@ -434,7 +526,7 @@ def _(shared_prefix_reuse, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## 6. What this run shows, and what it does not
+    ## 7. What this run shows, and what it does not
 
     Computed from the table above (margins under 10 % count as ties: see `decision.TIE_WITHIN`):
     """)
@@ -446,7 +538,16 @@ def _(decision, knee_rows, ui):
     _lines = []
     for _w in dict.fromkeys(r["workload"] for r in knee_rows):
         _v = decision.decide(knee_rows, _w, "throughput")
-        if _v.outcome == "win":
+        if _v.ignores_objectives:
+            _lines.append(f"* **{_w}**: no contender kept up within the objectives at any load, so this "
+                          "ranks **capacity alone** (the most output tokens/s at any load tried) and "
+                          "ignores the latency objectives: "
+                          + ", ".join(f"{_e} {_x:.3g} tok/s" for _e, _x in
+                                      sorted(_v.values.items(), key=lambda kv: -kv[1]))
+                          + (f"; {_v.winner} {_v.margin:.2f}x {_v.runner_up}." if _v.outcome == "win" else
+                             f"; a tie within the noise band between {', '.join(_v.tied)}." if _v.outcome == "tie"
+                             else "."))
+        elif _v.outcome == "win":
             _lines.append(f"* **{_w}**: the most output tokens/s at the knee came from **{_v.winner}** "
                           f"({_v.values[_v.winner]:.0f} tok/s), {_v.bound + ' ' if _v.bound else ''}"
                           f"{_v.margin:.2f}x the next best ({_v.runner_up}).")

@@ -51,7 +51,8 @@ def _(mo):
        Dynamo, TGI, llama.cpp / Ollama) and the figures the engines publish about themselves,
        each with its source and date.
 
-    The helpers live in `workshop/decision.py`; its docstring states every rule used below.
+    The helpers live in `workshop/decision.py` (its docstring states every rule used below) and
+    `workshop/decision_chart.py` (the figure).
     """)
     return
 
@@ -104,7 +105,7 @@ def _(mo):
 
 @app.cell
 def _():
-    from workshop import decision, ui
+    from workshop import decision, decision_chart, ui
 
     showdown_roots, showdown_source = decision.choose_roots()
     showdown = decision.load(*showdown_roots)
@@ -120,11 +121,11 @@ def _():
         _head = (f"## ⚠ No showdown data\n\nNo showdown folder was found in {_where}, and this "
                  "installation has no reference run. Run notebook 10 or `python benchmarks/showdown.py` "
                  "first; the sections on cited facts below still work.")
-    ui.md(_head + "\n\n" + "\n".join(f"- {r.describe()}" for r in showdown.roots)
+    ui.md(_head + "\n\n" + "\n".join(f"- {r.describe()}; objectives: {r.objectives}" for r in showdown.roots)
           + "".join(f"\n- ⚠ {w}" for w in showdown.warnings)
           + "".join(f"\n- {old.engine} / {old.workload} from `{old.root.path.name}` ({old.status}) "
                     f"replaced by the run in `{new.root.path.name}`" for old, new in showdown.replaced))
-    return decision, showdown, ui
+    return decision, decision_chart, showdown, ui
 
 
 @app.cell(hide_code=True)
@@ -164,7 +165,10 @@ def _(decision, exercise_workload, my_throughput_margin, showdown, ui):
         exercise_1 = ui.compare(my_throughput_margin, exercise_throughput.margin,
                                 f"throughput margin on {exercise_workload} "
                                 f"({exercise_throughput.winner or exercise_throughput.tied[0]} over "
-                                f"{exercise_throughput.runner_up})", "x", how="computed")
+                                f"{exercise_throughput.runner_up}"
+                                + ("; no engine met the objectives at any load, so this is capacity alone, "
+                                   "objectives ignored" if exercise_throughput.ignores_objectives else "")
+                                + ")", "x", how="computed")
     else:
         exercise_1 = ui.md("Fewer than two engines kept up at any load on this workload: there is no margin to predict.")
     exercise_1
@@ -179,7 +183,9 @@ def _(mo):
     The knee of each sweep is the highest load the engine kept up with *and* met the objectives
     at (its p99 TTFT and p99 ITL within them); goodput counts the requests whose first token and
     every gap between tokens met them. Both are recomputed from the stored per-request timelines
-    when you move the objectives: nothing is run again. The tie
+    when you move the objectives: nothing is run again. The sliders start at the objectives of
+    the newest folder (stated in notebook 10, or derived from its run: see section 1); 0 means
+    no objective. The tie
     band is the margin below which two engines are called even. Type engine or workload labels,
     comma-separated, to compare a subset (`all` for everything). In Jupyter, re-run the cells
     below after changing a control; marimo re-runs them.
@@ -189,14 +195,17 @@ def _(mo):
 
 @app.cell
 def _(showdown, ui):
-    slo_ttft = ui.slider(100, 30000, int(showdown.slo["ttft_ms"] or 1000), 100, "TTFT objective, p99 (ms)")
+    # the newest folder's objectives (rounded to the ms), with room above them to loosen
+    slo_start = {k: round(showdown.slo[k] or 0) for k in ("ttft_ms", "itl_ms")}
+    slo_ttft = ui.slider(0, max(30000, 3 * slo_start["ttft_ms"]), slo_start["ttft_ms"], 1,
+                         "TTFT objective, p99 (ms; 0: none)")
     slo_ttft
-    return (slo_ttft,)
+    return slo_start, slo_ttft
 
 
 @app.cell
-def _(showdown, ui):
-    slo_itl = ui.slider(10, 5000, int(showdown.slo["itl_ms"] or 100), 10, "ITL objective (ms)")
+def _(slo_start, ui):
+    slo_itl = ui.slider(0, max(5000, 3 * slo_start["itl_ms"]), slo_start["itl_ms"], 1, "ITL objective (ms; 0: none)")
     slo_itl
     return (slo_itl,)
 
@@ -241,12 +250,13 @@ def _(
     chosen_engines = _pick(engine_choice.value, showdown.engines)
     chosen_workloads = _pick(workload_choice.value, showdown.workloads)
     chosen = showdown.select(chosen_engines, chosen_workloads)
-    chosen_slo = decision.slo_of(slo_ttft.value, slo_itl.value)
+    chosen_slo = decision.slo_of(slo_ttft.value or None, slo_itl.value or None)
     knee_rows = decision.knee_table(chosen, chosen_slo)
     verdicts = decision.decisions(knee_rows, tie_within=tie_band.value / 100)
+    _objectives = " and ".join(f"{name} ≤ {value:g} ms" if value else f"no {name} objective"
+                               for name, value in (("TTFT", chosen_slo.ttft_ms), ("ITL", chosen_slo.itl_ms)))
     ui.md(f"Comparing **{', '.join(chosen_engines) or 'no engine'}** on **{', '.join(chosen_workloads) or 'no workload'}**, "
-          f"objectives TTFT ≤ {chosen_slo.ttft_ms:g} ms and ITL ≤ {chosen_slo.itl_ms:g} ms, "
-          f"ties within {tie_band.value} %.")
+          f"objectives {_objectives}, ties within {tie_band.value} %.")
     return (
         chosen,
         chosen_engines,
@@ -296,8 +306,8 @@ def _(mo):
 
 
 @app.cell
-def _(chosen, chosen_engines, decision, knee_rows, verdicts):
-    decision.plot_decision(verdicts, knee_rows, decision.title_for(chosen), engines=chosen_engines)
+def _(chosen, chosen_engines, decision_chart, knee_rows, verdicts):
+    decision_chart.plot_decision(verdicts, knee_rows, decision_chart.title_for(chosen), engines=chosen_engines)
     return
 
 
@@ -315,6 +325,9 @@ def _(chosen_workloads, decision, knee_rows, tie_band, ui, verdicts):
         _parts = []
         for _c, _v in _vs.items():
             _name = decision.CONSTRAINTS[_c][0]
+            if _v.ignores_objectives:
+                _name += (" (no engine met the objectives at any load: capacity alone, the most at any "
+                          "load tried, objectives ignored)")
             if _v.outcome == "win":
                 _m = "∞" if _v.margin == float("inf") else f"{_v.margin:.2f}"
                 _parts.append(f"{_name}: **{_v.winner}**, {_v.bound + ' ' if _v.bound else ''}{_m}x "
@@ -363,22 +376,23 @@ def _(
     _gv = next((v for v in verdicts if v.workload == exercise_workload and v.constraint == "goodput"), None)
     goodput_winner = (_gv.winner or (_gv.tied[0] if _gv.tied else None)) if _gv else None
     goodput_full = _gv.values[goodput_winner] if goodput_winner else None
-    half_slo = decision.slo_of(chosen_slo.ttft_ms / 2, chosen_slo.itl_ms)
+    half_slo = decision.slo_of(chosen_slo.ttft_ms / 2 if chosen_slo.ttft_ms else None, chosen_slo.itl_ms)
     exercise_goodput = (decision.knee_row(chosen.runs[(goodput_winner, exercise_workload)], half_slo)["best_goodput"]
-                        if goodput_winner else None)
-    if goodput_winner is not None:
+                        if goodput_winner and half_slo.ttft_ms else None)
+    if exercise_goodput is not None:
         exercise_2 = ui.compare(my_goodput_half, exercise_goodput,
                                 f"best goodput of {goodput_winner} on {exercise_workload} with p99 TTFT ≤ "
                                 f"{half_slo.ttft_ms:g} ms", "req/s", how="computed")
     else:
-        exercise_2 = ui.md("No engine has goodput on the exercise workload with these choices.")
+        exercise_2 = ui.md("No engine has goodput on the exercise workload with these choices."
+                           if chosen_slo.ttft_ms else "There is no TTFT objective to halve (set one above).")
     exercise_2
     return exercise_goodput, goodput_full, goodput_winner
 
 
 @app.cell
 def _(exercise_goodput, goodput_full, goodput_winner, ui):
-    if goodput_winner is not None:
+    if exercise_goodput is not None:
         exercise_2_text = ui.md(
             f"Under the objectives above {goodput_winner} served {goodput_full:.3g} good req/s at best; with "
             f"the TTFT objective halved it keeps {exercise_goodput:.3g} "

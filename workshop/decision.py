@@ -1,9 +1,10 @@
 """The decision chart: which engine wins, on which workload, under which constraint, on the data
 in one or more showdown folders (``workshop/bench/showdown.py`` writes them; the format is in
 its docstring), with facts cited from the engines' own documents beside it.
+``workshop.decision_chart`` draws the chart from what this module returns.
 
-Everything here returns data (rows, ``Verdict`` objects, figures); what the data means is for
-the notebook's prose. The rules, written down once:
+Everything here returns data (rows, ``Verdict`` objects); what the data means is for the
+notebook's prose. The rules, written down once:
 
 * **Merging folders.** ``load`` reads any number of showdown roots. Each (engine, workload)
   appears once: a run that finished beats one that failed, and between two of the same kind the
@@ -22,6 +23,10 @@ the notebook's prose. The rules, written down once:
   engine's p99 TTFT, p99 ITL and peak KV use are interpolated linearly in offered load between
   its two kept-up points around that load (clamped to its lowest point, and flagged, when the
   common load lies below every point it ran).
+* **Capacity alone** when no engine kept up within the objectives at any load on a workload:
+  the throughput verdict then ranks each engine's *capacity*, the most output tok/s it
+  delivered at any load tried (its closed-loop throughput probe included), objectives and
+  saturation ignored, and says so (``Verdict.ignores_objectives``).
 * **Goodput**: requests per second that met every objective = steady achieved rate x the
   fraction of the point's measured requests that met them (failed ones count as misses), best
   over the sweep's points (the client-bound ones left out). Re-scored from ``BenchResult.records``
@@ -46,7 +51,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from workshop.bench.metrics import SLO
-from workshop.bench.showdown import find_roots, results_dir
+from workshop.bench.showdown import find_roots, objectives_text, results_dir
 from workshop.bench.sweep import SweepResult
 
 TIE_WITHIN = 0.10
@@ -114,6 +119,11 @@ class Root:
     def slo(self) -> dict[str, float | None]:
         s = self.manifest.get("slo") or {}
         return {"ttft_ms": s.get("ttft_ms"), "itl_ms": s.get("itl_ms")}
+
+    @property
+    def objectives(self) -> str:
+        """The objectives its knees were judged with, and where each came from."""
+        return objectives_text(self.manifest.get("slo") or {})
 
     @property
     def machine(self) -> str:
@@ -316,6 +326,30 @@ def probe_metrics(sweep: SweepResult, slo: SLO) -> dict[str, Any] | None:
     return m
 
 
+def probe_throughput(sweep: SweepResult) -> float | None:
+    """Output tok/s of the closed-loop throughput probe: its steady session rate (what the
+    sweep's loads were drawn from) x requests per session x mean output tokens per request."""
+    probe = (sweep.probes or {}).get("throughput")
+    cfg = sweep.config or {}
+    completed = probe.summary.get("completed") if probe is not None else None
+    if not completed or not cfg.get("max_throughput_rate"):
+        return None
+    per_request = (probe.summary.get("total_output_tokens") or 0) / completed
+    return cfg["max_throughput_rate"] * cfg.get("requests_per_session", 1.0) * per_request
+
+
+def capacity(points: Sequence[dict[str, Any]], probe_tps: float | None) -> tuple[float | None, str | None]:
+    """The most output tok/s delivered at any load tried (``points``, client-bound ones left
+    out) or by the throughput probe, objectives ignored; and where: "<x> req/s offered" or
+    "throughput probe"."""
+    best = max(points, key=lambda p: p["output_tps"], default=None)
+    if probe_tps is not None and (best is None or probe_tps > best["output_tps"]):
+        return probe_tps, "throughput probe"
+    if best is None:
+        return None, None
+    return best["output_tps"], f"{best['offered']:.3g} req/s offered"
+
+
 def _metrics(p: Any, offered: float, achieved: float, slo: SLO) -> dict[str, Any]:
     s = p.summary
     measured = [r for r in p.records if not r.warmup]
@@ -341,14 +375,7 @@ def _metrics(p: Any, offered: float, achieved: float, slo: SLO) -> dict[str, Any
 
 def knee_under(sweep: SweepResult, slo: SLO) -> SweepResult:
     """The sweep with its knee (and config objectives) as they are under ``slo``."""
-    cfg = sweep.config or {}
-    if cfg.get("slo_ttft_ms") == slo.ttft_ms and cfg.get("slo_itl_ms") == slo.itl_ms:
-        return sweep
-    from workshop.bench.sweep import _knee  # the sweep's own rule, so both agree
-    k = _knee(sweep.mode, sweep.loads, sweep.points, slo.ttft_ms, slo.itl_ms,
-              cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1))
-    return dataclasses.replace(sweep, knee_index=k, config={**cfg, "slo_ttft_ms": slo.ttft_ms,
-                                                            "slo_itl_ms": slo.itl_ms})
+    return sweep.under_objectives(slo.ttft_ms, slo.itl_ms)
 
 
 def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
@@ -362,7 +389,7 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                            "itl_p50": None, "itl_p99": None, "goodput_at_knee": None, "slo_met_at_knee": None,
                            "best_goodput": None, "best_goodput_at": None, "prefix_hit_rate": None,
                            "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None, "points": [],
-                           "curve": [], "max_output_tps": None}
+                           "curve": [], "capacity_tps": None, "capacity_at": None, "synchronous_tps": None}
     if not run.ok:
         row["note"] = run.status
         return row
@@ -370,16 +397,12 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
     pts = [point_metrics(sw, i, slo) for i in range(len(sw.points))]
     row["points"] = pts
     row["note"] = sw.knee_note()
-    if sw.knee_index is None and pts and row["note"].endswith("fails)"):
-        broken = [f"p99 {what} {pts[0][key]:.0f} ms over the {lim:g} ms objective"
-                  for what, key, lim in (("TTFT", "ttft_p99", slo.ttft_ms), ("ITL", "itl_p99", slo.itl_ms))
-                  if lim is not None and pts[0][key] is not None and pts[0][key] > lim]
-        if broken:
-            row["note"] = row["note"][:-1] + ": " + "; ".join(broken) + ")"
     cap = run.server_info.get("kv_capacity_tokens")
     row["kv_capacity_tokens"] = cap if isinstance(cap, (int, float)) and cap > 0 else None
     usable = [p for p in pts if not p["client_limited"]]
-    row["max_output_tps"] = max((p["output_tps"] for p in usable), default=None)
+    row["capacity_tps"], row["capacity_at"] = capacity(usable, probe_throughput(sw))
+    probe = probe_metrics(sw, slo)
+    row["synchronous_tps"] = probe["output_tps"] if probe else None
     if usable:
         best = max(usable, key=lambda p: p["goodput"])
         row["best_goodput"], row["best_goodput_at"] = best["goodput"], best["offered"]
@@ -397,7 +420,6 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                knee_index=k)
     if at["whole_run"]:
         row["note"] += " [rates over the whole run: the steady window was too short]"
-    probe = probe_metrics(sw, slo)
     row["curve"] = ([probe] if probe else []) + pts[:k + 1]
     return row
 
@@ -425,7 +447,7 @@ def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({
             "workload": r["workload"], "engine": r["engine"],
             "knee sessions/s (asked)": f(r["knee_asked"]), "knee req/s (offered)": knee,
-            "output tok/s": f(r["output_tps"]),
+            "output tok/s": f(r["output_tps"]), "capacity tok/s": f(r["capacity_tps"]),
             "TTFT p50 ms": f(r["ttft_p50"]), "TTFT p99 ms": f(r["ttft_p99"]),
             "ITL p50 ms": f(r["itl_p50"]), "ITL p99 ms": f(r["itl_p99"]),
             "goodput req/s": f(r["goodput_at_knee"]),
@@ -458,6 +480,7 @@ class Verdict:
     basis: str = ""                          # where it was measured
     excluded: dict[str, str] = field(default_factory=dict)   # engine -> why it is not compared
     flags: dict[str, str] = field(default_factory=dict)      # engine -> caveat on its value
+    ignores_objectives: bool = False         # ranked by capacity: nobody met the objectives
 
     @property
     def outcome(self) -> str:
@@ -472,13 +495,15 @@ class Verdict:
     def label(self) -> str:
         """A short cell label: "vllm x2.1", "tie: a, b", "only a", "-"."""
         o = self.outcome
+        why = " (capacity, objectives ignored)" if self.ignores_objectives else ""
         if o == "win":
             sign = {"at least": ">=", "at most": "<=", "unknown": "?"}.get(self.bound, "")
-            return f"{self.winner} x{sign}{self.margin:.2g}" if self.margin < 10 else f"{self.winner} x{sign}{self.margin:.0f}"
+            m = f"{self.margin:.2g}" if self.margin < 10 else f"{self.margin:.0f}"
+            return f"{self.winner} x{sign}{m}{why}"
         if o == "tie":
-            return "tie: " + ", ".join(self.tied)
+            return "tie: " + ", ".join(self.tied) + why
         if o == "only":
-            return f"only {self.winner}"
+            return f"only {self.winner}{why}"
         return "-"
 
 
@@ -539,7 +564,15 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
         elif r["no_knee"] and constraint != "goodput":
             v.excluded[r["engine"]] = r["note"] or "no knee"
     live = [r for r in mine if r["engine"] not in v.excluded]
-    if constraint == "throughput":
+    finished = [r for r in mine if r["status"].startswith("ok")]
+    if constraint == "throughput" and finished and all(r["no_knee"] for r in finished):
+        v.excluded = {e: why for e, why in v.excluded.items() if why.startswith("run ")}
+        v.values = {r["engine"]: r["capacity_tps"] for r in finished if r["capacity_tps"] is not None}
+        v.ignores_objectives = True
+        v.basis = ("capacity alone, the most output tok/s at any load tried (throughput probe "
+                   "included): no engine kept up within the objectives at any load, so this "
+                   "ranking ignores the latency objectives")
+    elif constraint == "throughput":
         v.values = {r["engine"]: r["output_tps"] for r in live if r["output_tps"] is not None}
         v.basis = "at each engine's knee"
     elif constraint == "goodput":
@@ -571,7 +604,7 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
             del v.values[e]
     r_ = rank(v.values, better, tie_within)
     v.winner, v.runner_up, v.margin, v.tied = r_["winner"], r_["runner_up"], r_["margin"], r_["tied"]
-    if constraint == "throughput" and v.outcome == "win":
+    if constraint == "throughput" and v.outcome == "win" and not v.ignores_objectives:
         lb = {r["engine"]: r["lower_bound"] for r in live}
         w, ru = lb.get(v.winner, False), lb.get(v.runner_up, False)
         v.bound = "unknown" if w and ru else "at least" if w else "at most" if ru else ""
@@ -661,171 +694,3 @@ def figure_rows(cited: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     return [{"engine": f["engine"], "claim": f["claim"], "setting": f"{f['hardware']}; {f['model']}; {f['workload']}",
              "date": f["date"], "source": f"[{f['source_title']}]({f['source_url']})"}
             for f in cited["figures"]]
-
-
-# ---------------------------------------------------------------------------------------------
-# The chart
-# ---------------------------------------------------------------------------------------------
-
-def engine_colors(engines: Sequence[str]) -> dict[str, Any]:
-    from matplotlib import colormaps
-    cmap = colormaps["tab10"]
-    return {e: cmap(i % 10) for i, e in enumerate(engines)}
-
-
-def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:
-    r, g, b = color[:3]
-    return (r + (1 - r) * amount, g + (1 - g) * amount, b + (1 - b) * amount)
-
-
-def _why_nobody(v: Verdict) -> str:
-    """A grid cell's text when no engine qualifies."""
-    if not v.excluded:
-        return "no data"
-    reasons = list(v.excluded.values())
-    if all(r.startswith("knee: none") for r in reasons):
-        return "no engine met the\nobjectives at any load"
-    if all(r.startswith("run ") for r in reasons):
-        return "every run failed"
-    if v.constraint == "goodput":
-        return "no request met\nthe objectives"
-    return "nobody qualifies"
-
-
-def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], title: str,
-                  engines: Sequence[str] | None = None):
-    """A grid (workload x constraint) naming each winner and its margin, coloured by engine,
-    above a bar panel of each engine's throughput at its knee per workload."""
-    from matplotlib.patches import Patch, Rectangle
-
-    from workshop.plots import figure
-
-    workloads = list(dict.fromkeys(v.workload for v in verdicts)) or list(dict.fromkeys(r["workload"] for r in rows))
-    constraints = list(dict.fromkeys(v.constraint for v in verdicts)) or list(CONSTRAINTS)
-    engines = list(engines or dict.fromkeys(r["engine"] for r in rows))
-    if not rows:
-        fig, ax = figure(title, "", "", size=(8.0, 2.2))
-        ax.axis("off")
-        ax.text(0.5, 0.5, "No showdown data to chart.\nRun notebook 10 or `python benchmarks/showdown.py` first.",
-                ha="center", va="center", fontsize=11)
-        return fig
-    colors = engine_colors(engines)
-    fig, _ = figure(title, "", "", size=(11.5, 3.2 + 0.85 * max(len(workloads), 1) + 3.0))
-    fig.clear()
-    fig.suptitle(title, fontsize=11)
-    grid_ax, bar_ax = fig.subplots(2, 1, height_ratios=[0.85 * max(len(workloads), 1) + 0.8, 3.0])
-
-    # -- the grid
-    by = {(v.workload, v.constraint): v for v in verdicts}
-    grid_ax.set_xlim(0, len(constraints))
-    grid_ax.set_ylim(len(workloads), 0)
-    for i, w in enumerate(workloads):
-        for j, c in enumerate(constraints):
-            v = by.get((w, c))
-            face, text, hatch = (0.96, 0.96, 0.96), "no data", None
-            if v is not None:
-                o = v.outcome
-                if o == "win":
-                    face = colors.get(v.winner, (0.7, 0.7, 0.7))
-                    face = _light(face, 0.35 if v.margin and v.margin >= 1.5 else 0.6)
-                    sign = {"at least": "≥ ", "at most": "≤ ", "unknown": "? "}.get(v.bound, "")
-                    m = "∞" if math.isinf(v.margin) else f"{v.margin:.2g}"
-                    text = f"{v.winner}\n{sign}×{m} vs {v.runner_up}"
-                elif o == "tie":
-                    face, hatch = (0.88, 0.88, 0.88), "//"
-                    text = "tie (<{:.0%} apart)\n".format(TIE_WITHIN) + " ≈ ".join(v.tied[:3]) + (" …" if len(v.tied) > 3 else "")
-                elif o == "only":
-                    face = _light(colors.get(v.winner, (0.7, 0.7, 0.7)), 0.75)
-                    text = f"{v.winner}\n(the only one that qualifies)"
-                else:
-                    text = _why_nobody(v)
-                if v.flags and o in ("win", "tie"):
-                    text += "\n(see caveats)"
-            grid_ax.add_patch(Rectangle((j + 0.02, i + 0.04), 0.96, 0.92, facecolor=face, edgecolor="white",
-                                        hatch=hatch, linewidth=1.0))
-            grid_ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8.5)
-    grid_ax.set_xticks([j + 0.5 for j in range(len(constraints))])
-    grid_ax.set_xticklabels([f"{CONSTRAINTS[c][0]}\n({'higher' if CONSTRAINTS[c][3] == 'higher' else 'lower'} "
-                             f"is better)" for c in constraints], fontsize=8.5)
-    grid_ax.xaxis.tick_top()
-    grid_ax.set_yticks([i + 0.5 for i in range(len(workloads))])
-    common = {w: common_load(rows, w) for w in workloads}
-    grid_ax.set_yticklabels([w + (f"\ncommon load {common[w]:.2g} req/s" if common[w] else "") for w in workloads],
-                            fontsize=8.5)
-    grid_ax.tick_params(length=0)
-    for s in grid_ax.spines.values():
-        s.set_visible(False)
-    grid_ax.grid(False)
-    grid_ax.set_title("winner and margin (best / runner-up) on this data; latency and KV at each workload's "
-                      "common load", fontsize=9, pad=28)
-
-    # -- the bars: filled at the knee; an outline at the best throughput of any load tried
-    width = 0.8 / max(len(engines), 1)
-    bar_ax.set_title("output tok/s: filled at each engine's knee (hatched: the knee is the highest load tried, "
-                     "a lower bound); outline: the most at any load tried, objectives or not", fontsize=9)
-    ymax = max([r["output_tps"] or 0 for r in rows] + [r.get("max_output_tps") or 0 for r in rows] + [1e-9])
-    for k, e in enumerate(engines):
-        for i, w in enumerate(workloads):
-            r = next((r for r in rows if r["engine"] == e and r["workload"] == w), None)
-            x = i + (k - (len(engines) - 1) / 2) * width
-            if r is None:
-                continue
-            if r.get("max_output_tps"):
-                bar_ax.bar(x, r["max_output_tps"], width * 0.92, facecolor="none", edgecolor=colors[e],
-                           linestyle="--", linewidth=1.0)
-            if r["output_tps"] is None:
-                why = "no knee" if r["status"].startswith("ok") else "run failed"
-                bar_ax.text(x, ymax * 0.03, why, rotation=90, ha="center", va="bottom", fontsize=8,
-                            color=colors[e])
-                continue
-            bar_ax.bar(x, r["output_tps"], width * 0.92, color=colors[e],
-                       hatch="///" if r["lower_bound"] else None, edgecolor="white")
-    bar_ax.set_xticks(range(len(workloads)))
-    bar_ax.set_xticklabels(workloads)
-    bar_ax.set_xlim(-0.5, len(workloads) - 0.5)
-    bar_ax.set_ylabel("output tok/s")
-    bar_ax.set_ylim(0, ymax * 1.15)
-    bar_ax.legend(handles=[Patch(color=colors[e], label=e) for e in engines], fontsize=8,
-                  loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    return fig
-
-
-# ---------------------------------------------------------------------------------------------
-# The report behind ``benchmarks/showdown.py``
-# ---------------------------------------------------------------------------------------------
-
-def write_report(roots: Sequence[str | os.PathLike], out: str | os.PathLike) -> int:
-    """Draw ``decision.png`` and write ``decision.md`` (tables, verdicts, sources) into ``out``."""
-    from workshop.ui import markdown_table
-    results = load(*roots)
-    if not results.runs:
-        print(f"no runs in {', '.join(map(str, roots))}")
-        return 1
-    slo = slo_of(**results.slo)
-    rows = knee_table(results, slo)
-    verdicts = decisions(rows)
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    fig = plot_decision(verdicts, rows, title_for(results))
-    fig.savefig(out / "decision.png", dpi=120, bbox_inches="tight")
-    lines = ["# Decision chart", "", "Measured here:", ""]
-    lines += [f"- {r.describe()}" for r in results.roots]
-    lines += [f"- WARNING: {w}" for w in results.warnings]
-    lines += ["", f"SLO: TTFT <= {slo.ttft_ms:g} ms, ITL <= {slo.itl_ms:g} ms (the knee: p99s; goodput: each "
-              f"request's first token and every gap); "
-              f"ties: within {TIE_WITHIN:.0%}.", "", "## At each knee", "", markdown_table(display_rows(rows)),
-              "", "## Winners", "", markdown_table(verdict_rows(verdicts)), "",
-              "## Not measured here (cited)", "", markdown_table(feature_rows()), "",
-              markdown_table(figure_rows()), ""]
-    (out / "decision.md").write_text("\n".join(lines))
-    print(f"decision chart: {out / 'decision.png'}, {out / 'decision.md'}")
-    return 0
-
-
-def title_for(results: Results) -> str:
-    if not results.roots:
-        return "Decision chart: no showdown folder"
-    newest = results.newest
-    more = f" (+{len(results.roots) - 1} older folder(s))" if len(results.roots) > 1 else ""
-    return (f"Decision chart: {newest.manifest.get('model', '?')}, {newest.mode} run on {newest.machine}, "
-            f"{newest.created[:10]}{more}")

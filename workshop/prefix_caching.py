@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
 CACHE_COLORS = {"none": "tab:gray", "hash": "tab:blue", "radix": "tab:green",
-                "vLLM off": "tab:gray", "vLLM on": "tab:purple"}
+                "cache off": "tab:gray", "cache on": "tab:purple"}
 
 
 # --------------------------------------------------------------------------- replay

@@ -451,109 +451,132 @@ ui.md(
 )
 
 # %% [markdown]
-# ## 4. vLLM's prefix caching, on and off
+# ## 4. The course server's own prefix cache, on and off
 #
-# The course's shared vLLM server runs with automatic prefix caching **on** (vLLM's default).
-# Starting a second vLLM with it off would cost a minute and a second copy of the model, so
-# instead we empty its prefix cache (`POST /reset_prefix_cache`) before **every** request:
-# then no request can find another's blocks, which is what "off" means for TTFT. The reset
-# itself happens before each request's clock starts. We send the same shared-prefix requests,
-# one at a time, both ways.
+# The course's shared server (vLLM unless `WORKSHOP_ENGINE` names another engine) runs with
+# its prefix cache **on**, vLLM's and SGLang's default. Starting a second server with it off
+# would cost a minute and a second copy of the model, so instead we empty its prefix cache
+# (`POST /reset_prefix_cache`, which the reference server passes on to vLLM's own reset and
+# to SGLang's `/flush_cache`) before **every** request: then no request can find another's
+# blocks, which is what "off" means for TTFT. The reset itself happens before each request's
+# clock starts. We send the same shared-prefix requests, one at a time, both ways. An engine
+# without a prefix cache (the Hugging Face baseline) has nothing to turn off: there this
+# section says so and skips.
 #
-# vLLM's block size on this server is read from `/server_info` (vLLM's CPU backend uses
-# larger blocks than the GPU default of 16), and hits are whole blocks, so it matters:
+# The engine's block size is read from `/server_info` (vLLM's CPU backend uses larger blocks
+# than the GPU default of 16; SGLang's default page is one token), and hits are whole blocks,
+# so it matters:
 
 # %%
-vllm_block = session.info.get("block_size")
-vllm_requests = [s.request for s in shared_wl.sessions]
-ui.md(f"vLLM here: **{session.info.get('engine', session.engine)} "
-      f"{session.info.get('engine_version', '')}**, block size **{vllm_block} tokens**, prefix "
-      f"caching {'on' if session.info.get('prefix_caching') else 'OFF (this section needs it on)'}. "
-      f"The {len(vllm_requests)} requests share {shared_prefix_tokens} tokens per group: "
-      + (f"{shared_prefix_tokens // vllm_block} whole block(s) of {vllm_block}, "
-         f"{shared_prefix_tokens // vllm_block * vllm_block} tokens reusable per hit."
-         if vllm_block else "block size unknown."))
+server_name = session.engine_name
+server_block = session.info.get("block_size")
+server_requests = [s.request for s in shared_wl.sessions]
+server_has_cache = bool(session.info.get("prefix_caching"))
+_why_not = (session.info.get("extra") or {}).get("prefix_cache_note")
+ui.md(f"The course's server: **{server_name} {session.info.get('engine_version', '')}**, "
+      + (f"block size **{server_block} tokens**, " if server_block else "no block size reported, ")
+      + f"prefix caching **{'on' if server_has_cache else 'off'}**"
+      + ("." if server_has_cache else
+         f": this section needs a prefix cache, so it is skipped on this server"
+         + (f" ({_why_not})" if _why_not else "") + ".")
+      + (f" The {len(server_requests)} requests share {shared_prefix_tokens} tokens per group: "
+         + (f"{shared_prefix_tokens // server_block} whole block(s) of {server_block}, "
+            f"{shared_prefix_tokens // server_block * server_block} tokens reusable per hit."
+            if server_block else "block size unknown.") if server_has_cache else ""))
 
 # %% [markdown]
 # **Exercise 3 (predict, then measure).** For requests that find their group's system prompt
-# cached, what will the ratio *median TTFT with the cache / median TTFT without* be on vLLM?
-# (1.0 = no gain, 0.5 = twice as fast.) Think about what share of the prompt is skipped and
-# what else a request's first token costs.
+# cached, what will the ratio *median TTFT with the cache / median TTFT without* be on the
+# course's server? (1.0 = no gain, 0.5 = twice as fast.) Think about what share of the prompt
+# is skipped and what else a request's first token costs.
 
 # %%
 predict_ttft_ratio = None   # your prediction, e.g. 0.5
 
 # %%
-vllm_runs = {}
-vllm_rows = []
-for _label, _reset in ui.progress([("vLLM off", True), ("vLLM on", False)], title="vLLM runs"):
-    _before = session.metrics()
-    vllm_runs[_label] = prefix_caching.sequential_run(session, vllm_requests, reset_each=_reset)
-    vllm_rows.append(prefix_caching.sequential_row(vllm_runs[_label], _before, session.metrics(),
-                                                   _label))
-# Pair the same requests: those that hit with the cache on and found nothing with it "off".
-vllm_hit_requests = [i for i, (_a, _b) in enumerate(zip(vllm_runs["vLLM on"], vllm_runs["vLLM off"]))
-                     if _a.ok and _b.ok and _a.cached_tokens and not _b.cached_tokens]
-vllm_leaked = sum(1 for r in vllm_runs["vLLM off"] if r.cached_tokens)
-vllm_ttft_ratio = (statistics.median(vllm_runs["vLLM on"][i].ttft for i in vllm_hit_requests)
-                   / statistics.median(vllm_runs["vLLM off"][i].ttft for i in vllm_hit_requests)
-                   if vllm_hit_requests else float("nan"))
-ui.compare(predict_ttft_ratio, vllm_ttft_ratio,
-           "TTFT with / without vLLM's prefix cache (requests that hit)")
+server_runs = {}
+server_rows = []
+server_hit_requests, server_leaked, server_ttft_ratio = [], 0, float("nan")
+if server_has_cache:
+    for _label, _reset in ui.progress([("cache off", True), ("cache on", False)], title=f"{server_name} runs"):
+        _before = session.metrics()
+        server_runs[_label] = prefix_caching.sequential_run(session, server_requests, reset_each=_reset)
+        server_rows.append(prefix_caching.sequential_row(server_runs[_label], _before, session.metrics(),
+                                                         _label))
+    # Pair the same requests: those that hit with the cache on and found nothing with it "off".
+    server_hit_requests = [i for i, (_a, _b) in enumerate(zip(server_runs["cache on"], server_runs["cache off"]))
+                           if _a.ok and _b.ok and _a.cached_tokens and not _b.cached_tokens]
+    server_leaked = sum(1 for r in server_runs["cache off"] if r.cached_tokens)
+    if server_hit_requests:
+        server_ttft_ratio = (statistics.median(server_runs["cache on"][i].ttft for i in server_hit_requests)
+                             / statistics.median(server_runs["cache off"][i].ttft for i in server_hit_requests))
+(ui.compare(predict_ttft_ratio, server_ttft_ratio,
+            f"TTFT with / without the server's prefix cache ({server_name}; requests that hit)")
+ if server_has_cache else
+ ui.md(f"Skipped: the server ({server_name}) has no prefix cache on, so there is nothing to compare."))
 
 # %%
-ui.table(vllm_rows)
+ui.table(server_rows) if server_rows else ui.md("_(skipped: no prefix cache on this server)_")
 
 # %%
-prefix_caching.per_request_figure(vllm_runs, "vLLM: time to first token of each request, "
-                                  "prefix cache off vs on")
+(prefix_caching.per_request_figure(server_runs, f"{server_name}: time to first token of each request, "
+                                   "prefix cache off vs on")
+ if server_runs else ui.md("_(skipped: no prefix cache on this server)_"))
 
 # %%
-_on = vllm_rows[1]
-_reusable = shared_prefix_tokens // vllm_block * vllm_block if vllm_block else 0
-_vllm_formula = ((len(vllm_requests) - len(shared_groups)) * _reusable
-                 / (len(vllm_requests) * mean_prompt_tokens)) if vllm_block else None
-_other_traffic = (_on["hit rate (/metrics)"] is not None and _on["hit rate (usage)"] is not None
-                  and abs(_on["hit rate (/metrics)"] - _on["hit rate (usage)"]) > 0.02)
-_parts = [f"With the cache on, the replies' own `usage` (`prompt_tokens_details.cached_tokens`) "
-          f"give a hit rate of **{(_on['hit rate (usage)'] or 0):.3f}** and vLLM's counters "
-          f"**{(_on['hit rate (/metrics)'] or 0):.3f}**"
-          + (" (the counters are server-wide, so other clients' requests during the run count "
-             "too; the per-reply numbers do not)." if _other_traffic else ".")]
-if _vllm_formula is not None:
-    _parts.append(
-        f"Section 2's formula with vLLM's {vllm_block}-token blocks predicts "
-        f"**{_vllm_formula:.3f}**; with the teaching engine's {mini_info['block_size']}-token "
-        f"blocks it gave {formula_hit_rate:.3f}"
-        + (": the shared prefix rounds down to the same number of tokens with both block "
-           "sizes here (try a prefix length that is not a multiple of 128)."
-           if abs(_vllm_formula - formula_hit_rate) < 1e-9 else
-           f": vLLM's larger blocks leave more of each shared prefix to recompute "
-           f"({shared_prefix_tokens - _reusable} of {shared_prefix_tokens} tokens here)."))
-_parts.append(
-    "With a reset before every request no reply reported a cached token: \"off\" really "
-    "found nothing." if vllm_leaked == 0 else
-    f"With a reset before every request, {vllm_leaked} of {len(vllm_requests)} replies still "
-    f"reported cached tokens: vLLM refuses to empty its cache while other requests hold "
-    f"blocks (this server is shared with other clients), so those resets did not take "
-    f"effect; those requests are left out of the comparison.")
-if vllm_hit_requests:
-    _parts.append(
-        f"{len(vllm_hit_requests)} requests hit with the cache and found nothing without it; "
-        f"with the cache their median TTFT was **{vllm_ttft_ratio:.2f}x** what it was without"
-        + (", a clear gain even on this CPU." if vllm_ttft_ratio < 0.7 else
-           ", a modest gain: at a few hundred tokens vLLM's prefill on this machine is short "
-           "next to the rest of a request's path to its first token." if vllm_ttft_ratio < 0.95
-           else ": no measurable gain here; at this prompt length prefill is a small part of "
-           "the time to the first token on this machine."))
-    if vllm_block:
+if server_rows:
+    _on = server_rows[1]
+    _reusable = shared_prefix_tokens // server_block * server_block if server_block else 0
+    _server_formula = ((len(server_requests) - len(shared_groups)) * _reusable
+                       / (len(server_requests) * mean_prompt_tokens)) if server_block else None
+    _other_traffic = (_on["hit rate (/metrics)"] is not None and _on["hit rate (usage)"] is not None
+                      and abs(_on["hit rate (/metrics)"] - _on["hit rate (usage)"]) > 0.02)
+    _parts = [f"With the cache on, the replies' own `usage` (`prompt_tokens_details.cached_tokens`) "
+              f"give a hit rate of **{(_on['hit rate (usage)'] or 0):.3f}** and the server's counters "
+              f"**{(_on['hit rate (/metrics)'] or 0):.3f}**"
+              + (" (the counters are server-wide, so other clients' requests during the run count "
+                 "too; the per-reply numbers do not)." if _other_traffic else ".")]
+    if _server_formula is not None:
         _parts.append(
-            f"The share of the prompt skipped bounds the gain: if TTFT were all prefill, a "
-            f"request that hits would take about {1 - _reusable / mean_prompt_tokens:.2f}x.")
+            f"Section 2's formula with the server's {server_block}-token blocks predicts "
+            f"**{_server_formula:.3f}**; with the teaching engine's {mini_info['block_size']}-token "
+            f"blocks it gave {formula_hit_rate:.3f}"
+            + (": the shared prefix rounds down to the same number of tokens with both block "
+               "sizes here (try a prefix length that is not a multiple of 128)."
+               if abs(_server_formula - formula_hit_rate) < 1e-9 else
+               f": the server's larger blocks leave more of each shared prefix to recompute "
+               f"({shared_prefix_tokens - _reusable} of {shared_prefix_tokens} tokens here)."
+               if server_block > mini_info["block_size"] else
+               f": the server's smaller blocks reuse more of each shared prefix "
+               f"({_reusable} of {shared_prefix_tokens} tokens here)."))
+    _parts.append(
+        "With a reset before every request no reply reported a cached token: \"off\" really "
+        "found nothing." if server_leaked == 0 else
+        f"With a reset before every request, {server_leaked} of {len(server_requests)} replies still "
+        f"reported cached tokens: the engine refuses to empty its cache while other requests hold "
+        f"blocks (this server is shared with other clients), so those resets did not take "
+        f"effect; those requests are left out of the comparison.")
+    if server_hit_requests:
+        _parts.append(
+            f"{len(server_hit_requests)} requests hit with the cache and found nothing without it; "
+            f"with the cache their median TTFT was **{server_ttft_ratio:.2f}x** what it was without"
+            + (", a clear gain even on this CPU." if server_ttft_ratio < 0.7 else
+               f", a modest gain: at a few hundred tokens the server's prefill on this machine is "
+               "short next to the rest of a request's path to its first token."
+               if server_ttft_ratio < 0.95
+               else ": no measurable gain here; at this prompt length prefill is a small part of "
+               "the time to the first token on this machine."))
+        if server_block:
+            _parts.append(
+                f"The share of the prompt skipped bounds the gain: if TTFT were all prefill, a "
+                f"request that hits would take about {1 - _reusable / mean_prompt_tokens:.2f}x.")
+    else:
+        _parts.append("No request hit with the cache on and missed with it off, so there is no "
+                      "TTFT comparison in this run (is the shared prefix shorter than one block?).")
+    server_cache_text = ui.md(" ".join(_parts))
 else:
-    _parts.append("No request hit with the cache on and missed with it off, so there is no "
-                  "TTFT comparison in this run (is the shared prefix shorter than one block?).")
-ui.md(" ".join(_parts))
+    server_cache_text = ui.md("")
+server_cache_text
 
 # %% [markdown]
 # ## 5. What the real engines do
@@ -591,7 +614,7 @@ ui.md(
                 ("enable_prefix_caching", "prefix_caching_hash_algo", "block_size",
                  "num_gpu_blocks") if k in vllm_cache_config)
     + "." if vllm_cache_config else
-    "This server publishes no `vllm:cache_config_info` (not a vLLM engine?)."
+    f"This server publishes no `vllm:cache_config_info` (it runs `{session.engine}`, not vLLM)."
 )
 
 # %% [markdown]
@@ -603,8 +626,8 @@ ui.md(
     f"* **The hit rate is arithmetic.** Shared tokens rounded down to whole blocks, over all "
     f"prompt tokens: the formula gave {formula_hit_rate:.3f}, the hash server's counters "
     f"{measured_hit_rate:.3f}"
-    + (f", vLLM's replies {vllm_rows[1]['hit rate (usage)']:.3f}"
-       if vllm_rows[1]["hit rate (usage)"] is not None else "") + ".\n"
+    + (f", the course's server's replies ({server_name}) {server_rows[1]['hit rate (usage)']:.3f}"
+       if server_rows and server_rows[1]["hit rate (usage)"] is not None else "") + ".\n"
     f"* **Hash vs radix** found "
     + ("the same tokens" if kinds_same_tokens else "different numbers of tokens")
     + f" on the shared-prefix workload with a pool large enough; as the pool shrank, the "
@@ -614,8 +637,9 @@ ui.md(
     f"* **What a hit saves** is the prefill of the skipped tokens: on this machine the teaching "
     f"engine's median TTFT was {ttft_gain_shared:.1f}x lower with the hash cache than without on "
     f"the shared-prefix workload"
-    + (f", and vLLM's {1 / vllm_ttft_ratio:.1f}x lower for requests that hit"
-       if vllm_hit_requests else "")
+    + (f", and the course's server's ({server_name}) {1 / server_ttft_ratio:.1f}x lower for requests "
+       "that hit"
+       if server_hit_requests else "")
     + ". The gain grows with the share of the prompt that is shared and with the cost of "
       "prefill (longer prompts, larger models)."
 )

@@ -462,23 +462,30 @@ ui.md(
 # `prompt_lookup_max` / `prompt_lookup_min` (the longest and shortest n-gram it matches). We
 # start one extra vLLM server with it (this takes a while on a CPU) and compare with the
 # course's shared vLLM server, which runs without speculation, on the same two workloads.
-# vLLM exports the same three counters, plus acceptance per draft position.
+# vLLM exports the same three counters, plus acceptance per draft position. This section
+# needs the course's server to be vLLM: on another engine (`WORKSHOP_ENGINE`) it says so and
+# skips, since the comparison would mix two engines.
 
 # %%
 import json
 
 vllm_spec_config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
 vllm_spec, vllm_spec_error = None, None
-try:
-    vllm_spec = workshop.session.start(
-        "vllm", ["--kv-cache-gib", "0.25", "--", "--speculative-config",
-                 json.dumps(vllm_spec_config)], verbose=False)
-except Exception as _exc:      # shown, not hidden: a refusal is a result too
-    vllm_spec_error = f"{type(_exc).__name__}: {_exc}"
+if session.engine != "vllm":
+    vllm_spec_error = (f"skipped: the course's server runs `{session.engine}`, not vLLM, so there is "
+                       "no vLLM without speculation to compare with")
+else:
+    try:
+        vllm_spec = workshop.session.start(
+            "vllm", ["--kv-cache-gib", "0.25", "--", "--speculative-config",
+                     json.dumps(vllm_spec_config)], verbose=False)
+    except Exception as _exc:      # shown, not hidden: a refusal is a result too
+        vllm_spec_error = f"{type(_exc).__name__}: {_exc}"
 ui.md(f"vLLM with `--speculative-config '{json.dumps(vllm_spec_config)}'`: "
       + (f"started at {vllm_spec.base_url} ({vllm_spec.info.get('engine')} "
          f"{vllm_spec.info.get('engine_version', '')}, {vllm_spec.info.get('dtype')})."
-         if vllm_spec else f"**did not start**: `{vllm_spec_error[-600:]}`"))
+         if vllm_spec else f"**did not start**: `{vllm_spec_error[-600:]}`"
+         if session.engine == "vllm" else f"**{vllm_spec_error}**."))
 
 # %%
 vllm_runs = []
@@ -492,7 +499,7 @@ vllm_rows = sd.speedup_rows([r for r in vllm_runs if r["server"] != "vLLM, no sp
                             [r for r in vllm_runs if r["server"] == "vLLM, no spec"])
 vllm_log_warnings = (sd.log_warnings(vllm_spec.log_path, "speculative")
                      if vllm_spec is not None and vllm_spec.log_path else [])
-ui.table(vllm_rows) if vllm_rows else ui.md("_(no vLLM runs: the server did not start)_")
+ui.table(vllm_rows) if vllm_rows else ui.md("_(no vLLM runs)_")
 
 # %%
 if vllm_spec is not None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from workshop import decision
+from workshop import decision, decision_chart
 from workshop.bench.metrics import RequestRecord, summarize
 from workshop.bench.results import BenchResult
 from workshop.bench.sweep import SweepResult
@@ -157,6 +157,29 @@ def test_no_knee_and_knee_at_the_top_are_flagged(tmp_path):
 
 # --------------------------------------------------------------------------- winners
 
+def test_when_no_engine_meets_the_objectives_throughput_falls_back_to_capacity(tmp_path):
+    # Neither keeps up anywhere; "big" delivers the most at its heaviest load (0.6 x 8 req/s x
+    # 16 tokens), "small" more in its throughput probe (5 req/s x 8) than at any load point.
+    big = make_sweep([2, 4, 8], None, out=16)
+    small = make_sweep([1, 2], None)
+    small.probes["throughput"] = make_point(5.0)
+    small.config["max_throughput_rate"] = 5.0
+    rows = decision.knee_table(decision.load(make_root(tmp_path / "r", {("big", "w"): big, ("small", "w"): small})))
+    by = {r["engine"]: r for r in rows}
+    assert by["big"]["capacity_tps"] == pytest.approx(0.6 * 8 * 16) and by["big"]["capacity_at"] == "8 req/s offered"
+    assert by["small"]["capacity_tps"] == pytest.approx(5 * 8) and by["small"]["capacity_at"] == "throughput probe"
+    v = decision.decide(rows, "w", "throughput")
+    assert v.ignores_objectives and (v.winner, v.runner_up) == ("big", "small")
+    assert v.margin == pytest.approx(76.8 / 40) and v.bound == ""
+    assert "ignores the latency objectives" in v.basis and "objectives ignored" in v.label
+    assert not v.excluded                          # no knee is the reason for the fallback, not a reason out
+    # one engine with a knee: the usual rule, the other left out
+    rows2 = decision.knee_table(decision.load(make_root(tmp_path / "r2", {("big", "w"): make_sweep([2, 4, 8], 0),
+                                                                         ("small", "w"): small})))
+    v2 = decision.decide(rows2, "w", "throughput")
+    assert not v2.ignores_objectives and v2.outcome == "only" and v2.winner == "big"
+
+
 def test_throughput_winner_and_margin(two_engines):
     rows = decision.knee_table(decision.load(two_engines))
     v = decision.decide(rows, "sharegpt", "throughput")
@@ -186,6 +209,8 @@ def test_the_synchronous_probe_anchors_loads_below_the_first_point(tmp_path):
     assert v.values["fast"] == pytest.approx(30 + (1 - 0.5) / (2 - 0.5) * 60, rel=1e-6)
     assert v.values["slow"] == pytest.approx(300, rel=1e-6) and not v.flags
     assert v.winner == "fast"
+    # one request at a time: the probe's rate x 8 output tokens each
+    assert {r["engine"]: r["synchronous_tps"] for r in rows} == pytest.approx({"fast": 0.5 * 8, "slow": 0.3 * 8})
 
 
 def test_interpolation_between_points_and_below_the_first():
@@ -308,11 +333,11 @@ def test_chart_and_report(two_engines, tmp_path):
     res = decision.load(two_engines)
     rows = decision.knee_table(res)
     verdicts = decision.decisions(rows)
-    fig = decision.plot_decision(verdicts, rows, decision.title_for(res))
+    fig = decision_chart.plot_decision(verdicts, rows, decision_chart.title_for(res))
     assert isinstance(fig, Figure) and len(fig.axes) == 2
     texts = " ".join(t.get_text() for t in fig.axes[0].texts)
     assert "fast" in texts and "×2" in texts
-    assert decision.write_report([two_engines], tmp_path / "out") == 0
+    assert decision_chart.write_report([two_engines], tmp_path / "out") == 0
     md = (tmp_path / "out" / "decision.md").read_text()
     assert (tmp_path / "out" / "decision.png").stat().st_size > 10_000
     assert "| sharegpt | throughput | fast x2 |" in md and "not measured" in md.lower()

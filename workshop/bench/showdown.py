@@ -4,8 +4,19 @@ One ``run_showdown`` call serves each contender in turn (a reference server of i
 already running), runs a load sweep (``sweep.sweep_load``: synchronous and throughput probes,
 then open-loop rates up to past the maximum) for every workload, and writes one results folder:
 
-    <root>/showdown.json                 what ran: command, machine, date, engines, workloads, SLO
+    <root>/showdown.json                 what ran: command, machine, date, engines, workloads,
+                                         the objectives used and where they came from
     <root>/<engine>/<workload>/          a SweepResult (sweep.json, point-NN/, probe-*/)
+
+**Objectives** (p99 TTFT and p99 ITL) are used as stated (``Plan.slo_ttft_ms`` /
+``slo_itl_ms``). One not stated is derived from the run itself once every contender has run,
+by ``derive_objectives``: ``Plan.slo_factor`` x the best contender's unloaded latency (its
+synchronous probe, one request at a time: p99 TTFT for the TTFT objective, p99 ITL + p99 TTFT
+for the ITL objective, see ``DERIVED_FROM``) on each workload, the highest of those over the
+workloads, so that the fastest engine, unloaded, meets it on every workload. A fixed number
+would be met by everything on a GPU and by nothing on a 2-core CPU. Every sweep is then judged
+under the objectives used (its knee re-scored from its stored points) and ``showdown.json``
+records them under ``slo``: the values, which were stated and which derived, and from what.
 
 ``workshop.decision`` draws the decision chart from such folders, any number of them and any
 subset of engines. ``benchmarks/showdown.py`` is the command; notebook 10 calls this module
@@ -31,7 +42,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 FORMAT = 1
 WORKLOADS = ("sharegpt", "agentic", "shared-prefix")
@@ -87,8 +98,13 @@ class Plan:
     sweep_points: int = 4              # open-loop rates between the synchronous and 1.5 x max rate
     probe_requests: int = 6            # one at a time, for the synchronous rate and the baseline
     probe_concurrency: int = 12        # the closed-loop throughput probe
-    slo_ttft_ms: float = 1000.0
-    slo_itl_ms: float = 100.0
+    # p99 objectives in ms; None: not stated, derived from the run (the module docstring)
+    slo_ttft_ms: float | None = None
+    slo_itl_ms: float | None = None
+    # A derived objective is this x the best unloaded latency. In quick runs here (2026-12-02)
+    # the lightest open-loop point sat near capacity, where queueing alone made p99 TTFT 3 to 6x
+    # the unloaded one; with 3 almost no engine had a knee.
+    slo_factor: float = 5.0
     seed: int = 0
     # ShareGPT replies clipped to this many tokens: the recorded ones average ~300, which would
     # make the one-request-at-a-time baseline's sweep alone take most of an hour on 2 cores.
@@ -125,16 +141,102 @@ def sglang_installed() -> bool:
     return not_installed() is None
 
 
-def default_field(gpu: bool | None = None) -> tuple[Contender, ...]:
+def default_field(gpu: bool | None = None, running: Iterable[str] = ()) -> tuple[Contender, ...]:
     """The contenders this machine can run: the GPU field on a GPU, else the CPU field
-    (SGLang only where its environment, kernel included, imports)."""
+    (SGLang only where its environment, kernel included, imports, or where its label is in
+    ``running``: a server already up, wherever its engine was installed)."""
     if gpu is None:
         from workshop.session import gpu_name
         gpu = gpu_name() is not None
     field_ = GPU_FIELD if gpu else CPU_FIELD
     if not sglang_installed():
-        field_ = tuple(c for c in field_ if c.engine != "sglang")
+        field_ = tuple(c for c in field_ if c.engine != "sglang" or c.label in set(running))
     return field_
+
+
+OBJECTIVES = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"))
+# What each derived objective is a multiple of: unloaded p99s of one engine, added. An ITL
+# objective of a few unloaded gaps would fail at any load where two requests overlap, however
+# light: a continuous batcher runs a newcomer's prefill (its whole prompt, up to one chunk) in
+# the same step as everybody's next token, so a running answer's longest gap is about one
+# decode step plus one prefill, and the unloaded TTFT is about one prefill.
+DERIVED_FROM = {"ttft_ms": ("ttft_ms",), "itl_ms": ("itl_ms", "ttft_ms")}
+
+
+def unloaded_latency(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload and contender (``sweeps``: workload -> label -> ``SweepResult``), the
+    synchronous probe's p99 TTFT and ITL in ms: each engine's latency with nothing else to do."""
+    rows = []
+    for w, by_label in sweeps.items():
+        for label, sw in by_label.items():
+            probe = (sw.probes or {}).get("synchronous")
+            if probe is None or not probe.summary.get("completed"):
+                continue
+            rows.append({"workload": w, "engine": label,
+                         **{key: probe.summary[key]["p99"] for key, _ in OBJECTIVES}})
+    return rows
+
+
+def derive_objectives(unloaded: Sequence[dict[str, Any]], factor: float) -> dict[str, dict[str, Any] | None]:
+    """For each objective: ``factor`` x the best (lowest) engine's unloaded p99s named in
+    ``DERIVED_FROM`` (TTFT: its p99 TTFT; ITL: its p99 ITL + p99 TTFT), on the workload where
+    that best value is highest. Each comes with the engine, workload and terms it was taken
+    from; None where no probe measured them."""
+    out: dict[str, dict[str, Any] | None] = {}
+    for key, _ in OBJECTIVES:
+        terms = DERIVED_FROM[key]
+        best: dict[str, tuple[float, dict[str, Any]]] = {}
+        for r in unloaded:
+            if any(r.get(t) is None for t in terms):
+                continue
+            base = sum(r[t] for t in terms)
+            if r["workload"] not in best or base < best[r["workload"]][0]:
+                best[r["workload"]] = (base, r)
+        if not best:
+            out[key] = None
+            continue
+        base, r = max(best.values(), key=lambda b: b[0])
+        out[key] = {"ms": factor * base, "engine": r["engine"], "workload": r["workload"],
+                    "unloaded_p99_ms": {t: r[t] for t in terms}}
+    return out
+
+
+def objectives_entry(plan: "Plan", derived: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
+    """``showdown.json``'s ``slo``: the values used (ms, None: none), and for each how it was
+    set: ``{"stated": true}``, or derived (``factor``, ``engine``, ``workload``,
+    ``unloaded_p99_ms``), or ``{"derived": null}`` (no probe to derive it from, or not yet)."""
+    entry: dict[str, Any] = {"factor": plan.slo_factor, "how": {}}
+    for key, _ in OBJECTIVES:
+        stated = getattr(plan, f"slo_{key}")
+        if stated is not None:
+            entry[key], entry["how"][key] = float(stated), {"stated": True}
+            continue
+        d = (derived or {}).get(key)
+        entry[key] = d["ms"] if d else None
+        entry["how"][key] = {"derived": {k: v for k, v in d.items() if k != "ms"} if d else None}
+    return entry
+
+
+def objectives_text(entry: dict[str, Any]) -> str:
+    """One line on a ``showdown.json`` ``slo`` entry: the values and where each came from."""
+    parts = []
+    for key, name in OBJECTIVES:
+        value, how = entry.get(key), (entry.get("how") or {}).get(key) or {}
+        if how.get("stated"):
+            parts.append(f"p99 {name} ≤ {value:,.0f} ms (stated)")
+        elif how.get("derived"):
+            d = how["derived"]
+            terms = d.get("unloaded_p99_ms")
+            # a manifest is read from anyone's folder: an entry of another shape still reads
+            basis = (f": {entry.get('factor', '?'):g} x ("
+                     + " + ".join(f"p99 {dict(OBJECTIVES).get(t, t)} {v:,.0f} ms" for t, v in terms.items())
+                     + f"), {d.get('engine')} unloaded on {d.get('workload')}") if isinstance(terms, dict) else ""
+            parts.append(f"p99 {name} ≤ {value:,.0f} ms (derived{basis})")
+        elif value is not None:
+            parts.append(f"p99 {name} ≤ {value:,.0f} ms")
+        else:
+            parts.append(f"no {name} objective")
+    return "; ".join(parts)
 
 
 def machine() -> dict[str, Any]:
@@ -180,11 +282,12 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": command or " ".join(shlex.quote(a) for a in sys.argv),
         "mode": mode, "machine": machine(), "model": model,
-        "slo": {"ttft_ms": plan.slo_ttft_ms, "itl_ms": plan.slo_itl_ms},
+        "slo": objectives_entry(plan),
         "plan": asdict(plan),
         "engines": {}, "workloads": {w: {"params": plan.kwargs_for(w)} for w in plan.workloads},
         "runs": []})
     show.write()
+    finished: dict[tuple[str, str], Any] = {}     # (label, workload) -> SweepResult
     for c in contenders:
         t0 = time.monotonic()
         log(f"== {c.label}: {'using ' + c.base_url if c.base_url else 'starting ' + c.engine} ==")
@@ -215,6 +318,7 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
                         slo_itl_ms=plan.slo_itl_ms, seed=plan.seed, progress=progress,
                         reset_cache=True, label=c.label, **plan.kwargs_for(w, c.request_scale))
                     result.save(show.folder(c.label, w), plots=False)
+                    finished[(c.label, w)] = result
                     run["status"] = "ok"
                     run["knee"] = result.knee_note()
                     log(f"   {w}: {result.knee_note()}  ({time.monotonic() - t1:.0f} s)")
@@ -228,9 +332,28 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
         finally:
             if not c.base_url:
                 server.stop()
+    _judge(show, plan, finished, log)
     show.manifest["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     show.write()
     return show
+
+
+def _judge(show: Showdown, plan: Plan, finished: dict[tuple[str, str], Any], log: Callable[[str], None]) -> None:
+    """Derive the objectives not stated, record them, and re-judge every sweep under them."""
+    sweeps: dict[str, dict[str, Any]] = {}
+    for (label, w), sw in finished.items():
+        sweeps.setdefault(w, {})[label] = sw
+    entry = objectives_entry(plan, derive_objectives(unloaded_latency(sweeps), plan.slo_factor))
+    show.manifest["slo"] = entry
+    log(f"objectives: {objectives_text(entry)}")
+    runs = {(r["engine"], r["workload"]): r for r in show.manifest["runs"]}
+    for (label, w), sw in finished.items():
+        judged = sw.under_objectives(entry["ttft_ms"], entry["itl_ms"])
+        if judged is not sw:
+            judged.save(show.folder(label, w), plots=False)
+        runs[(label, w)]["knee"] = judged.knee_note()
+        log(f"   {label} / {w}: {judged.knee_note()}")
+    show.write()
 
 
 def _describe(c: Contender) -> dict[str, Any]:
@@ -286,4 +409,6 @@ def find_roots(*places: str | Path) -> list[Path]:
 
 
 __all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "default_field",
-           "run_showdown", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine"]
+           "run_showdown", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine",
+           "OBJECTIVES", "DERIVED_FROM", "unloaded_latency", "derive_objectives", "objectives_entry",
+           "objectives_text"]

@@ -125,6 +125,17 @@ class SweepResult:
                 out.append((p.summary["request_throughput"], True))
         return out
 
+    def under_objectives(self, slo_ttft_ms: float | None, slo_itl_ms: float | None) -> "SweepResult":
+        """The same sweep with its knee (and config) as they are under other p99 objectives:
+        the stored points re-judged by the sweep's own rule, nothing run again."""
+        cfg = self.config or {}
+        if cfg.get("slo_ttft_ms") == slo_ttft_ms and cfg.get("slo_itl_ms") == slo_itl_ms:
+            return self
+        k = _knee(self.mode, self.loads, self.points, slo_ttft_ms, slo_itl_ms,
+                  cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1))
+        return SweepResult(self.mode, self.loads, self.points, k,
+                           {**cfg, "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms}, self.probes)
+
     def overloaded(self) -> list[bool | None]:
         """Each point's verdict (None for closed-loop points)."""
         return [(p.summary.get("saturation") or {}).get("overloaded") for p in self.points]
@@ -133,7 +144,8 @@ class SweepResult:
         """One line on where the knee is and why, for people."""
         if self.knee_index is None:
             first = (self.points[0].summary.get("saturation") or {}).get("reasons") if self.points else None
-            return "knee: none (even the lowest load fails" + (f": {first[0]}" if first else "") + ")"
+            why = first[0] if first else "; ".join(self._broken_objectives(0)) if self.points else ""
+            return "knee: none (even the lowest load fails" + (f": {why}" if why else "") + ")"
         k = self.knee_index
         unit = "req/s" if self.mode == "rate" else "concurrent"
         at = f"{self.loads[k]:.3g} {unit}" + (f" asked, {self.knee_offered:.3g} offered" if self.mode == "rate" else "")
@@ -149,8 +161,16 @@ class SweepResult:
         why = (nxt.get("saturation") or {}).get("reasons") or []
         slo = self.config.get("slo_ttft_ms"), self.config.get("slo_itl_ms")
         if not why and any(slo):
-            why = ["an objective fails (p99 TTFT / ITL)"]
+            why = self._broken_objectives(k + 1) or ["an objective fails (p99 TTFT / ITL)"]
         return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why) or "no gain") + ")"
+
+    def _broken_objectives(self, i: int) -> list[str]:
+        """The p99 objectives point ``i`` breaks, as "p99 TTFT 2,300 ms over the 1,000 ms objective"."""
+        s = self.points[i].summary
+        return [f"p99 {name} {s[key]['p99']:,.0f} ms over the {lim:,.0f} ms objective"
+                for name, key, lim in (("TTFT", "ttft_ms", self.config.get("slo_ttft_ms")),
+                                       ("ITL", "itl_ms", self.config.get("slo_itl_ms")))
+                if lim is not None and s[key]["p99"] is not None and s[key]["p99"] > lim]
 
     def table(self) -> str:
         rate = self.mode == "rate"
