@@ -391,7 +391,7 @@ def _(mo):
     mo.md(r"""
     **Measuring c and the verify cost.** We time one forward of the full model for one token at
     the demo's context, one self-draft forward (its first layers) and one n-gram proposal, and a
-    verify forward of k + 1 tokens, with `roofline.best_time_s` (best of a few runs).
+    verify forward of k + 1 tokens, with `timing.best_time_s` (best of a few runs).
     """)
     return
 
@@ -407,7 +407,7 @@ def _(
     sweep,
     ui,
 ):
-    from workshop.roofline import best_time_s
+    from workshop.timing import best_time_s
 
     sweep_ks = sweep([1, 2, 3, 4, 6, 8], [2, 4])
     _ctx = len(demo_prompt) + len(demo_plain) - 1

@@ -33,7 +33,6 @@ import numpy as np
 from reference_server.kv import kv_bytes_per_sequence
 from reference_server.model_config import ModelArch
 from workshop.kvcache import WEIGHT_BYTES
-from workshop.timing import best_time_s  # noqa: F401  (notebook 9 imports it from here)
 
 
 @dataclass(frozen=True)

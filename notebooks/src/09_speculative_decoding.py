@@ -258,10 +258,10 @@ sd.formula_figure([0.0, 0.5, 0.7, 0.8, 0.9], c=0.1, k_max=10)
 # %% [markdown]
 # **Measuring c and the verify cost.** We time one forward of the full model for one token at
 # the demo's context, one self-draft forward (its first layers) and one n-gram proposal, and a
-# verify forward of k + 1 tokens, with `roofline.best_time_s` (best of a few runs).
+# verify forward of k + 1 tokens, with `timing.best_time_s` (best of a few runs).
 
 # %%
-from workshop.roofline import best_time_s
+from workshop.timing import best_time_s
 
 sweep_ks = sweep([1, 2, 3, 4, 6, 8], [2, 4])
 _ctx = len(demo_prompt) + len(demo_plain) - 1
