@@ -787,8 +787,9 @@ def _(kv_usage, session, ui, vllm_n, vllm_out, vllm_results, vllm_samples):
            "Requests waited: the engine admits only what its limits allow per step (sequences, "
            "free KV blocks, tokens per step), the rest queue.")
         # source: decode_log_interval in sglang/srt/server_args.py (0.5.18)
-        + (" SGLang refreshes these gauges only once every `--decode-log-interval` decode steps "
-           "(40 by default), so they lag the burst: read the peaks as lower bounds."
+        + (" SGLang refreshes these gauges every `--decode-log-interval` decode steps (40 by "
+           "default; the reference server starts it with 1), so behind another launcher they can "
+           "lag the burst."
            if session.engine == "sglang" else "")
     )
     return

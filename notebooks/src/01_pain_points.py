@@ -151,7 +151,7 @@ ui.md(
     + (f" Every peak here is at least **{_trail:.0f} tokens** short of the prediction: this "
        "engine refreshes its gauge less often than every step, so a request's last tokens are "
        "not counted before it ends (SGLang refreshes its gauges at each prefill and every "
-       "`--decode-log-interval` decode steps, 40 by default)."
+       "`--decode-log-interval` decode steps: 40 by default, 1 as the reference server starts it)."
        if _trail >= 2 * kv.block_size else "")
 )
 
