@@ -382,6 +382,19 @@ def test_vllm_serves_float16_for_bfloat16_on_an_amx_cpu_unless_told_otherwise():
     assert served_dtype("auto", "cpu", [], amx=True) == "auto"     # hub id: vLLM resolves it
 
 
+def test_vllm_serves_float32_for_bfloat16_where_the_cpu_would_emulate_it():
+    from reference_server.engines.vllm import DTYPE_NOTES, served_dtype
+    assert served_dtype("bfloat16", "cpu", [], amx=False, native_bf16=False) == "float32"
+    assert served_dtype("auto", "cpu", [], amx=False, model_dtype="bfloat16",
+                        native_bf16=False) == "float32"
+    assert served_dtype("bfloat16", "cpu", [], amx=False, native_bf16=True) == "bfloat16"
+    assert served_dtype("float16", "cpu", [], amx=False, native_bf16=False) == "float16"
+    assert served_dtype("bfloat16", "cuda", [], amx=False, native_bf16=False) == "bfloat16"
+    assert served_dtype("bfloat16", "cpu", ["--dtype", "bfloat16"], amx=False,
+                        native_bf16=False) == "bfloat16"
+    assert set(DTYPE_NOTES) == {"float16", "float32"}   # every substitute explains itself
+
+
 def test_help_engine_lists_the_teaching_engines_knobs(capsys):
     from reference_server.config import parse_args
     with pytest.raises(SystemExit) as done:
