@@ -13,6 +13,7 @@ import threading
 from typing import AsyncIterator, Callable
 
 from mini_engine.sampler import logprob_of, sample_row
+from reference_server import dtypes
 from reference_server.engines.base import EngineInfo
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
                                             SamplingParams)
@@ -28,6 +29,7 @@ class HFEngine(LocalEngine):
         self.config = config
         self.spec = model
         self.device = config.resolved_device()
+        self.dtype = dtypes.cpu_compute_dtype(config.dtype, self.device)
         self.model_name = config.served_model_name or model.name
         self.max_model_len = config.max_model_len
         self._lock = asyncio.Lock()       # the whole point: one request at a time
@@ -53,7 +55,7 @@ class HFEngine(LocalEngine):
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.spec.path, dtype=getattr(torch, self.config.dtype)).to(self.device).eval()
+            self.spec.path, dtype=getattr(torch, dtypes.canonical(self.dtype))).to(self.device).eval()
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit:
             self.max_model_len = min(self.max_model_len, limit)
@@ -66,12 +68,12 @@ class HFEngine(LocalEngine):
     def info(self) -> EngineInfo:
         return EngineInfo(
             engine="hf", engine_version=_version("transformers"), model=self.model_name,
-            model_path=self.spec.path, dtype=self.config.dtype, device=self.device,
+            model_path=self.spec.path, dtype=self.dtype, device=self.device,
             max_model_len=self.max_model_len,
             # one sequence at a time, grown on demand: its capacity is one context window
             kv_capacity_tokens=self.max_model_len,
             kv_bytes_per_token=int(kv_bytes_per_token(read_arch(self.model.config.to_dict()),
-                                                      self.config.dtype)),
+                                                      self.dtype)),
             block_size=None, prefix_caching=False,
             extra={"concurrency": 1})
 

@@ -44,11 +44,7 @@ def engine_arg_parser() -> argparse.ArgumentParser:
 def _engine_config(config, device: str, argv: list[str]):
     """``EngineConfig`` from the flags after ``--``, with the server's settings as defaults."""
     from mini_engine.config import EngineConfig
-    dtype = config.dtype
-    # bf16 matmuls only pay off on CPUs with native bf16 dot products (AVX512_BF16 or AMX);
-    # elsewhere they are emulated and slower than fp32.
-    if device == "cpu" and dtype in ("bfloat16", "bf16") and not dtypes.cpu_has_bf16():
-        dtype = "float32"
+    dtype = dtypes.cpu_compute_dtype(config.dtype, device)
     return EngineConfig.from_cli(
         argv, dtype=dtype, device=device, kv_cache_gib=config.kv_cache_gib,
         max_model_len=config.max_model_len,

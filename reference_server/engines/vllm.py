@@ -64,7 +64,9 @@ def served_dtype(dtype: str, device: str, engine_args: list[str], amx: bool,
         return dtype
     if amx:
         return "float16"
-    return dtype if native_bf16 else "float32"
+    # the one CPU rule, asked about bf16 itself: here bf16 may be spelled "auto"
+    native = dtypes.cpu_compute_dtype("bfloat16", device, native_bf16) == "bfloat16"
+    return dtype if native else "float32"
 
 
 class VLLMEngine(ProxyEngine):

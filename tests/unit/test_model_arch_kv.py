@@ -130,3 +130,12 @@ def test_paged_blocks():
     assert [blocks_for(t, 16) for t in (0, 1, 16, 17, 32)] == [0, 1, 1, 2, 2]
     # vLLM-CPU gave SmolLM2-135M (23,040 B/token) 364 blocks of 128 tokens in 1 GiB.
     assert engine_capacity_tokens(2**30, 23_040, 128) == 364 * 128
+
+
+def test_cpus_without_native_bf16_compute_in_float32():
+    assert dtypes.cpu_compute_dtype("bfloat16", "cpu", native_bf16=False) == "float32"
+    assert dtypes.cpu_compute_dtype("bf16", "cpu", native_bf16=False) == "float32"
+    assert dtypes.cpu_compute_dtype("bfloat16", "cpu", native_bf16=True) == "bfloat16"
+    assert dtypes.cpu_compute_dtype("bfloat16", "cuda", native_bf16=False) == "bfloat16"
+    assert dtypes.cpu_compute_dtype("float16", "cpu", native_bf16=False) == "float16"
+    assert dtypes.cpu_compute_dtype("auto", "cpu", native_bf16=False) == "auto"
