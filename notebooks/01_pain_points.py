@@ -187,10 +187,9 @@ def _(mo):
 def _(kv, kv_usage, live_requests, session, ui, workshop):
     maker = live_requests.PromptMaker(session.model, session.info.get("model_path"))
     max_len = int(session.info.get("max_model_len") or 2048)
-    kv_out_tokens = 64
+    kv_out_tokens = workshop.session.sweep(64, 32)
     context_lengths = workshop.session.sweep(
-        [64, 256, 512, 1024, 1536, max_len - kv_out_tokens - 8],
-        [128, 1024, max_len - kv_out_tokens - 8])
+        [64, 256, 512, 1024, 1536, max_len - kv_out_tokens - 8], [128, 384, 768])
     context_rows = kv_usage.context_sweep(session, kv, maker, context_lengths, kv_out_tokens,
                                           progress=ui.progress)
     ui.table(context_rows)
@@ -255,7 +254,7 @@ def _(mo):
 
 @app.cell
 def _(max_len, ui, workshop):
-    user_prompt_tokens = ui.slider(64, max_len - 128, value=workshop.session.sweep(1024, 256),
+    user_prompt_tokens = ui.slider(64, max_len - 128, value=workshop.session.sweep(1024, 128),
                                    step=64, label="prompt tokens per user")
     user_prompt_tokens
     return (user_prompt_tokens,)
@@ -272,7 +271,7 @@ def _(
     user_prompt_tokens,
     workshop,
 ):
-    user_counts = workshop.session.sweep([1, 4, 16, 32, 48], [1, 4, 8])
+    user_counts = workshop.session.sweep([1, 4, 16, 32, 48], [1, 2, 4])
     users_rows = kv_usage.users_sweep(session, kv, maker, user_counts, user_prompt_tokens.value,
                                       kv_out_tokens, progress=ui.progress)
     ui.table(users_rows)
@@ -348,7 +347,7 @@ def _(mo):
 @app.cell
 def _(maker, max_len, prompt_latency, session, ui, workshop):
     ttft_lengths = workshop.session.sweep(
-        [32, 128, 256, 512, 768, 1024, 1536, max_len - 8], [128, 1024, max_len - 8])
+        [32, 128, 256, 512, 768, 1024, 1536, max_len - 8], [64, 256, 512])
     ttft_rows = prompt_latency.ttft_sweep(session, maker, ttft_lengths,
                                           repeats=workshop.session.sweep(2, 1), progress=ui.progress)
     ttft_plot = prompt_latency.plot_ttft(ttft_rows, max_len)
@@ -502,8 +501,9 @@ def _(maker, predict_ttft_600_ms, prompt_latency, session, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **2.** Three users at once, each with a **300-token** prompt and 64 output tokens: what
-    peak share (%) of this engine's KV cache will the usage gauge show? (Blocks, not tokens.)
+    **2.** Three users at once, each with a **300-token** prompt and as many output tokens as
+    in section 1 (`kv_out_tokens`): what peak share (%) of this engine's KV cache will the
+    usage gauge show? (Blocks, not tokens.)
     """)
     return
 
@@ -526,7 +526,7 @@ def _(
 ):
     exercise_users = kv_usage.users_sweep(session, kv, maker, [3], 300, kv_out_tokens)
     ui.compare(predict_three_users_pct, exercise_users[0]["measured usage (%)"],
-               "peak KV usage, 3 users x (300 + 64) tokens", "%")
+               f"peak KV usage, 3 users x (300 + {kv_out_tokens}) tokens", "%")
     return
 
 

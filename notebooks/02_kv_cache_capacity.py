@@ -201,10 +201,11 @@ def _():
 
 
 @app.cell
-def _(check, predict_engine_blocks, ui):
+def _(check, predict_engine_blocks, session, ui):
     (ui.compare(predict_engine_blocks, check["engine_blocks"], "KV blocks the engine made", "blocks")
      if check["engine_blocks"] is not None else
-     ui.md("This server publishes no block count (not a vLLM engine?): nothing to compare with."))
+     ui.md(f"This {session.engine_name} server publishes no block count (vLLM's "
+           "`vllm:cache_config_info`): nothing to compare with."))
     return
 
 
@@ -215,7 +216,7 @@ def _(check, ui):
 
 
 @app.cell
-def _(check, kvcache, served_config_from, ui):
+def _(check, kvcache, served_config_from, session, ui):
     if check.get("kv_memory_bytes") is not None:
         check_text = (
             f"The engine was given **{kvcache.human_bytes(check['kv_memory_bytes'])}** for the KV "
@@ -234,8 +235,9 @@ def _(check, kvcache, served_config_from, ui):
             f"{check['block_size']} tokens, which at {check['our_bytes_per_token']:,.0f} bytes per "
             f"token is {kvcache.human_bytes(check['implied_kv_memory_bytes'])} of KV cache.")
     else:
-        check_text = ("This server publishes no `vllm:cache_config_info` (not a vLLM engine?), so "
-                      "there is no engine figure to check against.")
+        check_text = (f"This {session.engine_name} server publishes no block count of its own "
+                      "(vLLM's `vllm:cache_config_info`), so there is no engine figure to check "
+                      "against.")
     ui.md(check_text)
     return
 

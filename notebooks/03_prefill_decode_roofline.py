@@ -105,6 +105,7 @@ def _(mo):
 
 @app.cell
 def _(session):
+    from reference_server import dtypes
     from workshop import capacity, kvcache, roofline, roofline_measure, roofline_plots, ui
     from workshop.session import sweep
 
@@ -125,6 +126,7 @@ def _(session):
     )
     return (
         capacity,
+        dtypes,
         kvcache,
         machine,
         roofline,
@@ -176,21 +178,26 @@ def _(mo):
 
 
 @app.cell
-def _(kvcache, machine, roofline, session, ui):
+def _(dtypes, kvcache, machine, roofline, session, ui):
     model_path = str(session.info.get("model_path") or session.model)
     # The served model's own config.json and weight count when its folder is on this machine.
     model_cfg = kvcache.served_model_config(model_path, name=session.model)
-    served_dtype = str(session.info.get("dtype", "bfloat16")).replace("torch.", "")
-    weight_bytes = kvcache.weight_bytes(model_cfg, "bf16")
-    bound_b1 = roofline.decode_bound_tokens_per_s(model_cfg, machine, batch=1, context=128)
+    # The dtype the server computes in ("auto": the checkpoint's own): weights and KV are read in it.
+    served_dtype = dtypes.canonical(str(session.info.get("dtype") or "auto").replace("torch.", ""),
+                                    model_cfg.torch_dtype, "bfloat16")
+    weight_bytes = kvcache.weight_bytes(model_cfg, served_dtype)
+    bound_b1 = roofline.decode_bound_tokens_per_s(model_cfg, machine, batch=1, context=128,
+                                                  weight_dtype=served_dtype)
+    _dt = (served_dtype, served_dtype)     # weights and KV cache
     ui.table([{"phase": ph, "tokens per weight read": n,
                "intensity (FLOP/byte)": round(i, 1),
                "bound on this machine": ("memory" if i < machine.ridge else "compute")}
               for ph, n, i in (
-                  ("decode, batch 1", 1, roofline.decode_intensity(model_cfg, 1, 128)),
-                  ("decode, batch 8", 8, roofline.decode_intensity(model_cfg, 8, 128)),
-                  ("decode, batch 64", 64, roofline.decode_intensity(model_cfg, 64, 128)),
-                  ("prefill, 512-token prompt", 512, roofline.prefill_intensity(model_cfg, 512)))])
+                  ("decode, batch 1", 1, roofline.decode_intensity(model_cfg, 1, 128, *_dt)),
+                  ("decode, batch 8", 8, roofline.decode_intensity(model_cfg, 8, 128, *_dt)),
+                  ("decode, batch 64", 64, roofline.decode_intensity(model_cfg, 64, 128, *_dt)),
+                  ("prefill, 512-token prompt", 512,
+                   roofline.prefill_intensity(model_cfg, 512, *_dt)))])
     return bound_b1, model_cfg, model_path, served_dtype, weight_bytes
 
 
@@ -209,14 +216,15 @@ def _(mo):
 
 
 @app.cell
-def _(model_path, roofline_measure, session, sweep, ui):
+def _(model_path, roofline_measure, served_dtype, session, sweep, ui):
     import torch
     from transformers import AutoModelForCausalLM
     from reference_server.models import resolve_model
 
     # The served folder when it is local; a hub id (Colab on a GPU) downloads the same weights.
+    # In the dtype the server computes in (float32 where the CPU would emulate bf16).
     _hf_model = AutoModelForCausalLM.from_pretrained(
-        resolve_model(model_path).path, dtype=torch.bfloat16).eval()
+        resolve_model(model_path).path, dtype=getattr(torch, served_dtype)).eval()
     if str(session.info.get("device", "cpu")).startswith("cuda"):
         _hf_model = _hf_model.cuda()             # time it where the server runs
     weights_stream_s = roofline_measure.time_weight_stream(_hf_model, repeats=sweep(5, 3))
@@ -279,12 +287,12 @@ def _(mo):
 
 @app.cell
 def _(roofline_measure, session, sweep, ui):
-    decode_batches = sweep([1, 2, 4, 8, 16, 32, 64], [1, 4, 16])
-    decode_input, decode_output = 128, sweep(64, 24)
+    decode_batches = sweep([1, 2, 4, 8, 16, 32, 64], [1, 2, 4])
+    decode_input, decode_output = 128, sweep(64, 16)
     serve_decode_rows = [roofline_measure.serve_decode(session, _b, decode_input, decode_output)
                          for _b in ui.progress(decode_batches, title="decode sweep")]
-    prefill_lengths = sweep([128, 512, 1024, 1536], [256, 1024])
-    serve_prefill_rows = [roofline_measure.serve_prefill(session, _t, repeats=sweep(3, 2))
+    prefill_lengths = sweep([128, 512, 1024, 1536], [128, 512])
+    serve_prefill_rows = [roofline_measure.serve_prefill(session, _t, repeats=sweep(3, 1))
                           for _t in ui.progress(prefill_lengths, title="prefill sweep")]
     ui.table(serve_decode_rows)
     return decode_input, decode_output, serve_decode_rows, serve_prefill_rows
@@ -304,12 +312,15 @@ def _(
     roofline_plots,
     serve_decode_rows,
     serve_prefill_rows,
+    served_dtype,
     session,
 ):
     measured_points = (
-        [roofline.decode_point(model_cfg, r["batch"], r["context"], r["tok/s total"])
+        [roofline.decode_point(model_cfg, r["batch"], r["context"], r["tok/s total"],
+                               weight_dtype=served_dtype)
          for r in serve_decode_rows]
-        + [roofline.prefill_point(model_cfg, r["prompt tokens"], r["prefill tok/s"])
+        + [roofline.prefill_point(model_cfg, r["prompt tokens"], r["prefill tok/s"],
+                                  weight_dtype=served_dtype)
            for r in serve_prefill_rows])
     roofline_plots.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
                                    [machine], {machine.name: measured_points}, (0.3, 3000))
@@ -348,11 +359,20 @@ def _(machine, measured_points, roofline, served_dtype, ui):
 
 
 @app.cell
-def _(machine, model_cfg, roofline, serve_decode_rows, serve_prefill_rows, ui):
+def _(
+    machine,
+    model_cfg,
+    roofline,
+    serve_decode_rows,
+    serve_prefill_rows,
+    served_dtype,
+    ui,
+):
     _b1 = serve_decode_rows[0]
     _bmax = serve_decode_rows[-1]
     _best_prefill = max(serve_prefill_rows, key=lambda r: r["prefill tok/s"])
-    _b1_bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1, _b1["context"])
+    _b1_bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1, _b1["context"],
+                                                   weight_dtype=served_dtype)
     ui.md(
         f"**Batch 1** decoded at {_b1['tok/s total']:,.1f} tokens/s; the bandwidth bound "
         f"(weights / bandwidth) is {_b1_bound:,.0f} tokens/s, so the engine reached "
@@ -381,10 +401,20 @@ def _(mo):
 
 
 @app.cell
-def _(machine, model_cfg, points_above_roof, roofline, serve_decode_rows, ui):
-    _frac = serve_decode_rows[0]["tok/s total"] / roofline.decode_bound_tokens_per_s(
-        model_cfg, machine, 1, serve_decode_rows[0]["context"])
-    _weights_ms = 1e3 / roofline.decode_bound_tokens_per_s(model_cfg, machine, 1, serve_decode_rows[0]["context"])
+def _(
+    machine,
+    model_cfg,
+    points_above_roof,
+    roofline,
+    serve_decode_rows,
+    served_dtype,
+    ui,
+):
+    _bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1,
+                                                serve_decode_rows[0]["context"],
+                                                weight_dtype=served_dtype)
+    _frac = serve_decode_rows[0]["tok/s total"] / _bound
+    _weights_ms = 1e3 / _bound
     ui.md(
         f"Batch-1 decode through the server reached **{_frac:.0%}** of the bandwidth bound; streaming "
         f"the weights and KV once takes {_weights_ms:.1f} ms at the measured bandwidth, and a served "
@@ -530,8 +560,8 @@ def _():
 
 
 @app.cell
-def _(predict_ttft_768_ms, roofline_measure, session, ui):
-    exercise_prefill = roofline_measure.serve_prefill(session, 768, repeats=2)
+def _(predict_ttft_768_ms, roofline_measure, session, sweep, ui):
+    exercise_prefill = roofline_measure.serve_prefill(session, 768, repeats=sweep(2, 1))
     ui.compare(predict_ttft_768_ms, exercise_prefill["TTFT ms (median)"],
                "time to first token, 768-token prompt", "ms")
     return

@@ -120,10 +120,9 @@ ui.md(kv_check_text + f" Capacity: {kv.capacity_tokens:,} tokens in blocks of "
 # %%
 maker = live_requests.PromptMaker(session.model, session.info.get("model_path"))
 max_len = int(session.info.get("max_model_len") or 2048)
-kv_out_tokens = 64
+kv_out_tokens = workshop.session.sweep(64, 32)
 context_lengths = workshop.session.sweep(
-    [64, 256, 512, 1024, 1536, max_len - kv_out_tokens - 8],
-    [128, 1024, max_len - kv_out_tokens - 8])
+    [64, 256, 512, 1024, 1536, max_len - kv_out_tokens - 8], [128, 384, 768])
 context_rows = kv_usage.context_sweep(session, kv, maker, context_lengths, kv_out_tokens,
                                       progress=ui.progress)
 ui.table(context_rows)
@@ -172,12 +171,12 @@ ui.md(
 # *Moving the slider re-runs the sweep below (it takes a little while).*
 
 # %%
-user_prompt_tokens = ui.slider(64, max_len - 128, value=workshop.session.sweep(1024, 256),
+user_prompt_tokens = ui.slider(64, max_len - 128, value=workshop.session.sweep(1024, 128),
                                step=64, label="prompt tokens per user")
 user_prompt_tokens
 
 # %%
-user_counts = workshop.session.sweep([1, 4, 16, 32, 48], [1, 4, 8])
+user_counts = workshop.session.sweep([1, 4, 16, 32, 48], [1, 2, 4])
 users_rows = kv_usage.users_sweep(session, kv, maker, user_counts, user_prompt_tokens.value,
                                   kv_out_tokens, progress=ui.progress)
 ui.table(users_rows)
@@ -229,7 +228,7 @@ ui.md(
 
 # %%
 ttft_lengths = workshop.session.sweep(
-    [32, 128, 256, 512, 768, 1024, 1536, max_len - 8], [128, 1024, max_len - 8])
+    [32, 128, 256, 512, 768, 1024, 1536, max_len - 8], [64, 256, 512])
 ttft_rows = prompt_latency.ttft_sweep(session, maker, ttft_lengths,
                                       repeats=workshop.session.sweep(2, 1), progress=ui.progress)
 ttft_plot = prompt_latency.plot_ttft(ttft_rows, max_len)
@@ -335,8 +334,9 @@ exercise_ttft = prompt_latency.ttft_sweep(session, maker, [600])
 ui.compare(predict_ttft_600_ms, exercise_ttft[0]["TTFT (ms)"], "TTFT of a 600-token prompt", "ms")
 
 # %% [markdown]
-# **2.** Three users at once, each with a **300-token** prompt and 64 output tokens: what
-# peak share (%) of this engine's KV cache will the usage gauge show? (Blocks, not tokens.)
+# **2.** Three users at once, each with a **300-token** prompt and as many output tokens as
+# in section 1 (`kv_out_tokens`): what peak share (%) of this engine's KV cache will the
+# usage gauge show? (Blocks, not tokens.)
 
 # %%
 predict_three_users_pct = None   # your prediction in percent
@@ -344,7 +344,7 @@ predict_three_users_pct = None   # your prediction in percent
 # %%
 exercise_users = kv_usage.users_sweep(session, kv, maker, [3], 300, kv_out_tokens)
 ui.compare(predict_three_users_pct, exercise_users[0]["measured usage (%)"],
-           "peak KV usage, 3 users x (300 + 64) tokens", "%")
+           f"peak KV usage, 3 users x (300 + {kv_out_tokens}) tokens", "%")
 
 # %% [markdown]
 # ## What the real engines do

@@ -140,7 +140,8 @@ predict_engine_blocks = None   # your prediction: a number of blocks
 # %%
 (ui.compare(predict_engine_blocks, check["engine_blocks"], "KV blocks the engine made", "blocks")
  if check["engine_blocks"] is not None else
- ui.md("This server publishes no block count (not a vLLM engine?): nothing to compare with."))
+ ui.md(f"This {session.engine_name} server publishes no block count (vLLM's "
+       "`vllm:cache_config_info`): nothing to compare with."))
 
 # %%
 ui.table([{k: v for k, v in check.items()}])
@@ -164,8 +165,9 @@ elif check.get("engine_blocks") is not None:
         f"{check['block_size']} tokens, which at {check['our_bytes_per_token']:,.0f} bytes per "
         f"token is {kvcache.human_bytes(check['implied_kv_memory_bytes'])} of KV cache.")
 else:
-    check_text = ("This server publishes no `vllm:cache_config_info` (not a vLLM engine?), so "
-                  "there is no engine figure to check against.")
+    check_text = (f"This {session.engine_name} server publishes no block count of its own "
+                  "(vLLM's `vllm:cache_config_info`), so there is no engine figure to check "
+                  "against.")
 ui.md(check_text)
 
 # %% [markdown]

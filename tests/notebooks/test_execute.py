@@ -1,4 +1,4 @@
-"""Execute every notebook end to end, in both formats, in quick mode, against real servers.
+"""Execute the notebooks end to end, in quick mode, against real servers.
 
 * Jupyter: the generated ``.ipynb`` runs in a fresh kernel through nbclient (working
   directory ``notebooks/``, as when a learner opens it there).
@@ -14,12 +14,13 @@ writes them from one source and refuses what one format cannot run), and ``marim
 execution in marimo shows is its kernel at work: cells in dependency order, UI elements and
 progress bars through ``workshop.ui``. So by default marimo executes the notebooks that are
 quick to run (``MARIMO_NAMES``), which keeps the suite within its time budget on a 2-core
-machine; ``WORKSHOP_NOTEBOOK_FORMATS=all`` executes every notebook in both formats (before a
-release, or after changing ``workshop.ui`` or the sync script).
+machine; ``WORKSHOP_NOTEBOOK_MATRIX=full`` executes every notebook in both formats, and notebook
+1 on SGLang too (before a release, or after changing ``workshop.ui``, the sync script or
+``workshop.session``'s engine choice).
 
-Notebooks 0 and 1 also run against the session's SGLang server (``WORKSHOP_ENGINE=sglang``,
-its URL in ``WORKSHOP_SGLANG_BASE_URL``; notebook 1's baseline is still the hf server). Those
-runs come first in this file: the fleet stops each engine's server after the last test that
+Notebook 0 also runs against the session's SGLang server (``WORKSHOP_ENGINE=sglang``, its URL
+in ``WORKSHOP_SGLANG_BASE_URL``), and notebook 1 in the full matrix (its baseline is still the
+hf server). Those runs come first in this file: the fleet stops each engine's server after the last test that
 uses it (tests/conftest.py), so SGLang is gone before the other notebooks run.
 """
 
@@ -49,16 +50,16 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(TIMEOUT_S + 120)]
 # 2-core CPU), which between them use every kind of UI element and progress bar.
 MARIMO_NAMES = ["00_setup_first_request", "02_kv_cache_capacity", "06_flash_attention",
                 "11_decision_chart", "12_shared_queue", "13_cold_starts"]
-if os.environ.get("WORKSHOP_NOTEBOOK_FORMATS", "").strip().lower() == "all":
+FULL_MATRIX = os.environ.get("WORKSHOP_NOTEBOOK_MATRIX", "").strip().lower() == "full"
+if FULL_MATRIX:
     MARIMO_NAMES = NAMES
 
-# Notebooks run against SGLang too (issue 13); the rest need what only vLLM or the teaching
-# engine offers, or cost more CI time than they would add.
-SGLANG_NAMES = ["00_setup_first_request", "01_pain_points"]
-# Both formats run the same cells, and the marimo runs against vLLM already check that format:
-# against SGLang, which is slow on a 2-core AVX2 CPU, one marimo run shows the first cell
-# takes WORKSHOP_ENGINE there too.
-SGLANG_MARIMO_NAMES = SGLANG_NAMES[:1]
+# Notebooks that run against SGLang too (issue 13). Notebook 1 (a dozen minutes on SGLang on a
+# 2-core AVX2 CPU, where SGLang decodes several times slower than vLLM) only in the full
+# matrix; the rest need what only vLLM or the teaching engine offers.
+SGLANG_NAMES = ["00_setup_first_request"] + (["01_pain_points"] if FULL_MATRIX else [])
+# One marimo run shows the first cell takes WORKSHOP_ENGINE in that format too.
+SGLANG_MARIMO_NAMES = ["00_setup_first_request"]
 
 
 def notebook_env(server, hf_server) -> dict[str, str]:
