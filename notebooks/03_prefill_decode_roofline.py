@@ -185,10 +185,11 @@ def _(dtypes, kvcache, machine, roofline, session, ui):
     # The dtype the server computes in ("auto": the checkpoint's own): weights and KV are read in it.
     served_dtype = dtypes.canonical(str(session.info.get("dtype") or "auto").replace("torch.", ""),
                                     model_cfg.torch_dtype, "bfloat16")
-    weight_bytes = kvcache.weight_bytes(model_cfg, served_dtype)
+    served_short = dtypes.lookup(served_dtype).short      # the weight tables' key: "bf16", "fp32"
+    weight_bytes = kvcache.weight_bytes(model_cfg, served_short)
     bound_b1 = roofline.decode_bound_tokens_per_s(model_cfg, machine, batch=1, context=128,
-                                                  weight_dtype=served_dtype)
-    _dt = (served_dtype, served_dtype)     # weights and KV cache
+                                                  weight_dtype=served_short)
+    _dt = (served_short, served_short)     # weights and KV cache
     ui.table([{"phase": ph, "tokens per weight read": n,
                "intensity (FLOP/byte)": round(i, 1),
                "bound on this machine": ("memory" if i < machine.ridge else "compute")}
@@ -198,7 +199,14 @@ def _(dtypes, kvcache, machine, roofline, session, ui):
                   ("decode, batch 64", 64, roofline.decode_intensity(model_cfg, 64, 128, *_dt)),
                   ("prefill, 512-token prompt", 512,
                    roofline.prefill_intensity(model_cfg, 512, *_dt)))])
-    return bound_b1, model_cfg, model_path, served_dtype, weight_bytes
+    return (
+        bound_b1,
+        model_cfg,
+        model_path,
+        served_dtype,
+        served_short,
+        weight_bytes,
+    )
 
 
 @app.cell(hide_code=True)
@@ -312,15 +320,15 @@ def _(
     roofline_plots,
     serve_decode_rows,
     serve_prefill_rows,
-    served_dtype,
+    served_short,
     session,
 ):
     measured_points = (
         [roofline.decode_point(model_cfg, r["batch"], r["context"], r["tok/s total"],
-                               weight_dtype=served_dtype)
+                               weight_dtype=served_short)
          for r in serve_decode_rows]
         + [roofline.prefill_point(model_cfg, r["prompt tokens"], r["prefill tok/s"],
-                                  weight_dtype=served_dtype)
+                                  weight_dtype=served_short)
            for r in serve_prefill_rows])
     roofline_plots.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
                                    [machine], {machine.name: measured_points}, (0.3, 3000))
@@ -365,14 +373,14 @@ def _(
     roofline,
     serve_decode_rows,
     serve_prefill_rows,
-    served_dtype,
+    served_short,
     ui,
 ):
     _b1 = serve_decode_rows[0]
     _bmax = serve_decode_rows[-1]
     _best_prefill = max(serve_prefill_rows, key=lambda r: r["prefill tok/s"])
     _b1_bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1, _b1["context"],
-                                                   weight_dtype=served_dtype)
+                                                   weight_dtype=served_short)
     ui.md(
         f"**Batch 1** decoded at {_b1['tok/s total']:,.1f} tokens/s; the bandwidth bound "
         f"(weights / bandwidth) is {_b1_bound:,.0f} tokens/s, so the engine reached "
@@ -407,12 +415,12 @@ def _(
     points_above_roof,
     roofline,
     serve_decode_rows,
-    served_dtype,
+    served_short,
     ui,
 ):
     _bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1,
                                                 serve_decode_rows[0]["context"],
-                                                weight_dtype=served_dtype)
+                                                weight_dtype=served_short)
     _frac = serve_decode_rows[0]["tok/s total"] / _bound
     _weights_ms = 1e3 / _bound
     ui.md(

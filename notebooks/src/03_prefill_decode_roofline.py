@@ -117,10 +117,11 @@ model_cfg = kvcache.served_model_config(model_path, name=session.model)
 # The dtype the server computes in ("auto": the checkpoint's own): weights and KV are read in it.
 served_dtype = dtypes.canonical(str(session.info.get("dtype") or "auto").replace("torch.", ""),
                                 model_cfg.torch_dtype, "bfloat16")
-weight_bytes = kvcache.weight_bytes(model_cfg, served_dtype)
+served_short = dtypes.lookup(served_dtype).short      # the weight tables' key: "bf16", "fp32"
+weight_bytes = kvcache.weight_bytes(model_cfg, served_short)
 bound_b1 = roofline.decode_bound_tokens_per_s(model_cfg, machine, batch=1, context=128,
-                                              weight_dtype=served_dtype)
-_dt = (served_dtype, served_dtype)     # weights and KV cache
+                                              weight_dtype=served_short)
+_dt = (served_short, served_short)     # weights and KV cache
 ui.table([{"phase": ph, "tokens per weight read": n,
            "intensity (FLOP/byte)": round(i, 1),
            "bound on this machine": ("memory" if i < machine.ridge else "compute")}
@@ -206,10 +207,10 @@ ui.table(serve_prefill_rows)
 # %%
 measured_points = (
     [roofline.decode_point(model_cfg, r["batch"], r["context"], r["tok/s total"],
-                           weight_dtype=served_dtype)
+                           weight_dtype=served_short)
      for r in serve_decode_rows]
     + [roofline.prefill_point(model_cfg, r["prompt tokens"], r["prefill tok/s"],
-                              weight_dtype=served_dtype)
+                              weight_dtype=served_short)
        for r in serve_prefill_rows])
 roofline_plots.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
                                [machine], {machine.name: measured_points}, (0.3, 3000))
@@ -242,7 +243,7 @@ _b1 = serve_decode_rows[0]
 _bmax = serve_decode_rows[-1]
 _best_prefill = max(serve_prefill_rows, key=lambda r: r["prefill tok/s"])
 _b1_bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1, _b1["context"],
-                                               weight_dtype=served_dtype)
+                                               weight_dtype=served_short)
 ui.md(
     f"**Batch 1** decoded at {_b1['tok/s total']:,.1f} tokens/s; the bandwidth bound "
     f"(weights / bandwidth) is {_b1_bound:,.0f} tokens/s, so the engine reached "
@@ -266,7 +267,7 @@ ui.md(
 # %%
 _bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1,
                                             serve_decode_rows[0]["context"],
-                                            weight_dtype=served_dtype)
+                                            weight_dtype=served_short)
 _frac = serve_decode_rows[0]["tok/s total"] / _bound
 _weights_ms = 1e3 / _bound
 ui.md(
