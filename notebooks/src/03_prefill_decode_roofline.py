@@ -154,7 +154,7 @@ if str(session.info.get("device", "cpu")).startswith("cuda"):
     _hf_model = _hf_model.cuda()             # time it where the server runs
 weights_stream_s = roofline_measure.time_weight_stream(_hf_model, repeats=sweep(5, 3))
 leaf_modules = sum(1 for _m in _hf_model.modules() if not list(_m.children()))
-decode_contexts = sweep([64, 256, 512, 1024, 2048], [64, 512])
+decode_contexts = sweep([64, 256, 512, 1024, 2048], [64, 256])
 decode_rows = []
 for _ctx in ui.progress(decode_contexts, title="timing decode steps"):
     _cached = roofline_measure.time_decode_step(_hf_model, _ctx, use_cache=True,
