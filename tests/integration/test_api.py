@@ -32,8 +32,8 @@ def test_server_info_describes_engine(server):
     assert info["engine"] == server.engine
     assert info["model"] == server.model
     assert info["max_model_len"] == 2048
-    # 2 (K,V) x 30 layers x 3 KV heads x 64 dims x 2 bytes (bf16; mini computes in fp32 on
-    # CPUs without native bf16); "auto" is the checkpoint's bf16
+    # 2 (K,V) x 30 layers x 3 KV heads x 64 dims x the served dtype's bytes (bf16, or fp32 on
+    # CPUs without native bf16: dtypes.cpu_compute_dtype); "auto" is the checkpoint's bf16
     assert info["kv_bytes_per_token"] == 2 * 30 * 3 * 64 * dtypes.bytes_per_element(
         info["dtype"], "bfloat16")
     assert info["kv_capacity_tokens"] >= 2048
