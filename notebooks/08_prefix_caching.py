@@ -282,7 +282,7 @@ def _(mo):
 
 @app.cell
 def _(ui, workshop):
-    prefix_len = ui.slider(64, 1536, workshop.session.sweep(512, 384), 64,
+    prefix_len = ui.slider(64, 1536, workshop.session.sweep(512, 128), 64,
                            "shared system prompt (tokens)")
     prefix_len
     return (prefix_len,)
@@ -321,10 +321,12 @@ def _(agent_branches, prefix_caching, prefix_groups, prefix_len, workshop):
     print("\n\n".join(f"[{k}] {s.describe()}" for k, s in mini.items()))
 
     mini_tok = Tokenizer.load(mini_info["model"], mini_info.get("model_path"))
-    shared_args = dict(num_requests=workshop.session.sweep(16, 6), num_groups=prefix_groups.value,
-                       system_prompt_len=prefix_len.value, question_len=32,
+    shared_args = dict(num_requests=workshop.session.sweep(16, 4), num_groups=prefix_groups.value,
+                       system_prompt_len=prefix_len.value, question_len=workshop.session.sweep(32, 16),
                        output_len=workshop.session.sweep(16, 4))
-    agent_args = dict(num_sessions=1, system_prompt_len=prefix_len.value,
+    # Quick mode (CI, 2 slow cores) keeps one of the agent's five tool schemas: its system prompt
+    # is then about 220 tokens instead of 630, and each request without a cache costs a third.
+    agent_args = dict(num_sessions=1, system_prompt_len=prefix_len.value, num_tools=workshop.session.sweep(None, 1),
                       main_turns=workshop.session.sweep(3, 1), fork_at=(0,),
                       branches=agent_branches.value, branch_turns=workshop.session.sweep(1, 0),
                       turn_output=workshop.session.sweep((16, 32), (4, 8)),
@@ -666,9 +668,9 @@ def _(mo):
     (`POST /reset_prefix_cache`, which the reference server passes on to vLLM's own reset and
     to SGLang's `/flush_cache`) before **every** request: then no request can find another's
     blocks, which is what "off" means for TTFT. The reset itself happens before each request's
-    clock starts. We send the same shared-prefix requests, one at a time, both ways. An engine
-    without a prefix cache (the Hugging Face baseline) has nothing to turn off: there this
-    section says so and skips.
+    clock starts. We send the same shared-prefix requests (quick mode: those of the first group),
+    one at a time, both ways. An engine without a prefix cache (the Hugging Face baseline) has
+    nothing to turn off: there this section says so and skips.
 
     The engine's block size is read from `/server_info` (vLLM's CPU backend uses larger blocks
     than the GPU default of 16; SGLang's default page is one token), and hits are whole blocks,
@@ -678,10 +680,25 @@ def _(mo):
 
 
 @app.cell
-def _(session, shared_prefix_tokens, shared_wl, ui):
+def _(
+    session,
+    shared_groups: dict[str, list],
+    shared_prefix_tokens,
+    shared_tokens,
+    shared_wl,
+    statistics,
+    ui,
+    workshop,
+):
     server_name = session.engine_name
     server_block = session.info.get("block_size")
-    server_requests = [s.request for s in shared_wl.sessions]
+    # Quick mode (CI) sends the first group's requests only: on its 2 CPU cores vLLM takes about
+    # 10 s to prefill a prompt longer than one of its 128-token blocks, and a hit needs one.
+    _server_tags = list(dict.fromkeys(_s.request.tag for _s in shared_wl.sessions))[:workshop.session.sweep(None, 1)]
+    _server_idx = [i for i, _s in enumerate(shared_wl.sessions) if _s.request.tag in _server_tags]
+    server_requests = [shared_wl.sessions[i].request for i in _server_idx]
+    server_groups = len(_server_tags)
+    server_mean_prompt = statistics.mean(len(shared_tokens[i][0]) for i in _server_idx)
     server_has_cache = bool(session.info.get("prefix_caching"))
     _why_not = (session.info.get("extra") or {}).get("prefix_cache_note")
     ui.md(f"The course's server: **{server_name} {session.info.get('engine_version', '')}**, "
@@ -690,11 +707,21 @@ def _(session, shared_prefix_tokens, shared_wl, ui):
           + ("." if server_has_cache else
              f": this section needs a prefix cache, so it is skipped on this server"
              + (f" ({_why_not})" if _why_not else "") + ".")
-          + (f" The {len(server_requests)} requests share {shared_prefix_tokens} tokens per group: "
+          + (f" The {len(server_requests)} requests"
+             + (f" (those of {server_groups} of the {len(shared_groups)} groups, quick mode)"
+                if server_groups < len(shared_groups) else "")
+             + f" share {shared_prefix_tokens} tokens per group: "
              + (f"{shared_prefix_tokens // server_block} whole block(s) of {server_block}, "
                 f"{shared_prefix_tokens // server_block * server_block} tokens reusable per hit."
                 if server_block else "block size unknown.") if server_has_cache else ""))
-    return server_block, server_has_cache, server_name, server_requests
+    return (
+        server_block,
+        server_groups,
+        server_has_cache,
+        server_mean_prompt,
+        server_name,
+        server_requests,
+    )
 
 
 @app.cell(hide_code=True)
@@ -770,24 +797,28 @@ def _(prefix_caching, server_name, server_runs, ui):
 
 @app.cell
 def _(
-    formula_hit_rate,
-    mean_prompt_tokens,
     mini_info,
     server_block,
+    server_groups,
     server_hit_requests,
     server_leaked,
+    server_mean_prompt,
     server_requests,
     server_rows,
     server_ttft_ratio,
-    shared_groups: dict[str, list],
     shared_prefix_tokens,
     ui,
 ):
     if server_rows:
         _on = server_rows[1]
         _reusable = shared_prefix_tokens // server_block * server_block if server_block else 0
-        _server_formula = ((len(server_requests) - len(shared_groups)) * _reusable
-                           / (len(server_requests) * mean_prompt_tokens)) if server_block else None
+
+        def _formula(bs):
+            """Section 2's formula, on the requests sent here, with blocks of ``bs`` tokens."""
+            return ((len(server_requests) - server_groups) * (shared_prefix_tokens // bs * bs)
+                    / (len(server_requests) * server_mean_prompt))
+
+        _server_formula = _formula(server_block) if server_block else None
         _other_traffic = (_on["hit rate (/metrics)"] is not None and _on["hit rate (usage)"] is not None
                           and abs(_on["hit rate (/metrics)"] - _on["hit rate (usage)"]) > 0.02)
         _parts = [f"With the cache on, the replies' own `usage` (`prompt_tokens_details.cached_tokens`) "
@@ -799,10 +830,10 @@ def _(
             _parts.append(
                 f"Section 2's formula with the server's {server_block}-token blocks predicts "
                 f"**{_server_formula:.3f}**; with the teaching engine's {mini_info['block_size']}-token "
-                f"blocks it gave {formula_hit_rate:.3f}"
+                f"blocks it gives {_formula(mini_info['block_size']):.3f}"
                 + (": the shared prefix rounds down to the same number of tokens with both block "
                    "sizes here (try a prefix length that is not a multiple of 128)."
-                   if abs(_server_formula - formula_hit_rate) < 1e-9 else
+                   if abs(_server_formula - _formula(mini_info["block_size"])) < 1e-9 else
                    f": the server's larger blocks leave more of each shared prefix to recompute "
                    f"({shared_prefix_tokens - _reusable} of {shared_prefix_tokens} tokens here)."
                    if server_block > mini_info["block_size"] else
@@ -828,7 +859,7 @@ def _(
             if server_block:
                 _parts.append(
                     f"The share of the prompt skipped bounds the gain: if TTFT were all prefill, a "
-                    f"request that hits would take about {1 - _reusable / mean_prompt_tokens:.2f}x.")
+                    f"request that hits would take about {1 - _reusable / server_mean_prompt:.2f}x.")
         else:
             _parts.append("No request hit with the cache on and missed with it off, so there is no "
                           "TTFT comparison in this run (is the shared prefix shorter than one block?).")
