@@ -176,8 +176,8 @@ ui.md("```text\n" + prefix_caching.radix_text(demo_tree.dump(), demo_block.value
 #   (branches) that inherit that history, then merges their reports.
 #
 # Sessions go one at a time (a closed loop of 1), so the shared-prefix workload's hit rate
-# depends only on the order of its requests; the agent's sub-agents send their requests at
-# the same moment, so there timing plays a part too. The controls set the workloads' shape (in Jupyter, re-run
+# depends only on the order of its requests; two or more sub-agents send their requests at
+# the same moment, so there timing plays a part too (quick mode forks one). The controls set the workloads' shape (in Jupyter, re-run
 # the cells from the one that starts the servers on after moving one; marimo re-runs them).
 # That cell starts the three servers side by side and builds the workloads; the servers are
 # stopped once this section is done, and started again by the next re-run.
@@ -193,7 +193,7 @@ prefix_groups = ui.slider(1, 8, workshop.session.sweep(4, 2), 1,
 prefix_groups
 
 # %%
-agent_branches = ui.slider(1, 6, 2, 1, "sub-agents forked by the agent (branches)")
+agent_branches = ui.slider(1, 6, workshop.session.sweep(2, 1), 1, "sub-agents forked by the agent (branches)")
 agent_branches
 
 # %%
@@ -217,13 +217,13 @@ shared_args = dict(num_requests=workshop.session.sweep(16, 4), num_groups=prefix
                    system_prompt_len=prefix_len.value, question_len=workshop.session.sweep(32, 16),
                    output_len=workshop.session.sweep(16, 4))
 # Quick mode (CI, 2 slow cores) keeps one of the agent's five tool schemas: its system prompt
-# is then about 220 tokens instead of 630, and each request without a cache costs a third.
+# is then about 220 tokens instead of 630, and a request without a cache costs about half.
 agent_args = dict(num_sessions=1, system_prompt_len=prefix_len.value, num_tools=workshop.session.sweep(None, 1),
                   main_turns=workshop.session.sweep(3, 1), fork_at=(0,),
                   branches=agent_branches.value, branch_turns=workshop.session.sweep(1, 0),
                   turn_output=workshop.session.sweep((16, 32), (4, 8)),
-                  tool_result_len=(20, 40), summary_output=workshop.session.sweep(24, 8),
-                  final_output=workshop.session.sweep(24, 8))
+                  tool_result_len=(20, 40), summary_output=workshop.session.sweep(24, 4),
+                  final_output=workshop.session.sweep(24, 4))
 shared_wl = shared_prefix_workload(mini_tok, **shared_args)
 shared_tokens = prefix_caching.workload_tokens(shared_wl)
 
