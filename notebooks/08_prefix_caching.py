@@ -414,7 +414,7 @@ def _(agent_args, mini, predict_hit_rate, prefix_caching, shared_args, ui):
     measured_hit_rate = next(r["hit rate (/metrics)"] for r in kinds_rows
                              if r["cache"] == "hash" and r["workload"] == "shared-prefix")
     ui.compare(predict_hit_rate, measured_hit_rate, "hash-cache hit rate, shared-prefix workload")
-    return kinds_rows, measured_hit_rate
+    return kinds_raw, kinds_rows, measured_hit_rate
 
 
 @app.cell
@@ -440,7 +440,14 @@ def _(kinds_rows, prefix_caching):
 
 
 @app.cell
-def _(formula_hit_rate, kinds_rows, measured_hit_rate, ui):
+def _(
+    agent_branches,
+    formula_hit_rate,
+    kinds_raw,
+    kinds_rows,
+    measured_hit_rate,
+    ui,
+):
     _row = {(r["cache"], r["workload"]): r for r in kinds_rows}
     _w_sp, _w_ag = "shared-prefix", "agentic"
     _none_sp, _hash_sp, _radix_sp = (_row[(k, _w_sp)] for k in ("none", "hash", "radix"))
@@ -451,6 +458,7 @@ def _(formula_hit_rate, kinds_rows, measured_hit_rate, ui):
     _same_sp, _same_ag = (abs(_row[("hash", w)]["hit rate (/metrics)"]
                               - _row[("radix", w)]["hit rate (/metrics)"]) < 1e-9 for w in (_w_sp, _w_ag))
     _same = _same_sp and _same_ag
+    _ag_prompt_tokens = {k: sorted(r.prompt_tokens for r in kinds_raw[(k, _w_ag)].records) for k in ("hash", "radix")}
     kinds_same_tokens, ttft_gain_shared = _same_sp, _speed_sp     # for the summary at the end
     _agree = abs(measured_hit_rate - formula_hit_rate) < 0.01
     ui.md(
@@ -474,7 +482,11 @@ def _(formula_hit_rate, kinds_rows, measured_hit_rate, ui):
            f"{_radix_sp['hit rate (/metrics)']:.3f}) and {'the same' if _same_ag else 'different'} "
            f"ones on the agentic workload ({_hash_ag['hit rate (/metrics)']:.3f} vs "
            f"{_radix_ag['hit rate (/metrics)']:.3f}). "
-           + ("" if _same_ag else
+           + ("" if _same_ag or _ag_prompt_tokens["hash"] == _ag_prompt_tokens["radix"] else
+              f"The two servers were not sent the same agentic prompts ({sum(_ag_prompt_tokens['hash'])} "
+              f"vs {sum(_ag_prompt_tokens['radix'])} prompt tokens in all): each turn resends the "
+              "replies the model wrote, and the two servers' replies differed. ")
+           + ("" if _same_ag or agent_branches.value < 2 else
               "The agent's sub-agents send their requests at the same moment, so how much of a "
               "sibling's freshly computed history one of them finds depends on which the scheduler "
               "admitted first and how far it had got, not only on the cache's design. ")

@@ -297,6 +297,7 @@ _tput_sp = _hash_sp["output tok/s"] / _none_sp["output tok/s"]
 _same_sp, _same_ag = (abs(_row[("hash", w)]["hit rate (/metrics)"]
                           - _row[("radix", w)]["hit rate (/metrics)"]) < 1e-9 for w in (_w_sp, _w_ag))
 _same = _same_sp and _same_ag
+_ag_prompt_tokens = {k: sorted(r.prompt_tokens for r in kinds_raw[(k, _w_ag)].records) for k in ("hash", "radix")}
 kinds_same_tokens, ttft_gain_shared = _same_sp, _speed_sp     # for the summary at the end
 _agree = abs(measured_hit_rate - formula_hit_rate) < 0.01
 ui.md(
@@ -320,7 +321,11 @@ ui.md(
        f"{_radix_sp['hit rate (/metrics)']:.3f}) and {'the same' if _same_ag else 'different'} "
        f"ones on the agentic workload ({_hash_ag['hit rate (/metrics)']:.3f} vs "
        f"{_radix_ag['hit rate (/metrics)']:.3f}). "
-       + ("" if _same_ag else
+       + ("" if _same_ag or _ag_prompt_tokens["hash"] == _ag_prompt_tokens["radix"] else
+          f"The two servers were not sent the same agentic prompts ({sum(_ag_prompt_tokens['hash'])} "
+          f"vs {sum(_ag_prompt_tokens['radix'])} prompt tokens in all): each turn resends the "
+          "replies the model wrote, and the two servers' replies differed. ")
+       + ("" if _same_ag or agent_branches.value < 2 else
           "The agent's sub-agents send their requests at the same moment, so how much of a "
           "sibling's freshly computed history one of them finds depends on which the scheduler "
           "admitted first and how far it had got, not only on the cache's design. ")
