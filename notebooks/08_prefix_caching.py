@@ -272,8 +272,9 @@ def _(mo):
 
     Sessions go one at a time (a closed loop of 1), so the shared-prefix workload's hit rate
     depends only on the order of its requests; two or more sub-agents send their requests at
-    the same moment, so there timing plays a part too (quick mode forks one). The controls set the workloads' shape (in Jupyter, re-run
-    the cells from the one that starts the servers on after moving one; marimo re-runs them).
+    the same moment, so there timing plays a part too (quick mode forks one). The controls set
+    the workloads' shape (in Jupyter, re-run the cells from the one that starts the servers on
+    after moving one; marimo re-runs them).
     That cell starts the three servers side by side and builds the workloads; the servers are
     stopped once this section is done, and started again by the next re-run.
     """)
@@ -326,8 +327,8 @@ def _(agent_branches, prefix_caching, prefix_groups, prefix_len, workshop):
                        output_len=workshop.session.sweep(16, 4))
     # Quick mode (CI, 2 slow cores) keeps one of the agent's five tool schemas: its system prompt
     # is then about 220 tokens instead of 630, and a request without a cache costs about half.
-    agent_args = dict(num_sessions=1, system_prompt_len=prefix_len.value, num_tools=workshop.session.sweep(None, 1),
-                      main_turns=workshop.session.sweep(3, 1), fork_at=(0,),
+    agent_args = dict(num_sessions=1, system_prompt_len=prefix_len.value,
+                      num_tools=workshop.session.sweep(None, 1), main_turns=workshop.session.sweep(3, 1), fork_at=(0,),
                       branches=agent_branches.value, branch_turns=workshop.session.sweep(1, 0),
                       turn_output=workshop.session.sweep((16, 32), (4, 8)),
                       tool_result_len=(20, 40), summary_output=workshop.session.sweep(24, 4),
@@ -458,7 +459,8 @@ def _(
     _same_sp, _same_ag = (abs(_row[("hash", w)]["hit rate (/metrics)"]
                               - _row[("radix", w)]["hit rate (/metrics)"]) < 1e-9 for w in (_w_sp, _w_ag))
     _same = _same_sp and _same_ag
-    _ag_prompt_tokens = {k: sorted(r.prompt_tokens for r in kinds_raw[(k, _w_ag)].records) for k in ("hash", "radix")}
+    _ag_prompt_tokens = {k: sorted(r.prompt_tokens for r in kinds_raw[(k, _w_ag)].records)
+                         for k in ("hash", "radix")}
     kinds_same_tokens, ttft_gain_shared = _same_sp, _speed_sp     # for the summary at the end
     _agree = abs(measured_hit_rate - formula_hit_rate) < 0.01
     ui.md(
@@ -704,9 +706,11 @@ def _(
 ):
     server_name = session.engine_name
     server_block = session.info.get("block_size")
-    # Quick mode (CI) sends the first group's requests only: on its 2 CPU cores vLLM takes about
-    # 10 s to prefill a prompt longer than one of its 128-token blocks, and a hit needs one.
-    _server_tags = list(dict.fromkeys(_s.request.tag for _s in shared_wl.sessions))[:workshop.session.sweep(None, 1)]
+    # Quick mode (CI) sends the first group's requests only: on CI's 2 CPU cores vLLM took 10 to
+    # 20 s to prefill a prompt longer than one of its 128-token blocks (2026-12-02), and a hit
+    # needs a prompt that long.
+    _server_tags = list(dict.fromkeys(_s.request.tag for _s in shared_wl.sessions))
+    _server_tags = _server_tags[:workshop.session.sweep(len(_server_tags), 1)]
     _server_idx = [i for i, _s in enumerate(shared_wl.sessions) if _s.request.tag in _server_tags]
     server_requests = [shared_wl.sessions[i].request for i in _server_idx]
     server_groups = len(_server_tags)
