@@ -271,9 +271,10 @@ def _(mo):
       (branches) that inherit that history, then merges their reports.
 
     Sessions go one at a time (a closed loop of 1), so the shared-prefix workload's hit rate
-    depends only on the order of its requests; the agent's sub-agents send their requests at
-    the same moment, so there timing plays a part too. The controls set the workloads' shape (in Jupyter, re-run
-    the cells from the one that starts the servers on after moving one; marimo re-runs them).
+    depends only on the order of its requests; two or more sub-agents send their requests at
+    the same moment, so there timing plays a part too (quick mode forks one). The controls set
+    the workloads' shape (in Jupyter, re-run the cells from the one that starts the servers on
+    after moving one; marimo re-runs them).
     That cell starts the three servers side by side and builds the workloads; the servers are
     stopped once this section is done, and started again by the next re-run.
     """)
@@ -282,7 +283,7 @@ def _(mo):
 
 @app.cell
 def _(ui, workshop):
-    prefix_len = ui.slider(64, 1536, workshop.session.sweep(512, 384), 64,
+    prefix_len = ui.slider(64, 1536, workshop.session.sweep(512, 128), 64,
                            "shared system prompt (tokens)")
     prefix_len
     return (prefix_len,)
@@ -297,8 +298,8 @@ def _(ui, workshop):
 
 
 @app.cell
-def _(ui):
-    agent_branches = ui.slider(1, 6, 2, 1, "sub-agents forked by the agent (branches)")
+def _(ui, workshop):
+    agent_branches = ui.slider(1, 6, workshop.session.sweep(2, 1), 1, "sub-agents forked by the agent (branches)")
     agent_branches
     return (agent_branches,)
 
@@ -321,15 +322,17 @@ def _(agent_branches, prefix_caching, prefix_groups, prefix_len, workshop):
     print("\n\n".join(f"[{k}] {s.describe()}" for k, s in mini.items()))
 
     mini_tok = Tokenizer.load(mini_info["model"], mini_info.get("model_path"))
-    shared_args = dict(num_requests=workshop.session.sweep(16, 6), num_groups=prefix_groups.value,
-                       system_prompt_len=prefix_len.value, question_len=32,
+    shared_args = dict(num_requests=workshop.session.sweep(16, 4), num_groups=prefix_groups.value,
+                       system_prompt_len=prefix_len.value, question_len=workshop.session.sweep(32, 16),
                        output_len=workshop.session.sweep(16, 4))
+    # Quick mode (CI, 2 slow cores) keeps one of the agent's five tool schemas: its system prompt
+    # is then about 220 tokens instead of 630, and a request without a cache costs about half.
     agent_args = dict(num_sessions=1, system_prompt_len=prefix_len.value,
-                      main_turns=workshop.session.sweep(3, 1), fork_at=(0,),
+                      num_tools=workshop.session.sweep(None, 1), main_turns=workshop.session.sweep(3, 1), fork_at=(0,),
                       branches=agent_branches.value, branch_turns=workshop.session.sweep(1, 0),
                       turn_output=workshop.session.sweep((16, 32), (4, 8)),
-                      tool_result_len=(20, 40), summary_output=workshop.session.sweep(24, 8),
-                      final_output=workshop.session.sweep(24, 8))
+                      tool_result_len=(20, 40), summary_output=workshop.session.sweep(24, 4),
+                      final_output=workshop.session.sweep(24, 4))
     shared_wl = shared_prefix_workload(mini_tok, **shared_args)
     shared_tokens = prefix_caching.workload_tokens(shared_wl)
     return agent_args, mini, mini_info, shared_args, shared_tokens, shared_wl
@@ -412,7 +415,7 @@ def _(agent_args, mini, predict_hit_rate, prefix_caching, shared_args, ui):
     measured_hit_rate = next(r["hit rate (/metrics)"] for r in kinds_rows
                              if r["cache"] == "hash" and r["workload"] == "shared-prefix")
     ui.compare(predict_hit_rate, measured_hit_rate, "hash-cache hit rate, shared-prefix workload")
-    return kinds_rows, measured_hit_rate
+    return kinds_raw, kinds_rows, measured_hit_rate
 
 
 @app.cell
@@ -438,7 +441,14 @@ def _(kinds_rows, prefix_caching):
 
 
 @app.cell
-def _(formula_hit_rate, kinds_rows, measured_hit_rate, ui):
+def _(
+    agent_branches,
+    formula_hit_rate,
+    kinds_raw,
+    kinds_rows,
+    measured_hit_rate,
+    ui,
+):
     _row = {(r["cache"], r["workload"]): r for r in kinds_rows}
     _w_sp, _w_ag = "shared-prefix", "agentic"
     _none_sp, _hash_sp, _radix_sp = (_row[(k, _w_sp)] for k in ("none", "hash", "radix"))
@@ -449,6 +459,8 @@ def _(formula_hit_rate, kinds_rows, measured_hit_rate, ui):
     _same_sp, _same_ag = (abs(_row[("hash", w)]["hit rate (/metrics)"]
                               - _row[("radix", w)]["hit rate (/metrics)"]) < 1e-9 for w in (_w_sp, _w_ag))
     _same = _same_sp and _same_ag
+    _ag_prompt_tokens = {k: sorted(r.prompt_tokens for r in kinds_raw[(k, _w_ag)].records)
+                         for k in ("hash", "radix")}
     kinds_same_tokens, ttft_gain_shared = _same_sp, _speed_sp     # for the summary at the end
     _agree = abs(measured_hit_rate - formula_hit_rate) < 0.01
     ui.md(
@@ -472,7 +484,11 @@ def _(formula_hit_rate, kinds_rows, measured_hit_rate, ui):
            f"{_radix_sp['hit rate (/metrics)']:.3f}) and {'the same' if _same_ag else 'different'} "
            f"ones on the agentic workload ({_hash_ag['hit rate (/metrics)']:.3f} vs "
            f"{_radix_ag['hit rate (/metrics)']:.3f}). "
-           + ("" if _same_ag else
+           + ("" if _same_ag or _ag_prompt_tokens["hash"] == _ag_prompt_tokens["radix"] else
+              f"The two servers were not sent the same agentic prompts ({sum(_ag_prompt_tokens['hash'])} "
+              f"vs {sum(_ag_prompt_tokens['radix'])} prompt tokens in all): each turn resends the "
+              "replies the model wrote, and the two servers' replies differed. ")
+           + ("" if _same_ag or agent_branches.value < 2 else
               "The agent's sub-agents send their requests at the same moment, so how much of a "
               "sibling's freshly computed history one of them finds depends on which the scheduler "
               "admitted first and how far it had got, not only on the cache's design. ")
@@ -666,9 +682,9 @@ def _(mo):
     (`POST /reset_prefix_cache`, which the reference server passes on to vLLM's own reset and
     to SGLang's `/flush_cache`) before **every** request: then no request can find another's
     blocks, which is what "off" means for TTFT. The reset itself happens before each request's
-    clock starts. We send the same shared-prefix requests, one at a time, both ways. An engine
-    without a prefix cache (the Hugging Face baseline) has nothing to turn off: there this
-    section says so and skips.
+    clock starts. We send the same shared-prefix requests (quick mode: those of the first group),
+    one at a time, both ways. An engine without a prefix cache (the Hugging Face baseline) has
+    nothing to turn off: there this section says so and skips.
 
     The engine's block size is read from `/server_info` (vLLM's CPU backend uses larger blocks
     than the GPU default of 16; SGLang's default page is one token), and hits are whole blocks,
@@ -678,10 +694,27 @@ def _(mo):
 
 
 @app.cell
-def _(session, shared_prefix_tokens, shared_wl, ui):
+def _(
+    session,
+    shared_groups: dict[str, list],
+    shared_prefix_tokens,
+    shared_tokens,
+    shared_wl,
+    statistics,
+    ui,
+    workshop,
+):
     server_name = session.engine_name
     server_block = session.info.get("block_size")
-    server_requests = [s.request for s in shared_wl.sessions]
+    # Quick mode (CI) sends the first group's requests only: on CI's 2 CPU cores vLLM took 10 to
+    # 20 s to prefill a prompt longer than one of its 128-token blocks (2026-12-02), and a hit
+    # needs a prompt that long.
+    _server_tags = list(dict.fromkeys(_s.request.tag for _s in shared_wl.sessions))
+    _server_tags = _server_tags[:workshop.session.sweep(len(_server_tags), 1)]
+    _server_idx = [i for i, _s in enumerate(shared_wl.sessions) if _s.request.tag in _server_tags]
+    server_requests = [shared_wl.sessions[i].request for i in _server_idx]
+    server_groups = len(_server_tags)
+    server_mean_prompt = statistics.mean(len(shared_tokens[i][0]) for i in _server_idx)
     server_has_cache = bool(session.info.get("prefix_caching"))
     _why_not = (session.info.get("extra") or {}).get("prefix_cache_note")
     ui.md(f"The course's server: **{server_name} {session.info.get('engine_version', '')}**, "
@@ -690,11 +723,21 @@ def _(session, shared_prefix_tokens, shared_wl, ui):
           + ("." if server_has_cache else
              f": this section needs a prefix cache, so it is skipped on this server"
              + (f" ({_why_not})" if _why_not else "") + ".")
-          + (f" The {len(server_requests)} requests share {shared_prefix_tokens} tokens per group: "
+          + (f" The {len(server_requests)} requests"
+             + (f" (those of {server_groups} of the {len(shared_groups)} groups, quick mode)"
+                if server_groups < len(shared_groups) else "")
+             + f" share {shared_prefix_tokens} tokens per group: "
              + (f"{shared_prefix_tokens // server_block} whole block(s) of {server_block}, "
                 f"{shared_prefix_tokens // server_block * server_block} tokens reusable per hit."
                 if server_block else "block size unknown.") if server_has_cache else ""))
-    return server_block, server_has_cache, server_name, server_requests
+    return (
+        server_block,
+        server_groups,
+        server_has_cache,
+        server_mean_prompt,
+        server_name,
+        server_requests,
+    )
 
 
 @app.cell(hide_code=True)
@@ -770,24 +813,28 @@ def _(prefix_caching, server_name, server_runs, ui):
 
 @app.cell
 def _(
-    formula_hit_rate,
-    mean_prompt_tokens,
     mini_info,
     server_block,
+    server_groups,
     server_hit_requests,
     server_leaked,
+    server_mean_prompt,
     server_requests,
     server_rows,
     server_ttft_ratio,
-    shared_groups: dict[str, list],
     shared_prefix_tokens,
     ui,
 ):
     if server_rows:
         _on = server_rows[1]
         _reusable = shared_prefix_tokens // server_block * server_block if server_block else 0
-        _server_formula = ((len(server_requests) - len(shared_groups)) * _reusable
-                           / (len(server_requests) * mean_prompt_tokens)) if server_block else None
+
+        def _formula(bs):
+            """Section 2's formula, on the requests sent here, with blocks of ``bs`` tokens."""
+            return ((len(server_requests) - server_groups) * (shared_prefix_tokens // bs * bs)
+                    / (len(server_requests) * server_mean_prompt))
+
+        _server_formula = _formula(server_block) if server_block else None
         _other_traffic = (_on["hit rate (/metrics)"] is not None and _on["hit rate (usage)"] is not None
                           and abs(_on["hit rate (/metrics)"] - _on["hit rate (usage)"]) > 0.02)
         _parts = [f"With the cache on, the replies' own `usage` (`prompt_tokens_details.cached_tokens`) "
@@ -799,10 +846,10 @@ def _(
             _parts.append(
                 f"Section 2's formula with the server's {server_block}-token blocks predicts "
                 f"**{_server_formula:.3f}**; with the teaching engine's {mini_info['block_size']}-token "
-                f"blocks it gave {formula_hit_rate:.3f}"
+                f"blocks it gives {_formula(mini_info['block_size']):.3f}"
                 + (": the shared prefix rounds down to the same number of tokens with both block "
                    "sizes here (try a prefix length that is not a multiple of 128)."
-                   if abs(_server_formula - formula_hit_rate) < 1e-9 else
+                   if abs(_server_formula - _formula(mini_info["block_size"])) < 1e-9 else
                    f": the server's larger blocks leave more of each shared prefix to recompute "
                    f"({shared_prefix_tokens - _reusable} of {shared_prefix_tokens} tokens here)."
                    if server_block > mini_info["block_size"] else
@@ -828,7 +875,7 @@ def _(
             if server_block:
                 _parts.append(
                     f"The share of the prompt skipped bounds the gain: if TTFT were all prefill, a "
-                    f"request that hits would take about {1 - _reusable / mean_prompt_tokens:.2f}x.")
+                    f"request that hits would take about {1 - _reusable / server_mean_prompt:.2f}x.")
         else:
             _parts.append("No request hit with the cache on and missed with it off, so there is no "
                           "TTFT comparison in this run (is the shared prefix shorter than one block?).")

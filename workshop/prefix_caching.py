@@ -324,6 +324,8 @@ def kinds_figure(rows: Sequence[dict], metric: str, title: str, ylabel: str, sca
 
 def per_request_figure(runs: dict[str, Sequence], title: str):
     """TTFT of each request in send order, one line per run; filled markers = cache hit."""
+    from matplotlib.ticker import MaxNLocator
+
     from workshop.plots import figure
 
     fig, ax = figure(title, "request (in send order)", "TTFT (ms)")
@@ -339,6 +341,7 @@ def per_request_figure(runs: dict[str, Sequence], title: str):
     ax.scatter([], [], s=40, facecolors="white", edgecolors="black", label="no cached tokens")
     ax.scatter([], [], s=40, color="black", label="prefix found in the cache")
     ax.set_ylim(bottom=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # requests are counted: no 1.5th
     ax.legend()
     return fig
 

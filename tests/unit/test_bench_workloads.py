@@ -94,6 +94,17 @@ def test_agentic_uses_real_replies_and_stops_a_failed_thread(tok):
     assert seen[1].messages[2] == {"role": "assistant", "content": "REPLY1"}
 
 
+def test_agentic_num_tools_shortens_the_system_prompt_and_calls_only_those_tools(tok):
+    kw = dict(num_sessions=1, seed=0, main_turns=4, fork_at=[], branches=0, system_prompt_len=0)
+    full, one = (plan(build_workload("agentic", tok, num_tools=n, **kw)) for n in (None, 1))
+    assert '"name": "list_dir"' in full[0].request.messages[0]["content"]
+    system = one[0].request.messages[0]["content"]
+    assert '"name": "read_file"' in system and '"name": "list_dir"' not in system
+    assert tok.count(system) < tok.count(full[0].request.messages[0]["content"]) / 2
+    results = [m["content"] for m in one[-1].request.messages if m["content"].startswith("Tool result (")]
+    assert len(results) == 4 and all(r.startswith("Tool result (read_file)") for r in results)
+
+
 def test_prefix_reuse_ratio_by_hand():
     # second prompt shares 2 tokens with the first prompt
     assert prefix_reuse_ratio([([1, 2, 3], []), ([1, 2, 9, 9], [])]) == pytest.approx(2 / 7)

@@ -118,9 +118,13 @@ class Plan:
     @classmethod
     def quick(cls) -> "Plan":
         # One workload, the one whose cache effect is largest per request sent.
-        return cls(workloads=("shared-prefix",), num_requests=8, sweep_points=2, probe_requests=3,
-                   probe_concurrency=4, sharegpt_max_output=32,
-                   workload_args={"shared-prefix": {"system_prompt_len": 256, "question_len": 32, "output_len": 16},
+        # Sized for CI's 2 slow cores (2026-12-02: a teaching-engine contender took about a
+        # minute with 8 requests per point and 300-token prompts): two groups, so each point's
+        # four requests have two that find their group's prompt cached.
+        return cls(workloads=("shared-prefix",), num_requests=4, sweep_points=2, probe_requests=2,
+                   probe_concurrency=3, sharegpt_max_output=32,
+                   workload_args={"shared-prefix": {"num_groups": 2, "system_prompt_len": 128, "question_len": 16,
+                                                    "output_len": 8},
                                   "agentic": {"num_sessions": 3, "system_prompt_len": 300, "main_turns": 2,
                                               "branch_turns": 0, "turn_output": (8, 16), "summary_output": 16,
                                               "final_output": 16, "tool_result_len": (20, 40)}})

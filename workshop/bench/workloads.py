@@ -370,13 +370,14 @@ class AgentSession(Session):
     final_output: int
     seed: str
     words: Sequence[str] = ()
+    tools: Sequence[str] = ()           # the tools the agent calls (names); empty: all of AGENT_TOOLS
 
     def expected_requests(self) -> int:
         return self.main_turns + len(self.fork_at) * self.branches * (self.branch_turns + 1) + 2
 
     def _tool_result(self, rng: random.Random) -> str:
         n = rng.randint(*self.tool_result_len)
-        tool = rng.choice(AGENT_TOOLS)["function"]["name"]
+        tool = rng.choice(self.tools or [t["function"]["name"] for t in AGENT_TOOLS])
         body = " ".join(rng.choice(self.words) for _ in range(n))
         return f"Tool result ({tool}): " + json.dumps({"status": "ok", "output": body})
 
@@ -426,14 +427,18 @@ def agentic_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, num_
                      system_prompt_len: int = 600, main_turns: int = 4, fork_at: Sequence[int] = (1,),
                      branches: int = 2, branch_turns: int = 2, turn_output: tuple[int, int] = (24, 48),
                      tool_result_len: tuple[int, int] = (40, 100), summary_output: int = 48,
-                     final_output: int = 64, **_: Any) -> Workload:
+                     final_output: int = 64, num_tools: int | None = None, **_: Any) -> Workload:
     """Agent sessions sharing one long system prompt (instructions + tool JSON schemas).
 
     ``num_sessions`` defaults to enough sessions for about ``num_requests`` requests. The
     defaults keep every context under 2048 tokens (the bundled model's served length).
+    ``num_tools`` keeps the first that many of ``AGENT_TOOLS`` (default all five, about 530
+    tokens of schemas): fewer make a shorter system prompt, for machines where a prefill of
+    several hundred tokens takes seconds.
     """
     rng = random.Random(f"agentic/{seed}")
-    schemas = json.dumps(AGENT_TOOLS, indent=1)
+    tools = AGENT_TOOLS[:num_tools] if num_tools else AGENT_TOOLS
+    schemas = json.dumps(tools, indent=1)
     base = AGENT_INSTRUCTIONS + schemas
     pad = max(system_prompt_len - tok.count(base), 0)
     system = base + ("\nProject notes: " + filler(tok, rng, pad) if pad else "")
@@ -446,12 +451,14 @@ def agentic_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, num_
         task = f"Task {s}: " + filler(tok, rng, rng.randint(30, 60))
         sessions.append(AgentSession(system, task, main_turns, fork_at, branches, branch_turns,
                                      tuple(turn_output), tuple(tool_result_len), summary_output, final_output,
-                                     seed=f"agentic/{seed}/session-{s}", words=tok.words()))
+                                     seed=f"agentic/{seed}/session-{s}", words=tok.words(),
+                                     tools=tuple(t["function"]["name"] for t in tools)))
     return Workload("agentic", sessions, dict(num_requests=num_requests, seed=seed, num_sessions=num_sessions,
                     requests_per_session=per_session, system_prompt_len=system_prompt_len, main_turns=main_turns,
                     fork_at=list(fork_at), branches=branches, branch_turns=branch_turns,
                     turn_output=list(turn_output), tool_result_len=list(tool_result_len),
-                    summary_output=summary_output, final_output=final_output), tok)
+                    summary_output=summary_output, final_output=final_output,
+                    num_tools=len(tools)), tok)
 
 
 # --------------------------------------------------------------------------- registry, stats
