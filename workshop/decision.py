@@ -506,6 +506,17 @@ class Verdict:
             return f"only {self.winner}{why}"
         return "-"
 
+    @property
+    def margin_text(self) -> str:
+        """The winner's margin in prose: "1.15x", "at least 1.15x", "at most 1.15x", or for two
+        knees both at the highest load tried "1.15x at the loads tried (both could go higher,
+        so the true margin is unknown)"."""
+        m = "∞" if self.margin == float("inf") else f"{self.margin:.2f}"
+        if self.bound == "unknown":
+            return (f"{m}x at the loads tried (both could go higher, so the true margin is "
+                    "unknown)")
+        return f"{self.bound} {m}x" if self.bound else f"{m}x"
+
 
 def rank(values: dict[str, float], better: str, tie_within: float = TIE_WITHIN) -> dict[str, Any]:
     """Winner, runner-up, margin (>= 1) and the engines tied with the best."""

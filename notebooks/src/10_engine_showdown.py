@@ -371,8 +371,8 @@ for _w in dict.fromkeys(r["workload"] for r in knee_rows):
                          else "."))
     elif _v.outcome == "win":
         _lines.append(f"* **{_w}**: the most output tokens/s at the knee came from **{_v.winner}** "
-                      f"({_v.values[_v.winner]:.0f} tok/s), {_v.bound + ' ' if _v.bound else ''}"
-                      f"{_v.margin:.2f}x the next best ({_v.runner_up}).")
+                      f"({_v.values[_v.winner]:.0f} tok/s), {_v.margin_text} the next best "
+                      f"({_v.runner_up}).")
     elif _v.outcome == "tie":
         _lines.append(f"* **{_w}**: a tie within the noise band between {', '.join(_v.tied)}.")
     elif _v.outcome == "only":

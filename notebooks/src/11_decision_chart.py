@@ -213,9 +213,7 @@ for _w in chosen_workloads:
             _name += (" (no engine met the objectives at any load: capacity alone, the most at any "
                       "load tried, objectives ignored)")
         if _v.outcome == "win":
-            _m = "∞" if _v.margin == float("inf") else f"{_v.margin:.2f}"
-            _parts.append(f"{_name}: **{_v.winner}**, {_v.bound + ' ' if _v.bound else ''}{_m}x "
-                          f"{_v.runner_up}")
+            _parts.append(f"{_name}: **{_v.winner}**, {_v.margin_text} {_v.runner_up}")
         elif _v.outcome == "tie":
             _parts.append(f"{_name}: a tie between {', '.join(_v.tied)} (within {tie_band.value} %)")
         elif _v.outcome == "only":

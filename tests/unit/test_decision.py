@@ -116,6 +116,16 @@ def test_verdict_labels():
     assert decision.Verdict("w", "goodput", {"a": 1}, "req/s", "higher", winner="a").outcome == "only"
 
 
+def test_verdict_margin_text_never_reads_as_a_bare_bound_word():
+    v = decision.Verdict("w", "throughput", {"a": 2.3, "b": 2.0}, "tok/s", "higher", winner="a",
+                         runner_up="b", margin=1.15)
+    assert v.margin_text == "1.15x"
+    v.bound = "at least"
+    assert v.margin_text == "at least 1.15x"
+    v.bound = "unknown"          # both knees at the highest load tried
+    assert v.margin_text.startswith("1.15x at the loads tried") and "unknown" in v.margin_text
+
+
 # --------------------------------------------------------------------------- knee rows
 
 def test_knee_row_reads_the_knee_and_its_neighbours(two_engines):
