@@ -864,7 +864,8 @@ def _(
             f"effect; those requests are left out of the comparison.")
         if server_hit_requests:
             _parts.append(
-                f"{len(server_hit_requests)} requests hit with the cache and found nothing without it; "
+                f"{len(server_hit_requests)} request{'s' if len(server_hit_requests) != 1 else ''} "
+                "hit with the cache and found nothing without it; "
                 f"with the cache their median TTFT was **{server_ttft_ratio:.2f}x** what it was without"
                 + (", a clear gain even on this CPU." if server_ttft_ratio < 0.7 else
                    f", a modest gain: at a few hundred tokens the server's prefill on this machine is "
