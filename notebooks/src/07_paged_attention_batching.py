@@ -556,7 +556,7 @@ import time
 from workshop.metrics import MetricsSampler
 
 vllm_n = workshop.session.sweep(48, 6)
-vllm_out = workshop.session.sweep(96, 12)
+vllm_out = workshop.session.sweep(96, 8)
 _vllm_maker = live_requests.PromptMaker(session.model, session.info.get("model_path"), seed=7)
 _vllm_prompts = [_vllm_maker.make(64) for _ in range(vllm_n)]
 _client = session.openai()
