@@ -278,7 +278,7 @@ def _(model_path, quant, ui, workshop):
 
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     heldout = model_quality.heldout_texts(n=workshop.session.sweep(40, 1))
-    questions = model_quality.QUESTIONS[:workshop.session.sweep(12, 2)]
+    questions = model_quality.QUESTIONS[:workshop.session.sweep(12, 1)]
     variant_names = workshop.session.sweep(list(quant.VARIANTS), [
         "bf16 (reference)", "int8 per-channel (ours)", "int4 group 64, symmetric (ours)",
         "int4 group 32, min/max (ours, Q4_1's grid)", "int8 dynamic (PyTorch library)"])
@@ -287,7 +287,7 @@ def _(model_path, quant, ui, workshop):
     for _name in ui.progress(variant_names, title="quantize and measure"):
         _row, _answers = quantization_measure.evaluate_variant(
             _name, quant.VARIANTS[_name], model_path, tokenizer, heldout, questions, _reference,
-            max_tokens=workshop.session.sweep(8192, 128), new_tokens=workshop.session.sweep(32, 8),
+            max_tokens=workshop.session.sweep(8192, 96), new_tokens=workshop.session.sweep(32, 8),
             speed_tokens=workshop.session.sweep(48, 4))
         if _reference is None:
             _reference = _answers
@@ -477,7 +477,7 @@ def _(
               f"int4 group {_group}, {'symmetric' if _symmetric else 'min/max'} (yours)")
     try_row, _ = quantization_measure.evaluate_variant(
         _label, lambda m: quant.quantize_model(m, _bits, _group, _symmetric), model_path, tokenizer,
-        heldout, questions, reference_ids, max_tokens=workshop.session.sweep(8192, 128),
+        heldout, questions, reference_ids, max_tokens=workshop.session.sweep(8192, 96),
         speed_tokens=workshop.session.sweep(48, 4))
     ui.table([quality_rows[0], try_row])
     return (try_row,)
@@ -669,7 +669,7 @@ def _(
     exercise_group192_mib = model_memory.state_dict_bytes(_model) / 2**20
     # Measured now, shown by question 3: the same model's perplexity on the same texts.
     exercise_group192_ppl = model_quality.perplexity(_model, tokenizer, heldout,
-                                                     max_tokens=workshop.session.sweep(8192, 128))
+                                                     max_tokens=workshop.session.sweep(8192, 96))
     del _model
     model_memory.release_memory()
     ui.compare(predict_group192_mib, exercise_group192_mib,
