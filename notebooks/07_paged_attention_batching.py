@@ -349,7 +349,7 @@ def _(mo):
 def _(batching, kv_usage, live_requests, servers, ui, workshop):
     burst_n = workshop.session.sweep(12, 4)
     burst_prompt = 40
-    burst_out = workshop.session.sweep(16, 12)
+    burst_out = workshop.session.sweep(16, 8)
     maker = live_requests.PromptMaker(servers["paged"].model, servers["paged"].info.get("model_path"))
     burst_prompts = [maker.make(burst_prompt) for _ in range(burst_n)]
     burst_runs = {_name: kv_usage.measure_kv(servers[_name], burst_prompts, burst_out)
@@ -596,7 +596,7 @@ def _(predict_static_share_pct, servers, ui, workshop):
     bench_runs = {_name: run_benchmark(servers[_name].base_url, servers[_name].model, "random",
                                        num_requests=bench_n, concurrency=bench_conc,
                                        api_key=servers[_name].api_key, warmup=0, progress=False,
-                                       input_len=32, output_len=workshop.session.sweep(48, 12),
+                                       input_len=32, output_len=workshop.session.sweep(48, 8),
                                        range_ratio=0.8, seed=1)
                   for _name in ("paged", "static")}
     bench_rows = [{"scheduler": servers[_name].info["extra"]["scheduler"],
@@ -663,7 +663,7 @@ def _(ui):
 
 @app.cell
 def _(ui, workshop):
-    chunk_long = ui.slider(128, 1536, workshop.session.sweep(1024, 384), 128,
+    chunk_long = ui.slider(128, 1536, workshop.session.sweep(1024, 256), 128,
                            "long prompt (tokens)")
     chunk_long
     return (chunk_long,)
@@ -672,7 +672,7 @@ def _(ui, workshop):
 @app.cell
 def _(batching, chunk_budget, chunk_long, drive, engine, random, ui, workshop):
     _rng_chunk = random.Random(1)
-    _short_out = workshop.session.sweep(48, 16)
+    _short_out = workshop.session.sweep(48, 12)
     _long_ids = [_rng_chunk.randrange(1000, 20000) for _ in range(int(chunk_long.value))]
     chunk_requests = ([([_rng_chunk.randrange(1000, 20000) for _ in range(12)], _short_out)] * 3
                       + [(_long_ids, 4)])
@@ -744,8 +744,8 @@ def _(batching, kv_usage, live_requests, session, workshop):
 
     from workshop.metrics import MetricsSampler
 
-    vllm_n = workshop.session.sweep(48, 12)
-    vllm_out = workshop.session.sweep(96, 24)
+    vllm_n = workshop.session.sweep(48, 6)
+    vllm_out = workshop.session.sweep(96, 8)
     _vllm_maker = live_requests.PromptMaker(session.model, session.info.get("model_path"), seed=7)
     _vllm_prompts = [_vllm_maker.make(64) for _ in range(vllm_n)]
     _client = session.openai()

@@ -199,8 +199,8 @@ from transformers import AutoTokenizer
 from workshop import model_memory, model_quality, quantization_measure
 
 tokenizer = AutoTokenizer.from_pretrained(model_path)
-heldout = model_quality.heldout_texts(n=workshop.session.sweep(40, 4))
-questions = model_quality.QUESTIONS[:workshop.session.sweep(12, 3)]
+heldout = model_quality.heldout_texts(n=workshop.session.sweep(40, 1))
+questions = model_quality.QUESTIONS[:workshop.session.sweep(12, 1)]
 variant_names = workshop.session.sweep(list(quant.VARIANTS), [
     "bf16 (reference)", "int8 per-channel (ours)", "int4 group 64, symmetric (ours)",
     "int4 group 32, min/max (ours, Q4_1's grid)", "int8 dynamic (PyTorch library)"])
@@ -209,7 +209,7 @@ _reference = None
 for _name in ui.progress(variant_names, title="quantize and measure"):
     _row, _answers = quantization_measure.evaluate_variant(
         _name, quant.VARIANTS[_name], model_path, tokenizer, heldout, questions, _reference,
-        max_tokens=workshop.session.sweep(8192, 512), new_tokens=workshop.session.sweep(32, 12),
+        max_tokens=workshop.session.sweep(8192, 96), new_tokens=workshop.session.sweep(32, 8),
         speed_tokens=workshop.session.sweep(48, 4))
     if _reference is None:
         _reference = _answers
@@ -270,7 +270,8 @@ ui.md(
 
 # %%
 _model = quantization_measure.load_bf16(model_path)
-activation_rows = sorted(model_quality.linear_input_ranges(_model, tokenizer, heldout[0]),
+activation_rows = sorted(model_quality.linear_input_ranges(
+    _model, tokenizer, heldout[0], max_tokens=workshop.session.sweep(256, 96)),
                          key=lambda r: -r["max / mean"])
 del _model
 model_memory.release_memory()
@@ -332,7 +333,7 @@ _label = ("int8 per channel (yours)" if _bits == 8 else
           f"int4 group {_group}, {'symmetric' if _symmetric else 'min/max'} (yours)")
 try_row, _ = quantization_measure.evaluate_variant(
     _label, lambda m: quant.quantize_model(m, _bits, _group, _symmetric), model_path, tokenizer,
-    heldout, questions, reference_ids, max_tokens=workshop.session.sweep(8192, 512),
+    heldout, questions, reference_ids, max_tokens=workshop.session.sweep(8192, 96),
     speed_tokens=workshop.session.sweep(48, 4))
 ui.table([quality_rows[0], try_row])
 
@@ -464,7 +465,7 @@ _model = quant.quantize_model(quantization_measure.load_bf16(model_path), 4, 192
 exercise_group192_mib = model_memory.state_dict_bytes(_model) / 2**20
 # Measured now, shown by question 3: the same model's perplexity on the same texts.
 exercise_group192_ppl = model_quality.perplexity(_model, tokenizer, heldout,
-                                                 max_tokens=workshop.session.sweep(8192, 512))
+                                                 max_tokens=workshop.session.sweep(8192, 96))
 del _model
 model_memory.release_memory()
 ui.compare(predict_group192_mib, exercise_group192_mib,

@@ -236,9 +236,9 @@ from transformers import AutoTokenizer
 from workshop import model_quality
 
 kv_pool_gib = 1                         # each server's KV pool (the server's --kv-cache-gib)
-n_positions = sweep(128, 24)            # teacher-forced positions of the held-out text
-questions = model_quality.QUESTIONS[:sweep(6, 3)]
-answer_tokens = sweep(32, 16)
+n_positions = sweep(128, 16)            # teacher-forced positions of the held-out text
+questions = model_quality.QUESTIONS[:sweep(6, 2)]
+answer_tokens = sweep(32, 8)
 heldout_text = model_quality.heldout_texts(1)[0]
 
 live_results = []                       # one dict per served variant, GQA first

@@ -238,7 +238,7 @@ ui.table([{"server": _name, "kv_capacity_tokens": _s.info["kv_capacity_tokens"],
 # %%
 burst_n = workshop.session.sweep(12, 4)
 burst_prompt = 40
-burst_out = workshop.session.sweep(16, 12)
+burst_out = workshop.session.sweep(16, 8)
 maker = live_requests.PromptMaker(servers["paged"].model, servers["paged"].info.get("model_path"))
 burst_prompts = [maker.make(burst_prompt) for _ in range(burst_n)]
 burst_runs = {_name: kv_usage.measure_kv(servers[_name], burst_prompts, burst_out)
@@ -441,7 +441,7 @@ bench_conc = workshop.session.sweep(6, 3)
 bench_runs = {_name: run_benchmark(servers[_name].base_url, servers[_name].model, "random",
                                    num_requests=bench_n, concurrency=bench_conc,
                                    api_key=servers[_name].api_key, warmup=0, progress=False,
-                                   input_len=32, output_len=workshop.session.sweep(48, 12),
+                                   input_len=32, output_len=workshop.session.sweep(48, 8),
                                    range_ratio=0.8, seed=1)
               for _name in ("paged", "static")}
 bench_rows = [{"scheduler": servers[_name].info["extra"]["scheduler"],
@@ -491,13 +491,13 @@ chunk_budget = ui.slider(16, 512, 64, 16, "chunked: token budget per step")
 chunk_budget
 
 # %%
-chunk_long = ui.slider(128, 1536, workshop.session.sweep(1024, 384), 128,
+chunk_long = ui.slider(128, 1536, workshop.session.sweep(1024, 256), 128,
                        "long prompt (tokens)")
 chunk_long
 
 # %%
 _rng_chunk = random.Random(1)
-_short_out = workshop.session.sweep(48, 16)
+_short_out = workshop.session.sweep(48, 12)
 _long_ids = [_rng_chunk.randrange(1000, 20000) for _ in range(int(chunk_long.value))]
 chunk_requests = ([([_rng_chunk.randrange(1000, 20000) for _ in range(12)], _short_out)] * 3
                   + [(_long_ids, 4)])
@@ -555,8 +555,8 @@ import time
 
 from workshop.metrics import MetricsSampler
 
-vllm_n = workshop.session.sweep(48, 12)
-vllm_out = workshop.session.sweep(96, 24)
+vllm_n = workshop.session.sweep(48, 6)
+vllm_out = workshop.session.sweep(96, 8)
 _vllm_maker = live_requests.PromptMaker(session.model, session.info.get("model_path"), seed=7)
 _vllm_prompts = [_vllm_maker.make(64) for _ in range(vllm_n)]
 _client = session.openai()

@@ -138,7 +138,7 @@ draft_layers = ui.slider(1, runner.cfg.num_layers - 1, 8, 1, "self-draft: layers
 draft_layers
 
 # %%
-max_new_tokens = ui.slider(8, 256, sweep(64, 32), 8, "tokens to generate")
+max_new_tokens = ui.slider(8, 256, sweep(64, 24), 8, "tokens to generate")
 max_new_tokens
 
 # %% [markdown]
@@ -392,13 +392,17 @@ ui.md(
 # read them before and after each workload.
 
 # %%
-server_tokens = sweep(96, 48)
+from concurrent.futures import ThreadPoolExecutor
+
+server_tokens = sweep(96, 24)
 server_prompts = {name: prompts[:sweep(2, 1)] for name, prompts in sd.WORKLOADS.items()}
 # A small KV pool is plenty for one request at a time, and leaves memory to the rest.
-mini_base = workshop.session.start("mini", ["--kv-cache-gib", "0.25"], verbose=False)
-mini_ngram = workshop.session.start(
-    "mini", ["--kv-cache-gib", "0.25", "--", "--spec", "ngram", "--num-spec-tokens", "4"],
-    verbose=False)
+# Started side by side: each start is mostly waiting for the model to load.
+_mini_args = [["--kv-cache-gib", "0.25"],
+              ["--kv-cache-gib", "0.25", "--", "--spec", "ngram", "--num-spec-tokens", "4"]]
+with ThreadPoolExecutor(len(_mini_args)) as _pool:
+    mini_base, mini_ngram = _pool.map(
+        lambda _args: workshop.session.start("mini", _args, verbose=False), _mini_args)
 _extra = mini_ngram.info.get("extra", {})
 ui.md(f"Started two teaching-engine servers: {mini_base.base_url} (no speculation) and "
       f"{mini_ngram.base_url} (its `/server_info` says `spec={_extra.get('spec')}`, "
