@@ -155,9 +155,10 @@ def _(mo):
 def _(field_all, running_servers, showdown, ui, workshop):
     # Quick mode (CI) runs the two teaching-engine contenders, which start in seconds: starting
     # vLLM or SGLang afresh takes a minute or more each, and the baseline, one request at a time,
-    # is the slowest to sweep. Even the vLLM already up is left out on a CPU: on CI's 2 cores its
-    # unloaded time to first token for a 300-token prompt was 7x the teaching engine's (14.8 s vs
-    # 2.0 s, 2026-12-02), and its quick sweep alone took five minutes. Where there is no
+    # is the slowest to sweep. Even the vLLM already up is left out on a CPU: on CI's 2 cores (an
+    # AVX2 EPYC) its unloaded time to first token for a 300-token prompt was 7x the teaching
+    # engine's (14.8 s vs 2.0 s, 2026-12-02, vLLM still in emulated bf16; it now serves float32
+    # there, not re-measured), and its quick sweep alone took five minutes. Where there is no
     # teaching-engine contender (the GPU field), the engine already up runs.
     _quick_field = ([c.label for c in field_all if c.engine == "mini"]
                     or [c.label for c in field_all if c.label in running_servers and c.engine != "hf"])
