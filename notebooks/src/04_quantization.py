@@ -230,7 +230,8 @@ _grid = next(r for r in quality_rows if "Q4_1" in r["variant"])
 _lib = next(r for r in quality_rows if "library" in r["variant"])
 _int4_speedup = _int4["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
 ui.md(
-    f"Held-out text: {len(heldout)} ShareGPT replies; first answer of the reference: "
+    f"Held-out text: {len(heldout)} ShareGPT repl{'ies' if len(heldout) != 1 else 'y'}; "
+    "first answer of the reference: "
     f"*\"{reference_answers[0]}\"*.  \n"
     f"Symmetric int4 (group 64) cut the weights from {_ref['weights (MiB)']:.0f} to "
     f"{_int4['weights (MiB)']:.0f} MiB (the embedding, "
