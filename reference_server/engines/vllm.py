@@ -64,9 +64,7 @@ def served_dtype(dtype: str, device: str, engine_args: list[str], amx: bool,
         return dtype
     if amx:
         return "float16"
-    # the one CPU rule, asked about bf16 itself: here bf16 may be spelled "auto"
-    native = dtypes.cpu_compute_dtype("bfloat16", device, native_bf16) == "bfloat16"
-    return dtype if native else "float32"
+    return dtypes.cpu_compute_dtype(dtype, device, native_bf16, model_dtype)
 
 
 class VLLMEngine(ProxyEngine):
@@ -80,11 +78,10 @@ class VLLMEngine(ProxyEngine):
         self._cache: dict[str, str] = {}
         self._version = "unknown"
         has_config = (Path(model.path) / "config.json").exists()
-        on_cpu = self.device == "cpu"
         self.dtype = served_dtype(config.dtype, self.device, config.engine_args,
-                                  on_cpu and dtypes.cpu_has_amx(),
+                                  self.device == "cpu" and dtypes.cpu_has_amx(),
                                   read_arch(model.path).torch_dtype if has_config else None,
-                                  native_bf16=not on_cpu or dtypes.cpu_has_bf16())
+                                  native_bf16=dtypes.cpu_has_bf16())
         self.dtype_note = DTYPE_NOTES.get(self.dtype) if self.dtype != config.dtype else None
         if self.dtype_note:
             log.warning(self.dtype_note)

@@ -139,3 +139,4 @@ def test_cpus_without_native_bf16_compute_in_float32():
     assert dtypes.cpu_compute_dtype("bfloat16", "cuda", native_bf16=False) == "bfloat16"
     assert dtypes.cpu_compute_dtype("float16", "cpu", native_bf16=False) == "float16"
     assert dtypes.cpu_compute_dtype("auto", "cpu", native_bf16=False) == "auto"
+    assert dtypes.cpu_compute_dtype("auto", "cpu", False, model_dtype="bfloat16") == "float32"
