@@ -309,8 +309,6 @@ def _(mo):
 
 @app.cell
 def _(ui, workshop):
-    from concurrent.futures import ThreadPoolExecutor
-
     srv_blocks = workshop.session.sweep(64, 32)
     srv_max_len = workshop.session.sweep(512, 256)
     # One torch thread per engine: several engines share this machine's cores, and torch threads
@@ -319,10 +317,7 @@ def _(ui, workshop):
                "--threads", "1"]
     _knobs = {"paged": [], "contiguous": ["--kv-layout", "contiguous"],
               "static": ["--scheduler", "static"]}
-    # Started side by side: each start is mostly waiting for the model to load.
-    with ThreadPoolExecutor(len(_knobs)) as _pool:
-        servers = dict(zip(_knobs, _pool.map(
-            lambda k: workshop.session.start("mini", _common + k, verbose=False), _knobs.values())))
+    servers = workshop.session.start_many("mini", {_k: _common + _v for _k, _v in _knobs.items()})
     ui.table([{"server": _name, "kv_capacity_tokens": _s.info["kv_capacity_tokens"],
                "block_size": _s.info["block_size"], "max_model_len": _s.info["max_model_len"],
                **{_k: _s.info["extra"][_k] for _k in ("kv_layout", "scheduler", "chunked_prefill",

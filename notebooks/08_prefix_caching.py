@@ -306,18 +306,12 @@ def _(ui, workshop):
 
 @app.cell
 def _(agent_branches, prefix_caching, prefix_groups, prefix_len, workshop):
-    from concurrent.futures import ThreadPoolExecutor
-
     from workshop.bench.workloads import Tokenizer, agentic_workload, shared_prefix_workload
 
     cache_flags = {"none": ["--no-prefix-caching"], "hash": ["--", "--prefix-cache", "hash"],
                    "radix": ["--", "--prefix-cache", "radix"]}
-    # Started side by side: most of a start is loading Python and the model, one core each.
-    with ThreadPoolExecutor(len(cache_flags)) as _pool:
-        _futures = {k: _pool.submit(workshop.session.start, "mini",
-                                    ["--kv-cache-gib", "0.25", *v], verbose=False)
-                    for k, v in cache_flags.items()}
-        mini = {k: f.result() for k, f in _futures.items()}
+    mini = workshop.session.start_many("mini", {_k: ["--kv-cache-gib", "0.25", *_v]
+                                                for _k, _v in cache_flags.items()})
     mini_info = mini["hash"].info
     print("\n\n".join(f"[{k}] {s.describe()}" for k, s in mini.items()))
 

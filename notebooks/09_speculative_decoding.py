@@ -596,17 +596,13 @@ def _(mo):
 
 @app.cell
 def _(sd, sweep, ui, workshop):
-    from concurrent.futures import ThreadPoolExecutor
-
     server_tokens = sweep(96, 24)
     server_prompts = {name: prompts[:sweep(2, 1)] for name, prompts in sd.WORKLOADS.items()}
     # A small KV pool is plenty for one request at a time, and leaves memory to the rest.
-    # Started side by side: each start is mostly waiting for the model to load.
-    _mini_args = [["--kv-cache-gib", "0.25"],
-                  ["--kv-cache-gib", "0.25", "--", "--spec", "ngram", "--num-spec-tokens", "4"]]
-    with ThreadPoolExecutor(len(_mini_args)) as _pool:
-        mini_base, mini_ngram = _pool.map(
-            lambda _args: workshop.session.start("mini", _args, verbose=False), _mini_args)
+    _minis = workshop.session.start_many("mini", {
+        "base": ["--kv-cache-gib", "0.25"],
+        "ngram": ["--kv-cache-gib", "0.25", "--", "--spec", "ngram", "--num-spec-tokens", "4"]})
+    mini_base, mini_ngram = _minis["base"], _minis["ngram"]
     _extra = mini_ngram.info.get("extra", {})
     ui.md(f"Started two teaching-engine servers: {mini_base.base_url} (no speculation) and "
           f"{mini_ngram.base_url} (its `/server_info` says `spec={_extra.get('spec')}`, "

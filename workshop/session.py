@@ -262,6 +262,17 @@ def start(engine: str = "mini", server_args: Sequence[str] = (), model: str | No
     return session
 
 
+def start_many(engine: str, server_args: dict[str, Sequence[str]]) -> dict[str, Session]:
+    """``start`` for each ``name: server_args``, side by side (a start is mostly loading
+    Python and the model, one core each), quietly; the servers by name."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(server_args)) as pool:
+        futures = {name: pool.submit(start, engine, args, verbose=False)
+                   for name, args in server_args.items()}
+        return {name: f.result() for name, f in futures.items()}
+
+
 # -- finding and starting servers -------------------------------------------------------------
 
 def _answers(base_url: str, api_key: str | None) -> bool:
