@@ -51,6 +51,14 @@ def test_the_quota_admits_until_spent_and_says_when_the_window_ends():
     assert q.check(60.0) == 0.0 and q.remaining(60.0) == 100   # a new window, nothing used
 
 
+def test_a_quota_used_exactly_is_spent():
+    q = QuotaWindow(tokens=10, window_s=60)
+    q.add(9, 0.0)
+    assert q.check(1.0) == 0.0                      # one token left: admitted
+    q.add(1, 2.0)
+    assert q.check(3.0) == pytest.approx(57.0)      # none left
+
+
 def test_tokens_of_a_request_finished_after_its_window_go_to_the_next():
     q = QuotaWindow(tokens=10, window_s=5)
     assert q.check(0.0) == 0.0
