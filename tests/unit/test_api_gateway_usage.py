@@ -54,6 +54,17 @@ def test_usage_is_counted_and_not_passed_on_when_not_asked_even_split_anywhere()
         assert f.first_token_seen
 
 
+def test_the_first_token_is_the_first_text_not_a_role_only_chunk():
+    f = UsageFilter(pass_usage=True)
+    f.feed(sse([{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]))
+    assert not f.first_token_seen
+    f.feed(sse(CHUNKS[:1]))
+    assert f.first_token_seen
+    g = UsageFilter(pass_usage=True)
+    g.feed(sse([{"choices": [{"index": 0, "text": " the"}]}]))          # /v1/completions
+    assert g.first_token_seen
+
+
 def test_usage_is_relayed_byte_for_byte_when_the_client_asked():
     raw = sse(CHUNKS)
     f = UsageFilter(pass_usage=True)

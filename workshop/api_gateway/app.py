@@ -13,12 +13,12 @@ import json
 import math
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import aiohttp
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 
 from reference_server.app import error_response
 from workshop.api_gateway import request_log
@@ -41,7 +41,7 @@ class Replica:
     errors: int = 0                 # of which not 200, or cut short
     busy_s: float = 0.0             # time with at least one request outstanding
     load_s: float = 0.0             # integral of outstanding over time
-    changed: float = field(default_factory=time.monotonic)
+    changed: float = 0.0            # when outstanding last changed (the gateway's clock)
 
     def move(self, delta: int, now: float) -> None:
         span = now - self.changed
@@ -70,7 +70,7 @@ class Gateway:
                  clock: Callable[[], float] = time.monotonic) -> None:
         if not upstreams:
             raise ValueError("at least one upstream")
-        self.replicas = [Replica(url.rstrip("/").removesuffix("/v1"), key)
+        self.replicas = [Replica(url.rstrip("/").removesuffix("/v1"), key, changed=clock())
                          for url, key in upstreams]
         self.keys = {d: KeyState(s, TokenBucket(s.requests_per_minute, s.burst),
                                  QuotaWindow(s.quota_tokens, s.quota_window_s)

@@ -30,7 +30,7 @@ class UsageFilter:
     def __init__(self, pass_usage: bool) -> None:
         self.pass_usage = pass_usage        # the client asked for usage: relay it untouched
         self.usage: dict | None = None
-        self.first_token_seen = False       # an event with a choice went by
+        self.first_token_seen = False       # an event carrying text went by
         self._buf = b""
 
     def feed(self, data: bytes) -> bytes:
@@ -64,8 +64,10 @@ class UsageFilter:
             return event
         if not isinstance(msg, dict):
             return event
-        if msg.get("choices"):
-            self.first_token_seen = True
+        if not self.first_token_seen and any(
+                isinstance(c, dict) and ((c.get("delta") or {}).get("content") or c.get("text"))
+                for c in msg.get("choices") or []):
+            self.first_token_seen = True    # not a role-only first chunk: time to first token
         if isinstance(msg.get("usage"), dict):
             self.usage = msg["usage"]
         if self.pass_usage or "usage" not in msg:
