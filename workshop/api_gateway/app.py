@@ -233,21 +233,23 @@ def create_app(gw: Gateway) -> FastAPI:
             return error_response(502, f"replica {i} did not answer: {type(exc).__name__}",
                                   "upstream_error", code="upstream_unreachable")
         if not stream or resp.status != 200:
+            status, usage = 499, None           # 499 unless the whole reply was read
             try:
                 data = await resp.read()
+                status = resp.status
+                if status == 200:
+                    try:
+                        usage = json.loads(data).get("usage")
+                    except (ValueError, AttributeError):
+                        pass
             finally:
+                # also when the client hung up meanwhile: the replica's count must drop
                 resp.release()
-            usage = None
-            if resp.status == 200:
-                try:
-                    usage = json.loads(data).get("usage")
-                except (ValueError, AttributeError):
-                    pass
-            gw.finish(i, key, resp.status, usage)
-            p, c = tokens_of(usage)
-            gw.log(**base, status=resp.status, prompt_tokens=p, completion_tokens=c,
-                   latency_s=gw.clock() - t0, stream=stream,
-                   error=None if resp.status == 200 else "upstream_status")
+                gw.finish(i, key, status, usage)
+                p, c = tokens_of(usage)
+                gw.log(**base, status=status, prompt_tokens=p, completion_tokens=c,
+                       latency_s=gw.clock() - t0, stream=stream,
+                       error=None if status == 200 else "upstream_status")
             headers = {"Retry-After": resp.headers["Retry-After"]} \
                 if "Retry-After" in resp.headers else None
             return Response(data, resp.status, headers=headers,
