@@ -389,7 +389,7 @@ def _(gw_spread, keys, log_lines, log_marker, ui):
           + f"; key secrets found in it: {len(_secrets_seen)}. "
           + ("Nothing was said in the log." if log_clean else
              "**Something leaked into the log: this is a bug.**"))
-    return
+    return (log_clean,)
 
 
 @app.cell(hide_code=True)
@@ -837,7 +837,17 @@ def _(mo):
 
 
 @app.cell
-def _(gw_concentrate, gw_spread, replica_list, ui):
+def _(
+    gw_concentrate,
+    gw_spread,
+    log_clean,
+    policy_runs,
+    quota_rows,
+    rate_rows,
+    replica_list,
+    ui,
+):
+    _done_with = (rate_rows, quota_rows, log_clean, policy_runs)   # stop only after their last use
     gw_spread.stop()
     gw_concentrate.stop()
     for _r in replica_list:

@@ -534,6 +534,7 @@ ui.md(
 # enough for one gateway process and loses them on restart.
 
 # %%
+_done_with = (rate_rows, quota_rows, log_clean, policy_runs)   # stop only after their last use
 gw_spread.stop()
 gw_concentrate.stop()
 for _r in replica_list:
