@@ -370,22 +370,22 @@ def _(inspect, ui):
 @app.cell
 def _(ask, gw_spread, secrets, ui):
     log_marker = "PURPLE-OWL-" + secrets.token_hex(4)
-    _r = ask("ops", text=f"My account number is {log_marker}. Repeat it back to me.",
-             max_tokens=24)
+    log_reply = ask("ops", text=f"My account number is {log_marker}. Repeat it back to me.",
+                    max_tokens=24)
     log_lines = gw_spread.log()
     ui.table(log_lines[-6:])
-    return log_lines, log_marker
+    return log_lines, log_marker, log_reply
 
 
 @app.cell
-def _(gw_spread, keys, log_lines, log_marker, ui):
+def _(gw_spread, keys, log_lines, log_marker, log_reply, ui):
     _raw = gw_spread.log_path.read_text()
     _secrets_seen = [k["name"] for k in keys if k["key"] in _raw]
     log_clean = log_marker not in _raw and not _secrets_seen
     ui.md(f"The log (`{gw_spread.log_path}`) has {len(log_lines)} lines. The prompt's marker "
           f"`{log_marker}` appears in it **{_raw.count(log_marker)}** times"
-          + (f" (the reply contained it {_r.text.count(log_marker)} times; it reached the client "
-             "and not the log)" if _r.status_code == 200 else "")
+          + (f" (the reply contained it {log_reply.text.count(log_marker)} times: what reaches "
+             "the client is not logged)" if log_reply.status_code == 200 else "")
           + f"; key secrets found in it: {len(_secrets_seen)}. "
           + ("Nothing was said in the log." if log_clean else
              "**Something leaked into the log: this is a bug.**"))
@@ -757,11 +757,11 @@ def _(
     price_reserved,
     ui,
 ):
-    _hours = min(peak_hours.value, 24 / peak_to_mean.value)
-    fleet = capacity.fleet_plan(demand_tokens_per_day.value, peak_to_mean.value, _hours,
+    plan_peak_hours = min(peak_hours.value, 24 / peak_to_mean.value)
+    fleet = capacity.fleet_plan(demand_tokens_per_day.value, peak_to_mean.value, plan_peak_hours,
                                 plan_tokens_per_s, price_on_demand.value, price_reserved.value)
     ui.compare(my_peak_replicas, fleet.replicas_peak, "replicas at the peak", how="computed")
-    return (fleet,)
+    return fleet, plan_peak_hours
 
 
 @app.cell
@@ -781,6 +781,7 @@ def _(
     my_tokens_per_s_per_replica,
     peak_hours,
     peak_to_mean,
+    plan_peak_hours,
     plan_tokens_per_s,
     price_on_demand,
     price_reserved,
@@ -795,9 +796,9 @@ def _(
     ui.md(
         f"At {plan_tokens_per_s:,.1f} tokens/s per replica ({_src}), a mean of "
         f"{fleet.mean_tokens_per_s:,.1f} tokens/s and a peak of {fleet.peak_tokens_per_s:,.1f} "
-        f"for {_hours:g} h a day"
-        + (f" (capped at {_hours:g} h: at {peak_to_mean.value:g}x the mean, a longer peak "
-           "would exceed the day's tokens)" if _hours < peak_hours.value else "")
+        f"for {plan_peak_hours:g} h a day"
+        + (f" (capped at {plan_peak_hours:g} h: at {peak_to_mean.value:g}x the mean, a longer peak "
+           "would exceed the day's tokens)" if plan_peak_hours < peak_hours.value else "")
         + f" need **{fleet.replicas_peak}** replicas at the peak and {fleet.replicas_base} "
         f"the rest of the day. Cheapest at your prices: **{_best.name}**, "
         f"${_best.usd_month:,.0f} a month, ${_best.usd_per_million_tokens:,.3g} per million "
