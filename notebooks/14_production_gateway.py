@@ -98,9 +98,9 @@ def _(mo):
     gives clients keys of its own. Its keys file holds, per key, a name (what logs and
     statistics show), a request rate with a burst, and optionally a token quota per window.
 
-    Choose the limits of the small key, `trial`: requests per minute, how many it may send at
-    once after a quiet spell (the burst), and its token quota per hour (prompt + completion
-    tokens, as counted by the replica that served it). In Jupyter re-run the cells below after
+    Choose the limits of two small keys: `trial`'s requests per minute and how many it may
+    send at once after a quiet spell (the burst), and `metered`'s token quota per hour
+    (prompt + completion tokens, as counted by the replica that served each request). In Jupyter re-run the cells below after
     changing a control; marimo re-runs them for you.
     """)
     return
@@ -151,18 +151,18 @@ def _(ui):
 
 @app.cell
 def _(ui):
-    trial_quota = ui.slider(100, 5000, 400, 100, "trial key: token quota per hour")
-    trial_quota
-    return (trial_quota,)
+    metered_quota = ui.slider(100, 5000, 400, 100, "metered key: token quota per hour")
+    metered_quota
+    return (metered_quota,)
 
 
 @app.cell
 def _(
     gateway_launch,
+    metered_quota,
     secrets,
     trial_burst,
     trial_per_minute,
-    trial_quota,
     ui,
     workshop,
 ):
@@ -179,7 +179,7 @@ def _(
         {"name": "trial", "key": "sk-trial-" + secrets.token_hex(8),
          "requests_per_minute": trial_per_minute.value, "burst": trial_burst.value},
         {"name": "metered", "key": "sk-metered-" + secrets.token_hex(8),
-         "requests_per_minute": 6000, "burst": 100, "quota_tokens": trial_quota.value,
+         "requests_per_minute": 6000, "burst": 100, "quota_tokens": metered_quota.value,
          "quota_window_s": 3600},
     ]
     key_of = {k["name"]: k["key"] for k in keys}
@@ -329,17 +329,17 @@ def _(ask, gw_spread, sweep, ui):
 
 
 @app.cell
-def _(quota_rows, trial_quota, ui):
+def _(metered_quota, quota_rows, ui):
     quota_used = sum(r["tokens"] for r in quota_rows)
     quota_refused = quota_rows[-1]["status"] == 429
     ui.md((f"**{len(quota_rows) - 1} requests** used **{quota_used}** tokens of a quota of "
-           f"{trial_quota.value}" + (f" ({quota_used - trial_quota.value} over it: the last admitted "
+           f"{metered_quota.value}" + (f" ({quota_used - metered_quota.value} over it: the last admitted "
                                       "request's tokens were counted after it ran)"
-                                      if quota_used > trial_quota.value else "")
+                                      if quota_used > metered_quota.value else "")
            + f"; request {len(quota_rows)} got 429 `{quota_rows[-1]['error']}` with Retry-After "
            f"{quota_rows[-1]['Retry-After s']} s, the end of the hour's window.")
           if quota_refused else
-          f"All {len(quota_rows)} requests fitted in the quota of {trial_quota.value} tokens "
+          f"All {len(quota_rows)} requests fitted in the quota of {metered_quota.value} tokens "
           f"({quota_used} used): lower the quota to see it run out.")
     return
 
