@@ -144,6 +144,7 @@ class Gateway:
                 "completion_tokens": k.completion_tokens,
                 "quota_tokens": k.quota.tokens if k.quota else None,
                 "quota_remaining": k.quota.remaining(now) if k.quota else None,
+                "quota_used": k.quota.used if k.quota else None,    # remaining() rolled it
                 "quota_resets_in_s": k.quota.resets_in(now) if k.quota else None}
                 for k in self.keys.values()},
         }
