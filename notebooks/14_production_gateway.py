@@ -151,7 +151,7 @@ def _(ui):
 
 @app.cell
 def _(ui):
-    metered_quota = ui.slider(100, 5000, 400, 100, "metered key: token quota per hour")
+    metered_quota = ui.slider(100, 5000, 200, 100, "metered key: token quota per hour")
     metered_quota
     return (metered_quota,)
 
@@ -282,7 +282,8 @@ def _(ask, rate_admitted, rate_span_s, trial_burst, trial_per_minute, ui):
            f"token every {60 / trial_per_minute.value:.1f} s refilled while the "
            f"{rate_span_s:.1f} s of requests went by ({trial_burst.value} + "
            f"{rate_span_s:.1f} / {60 / trial_per_minute.value:.1f} = "
-           f"{trial_burst.value + rate_span_s * trial_per_minute.value / 60:.1f}, at most 12). "
+           f"{trial_burst.value + rate_span_s * trial_per_minute.value / 60:.1f} tokens in all; "
+           "each request takes a whole one). "
            "The others were refused with 429 `rate_limit_exceeded`, each told when to come back. "
            if rate_admitted < 12 else
            f"All 12 admitted: at {trial_per_minute.value} a minute the bucket refilled faster "
@@ -313,7 +314,7 @@ def _(mo):
 def _(ask, gw_spread, sweep, ui):
     quota_rows = []
     for _i in range(sweep(60, 40)):
-        _r = ask("metered", max_tokens=24)
+        _r = ask("metered", max_tokens=8)
         _k = gw_spread.stats()["keys"]["metered"]
         quota_rows.append({"request": _i + 1, "status": _r.status_code,
                            "tokens": sum(_r.json()["usage"][f] for f in ("prompt_tokens",
@@ -368,12 +369,13 @@ def _(inspect, ui):
 
 
 @app.cell
-def _(ask, gw_spread, secrets, ui):
+def _(ask, gw_spread, secrets, time, ui):
     log_marker = "PURPLE-OWL-" + secrets.token_hex(4)
     log_reply = ask("ops", text=f"My account number is {log_marker}. Repeat it back to me.",
                     max_tokens=24)
     log_lines = gw_spread.log()
-    ui.table(log_lines[-6:])
+    ui.table([{**_l, "time": time.strftime("%H:%M:%S", time.localtime(_l["time"]))}
+              for _l in log_lines[-6:]])
     return log_lines, log_marker, log_reply
 
 
@@ -432,7 +434,7 @@ def _(mo):
     replica busy less than the share you choose could be released.
 
     The loads are multiples of what one replica does one request at a time (one over the
-    unloaded latency, measured first).
+    unloaded latency, measured first), from half of it up to the highest you choose.
     """)
     return
 
@@ -446,7 +448,7 @@ def _(ui):
 
 @app.cell
 def _(ui):
-    top_load = ui.slider(1.0, 8.0, 4.0, 0.5, "highest load (x one replica's one-at-a-time rate)")
+    top_load = ui.slider(1.0, 8.0, 3.0, 0.5, "highest load (x one replica's one-at-a-time rate)")
     top_load
     return (top_load,)
 
@@ -488,8 +490,8 @@ def _(
         _t.append(_r.elapsed.total_seconds())
     unloaded_latency_s = float(np.median(_t))
     one_at_a_time_rate = 1 / unloaded_latency_s
-    policy_rates = [f * one_at_a_time_rate for f in
-                    np.linspace(top_load.value / sweep(4, 2), top_load.value, sweep(4, 2))]
+    # from half of one replica's one-at-a-time rate (where one replica should do) to the top
+    policy_rates = [f * one_at_a_time_rate for f in np.geomspace(0.5, top_load.value, sweep(4, 2))]
     ui.md(f"Unloaded latency of a request of {bench_output_len} output tokens: "
           f"**{unloaded_latency_s:.2f} s**, so one replica serving one request at a time manages "
           f"{one_at_a_time_rate:.2f} requests/s. Offered loads: "
@@ -574,7 +576,9 @@ def _(
     ui.md(
         f"At the lowest load ({policy_rates[0]:.2f} req/s), concentrate left "
         f"**{_released_low}** of {len(replica_list)} replicas idle at least "
-        f"{idle_release.value:.0%} of the time (spread, at any load: {_released_spread}). "
+        f"{idle_release.value:.0%} of the time (spread, at any load: {_released_spread}), at a "
+        f"p99 of {_low['concentrate'].summary['e2e_ms']['p99'] / 1e3:.2f} s against spread's "
+        f"{_low['spread'].summary['e2e_ms']['p99'] / 1e3:.2f} s: the price of the bigger batch. "
         f"At the highest ({policy_rates[-1]:.2f} req/s), the busiest replica ran batches of "
         f"{_batch(_c):.1f} requests on average under concentrate and {_batch(_s):.1f} under "
         f"spread, and p99 latency was {_c.summary['e2e_ms']['p99'] / 1e3:.2f} s against "
@@ -586,7 +590,8 @@ def _(
            f"replicas share this machine's {workshop.session.cores()} cores with the gateway "
            "and the load generator, so a second replica adds little compute; and a bigger "
            "batch on one replica costs little more per step than a small one (notebook 7). "
-           "On separate GPUs spreading would help more. "
+           "Where each replica has hardware of its own (a GPU each), a second replica adds its "
+           "whole compute: measure there before choosing. "
            if p99_ratio < 0.9 else
            "The two tails were within 10 % of each other: at this load the choice did not "
            "matter for latency, and concentrate kept one replica's worth of capacity free. ")
