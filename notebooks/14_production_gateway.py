@@ -434,7 +434,7 @@ def _(mo):
     replica busy less than the share you choose could be released.
 
     The loads are multiples of what one replica does one request at a time (one over the
-    unloaded latency, measured first), from half of it up to the highest you choose.
+    unloaded latency, measured first), from below it up to the highest you choose.
     """)
     return
 
@@ -485,13 +485,14 @@ def _(
                                           policy="concentrate",
                                           max_per_replica=max_per_replica.value)
     _t = []
-    for _ in range(3):
+    for _ in range(sweep(3, 2)):
         _r = ask("ops", text="Count to ten.", max_tokens=bench_output_len)
         _t.append(_r.elapsed.total_seconds())
     unloaded_latency_s = float(np.median(_t))
     one_at_a_time_rate = 1 / unloaded_latency_s
-    # from half of one replica's one-at-a-time rate (where one replica should do) to the top
-    policy_rates = [f * one_at_a_time_rate for f in np.geomspace(0.5, top_load.value, sweep(4, 2))]
+    # from below one replica's one-at-a-time rate (where one replica should do) to the top
+    policy_rates = [f * one_at_a_time_rate
+                    for f in np.geomspace(sweep(0.5, 0.75), top_load.value, sweep(4, 2))]
     ui.md(f"Unloaded latency of a request of {bench_output_len} output tokens: "
           f"**{unloaded_latency_s:.2f} s**, so one replica serving one request at a time manages "
           f"{one_at_a_time_rate:.2f} requests/s. Offered loads: "
