@@ -568,6 +568,7 @@ def _(
     workshop,
 ):
     _low = {r.policy: r for r in policy_runs if r.rate == policy_rates[0]}
+    _low_p99 = {p: r.summary["e2e_ms"]["p99"] / 1e3 for p, r in _low.items()}
     _released_low = _low["concentrate"].released(idle_release.value)
     _released_spread = max(r.released(idle_release.value) for r in policy_runs
                            if r.policy == "spread")
@@ -578,9 +579,10 @@ def _(
         f"At the lowest load ({policy_rates[0]:.2f} req/s), concentrate left "
         f"**{_released_low}** of {len(replica_list)} replicas idle at least "
         f"{idle_release.value:.0%} of the time (spread, at any load: {_released_spread}), at a "
-        f"p99 of {_low['concentrate'].summary['e2e_ms']['p99'] / 1e3:.2f} s against spread's "
-        f"{_low['spread'].summary['e2e_ms']['p99'] / 1e3:.2f} s: the price of the bigger batch. "
-        f"At the highest ({policy_rates[-1]:.2f} req/s), the busiest replica ran batches of "
+        f"p99 of {_low_p99['concentrate']:.2f} s against spread's {_low_p99['spread']:.2f} s"
+        + (": the price of the bigger batch. " if _low_p99["concentrate"] > 1.1 * _low_p99["spread"]
+           else ": the bigger batch cost no latency that this run could see. ")
+        + f"At the highest ({policy_rates[-1]:.2f} req/s), the busiest replica ran batches of "
         f"{_batch(_c):.1f} requests on average under concentrate and {_batch(_s):.1f} under "
         f"spread, and p99 latency was {_c.summary['e2e_ms']['p99'] / 1e3:.2f} s against "
         f"{_s.summary['e2e_ms']['p99'] / 1e3:.2f} s ({p99_ratio:.2f}x). "
@@ -595,7 +597,9 @@ def _(
            "whole compute: measure there before choosing. "
            if p99_ratio < 0.9 else
            "The two tails were within 10 % of each other: at this load the choice did not "
-           "matter for latency, and concentrate kept one replica's worth of capacity free. ")
+           "matter for latency" + (f", and concentrate still left {_c.released(idle_release.value)} "
+                                   "replica(s) idle enough to release. "
+                                   if _c.released(idle_release.value) else ". "))
         + f"Output throughput: {_tok['concentrate']:.1f} tokens/s concentrated, "
         f"{_tok['spread']:.1f} spread."
         + (" (Under 100 requests per point a p99 is about the slowest request, and noisy: raise "
