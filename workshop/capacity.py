@@ -14,6 +14,7 @@ Plain arithmetic on a model's config (``kvcache``) and a GPU's datasheet
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 from reference_server.kv import kv_bytes_per_sequence
@@ -432,9 +433,84 @@ def ttft_plan(cfg: ModelArch, gpu: GPU, ttft_s: float, *, prompt_len: int = 2048
                        model_max_context=cfg.max_context or 0)
 
 
+# ---------------------------------------------------------------------------------------
+# From a demand and one replica's measured throughput to a fleet and its monthly bill
+# ---------------------------------------------------------------------------------------
+
+HOURS_PER_MONTH = 730.0             # 365 * 24 / 12
+
+
+@dataclass(frozen=True)
+class FleetOption:
+    name: str
+    reserved_replicas: int          # paid every hour of the month
+    on_demand_gpu_hours: float      # paid only while running
+    gpu_hours: float                # both, per month
+    usd_month: float
+    usd_per_million_tokens: float   # over the tokens actually served in the month
+
+
+@dataclass(frozen=True)
+class FleetPlan:
+    """A day of two levels: ``peak_hours`` at the peak rate, the rest at the base rate,
+    averaging ``tokens_per_day``."""
+    mean_tokens_per_s: float
+    peak_tokens_per_s: float
+    base_tokens_per_s: float
+    replicas_peak: int
+    replicas_base: int
+    options: tuple[FleetOption, ...]
+
+
+def replicas_for(tokens_per_s: float, tokens_per_s_per_replica: float) -> int:
+    """Replicas that keep up with ``tokens_per_s`` when each serves at most
+    ``tokens_per_s_per_replica`` (the measured throughput within the latency objective)."""
+    if tokens_per_s_per_replica <= 0:
+        raise ValueError("tokens_per_s_per_replica must be > 0")
+    return math.ceil(tokens_per_s / tokens_per_s_per_replica - 1e-9) if tokens_per_s > 0 else 0
+
+
+def fleet_plan(tokens_per_day: float, peak_to_mean: float, peak_hours: float,
+               tokens_per_s_per_replica: float, on_demand_usd_hour: float,
+               reserved_usd_hour: float, gpus_per_replica: int = 1) -> FleetPlan:
+    """Three ways to pay for the same demand: every replica reserved for the peak; every
+    replica on demand, started and stopped with the two levels (no start-up time, no
+    minimum billing: the best case for on-demand); the base reserved and the peak's extra
+    on demand. Cost per million tokens is the month's bill over the month's tokens, so idle
+    reserved hours count in it (``usd_per_million_tokens`` is the floor, every replica busy)."""
+    if peak_to_mean < 1 or not 0 < peak_hours <= 24:
+        raise ValueError("peak_to_mean must be >= 1 and peak_hours in (0, 24]")
+    if peak_hours * peak_to_mean > 24 + 1e-9:
+        raise ValueError(f"{peak_hours:g} h a day at {peak_to_mean:g}x the mean is more than a "
+                         f"day's tokens: at most {24 / peak_to_mean:.3g} h at that ratio")
+    mean = tokens_per_day / 86400.0
+    peak = mean * peak_to_mean
+    base = (mean * 24 - peak * peak_hours) / (24 - peak_hours) if peak_hours < 24 else peak
+    base = max(base, 0.0)
+    n_peak = replicas_for(peak, tokens_per_s_per_replica)
+    n_base = replicas_for(base, tokens_per_s_per_replica)
+    days = HOURS_PER_MONTH / 24
+    tokens_month = tokens_per_day * days
+    on_demand_hours = days * (peak_hours * n_peak + (24 - peak_hours) * n_base)
+    extra_hours = days * peak_hours * (n_peak - n_base)
+
+    def option(name: str, reserved: int, od_hours: float) -> FleetOption:
+        usd = gpus_per_replica * (reserved * HOURS_PER_MONTH * reserved_usd_hour
+                                  + od_hours * on_demand_usd_hour)
+        return FleetOption(name, reserved, od_hours,
+                           gpus_per_replica * (reserved * HOURS_PER_MONTH + od_hours), usd,
+                           usd / (tokens_month / 1e6) if tokens_month > 0 else float("nan"))
+
+    return FleetPlan(mean, peak, base, n_peak, n_base, (
+        option("all reserved for the peak", n_peak, 0.0),
+        option("all on demand, following the day", 0, on_demand_hours),
+        option("base reserved, peak on demand", n_base, extra_hours),
+    ))
+
+
 __all__ = [
     "GPU", "gpu_memory_bytes", "load_gpus", "Step", "decode_step", "prefill_step",
     "usd_per_million_tokens", "Deployment", "Plan", "plan", "max_users_for", "max_context_for",
     "max_batch_for_tpot", "LatencyPlan", "latency_plan", "max_prompts_for_ttft", "PrefillPlan",
-    "ttft_plan",
+    "ttft_plan", "HOURS_PER_MONTH", "FleetOption", "FleetPlan", "replicas_for", "fleet_plan",
 ]

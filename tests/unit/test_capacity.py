@@ -298,3 +298,45 @@ def test_ttft_table_and_figure():
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
     assert any("target 500 ms" in t for t in labels) and any(t.startswith("together") for t in labels)
     assert any(t.startswith("stream") for t in labels)
+
+
+# ---- the fleet plan (notebook 14): demand and a measured throughput to replicas and a bill ----
+
+def test_replicas_for_rounds_up_and_only_up():
+    from workshop.capacity import replicas_for
+    assert replicas_for(100.0, 50.0) == 2
+    assert replicas_for(100.1, 50.0) == 3
+    assert replicas_for(0.0, 50.0) == 0
+    with pytest.raises(ValueError):
+        replicas_for(1.0, 0.0)
+
+
+def test_fleet_plan_on_a_hand_computed_day():
+    from workshop.capacity import HOURS_PER_MONTH, fleet_plan
+    # 8.64 M tokens a day = 100 tok/s on average; 4 h a day at 3x = 300 tok/s, so the other
+    # 20 h carry (2400 - 1200) / 20 = 60 tok/s. One replica serves 100 tok/s.
+    p = fleet_plan(8.64e6, peak_to_mean=3, peak_hours=4, tokens_per_s_per_replica=100,
+                   on_demand_usd_hour=2.0, reserved_usd_hour=1.0)
+    assert (p.mean_tokens_per_s, p.peak_tokens_per_s) == pytest.approx((100, 300))
+    assert p.base_tokens_per_s == pytest.approx(60)
+    assert (p.replicas_peak, p.replicas_base) == (3, 1)
+    reserved, on_demand, mixed = p.options
+    days = HOURS_PER_MONTH / 24
+    assert reserved.usd_month == pytest.approx(3 * HOURS_PER_MONTH * 1.0)
+    assert on_demand.gpu_hours == pytest.approx(days * (4 * 3 + 20 * 1))
+    assert on_demand.usd_month == pytest.approx(days * 32 * 2.0)
+    assert mixed.reserved_replicas == 1
+    assert mixed.on_demand_gpu_hours == pytest.approx(days * 4 * 2)
+    assert mixed.usd_month == pytest.approx(HOURS_PER_MONTH * 1.0 + days * 8 * 2.0)
+    million = 8.64e6 * days / 1e6
+    assert reserved.usd_per_million_tokens == pytest.approx(reserved.usd_month / million)
+
+
+def test_fleet_plan_refuses_a_peak_longer_than_the_day_allows():
+    from workshop.capacity import fleet_plan
+    with pytest.raises(ValueError, match="at most 6"):
+        fleet_plan(1e6, peak_to_mean=4, peak_hours=8, tokens_per_s_per_replica=10,
+                   on_demand_usd_hour=1, reserved_usd_hour=1)
+    flat = fleet_plan(8.64e6, peak_to_mean=1, peak_hours=24, tokens_per_s_per_replica=100,
+                      on_demand_usd_hour=1, reserved_usd_hour=1)
+    assert flat.replicas_peak == flat.replicas_base == 1
