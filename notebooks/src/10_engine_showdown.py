@@ -378,6 +378,8 @@ for _w in dict.fromkeys(r["workload"] for r in knee_rows):
         _lines.append(f"* **{_w}**: a tie within the noise band between {', '.join(_v.tied)}.")
     elif _v.outcome == "only":
         _lines.append(f"* **{_w}**: only **{_v.winner}** had a knee.")
+    else:
+        _lines.append(f"* **{_w}**: no contender has a knee to compare:")
     for _e, _why in _v.excluded.items():
         _lines.append(f"  * {_e}: {_why}")
 ui.md("\n".join(_lines) or "No contender finished a sweep in this run.")
