@@ -12,15 +12,10 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from workshop.bench.plots import engine_colors
 from workshop.decision import (CONSTRAINTS, TIE_WITHIN, Results, Verdict, common_load, decisions,
                                display_rows, feature_rows, figure_rows, knee_table, load, slo_of,
                                verdict_rows)
-
-
-def engine_colors(engines: Sequence[str]) -> dict[str, Any]:
-    from matplotlib import colormaps
-    cmap = colormaps["tab10"]
-    return {e: cmap(i % 10) for i, e in enumerate(engines)}
 
 
 def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:

@@ -370,6 +370,24 @@ def test_chart_and_report(two_engines, tmp_path):
     assert "| sharegpt | throughput | fast x2 |" in md and "not measured" in md.lower()
 
 
+def test_an_engine_has_one_colour_in_the_curves_and_the_chart(tmp_path):
+    from matplotlib.colors import to_rgba
+
+    from workshop.bench.plots import plot_showdown
+    runs = {(e, "w"): make_sweep([1, 2], 1) for e in ("vllm", "mini-radix", "hf", "mine")}
+    res = decision.load(make_root(tmp_path / "r", runs))
+    curves = plot_showdown(res.sweeps())          # notebook 10: every engine
+    curve = {ln.get_label(): to_rgba(ln.get_color()) for ln in curves.axes[0].get_lines()
+             if not ln.get_label().startswith("_")}
+    rows = decision.knee_table(res)
+    # notebook 11: a subset, in another order
+    chart = decision_chart.plot_decision(decision.decisions(rows), rows, "t", engines=["hf", "mine", "vllm"])
+    legend = chart.axes[1].get_legend()
+    bar = {t.get_text(): to_rgba(h.get_facecolor()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert set(bar) == {"hf", "mine", "vllm"} and set(curve) >= set(bar)
+    assert {e: bar[e] for e in bar} == {e: curve[e] for e in bar}
+
+
 # --------------------------------------------------------------------------- cited facts
 
 VALUES = {"yes", "no", "partial", "untested", "via backend", "unknown"}

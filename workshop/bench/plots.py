@@ -158,18 +158,36 @@ def save_run_plots(res: "BenchResult", folder: Path) -> None:
         plt.close(fig)
 
 
+def engine_colors(labels: Sequence[str]) -> dict[str, tuple[float, float, float, float]]:
+    """Each engine label's colour, the same in every figure (notebook 10's curves, notebook
+    11's decision chart): the showdown's own contenders always get the same tab10 colour,
+    whichever others are drawn; any other label gets one of the colours left, in sorted order
+    of the other labels drawn."""
+    from matplotlib import colormaps
+
+    from .showdown import CPU_FIELD, GPU_FIELD
+    cmap = colormaps["tab10"]
+    known = list(dict.fromkeys(c.label for c in (*CPU_FIELD, *GPU_FIELD)))
+    spare = [i for i in range(cmap.N) if i >= len(known)]
+    others = sorted({e for e in labels if e not in known})
+    out = {}
+    for e in labels:
+        i = known.index(e) if e in known else spare[others.index(e) % len(spare)]
+        out[e] = cmap(i % cmap.N)
+    return out
+
+
 def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "ttft_ms"):
     """One column per workload: achieved vs offered load of every engine (knees starred, points
     too short to judge hollow), and below it the p99 of ``metric`` against offered load.
     ``sweeps``: workload -> engine -> sweep. Offered and achieved rates are in requests/s over
     each point's steady window."""
-    from matplotlib import colormaps
     from matplotlib.lines import Line2D
 
     from workshop.plots import new_figure
     workloads = list(sweeps)
     engines = sorted({e for per in sweeps.values() for e in per})
-    colors = {e: colormaps["tab10"](i % 10) for i, e in enumerate(engines)}
+    colors = engine_colors(engines)
     unjudged_any = False
     fig = new_figure((4.6 * max(len(workloads), 1), 7.2))
     axes = fig.subplots(2, max(len(workloads), 1), squeeze=False, sharex="col")
