@@ -84,6 +84,27 @@ def test_a_refused_upstream_key_stops_the_start_and_says_why(remote_server):
     assert wrong not in log
 
 
+def test_a_notebook_connects_through_a_remote_engine_it_starts(remote_server, monkeypatch):
+    # WORKSHOP_ENGINE=remote: connect() starts a remote-engine server of its own in front of
+    # the fleet's upstream, named by WORKSHOP_UPSTREAM_URL, its key by WORKSHOP_UPSTREAM_API_KEY
+    from workshop import session as sessions
+    upstream = remote_server.extra["upstream"]
+    monkeypatch.setenv("WORKSHOP_ENGINE", "remote")
+    monkeypatch.setenv("WORKSHOP_UPSTREAM_URL", upstream.base_url + "/v1")
+    monkeypatch.setenv("WORKSHOP_UPSTREAM_API_KEY", UPSTREAM_KEY)
+    monkeypatch.delenv("WORKSHOP_REMOTE_BASE_URL", raising=False)
+    s = sessions.connect(port=launcher.free_port(), verbose=False)
+    try:
+        assert s.process is not None and s.engine == "remote", s.how
+        assert s.info["extra"]["remote"]["engine"] == "mini" and s.model == upstream.model
+        before = upstream.metric(P.SERVER_REQUESTS)
+        r = s.openai().completions.create(model=s.model, prompt="Hello", max_tokens=3)
+        assert r.usage.completion_tokens == 3
+        assert upstream.metric(P.SERVER_REQUESTS) == before + 1
+    finally:
+        s.stop()
+
+
 def _mock_upstream(port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port)],
                             stdout=subprocess.PIPE, text=True)
