@@ -414,8 +414,10 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
         row["best_goodput"], row["best_goodput_at"] = best["goodput"], best["offered"]
     k = sw.knee_index
     if k is None:
-        # no point both judged and offered as scheduled: the sweep says nothing about a knee
-        row["not_judged"] = not any(j is not False and not p["client_limited"] for j, p in zip(sw.judged(), pts))
+        # points too short to judge, and no other point offered as scheduled: the sweep says
+        # nothing about a knee
+        judged = sw.judged()
+        row["not_judged"] = False in judged and all(j is False or p["client_limited"] for j, p in zip(judged, pts))
         return row
     at = pts[k]
     row.update(no_knee=False, lower_bound=k == len(sw.points) - 1,

@@ -7,12 +7,13 @@ load beyond the noise of a stable queue, the server's waiting queue must not gro
 must not grow across the window; the p99 TTFT / ITL objectives must hold; and the client
 must have offered the load (schedule lag: a point where it could not is left out, neither
 the knee nor a failure). A point too short for its throughput test to fail, with no sign of
-overload (``saturation.judged``), is left out the same way: no knee is claimed from it. Without given loads the sweep picks them as
-GuideLLM's sweep profile does: a synchronous probe (one request at a time) and a
-maximum-throughput probe (closed loop at high concurrency) first, then rates spaced evenly
-from the synchronous rate to a little past the maximum throughput. For closed-loop sweeps
-over concurrency there is no offered rate, so "keeps up" means adding concurrency still adds
-steady throughput (at least ``min_gain`` relative) while the objectives hold.
+overload (``saturation.judged``), is left out the same way: no knee is claimed from it.
+Without given loads the sweep picks them as GuideLLM's sweep profile does: a synchronous
+probe (one request at a time) and a maximum-throughput probe (closed loop at high
+concurrency) first, then rates spaced evenly from the synchronous rate to a little past the
+maximum throughput. For closed-loop sweeps over concurrency there is no offered rate, so
+"keeps up" means adding concurrency still adds steady throughput (at least ``min_gain``
+relative) while the objectives hold.
 """
 
 from __future__ import annotations
