@@ -5,7 +5,10 @@ the API and bad-input suites run against it like every engine. Here: what only a
 engine has to get right. Its upstream's key stays between the two servers; a remote server
 that goes away is reported with OpenAI-style errors (502, then 503), never a crash, and is
 used again when it comes back (that one fronts the harness's mock server, a real process
-that starts in a moment and can be killed without touching the fleet).
+that starts in a moment and can be killed without touching the fleet). A busy upstream's
+429 / 503 reaches the client with its Retry-After (the upstream: a tiny HTTP server in this
+process that refuses everything, the behaviour being simulated). ``connect()`` with
+``WORKSHOP_ENGINE=remote`` starts a remote engine of its own in front of the fleet's upstream.
 """
 
 from __future__ import annotations

@@ -33,7 +33,8 @@ def test_env_names_per_engine():
 
 
 def test_the_remote_engine_fronts_workshop_upstream_url():
-    assert session.upstream_args({"WORKSHOP_UPSTREAM_URL": " http://gpu:8000/v1 "}) == ["--upstream", "http://gpu:8000/v1"]
+    url = {"WORKSHOP_UPSTREAM_URL": " http://gpu:8000/v1 "}
+    assert session.upstream_args(url) == ["--upstream", "http://gpu:8000/v1"]
     for env in ({}, {"WORKSHOP_UPSTREAM_URL": " "}):
         with pytest.raises(ValueError, match="set WORKSHOP_UPSTREAM_URL"):
             session.upstream_args(env)
