@@ -49,7 +49,7 @@ def error_response(status: int, message: str, type: str = "invalid_request_error
 
 
 def engine_error_response(exc: EngineError | EngineDied) -> JSONResponse:
-    return JSONResponse(status_code=exc.status_code, content=exc.body())
+    return JSONResponse(status_code=exc.status_code, content=exc.body(), headers=getattr(exc, "headers", None))
 
 
 class ServerState:

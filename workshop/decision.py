@@ -23,6 +23,11 @@ notebook's prose. The rules, written down once:
   engine's p99 TTFT, p99 ITL and peak KV use are interpolated linearly in offered load between
   its two kept-up points around that load (clamped to its lowest point, and flagged, when the
   common load lies below every point it ran).
+* **Not judged**: a sweep none of whose points was long enough to judge (``saturation.judged``:
+  too few arrivals in the steady window for a shortfall to show, as with four requests per
+  point) has no knee, and says "not enough requests per point to judge a knee"; it is left out
+  of the comparisons at the knee, and keeps the capacity-alone ranking below from claiming
+  that no engine kept up.
 * **Capacity alone** when no engine kept up within the objectives at any load on a workload:
   the throughput verdict then ranks each engine's *capacity*, the most output tok/s it
   delivered at any load tried (its closed-loop throughput probe included), objectives and
@@ -389,7 +394,8 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                            "itl_p50": None, "itl_p99": None, "goodput_at_knee": None, "slo_met_at_knee": None,
                            "best_goodput": None, "best_goodput_at": None, "prefix_hit_rate": None,
                            "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None, "points": [],
-                           "curve": [], "capacity_tps": None, "capacity_at": None, "synchronous_tps": None}
+                           "curve": [], "capacity_tps": None, "capacity_at": None, "synchronous_tps": None,
+                           "not_judged": False}
     if not run.ok:
         row["note"] = run.status
         return row
@@ -408,6 +414,10 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
         row["best_goodput"], row["best_goodput_at"] = best["goodput"], best["offered"]
     k = sw.knee_index
     if k is None:
+        # points too short to judge, and no other point offered as scheduled: the sweep says
+        # nothing about a knee
+        judged = sw.judged()
+        row["not_judged"] = False in judged and all(j is False or p["client_limited"] for j, p in zip(judged, pts))
         return row
     at = pts[k]
     row.update(no_knee=False, lower_bound=k == len(sw.points) - 1,
@@ -443,7 +453,8 @@ def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 
     out = []
     for r in rows:
-        knee = ("none" if r["no_knee"] else _num(r["knee_offered"]) + ("+" if r["lower_bound"] else ""))
+        knee = ("not judged" if r["not_judged"] else "none" if r["no_knee"] else
+                _num(r["knee_offered"]) + ("+" if r["lower_bound"] else ""))
         out.append({
             "workload": r["workload"], "engine": r["engine"],
             "knee sessions/s (asked)": f(r["knee_asked"]), "knee req/s (offered)": knee,
@@ -576,7 +587,9 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
             v.excluded[r["engine"]] = r["note"] or "no knee"
     live = [r for r in mine if r["engine"] not in v.excluded]
     finished = [r for r in mine if r["status"].startswith("ok")]
-    if constraint == "throughput" and finished and all(r["no_knee"] for r in finished):
+    # Capacity alone only when every engine was judged to miss at every load: an engine whose
+    # points were too short to judge might have kept up.
+    if constraint == "throughput" and finished and all(r["no_knee"] and not r["not_judged"] for r in finished):
         v.excluded = {e: why for e, why in v.excluded.items() if why.startswith("run ")}
         v.values = {r["engine"]: r["capacity_tps"] for r in finished if r["capacity_tps"] is not None}
         v.ignores_objectives = True

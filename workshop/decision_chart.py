@@ -12,15 +12,10 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
+from workshop.bench.plots import engine_colors
 from workshop.decision import (CONSTRAINTS, TIE_WITHIN, Results, Verdict, common_load, decisions,
                                display_rows, feature_rows, figure_rows, knee_table, load, slo_of,
                                verdict_rows)
-
-
-def engine_colors(engines: Sequence[str]) -> dict[str, Any]:
-    from matplotlib import colormaps
-    cmap = colormaps["tab10"]
-    return {e: cmap(i % 10) for i, e in enumerate(engines)}
 
 
 def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:
@@ -33,6 +28,8 @@ def _why_nobody(v: Verdict) -> str:
     if not v.excluded:
         return "no data"
     reasons = list(v.excluded.values())
+    if all(r.startswith("knee: not judged") for r in reasons):
+        return "not enough requests per\npoint to judge a knee"
     if all(r.startswith("knee: none") for r in reasons):
         return "no engine met the\nobjectives at any load"
     if all(r.startswith("run ") for r in reasons):
@@ -132,7 +129,7 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                 bar_ax.bar(x, r["capacity_tps"], width * 0.92, facecolor="none", edgecolor=colors[e],
                            linestyle="--", linewidth=1.0)
             if r["output_tps"] is None:
-                why = "no knee" if r["status"].startswith("ok") else "run failed"
+                why = ("not judged" if r["not_judged"] else "no knee") if r["status"].startswith("ok") else "run failed"
                 bar_ax.text(x, ymax * 0.03, why, rotation=90, ha="center", va="bottom", fontsize=8,
                             color=colors[e])
                 continue

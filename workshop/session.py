@@ -1,15 +1,19 @@
 """The first cell of every notebook: find (or start) an inference server and say what it is.
 
 ``connect()`` decides where the notebook's requests go. Its engine is the ``engine``
-argument, else ``WORKSHOP_ENGINE`` (``vllm``, ``sglang``, ``hf`` or ``mini``; default
-``vllm``), so every notebook runs unchanged against SGLang with ``WORKSHOP_ENGINE=sglang``
-(SGLang needs ``scripts/setup.sh --with-sglang``). For that engine, in this order:
+argument, else ``WORKSHOP_ENGINE`` (``vllm``, ``sglang``, ``hf``, ``mini`` or ``remote``;
+default ``vllm``), so every notebook runs unchanged against SGLang with
+``WORKSHOP_ENGINE=sglang`` (SGLang needs ``scripts/setup.sh --with-sglang``). ``remote`` is
+the reference server in front of an OpenAI-compatible server someone else runs
+(``--engine remote --upstream URL``): its URL comes from ``WORKSHOP_UPSTREAM_URL`` and its
+key, if it needs one, from ``WORKSHOP_UPSTREAM_API_KEY`` (read by the server, never passed
+on a command line). For that engine, in this order:
 
 1. an explicit ``base_url`` argument, else the environment: ``WORKSHOP_BASE_URL`` for the
    vLLM engine, ``WORKSHOP_<ENGINE>_BASE_URL`` for others (``WORKSHOP_SGLANG_BASE_URL``,
    ``WORKSHOP_HF_BASE_URL`` ...), with ``WORKSHOP_API_KEY`` / ``WORKSHOP_<ENGINE>_API_KEY``;
 2. a server already answering on this engine's default local port (vLLM 8000, hf 8001,
-   SGLang 8002, mini 8003);
+   SGLang 8002, mini 8003, remote 8004);
 3. otherwise it starts the reference server on that engine as a child process and stops it
    when Python exits. Outside a checkout on a GPU (Colab, molab) it serves the Hugging Face
    model named by ``model=`` or ``WORKSHOP_MODEL``, else the bundled one.
@@ -55,10 +59,12 @@ from reference_server import launch, prometheus
 
 T = TypeVar("T")
 
-DEFAULT_PORTS = {"vllm": 8000, "hf": 8001, "sglang": 8002, "mini": 8003}
+DEFAULT_PORTS = {"vllm": 8000, "hf": 8001, "sglang": 8002, "mini": 8003, "remote": 8004}
 DEFAULT_ENGINE = "vllm"
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "hf": "Hugging Face baseline",
-                "mini": "teaching engine"}
+                "mini": "teaching engine", "remote": "remote server"}
+UPSTREAM_URL_VAR = "WORKSHOP_UPSTREAM_URL"      # --engine remote: the server to front
+UPSTREAM_KEY_VAR = "WORKSHOP_UPSTREAM_API_KEY"  # its key, read by the reference server itself
 BUNDLED_MODEL = "smollm2-135m"
 # On a Colab GPU the default is the same model the CPU course uses, so numbers compare across
 # machines; pass model= or set WORKSHOP_MODEL for a bigger one.
@@ -68,9 +74,9 @@ DISTRIBUTION = "llm-inference-workshop"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 START_TIMEOUT_S = 900.0
 
-# Servers this Python process started, by (engine, model): re-running a notebook's first cell
-# reuses them instead of starting a second copy.
-_STARTED: dict[tuple[str, str], "Session"] = {}
+# Servers this Python process started, by (engine, model, upstream): re-running a notebook's
+# first cell reuses them instead of starting a second copy.
+_STARTED: dict[tuple[str, str, str], "Session"] = {}
 
 
 def quick() -> bool:
@@ -227,7 +233,8 @@ def connect(engine: str | None = None, model: str | None = None, base_url: str |
         port = port or DEFAULT_PORTS.get(engine, 8000)
         local = f"http://127.0.0.1:{port}"
         model = model or os.environ.get("WORKSHOP_MODEL") or None
-        started = _STARTED.get((engine, model or ""))
+        reuse = (engine, model or "", os.environ.get(UPSTREAM_URL_VAR, "") if engine == "remote" else "")
+        started = _STARTED.get(reuse)
         if started is not None and started.process is not None and started.process.poll() is None:
             session = started
         elif _answers(local, api_key):
@@ -241,7 +248,7 @@ def connect(engine: str | None = None, model: str | None = None, base_url: str |
                     f"stop it, pass port=..., or set {url_var}")
         elif start:
             session = _start_server(engine, model, port, api_key, list(server_args), verbose)
-            _STARTED[(engine, model or "")] = session
+            _STARTED[reuse] = session
         else:
             raise RuntimeError(f"no {engine} server at {local} and start=False")
     if verbose:
@@ -302,22 +309,41 @@ def _describe_server(base_url: str, api_key: str | None, engine: str, how: str) 
     return s
 
 
+def upstream_args(env: dict[str, str] | None = None) -> list[str]:
+    """``--upstream URL`` for ``--engine remote``, from ``WORKSHOP_UPSTREAM_URL``."""
+    env = os.environ if env is None else env
+    url = (env.get(UPSTREAM_URL_VAR) or "").strip()
+    if not url:
+        raise ValueError(
+            f"the remote engine fronts a server someone else runs: set {UPSTREAM_URL_VAR} to its "
+            f"OpenAI base URL (e.g. http://gpu-box:8000/v1) and, if it needs a key, "
+            f"{UPSTREAM_KEY_VAR}; or set WORKSHOP_REMOTE_BASE_URL to a remote-engine server "
+            "already running")
+    return ["--upstream", url]
+
+
 def _start_server(engine: str, model: str | None, port: int, api_key: str | None,
                   server_args: list[str], verbose: bool) -> Session:
     device_args: list[str] = []
-    if not in_checkout() and gpu_name() is not None:
+    if engine == "remote":
+        # the remote server's model (--model only picks one when it serves several), its device
+        device_args = upstream_args()
+    elif not in_checkout() and gpu_name() is not None:
         model = model or DEFAULT_GPU_MODEL
         device_args = ["--device", "cuda"]
-    model = model or BUNDLED_MODEL
+    if engine != "remote":
+        model = model or BUNDLED_MODEL
     from reference_server.models import cache_dir
 
     log_path = cache_dir() / "logs" / f"server-{engine}-{port}.log"
     if verbose:
-        print(f"starting the {engine} reference server on :{port} with {model} "
+        what = f"in front of {device_args[1]}" if engine == "remote" else f"with {model}"
+        print(f"starting the {engine} reference server on :{port} {what} "
               f"(log: {log_path}); the first start can take a minute or more", flush=True)
-    child = launch.launch(["--engine", engine, "--model", model, *device_args, *server_args],
+    model_args = ["--model", model] if model else []
+    child = launch.launch(["--engine", engine, *model_args, *device_args, *server_args],
                           port=port, log_path=log_path, api_key=api_key)
-    session = Session(base_url=child.base_url, api_key=api_key, model=model, engine=engine,
+    session = Session(base_url=child.base_url, api_key=api_key, model=model or "", engine=engine,
                       how="started by this notebook", process=child.proc, log_path=log_path)
     atexit.register(session.stop)
     try:

@@ -103,15 +103,14 @@ ui.table([{"label": c.label, "engine": c.engine, "server args": " ".join(c.serve
 # re-run the cells below after changing a control; marimo re-runs them.
 
 # %%
-# Quick mode (CI) runs the two teaching-engine contenders, which start in seconds: starting
-# vLLM or SGLang afresh takes a minute or more each, and the baseline, one request at a time,
-# is the slowest to sweep. Even the vLLM already up is left out on a CPU: on CI's 2 cores (an
-# AVX2 EPYC) its unloaded time to first token for a 300-token prompt was 7x the teaching
-# engine's (14.8 s vs 2.0 s, 2026-12-02, vLLM still in emulated bf16; it now serves float32
-# there, not re-measured), and its quick sweep alone took five minutes. Where there is no
-# teaching-engine contender (the GPU field), the engine already up runs.
-_quick_field = ([c.label for c in field_all if c.engine == "mini"]
-                or [c.label for c in field_all if c.label in running_servers and c.engine != "hf"])
+# Quick mode (CI) runs the two teaching-engine contenders, which start in seconds, and the
+# engine already up (not the baseline): starting vLLM or SGLang afresh takes a minute or more
+# each, and the baseline, one request at a time, is the slowest to sweep. vLLM was left out
+# while it emulated bf16 on CI's 2 AVX2 cores (its quick sweep alone took five minutes); in
+# float32 its quick sweep took 22 s there, and the whole notebook 149 s with it and without
+# it (2026-12-02, the machine shared with other jobs).
+_quick_field = [c.label for c in field_all
+                if c.engine == "mini" or (c.label in running_servers and c.engine != "hf")]
 engines_text = ui.text(",".join(workshop.session.sweep([c.label for c in field_all], _quick_field)),
                        "contenders (comma-separated labels from the table)")
 plan_choice = ui.dropdown(["quick", "full"], workshop.session.sweep("full", "quick"), "plan")
@@ -378,6 +377,8 @@ for _w in dict.fromkeys(r["workload"] for r in knee_rows):
         _lines.append(f"* **{_w}**: a tie within the noise band between {', '.join(_v.tied)}.")
     elif _v.outcome == "only":
         _lines.append(f"* **{_w}**: only **{_v.winner}** had a knee.")
+    else:
+        _lines.append(f"* **{_w}**: no contender has a knee to compare:")
     for _e, _why in _v.excluded.items():
         _lines.append(f"  * {_e}: {_why}")
 ui.md("\n".join(_lines) or "No contender finished a sweep in this run.")

@@ -28,16 +28,18 @@ EngineResponse = Union[dict, AsyncIterator[dict], AsyncIterator[bytes]]
 
 
 class EngineError(Exception):
-    """A request the engine refused or failed; carries the HTTP status and OpenAI error body."""
+    """A request the engine refused or failed; carries the HTTP status and OpenAI error body,
+    and ``headers`` for the answer (an upstream's ``Retry-After``)."""
 
     def __init__(self, status_code: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None):
+                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.type = type
         self.param = param
         self.code = code
+        self.headers = headers
 
     def body(self) -> dict:
         return error_body(self.message, self.type, self.param, self.code)

@@ -298,7 +298,7 @@ class ProxyEngine(Engine):
         if resp.status != 200:
             content = await resp.read()
             resp.release()
-            raise _engine_error(resp.status, content)
+            raise _engine_error(resp.status, content, resp.headers.get("Retry-After"))
         if not request.stream:
             self._open.add(resp)
             try:
@@ -463,7 +463,15 @@ def _stream_error(first: bytes) -> EngineError:
     return _engine_error(status, event)
 
 
-def _engine_error(status: int, content: bytes) -> EngineError:
+# An engine's own refusal to take more, when its body is not an OpenAI error: the types our
+# own server answers for the same conditions.
+_BUSY_TYPES = {429: "server_overloaded", 503: "engine_unavailable"}
+
+
+def _engine_error(status: int, content: bytes, retry_after: str | None = None) -> EngineError:
+    """The engine's error answer as ours. An engine (or a remote server's gateway) that is
+    busy says when to come back: its ``Retry-After`` on a 429 or 503 goes to the client, who
+    would otherwise retry at once or give up."""
     try:
         err = json.loads(content)
         err = err.get("error", err) if isinstance(err, dict) else {}
@@ -472,5 +480,6 @@ def _engine_error(status: int, content: bytes) -> EngineError:
     if not isinstance(err, dict):     # SGLang's 401: {"error": "Unauthorized"}
         err = {"message": str(err)}
     message = err.get("message") or content.decode(errors="replace")[:500] or "engine error"
-    return EngineError(status, message, type=err.get("type") or "invalid_request_error",
-                       param=err.get("param"), code=err.get("code") and str(err.get("code")))
+    relay = {"Retry-After": retry_after} if retry_after and status in _BUSY_TYPES else None
+    return EngineError(status, message, type=err.get("type") or _BUSY_TYPES.get(status, "invalid_request_error"),
+                       param=err.get("param"), code=err.get("code") and str(err.get("code")), headers=relay)

@@ -5,14 +5,20 @@ the API and bad-input suites run against it like every engine. Here: what only a
 engine has to get right. Its upstream's key stays between the two servers; a remote server
 that goes away is reported with OpenAI-style errors (502, then 503), never a crash, and is
 used again when it comes back (that one fronts the harness's mock server, a real process
-that starts in a moment and can be killed without touching the fleet).
+that starts in a moment and can be killed without touching the fleet). A busy upstream's
+429 / 503 reaches the client with its Retry-After (the upstream: a tiny HTTP server in this
+process that refuses everything, the behaviour being simulated). ``connect()`` with
+``WORKSHOP_ENGINE=remote`` starts a remote engine of its own in front of the fleet's upstream.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -84,6 +90,27 @@ def test_a_refused_upstream_key_stops_the_start_and_says_why(remote_server):
     assert wrong not in log
 
 
+def test_a_notebook_connects_through_a_remote_engine_it_starts(remote_server, monkeypatch):
+    # WORKSHOP_ENGINE=remote: connect() starts a remote-engine server of its own in front of
+    # the fleet's upstream, named by WORKSHOP_UPSTREAM_URL, its key by WORKSHOP_UPSTREAM_API_KEY
+    from workshop import session as sessions
+    upstream = remote_server.extra["upstream"]
+    monkeypatch.setenv("WORKSHOP_ENGINE", "remote")
+    monkeypatch.setenv("WORKSHOP_UPSTREAM_URL", upstream.base_url + "/v1")
+    monkeypatch.setenv("WORKSHOP_UPSTREAM_API_KEY", UPSTREAM_KEY)
+    monkeypatch.delenv("WORKSHOP_REMOTE_BASE_URL", raising=False)
+    s = sessions.connect(port=launcher.free_port(), verbose=False)
+    try:
+        assert s.process is not None and s.engine == "remote", s.how
+        assert s.info["extra"]["remote"]["engine"] == "mini" and s.model == upstream.model
+        before = upstream.metric(P.SERVER_REQUESTS)
+        r = s.openai().completions.create(model=s.model, prompt="Hello", max_tokens=3)
+        assert r.usage.completion_tokens == 3
+        assert upstream.metric(P.SERVER_REQUESTS) == before + 1
+    finally:
+        s.stop()
+
+
 def _mock_upstream(port: int) -> subprocess.Popen:
     proc = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port)],
                             stdout=subprocess.PIPE, text=True)
@@ -135,3 +162,60 @@ def test_upstream_down_is_an_openai_error_not_a_crash():
         stop(server)
         mock.kill()
         mock.wait()
+
+
+class _BusyUpstream(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that is always busy: a 429 for completions (an OpenAI error
+    body), a 503 for chat (a gateway's plain text), each with its own Retry-After."""
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self._send(200, json.dumps({"object": "list", "data": [{"id": "busy", "object": "model"}]}))
+        elif self.path == "/health":
+            self._send(200, "")
+        else:
+            self._send(404, "")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/completions":
+            self._send(429, json.dumps({"error": {"message": "slow down", "type": "rate_limit_error",
+                                                  "code": "rate_limited"}}), {"Retry-After": "7"})
+        else:
+            self._send(503, "Service Unavailable", {"Retry-After": "30"}, "text/plain")
+
+    def _send(self, status, text, headers=None, kind="application/json"):
+        data = text.encode()
+        self.send_response(status)
+        for k, v in {"Content-Type": kind, "Content-Length": str(len(data)), **(headers or {})}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_busy_upstream_says_when_to_retry_through_the_remote_engine():
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _BusyUpstream)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    upstream = RunningServer("busy", f"http://127.0.0.1:{httpd.server_port}", "", "busy", None, Path("/dev/null"))
+    server = launch_remote(upstream, upstream_key=None)
+    try:
+        wait_ready(server, timeout=120)
+        h = server.headers
+        for stream in (False, True):
+            r = httpx.post(server.base_url + "/v1/completions", headers=h, timeout=30,
+                           json={"model": "busy", "prompt": "hi", "max_tokens": 2, "stream": stream})
+            assert r.status_code == 429 and r.headers.get("retry-after") == "7", (r.headers, r.text)
+            assert r.json()["error"] == {"message": "slow down", "type": "rate_limit_error", "param": None,
+                                         "code": "rate_limited"}
+        r = httpx.post(server.base_url + "/v1/chat/completions", headers=h, timeout=30,
+                       json={"model": "busy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+        assert r.status_code == 503 and r.headers.get("retry-after") == "30", (r.headers, r.text)
+        err = r.json()["error"]
+        assert err["message"] == "Service Unavailable" and err["type"] == "engine_unavailable", err
+    finally:
+        server.extra.pop("upstream", None)
+        stop(server)
+        httpd.shutdown()

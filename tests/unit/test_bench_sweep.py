@@ -4,7 +4,7 @@
 from workshop.bench.compare import compare_folders, compare_table
 from workshop.bench.metrics import RequestRecord, summarize
 from workshop.bench.results import BenchResult
-from workshop.bench.sweep import SweepResult, find_knee, find_knee_closed
+from workshop.bench.sweep import SweepResult, _knee, find_knee, find_knee_closed
 
 
 def test_knee_where_throughput_stops_tracking():
@@ -223,3 +223,56 @@ def test_offered_vs_asked_and_the_sampling_band():
     r16 = offered_vs_asked(_timeline(arrival_times(n, 16.0, 1.0, seed=0), [0.5] * n), 16.0)
     assert r16["offered_vs_asked"] == pytest.approx(ld["offered_vs_asked"])
     assert sampling_band(10_001)[0] > 0.95     # long runs converge
+
+
+# --------------------------------------------------------------------------- points too short to judge
+
+from workshop.bench.saturation import judged  # noqa: E402
+
+
+def _judged_point(arrivals, lengths, base):
+    recs = _timeline(arrivals, lengths)
+    res = BenchResult(config={}, summary=summarize(recs), records=recs)
+    res.summary["saturation"] = judge(recs, None, base).to_dict()
+    return res
+
+
+BASE = Baseline(session_p90_s=1.0, session_median_s=1.0, ttft_median_s=0.05)
+# notebook 10's quick plan: four arrivals, each session 3 s, against 1 s unloaded: the window
+# holds two or three arrivals and no end, and no shortfall that small can exceed its noise
+SHORT = ([0.0, 0.3, 0.6, 0.9], [3.0] * 4)
+# a long stable point: one arrival every 0.5 s for 30 s, each session 1 s
+LONG = ([0.5 * i for i in range(60)], [1.0] * 60)
+
+
+def test_a_point_too_short_to_judge_is_neither_kept_up_nor_overloaded():
+    v = judge(_timeline(*SHORT), None, BASE).to_dict()
+    assert not v["overloaded"] and v["window"]["completions"] == 0 and v["window"]["arrivals"] <= 3, v
+    assert judged(v) is False and v["reasons"][-1].startswith("not judged"), v
+    long = judge(_timeline(*LONG), None, BASE).to_dict()
+    assert not long["overloaded"] and judged(long) is True, long
+    assert judged(None) is None and judged({}) is None        # closed-loop points carry no verdict
+
+
+def test_no_knee_is_claimed_from_points_too_short_to_judge(tmp_path):
+    from workshop.bench.plots import plot_showdown
+    cfg = {"requests_per_session": 1.0, "tolerance": 0.9, "min_gain": 0.1}
+    short = [_judged_point(*SHORT, BASE), _judged_point(*SHORT, BASE)]
+    sw = SweepResult("rate", [1.0, 2.0], short, _knee("rate", [1.0, 2.0], short, None, None, 0.9, 0.1), cfg)
+    assert sw.knee_index is None and sw.judged() == [False, False]
+    assert "not enough requests per point to judge a knee" in sw.knee_note()
+    assert sw.table().count("not judged") == 2 and "(knee)" not in sw.table()
+    # a folder written before the rule stored a knee claimed from such a point: it is re-derived
+    sw.knee_index = 1
+    sw.save(tmp_path / "old", plots=False)
+    sw = SweepResult.load(tmp_path / "old")
+    assert sw.knee_index is None
+    # the figure stars nothing and draws both points hollow
+    fig = plot_showdown({"shared-prefix": {"mini-hash": sw}})
+    lines = fig.axes[0].get_lines()
+    assert not [ln for ln in lines if ln.get_marker() == "*"]
+    assert sum(len(ln.get_xdata()) for ln in lines if ln.get_markerfacecolor() == "white") == 2
+    # a judged point below one too short: the knee is the judged one, a lower bound
+    mixed = [_judged_point(*LONG, BASE), _judged_point(*SHORT, BASE)]
+    sw = SweepResult("rate", [1.0, 2.0], mixed, _knee("rate", [1.0, 2.0], mixed, None, None, 0.9, 0.1), cfg)
+    assert sw.knee_index == 0 and "at least (not enough requests at 2 req/s to judge them)" in sw.knee_note()

@@ -25,7 +25,7 @@ SLO_TTFT, SLO_ITL = 1000.0, 100.0
 
 def make_point(rate: float, *, achieved: float | None = None, n: int = 20, ttft: float | list[float] = 0.05,
                itl: float = 0.01, out: int = 8, overloaded: bool = False, kv: float | None = 0.2,
-               hit: float | None = None) -> BenchResult:
+               hit: float | None = None, arrivals: int | None = None) -> BenchResult:
     ttfts = ttft if isinstance(ttft, list) else [ttft] * n
     recs = []
     for i, t0 in enumerate(ttfts):
@@ -36,7 +36,9 @@ def make_point(rate: float, *, achieved: float | None = None, n: int = 20, ttft:
     summary = summarize(recs)
     summary["saturation"] = {"overloaded": overloaded, "client_limited": False,
                              "reasons": ["throughput falls behind"] if overloaded else [],
-                             "window": {"offered_rate": rate, "achieved_rate": achieved or rate}}
+                             "window": {"offered_rate": rate, "achieved_rate": achieved or rate,
+                                        "arrivals": n if arrivals is None else arrivals},
+                             "shortfall_noise": 2.5}
     summary["server"] = {"metrics_available": True, "peak_kv_usage": kv, "prefix_cache_hit_rate": hit}
     return BenchResult(config={"request_rate": rate}, summary=summary, records=recs)
 
@@ -163,6 +165,21 @@ def test_no_knee_and_knee_at_the_top_are_flagged(tmp_path):
     assert rows["always"]["lower_bound"] and "or more" in rows["always"]["note"]
     v = decision.decide(list(rows.values()), "agentic", "throughput")
     assert v.outcome == "only" and v.winner == "always" and "never" in v.excluded
+
+
+def test_sweeps_too_short_to_judge_claim_no_knee(tmp_path):
+    # notebook 10's quick plan: two arrivals in each point's steady window, none overloaded, so
+    # no point says whether its engine kept up (a shortfall counts beyond 2.5 x its noise)
+    runs = {(e, "w"): make_sweep([1, 2], 1, arrivals=2) for e in ("mini-hash", "mini-radix")}
+    rows = decision.knee_table(decision.load(make_root(tmp_path / "r", runs)))
+    assert all(r["no_knee"] and r["not_judged"] for r in rows)
+    assert [d["knee req/s (offered)"] for d in decision.display_rows(rows)] == ["not judged"] * 2
+    v = decision.decide(rows, "w", "throughput")
+    # not "no engine kept up within the objectives at any load, so capacity alone"
+    assert v.outcome == "none" and not v.ignores_objectives, v
+    assert all("not enough requests per point to judge a knee" in why for why in v.excluded.values()), v
+    fig = decision_chart.plot_decision(decision.decisions(rows), rows, "t")
+    assert "not enough requests per\npoint to judge a knee" in [t.get_text() for t in fig.axes[0].texts]
 
 
 # --------------------------------------------------------------------------- winners
@@ -351,6 +368,24 @@ def test_chart_and_report(two_engines, tmp_path):
     md = (tmp_path / "out" / "decision.md").read_text()
     assert (tmp_path / "out" / "decision.png").stat().st_size > 10_000
     assert "| sharegpt | throughput | fast x2 |" in md and "not measured" in md.lower()
+
+
+def test_an_engine_has_one_colour_in_the_curves_and_the_chart(tmp_path):
+    from matplotlib.colors import to_rgba
+
+    from workshop.bench.plots import plot_showdown
+    runs = {(e, "w"): make_sweep([1, 2], 1) for e in ("vllm", "mini-radix", "hf", "mine")}
+    res = decision.load(make_root(tmp_path / "r", runs))
+    curves = plot_showdown(res.sweeps())          # notebook 10: every engine
+    curve = {ln.get_label(): to_rgba(ln.get_color()) for ln in curves.axes[0].get_lines()
+             if not ln.get_label().startswith("_")}
+    rows = decision.knee_table(res)
+    # notebook 11: a subset, in another order
+    chart = decision_chart.plot_decision(decision.decisions(rows), rows, "t", engines=["hf", "mine", "vllm"])
+    legend = chart.axes[1].get_legend()
+    bar = {t.get_text(): to_rgba(h.get_facecolor()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    assert set(bar) == {"hf", "mine", "vllm"} and set(curve) >= set(bar)
+    assert {e: bar[e] for e in bar} == {e: curve[e] for e in bar}
 
 
 # --------------------------------------------------------------------------- cited facts

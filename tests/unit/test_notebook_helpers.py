@@ -32,11 +32,20 @@ def test_env_names_per_engine():
     assert session.env_names("hf") == ("WORKSHOP_HF_BASE_URL", "WORKSHOP_HF_API_KEY")
 
 
+def test_the_remote_engine_fronts_workshop_upstream_url():
+    url = {"WORKSHOP_UPSTREAM_URL": " http://gpu:8000/v1 "}
+    assert session.upstream_args(url) == ["--upstream", "http://gpu:8000/v1"]
+    for env in ({}, {"WORKSHOP_UPSTREAM_URL": " "}):
+        with pytest.raises(ValueError, match="set WORKSHOP_UPSTREAM_URL"):
+            session.upstream_args(env)
+
+
 def test_default_engine_follows_workshop_engine():
     assert session.default_engine({}) == "vllm"
     assert session.default_engine({"WORKSHOP_ENGINE": ""}) == "vllm"
     assert session.default_engine({"WORKSHOP_ENGINE": " SGLang "}) == "sglang"
     assert session.default_engine({"WORKSHOP_ENGINE": "hf"}) == "hf"
+    assert session.default_engine({"WORKSHOP_ENGINE": "remote"}) == "remote"
     with pytest.raises(ValueError, match="WORKSHOP_ENGINE='tgi'.*vllm, hf, sglang, mini"):
         session.default_engine({"WORKSHOP_ENGINE": "tgi"})
 

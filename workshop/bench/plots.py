@@ -158,16 +158,37 @@ def save_run_plots(res: "BenchResult", folder: Path) -> None:
         plt.close(fig)
 
 
-def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "ttft_ms"):
-    """One column per workload: achieved vs offered load of every engine (knees starred), and
-    below it the p99 of ``metric`` against offered load. ``sweeps``: workload -> engine -> sweep.
-    Offered and achieved rates are in requests/s over each point's steady window."""
+def engine_colors(labels: Sequence[str]) -> dict[str, tuple[float, float, float, float]]:
+    """Each engine label's colour, the same in every figure (notebook 10's curves, notebook
+    11's decision chart): the showdown's own contenders always get the same tab10 colour,
+    whichever others are drawn; any other label gets one of the colours left, in sorted order
+    of the other labels drawn."""
     from matplotlib import colormaps
+
+    from .showdown import CPU_FIELD, GPU_FIELD
+    cmap = colormaps["tab10"]
+    known = list(dict.fromkeys(c.label for c in (*CPU_FIELD, *GPU_FIELD)))
+    spare = [i for i in range(cmap.N) if i >= len(known)]
+    others = sorted({e for e in labels if e not in known})
+    out = {}
+    for e in labels:
+        i = known.index(e) if e in known else spare[others.index(e) % len(spare)]
+        out[e] = cmap(i % cmap.N)
+    return out
+
+
+def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "ttft_ms"):
+    """One column per workload: achieved vs offered load of every engine (knees starred, points
+    too short to judge hollow), and below it the p99 of ``metric`` against offered load.
+    ``sweeps``: workload -> engine -> sweep. Offered and achieved rates are in requests/s over
+    each point's steady window."""
+    from matplotlib.lines import Line2D
 
     from workshop.plots import new_figure
     workloads = list(sweeps)
     engines = sorted({e for per in sweeps.values() for e in per})
-    colors = {e: colormaps["tab10"](i % 10) for i, e in enumerate(engines)}
+    colors = engine_colors(engines)
+    unjudged_any = False
     fig = new_figure((4.6 * max(len(workloads), 1), 7.2))
     axes = fig.subplots(2, max(len(workloads), 1), squeeze=False, sharex="col")
     for j, w in enumerate(workloads):
@@ -180,6 +201,11 @@ def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "tt
             p99 = [p.summary[metric]["p99"] if p.summary[metric]["p99"] is not None else np.nan
                    for p in sw.points]
             bottom.plot(x, p99, "o-", color=colors[e], label=e, ms=4)
+            unjudged = [i for i, j in enumerate(sw.judged()) if j is False]
+            unjudged_any = unjudged_any or bool(unjudged)
+            for ax, ys in ((top, y), (bottom, p99)):
+                ax.plot([x[i] for i in unjudged], [ys[i] for i in unjudged], "o", ms=7, mfc="white",
+                        mec=colors[e], mew=1.2, ls="none")
             if sw.knee_index is not None:
                 k = sw.knee_index
                 top.plot([x[k]], [y[k]], "*", color=colors[e], ms=15, mec="black", mew=0.6)
@@ -195,6 +221,10 @@ def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "tt
             bottom.axhline(slo, color="black", lw=0.8, ls=":", label="objective")
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=8, loc="upper left")
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    if unjudged_any:
+        handles.append(Line2D([], [], marker="o", ms=7, mfc="white", mec="grey", ls="none"))
+        labels.append("not judged: too few\nrequests in the point")
+    axes[0][0].legend(handles, labels, fontsize=8, loc="upper left")
     fig.suptitle("Every engine swept to its knee (star); on the dashed line an engine keeps up")
     return fig

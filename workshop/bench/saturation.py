@@ -34,6 +34,14 @@ Queueing is judged as well, from evidence that does not depend on the window's l
   (a stall that sent the arrivals it held back as one burst). A steady few milliseconds of
   lag, the operating system's scheduling noise, does not change the load.
 
+A point can be too short to judge: the shortfall can never exceed its noise when the window
+holds no more arrivals than ``Z`` x the noise (arrivals - ends is at most the arrivals), and
+a verdict of "keeps up" claims that throughput tracked the offered load, which only that test
+checks (the queue and TTFT signs can add overload, never rule it out). Such a point, with no
+sign of overload, is **not judged** (``judged``): neither kept up nor overloaded. With four
+requests per point (notebook 10's quick plan) the window holds two or three arrivals against
+a threshold of at least 2.5 x (sqrt(2) + 1) ~= 6.
+
 Sessions (not requests) are the unit of arrival: for multi-turn workloads the rates are
 sessions per second, as ``request_rate`` is.
 """
@@ -256,11 +264,32 @@ def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = Non
     client = _client_limited(records, win)
     if client:
         reasons.append(client)
+    if not (falls or q_grows or t_grows) and not _could_fall_behind(win, noise):
+        reasons.append("not judged: too few arrivals in the steady window for a shortfall to show "
+                       + (f"({win['arrivals']}, noise {noise:.1f}: a shortfall counts beyond {Z * noise:.1f})"
+                          if win else "(no steady window: fewer than 3 sessions)"))
     return Verdict(overloaded=bool(falls or q_grows or t_grows), client_limited=bool(client), reasons=reasons,
                    falls_behind=falls, queue_grows=q_grows, ttft_grows=t_grows, throughput_ratio=ratio,
                    shortfall=shortfall, shortfall_noise=noise, ttft_growth_s=growth, waiting_first_half=w1,
                    waiting_second_half=w2, waiting_peak=wpeak, window=win,
                    baseline=asdict(baseline) if baseline else None, tolerance=tolerance)
+
+
+def _could_fall_behind(win: dict[str, Any] | None, noise: float | None) -> bool:
+    """Whether the throughput test could have failed: arrivals - ends, at most the arrivals,
+    must be able to exceed ``Z`` x the noise."""
+    return win is not None and noise is not None and win["arrivals"] > Z * noise
+
+
+def judged(verdict: dict[str, Any] | None) -> bool | None:
+    """Whether a stored verdict (``Verdict.to_dict()``, as in a point's ``summary["saturation"]``)
+    says anything about the server: overloaded, or long enough that its throughput test could
+    have failed (the module docstring). Computed from the stored evidence, so folders written
+    before this rule read the same. None for no verdict (closed-loop points)."""
+    if not verdict:
+        return None
+    return bool(verdict.get("overloaded")) or _could_fall_behind(verdict.get("window"),
+                                                                 verdict.get("shortfall_noise"))
 
 
 def _client_limited(records: Sequence[RequestRecord], win: dict[str, Any] | None) -> str | None:

@@ -6,12 +6,14 @@ window (warm-up and drain left out, as GuideLLM does): throughput must track the
 load beyond the noise of a stable queue, the server's waiting queue must not grow, TTFT
 must not grow across the window; the p99 TTFT / ITL objectives must hold; and the client
 must have offered the load (schedule lag: a point where it could not is left out, neither
-the knee nor a failure). Without given loads the sweep picks them as
-GuideLLM's sweep profile does: a synchronous probe (one request at a time) and a
-maximum-throughput probe (closed loop at high concurrency) first, then rates spaced evenly
-from the synchronous rate to a little past the maximum throughput. For closed-loop sweeps
-over concurrency there is no offered rate, so "keeps up" means adding concurrency still adds
-steady throughput (at least ``min_gain`` relative) while the objectives hold.
+the knee nor a failure). A point too short for its throughput test to fail, with no sign of
+overload (``saturation.judged``), is left out the same way: no knee is claimed from it.
+Without given loads the sweep picks them as GuideLLM's sweep profile does: a synchronous
+probe (one request at a time) and a maximum-throughput probe (closed loop at high
+concurrency) first, then rates spaced evenly from the synchronous rate to a little past the
+maximum throughput. For closed-loop sweeps over concurrency there is no offered rate, so
+"keeps up" means adding concurrency still adds steady throughput (at least ``min_gain``
+relative) while the objectives hold.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .results import BenchResult
-from .saturation import Baseline, closed_loop_throughput, judge
+from .saturation import Baseline, closed_loop_throughput, judge, judged
 from .workloads import Tokenizer, Workload, build_workload
 
 
@@ -140,23 +142,48 @@ class SweepResult:
         """Each point's verdict (None for closed-loop points)."""
         return [(p.summary.get("saturation") or {}).get("overloaded") for p in self.points]
 
+    def judged(self) -> list[bool | None]:
+        """Per point, whether its verdict says anything (``saturation.judged``; None for
+        closed-loop points): a point not judged is neither the knee nor past it."""
+        return [judged(p.summary.get("saturation")) for p in self.points]
+
+    def _left_out(self, i: int) -> str | None:
+        """Why open-loop point ``i`` is not in the knee search, or None."""
+        sat = self.points[i].summary.get("saturation") or {}
+        if self.mode != "rate" or not sat:
+            return None
+        if sat.get("client_limited"):
+            return "client-bound"
+        return None if judged(sat) else "not judged"
+
     def knee_note(self) -> str:
         """One line on where the knee is and why, for people."""
+        out = [i for i in range(len(self.points)) if self._left_out(i)]
         if self.knee_index is None:
-            first = (self.points[0].summary.get("saturation") or {}).get("reasons") if self.points else None
-            why = first[0] if first else "; ".join(self._broken_objectives(0)) if self.points else ""
-            return "knee: none (even the lowest load fails" + (f": {why}" if why else "") + ")"
+            kinds = {self._left_out(i) for i in out}
+            if self.points and len(out) == len(self.points) and "not judged" in kinds:
+                return ("knee: not judged (not enough requests per point to judge a knee: no steady window "
+                        "held enough arrivals for a shortfall to show"
+                        + ("; the client could not offer the other loads" if "client-bound" in kinds else "")
+                        + ")")
+            first = next((i for i in range(len(self.points)) if i not in out), 0)
+            reasons = (self.points[first].summary.get("saturation") or {}).get("reasons") if self.points else None
+            why = reasons[0] if reasons else "; ".join(self._broken_objectives(first)) if self.points else ""
+            lowest = "even the lowest load" if first == 0 else f"the lowest load judged, {self.loads[first]:.3g},"
+            return f"knee: none ({lowest} fails" + (f": {why}" if why else "") + ")"
         k = self.knee_index
         unit = "req/s" if self.mode == "rate" else "concurrent"
         at = f"{self.loads[k]:.3g} {unit}" + (f" asked, {self.knee_offered:.3g} offered" if self.mode == "rate" else "")
         if k == len(self.loads) - 1:
             return (f"knee: {at} or more (no point tried was overloaded; "
                     f"the server's limit is higher than the highest load tried)")
-        skipped = [self.loads[i] for i in range(k + 1, len(self.points))
-                   if (self.points[i].summary.get("saturation") or {}).get("client_limited")]
-        if k + 1 < len(self.points) and skipped and skipped[0] == self.loads[k + 1]:
-            return (f"knee: {at} at least (the client could not offer "
-                    + ", ".join(f"{x:.3g}" for x in skipped) + " req/s: run again on a quieter machine)")
+        if k + 1 in out:
+            above = {kind: ", ".join(f"{self.loads[i]:.3g}" for i in out if i > k and self._left_out(i) == kind)
+                     for kind in ("client-bound", "not judged")}
+            why = ([f"the client could not offer {above['client-bound']} req/s: run again on a quieter machine"]
+                   if above["client-bound"] else [])
+            why += [f"not enough requests at {above['not judged']} req/s to judge them"] if above["not judged"] else []
+            return f"knee: {at} at least (" + "; ".join(why) + ")"
         nxt = self.points[k + 1].summary
         why = (nxt.get("saturation") or {}).get("reasons") or []
         slo = self.config.get("slo_ttft_ms"), self.config.get("slo_itl_ms")
@@ -186,7 +213,8 @@ class SweepResult:
             if rate:
                 sat = s.get("saturation") or {}
                 verdict = ("client-bound" if sat.get("client_limited") else
-                           "overloaded" if sat.get("overloaded") else "keeps up" if sat else "-")
+                           "overloaded" if sat.get("overloaded") else "-" if not sat else
+                           "keeps up" if judged(sat) else "not judged (too few requests)")
                 row += f" {_fmt((s.get('server') or {}).get('peak_waiting'), 0)} | {verdict} |"
             rows.append(row)
         return "\n".join(rows)
@@ -224,7 +252,12 @@ class SweepResult:
         meta = json.loads((folder / "sweep.json").read_text())
         points = [BenchResult.load(folder / n) for n in meta["points"]]
         probes = {k: BenchResult.load(folder / n) for k, n in (meta.get("probes") or {}).items()}
-        return cls(meta["mode"], meta["loads"], points, meta["knee_index"], meta.get("config", {}), probes)
+        cfg = meta.get("config", {})
+        # the knee re-derived from the stored verdicts by today's rule (a folder written before
+        # points too short to judge were left out stored a knee claimed from one)
+        knee = _knee(meta["mode"], meta["loads"], points, cfg.get("slo_ttft_ms"), cfg.get("slo_itl_ms"),
+                     cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1)) if points else meta["knee_index"]
+        return cls(meta["mode"], meta["loads"], points, knee, cfg, probes)
 
 
 def _fmt(x: float | None, nd: int = 1) -> str:
@@ -371,10 +404,10 @@ def _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain) -> 
     ttft = [p.summary["ttft_ms"]["p99"] for p in points]
     itl = [p.summary["itl_ms"]["p99"] for p in points]
     if mode == "rate":
-        # A point where the client could not offer the load says nothing about the server:
-        # it is left out (neither the knee nor a failure), and shown as client-bound.
+        # A point where the client could not offer the load, or too short for a shortfall to
+        # show, says nothing about the server: it is left out (neither the knee nor a failure).
         verdicts = [(p.summary.get("saturation") or {}) for p in points]
-        valid = [i for i, v in enumerate(verdicts) if not v.get("client_limited")]
+        valid = [i for i, v in enumerate(verdicts) if not v.get("client_limited") and judged(v) is not False]
         k = find_knee([loads[i] for i in valid], [loads[i] for i in valid], [ttft[i] for i in valid],
                       [itl[i] for i in valid], slo_ttft_ms, slo_itl_ms, tolerance,
                       overloaded=[bool(verdicts[i].get("overloaded")) for i in valid])
