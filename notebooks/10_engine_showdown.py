@@ -137,11 +137,12 @@ def _(mo):
     mo.md(r"""
     Pick the contenders and the plan. The **quick** plan (what CI runs) has one workload
     (shared-prefix), short prompts and answers and two load points per engine, and by default,
-    on a CPU, only the two teaching-engine contenders, which start in seconds (add the engine
-    already running, e.g. `vllm`, or `hf` for the baseline): a couple of minutes, and indicative
-    only (four requests per point is a small sample). The
-    **full** plan is the one `benchmarks/showdown.py` runs: three workloads, four load points,
-    about three quarters of an hour for the whole CPU field on 2 cores.
+    on a CPU, the two teaching-engine contenders, which start in seconds, and the engine already
+    running (add `hf` for the baseline): a few minutes. Four requests per point are too few to
+    judge a knee: section 5 draws such points hollow and no knee is claimed from them; the
+    comparisons fall back to each engine's capacity and its lightest load. The **full** plan is
+    the one `benchmarks/showdown.py` runs: three workloads, four load points, 24 requests (or 8
+    agentic sessions) per point, several hours for the whole CPU field on 2 cores.
 
     The **objectives** (p99 TTFT and p99 ITL) are yours to state. Left at 0, an objective is
     derived from the run itself once every contender has run: the factor below times the best
@@ -367,7 +368,8 @@ def _(mo):
     Top row: the throughput each engine achieved against the load it was offered, both in
     requests per second over each point's steady window (sessions per second times requests
     per session for the agentic workload). On the dashed line an engine keeps up; where its
-    curve bends away it saturates. The star is its knee. Bottom row: p99 TTFT at each load, on a
+    curve bends away it saturates. The star is its knee; a hollow point held too few requests for
+    a shortfall to show, so it is not judged either way. Bottom row: p99 TTFT at each load, on a
     log scale, with the objective dotted: queueing shows up here before throughput flattens.
     """)
     return
@@ -491,8 +493,8 @@ def _(mo):
     **Exercise 3 (predict, then measure).** Look at the workload table in section 2: the
     prefix reuse of the shared-prefix workload is the most any cache could find. What hit rate
     will the engine you connected to in the first cell report on that workload, at its knee (or,
-    without one, at the lightest load tried)? If that engine is not among the contenders (the
-    quick plan on a CPU leaves it out), the question is about the first contender.
+    without one, at the lightest load tried)? If that engine is not among the contenders (you
+    took it out in section 1), the question is about the first contender.
     """)
     return
 
