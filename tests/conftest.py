@@ -15,10 +15,13 @@ process: a teaching-engine server with a key of its own (``UPSTREAM_KEY``), star
 from __future__ import annotations
 
 import functools
+import json
 import os
 import sys
 import subprocess
+import threading
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -282,3 +285,45 @@ def mock_engine():
     for p in procs:
         p.terminate()
         p.wait(10)
+
+
+class _BusyUpstream(BaseHTTPRequestHandler):
+    """An OpenAI-compatible server that is always busy: a 429 for completions (an OpenAI error
+    body), a 503 for chat (a gateway's plain text), each with its own Retry-After."""
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            self._send(200, json.dumps({"object": "list", "data": [{"id": "busy", "object": "model"}]}))
+        elif self.path == "/health":
+            self._send(200, "")
+        else:
+            self._send(404, "")
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path == "/v1/completions":
+            self._send(429, json.dumps({"error": {"message": "slow down", "type": "rate_limit_error",
+                                                  "code": "rate_limited"}}), {"Retry-After": "7"})
+        else:
+            self._send(503, "Service Unavailable", {"Retry-After": "30"}, "text/plain")
+
+    def _send(self, status, text, headers=None, kind="application/json"):
+        data = text.encode()
+        self.send_response(status)
+        for k, v in {"Content-Type": kind, "Content-Length": str(len(data)), **(headers or {})}.items():
+            self.send_header(k, v)
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def busy_upstream():
+    """The root URL of an always-busy OpenAI-compatible server (``_BusyUpstream``), in this
+    process: what the remote engine and notebook 14's gateway must relay, not simulate."""
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _BusyUpstream)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{httpd.server_port}"
+    httpd.shutdown()

@@ -298,7 +298,7 @@ class ProxyEngine(Engine):
         if resp.status != 200:
             content = await resp.read()
             resp.release()
-            raise _engine_error(resp.status, content, resp.headers.get("Retry-After"))
+            raise error_answer(resp.status, content, resp.headers.get("Retry-After"))
         if not request.stream:
             self._open.add(resp)
             try:
@@ -460,7 +460,7 @@ def _stream_error(first: bytes) -> EngineError:
         status = int(code) if 400 <= int(code) < 600 else 400
     except (ValueError, TypeError, KeyError, AttributeError):
         status = 400
-    return _engine_error(status, event)
+    return error_answer(status, event)
 
 
 # An engine's own refusal to take more, when its body is not an OpenAI error: the types our
@@ -468,7 +468,7 @@ def _stream_error(first: bytes) -> EngineError:
 _BUSY_TYPES = {429: "server_overloaded", 503: "engine_unavailable"}
 
 
-def _engine_error(status: int, content: bytes, retry_after: str | None = None) -> EngineError:
+def error_answer(status: int, content: bytes, retry_after: str | None = None) -> EngineError:
     """The engine's error answer as ours. An engine (or a remote server's gateway) that is
     busy says when to come back: its ``Retry-After`` on a 429 or 503 goes to the client, who
     would otherwise retry at once or give up."""

@@ -160,3 +160,22 @@ def test_the_log_has_one_line_per_request_and_no_text(mini_server):
     assert [(x["key"], x["status"], x["stream"]) for x in lines] == [
         ("ops", 200, False), ("ops", 200, True), (None, 401, False)]
     assert lines[0]["completion_tokens"] > 0 and lines[1]["ttft_s"] > 0
+
+
+def test_a_busy_replica_s_retry_after_reaches_the_client(busy_upstream):
+    # A replica that refuses (its own 429 with an OpenAI body, or a 503 in plain text) says
+    # when to come back; the gateway passes that on, streaming or not, in OpenAI's shape.
+    gw = gateway.start([(busy_upstream, None)], [ADMIN, STREAMER])
+    gw.model = "busy"
+    try:
+        for stream in (False, True):
+            r = httpx.post(gw.base_url + "/v1/completions", headers=auth(STREAMER), timeout=30,
+                           json={"model": "busy", "prompt": "hi", "max_tokens": 2, "stream": stream})
+            assert r.status_code == 429 and r.headers.get("retry-after") == "7", (r.headers, r.text)
+            assert r.json()["error"]["type"] == "rate_limit_error"
+        r = chat(gw, STREAMER)
+        assert r.status_code == 503 and r.headers.get("retry-after") == "30", (r.headers, r.text)
+        assert r.json()["error"]["type"] == "engine_unavailable"      # its plain text, wrapped
+        assert gw.stats()["replicas"][0]["errors"] == 3
+    finally:
+        gw.stop()

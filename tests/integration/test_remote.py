@@ -13,12 +13,9 @@ process that refuses everything, the behaviour being simulated). ``connect()`` w
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import httpx
@@ -164,42 +161,8 @@ def test_upstream_down_is_an_openai_error_not_a_crash():
         mock.wait()
 
 
-class _BusyUpstream(BaseHTTPRequestHandler):
-    """An OpenAI-compatible server that is always busy: a 429 for completions (an OpenAI error
-    body), a 503 for chat (a gateway's plain text), each with its own Retry-After."""
-
-    def do_GET(self):
-        if self.path == "/v1/models":
-            self._send(200, json.dumps({"object": "list", "data": [{"id": "busy", "object": "model"}]}))
-        elif self.path == "/health":
-            self._send(200, "")
-        else:
-            self._send(404, "")
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        if self.path == "/v1/completions":
-            self._send(429, json.dumps({"error": {"message": "slow down", "type": "rate_limit_error",
-                                                  "code": "rate_limited"}}), {"Retry-After": "7"})
-        else:
-            self._send(503, "Service Unavailable", {"Retry-After": "30"}, "text/plain")
-
-    def _send(self, status, text, headers=None, kind="application/json"):
-        data = text.encode()
-        self.send_response(status)
-        for k, v in {"Content-Type": kind, "Content-Length": str(len(data)), **(headers or {})}.items():
-            self.send_header(k, v)
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
-
-
-def test_a_busy_upstream_says_when_to_retry_through_the_remote_engine():
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _BusyUpstream)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    upstream = RunningServer("busy", f"http://127.0.0.1:{httpd.server_port}", "", "busy", None, Path("/dev/null"))
+def test_a_busy_upstream_says_when_to_retry_through_the_remote_engine(busy_upstream):
+    upstream = RunningServer("busy", busy_upstream, "", "busy", None, Path("/dev/null"))
     server = launch_remote(upstream, upstream_key=None)
     try:
         wait_ready(server, timeout=120)
@@ -218,4 +181,3 @@ def test_a_busy_upstream_says_when_to_retry_through_the_remote_engine():
     finally:
         server.extra.pop("upstream", None)
         stop(server)
-        httpd.shutdown()

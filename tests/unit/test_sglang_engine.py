@@ -249,10 +249,10 @@ def test_server_info_repeats_settings_never_the_key_or_address(model):
 
 
 def test_an_error_body_whose_error_is_a_string_keeps_its_status():
-    from reference_server.engines.proxy import _engine_error
-    err = _engine_error(401, b'{"error": "Unauthorized"}')     # SGLang's key check
+    from reference_server.engines.proxy import error_answer
+    err = error_answer(401, b'{"error": "Unauthorized"}')     # SGLang's key check
     assert err.status_code == 401 and err.message == "Unauthorized"
-    err = _engine_error(400, b'{"object": "error", "message": "too long", '
+    err = error_answer(400, b'{"object": "error", "message": "too long", '
                              b'"type": "BadRequestError", "param": null, "code": 400}')
     assert err.status_code == 400 and err.message == "too long"
 

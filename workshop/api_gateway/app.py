@@ -20,7 +20,8 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from reference_server.app import error_response
+from reference_server.app import engine_error_response, error_response
+from reference_server.engines.proxy import error_answer
 from workshop.api_gateway import request_log
 from workshop.api_gateway.bucket import TokenBucket
 from workshop.api_gateway.keys import KeySpec, bearer_secret, digest
@@ -251,10 +252,11 @@ def create_app(gw: Gateway) -> FastAPI:
                 gw.log(**base, status=status, prompt_tokens=p, completion_tokens=c,
                        latency_s=gw.clock() - t0, stream=stream,
                        error=None if status == 200 else "upstream_status")
-            headers = {"Retry-After": resp.headers["Retry-After"]} \
-                if "Retry-After" in resp.headers else None
-            return Response(data, resp.status, headers=headers,
-                            media_type=resp.headers.get("content-type"))
+            if status != 200:
+                # in OpenAI's shape whatever the replica sent (a proxy's plain text, SGLang's
+                # bare strings), with its Retry-After when it is busy: the reference server's rule
+                return engine_error_response(error_answer(status, data, resp.headers.get("Retry-After")))
+            return Response(data, status, media_type=resp.headers.get("content-type"))
         return StreamingResponse(_relay(gw, resp, i, key, base, t0, wants_usage(body)),
                                  media_type="text/event-stream")
 
