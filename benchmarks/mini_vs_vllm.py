@@ -9,7 +9,11 @@ Definitions (the same for both engines): each request streams ``--max-tokens`` t
 ``ignore_eos`` from a fixed prompt of about ``--input-tokens`` tokens; ``c`` workers keep
 ``c`` requests in flight; output tokens/s = total completion tokens (from ``usage``) / wall
 time from the first request sent to the last stream closed. One warm-up request runs first.
-Servers are started one at a time (never both at once) on the same machine.
+
+Both servers are up for the whole run, side by side on the same machine, and measured in
+alternating rounds (``--rounds``; each round's engine order is the reverse of the previous
+one's), so a slow minute of a shared machine falls on both; each ratio is of the medians.
+``--one-at-a-time`` starts them in turn instead (for a machine short of memory).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import statistics
 import sys
 import tempfile
 import time
@@ -141,6 +146,9 @@ def main() -> None:
     ap.add_argument("--profile", action="store_true", help="also profile mini offline")
     ap.add_argument("--profile-only", action="store_true")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; ratios of the medians")
+    ap.add_argument("--one-at-a-time", action="store_true",
+                    help="start the engines in turn instead of side by side")
     args = ap.parse_args(argv)
 
     if args.profile or args.profile_only:
@@ -150,33 +158,59 @@ def main() -> None:
             return
     prompts = make_prompts(256, int(args.input_tokens * 0.75))
     results = []
-    for engine in args.engines:
+
+    def serve(engine: str, port: int):
         eargs = extra if engine == "mini" else []
         if engine == "mini" and args.threads:
             eargs = eargs + ["--threads", str(args.threads)]
         server = launch.launch(["--engine", engine, "--device", "cpu", "--kv-cache-gib",
                                 str(args.kv_cache_gib), "--log-level", "warning",
-                                *(["--", *eargs] if eargs else [])], port=args.port,
+                                *(["--", *eargs] if eargs else [])], port=port,
                                log_path=os.path.join(tempfile.gettempdir(), f"mini_vs_vllm-{engine}.log"))
-        base = server.base_url
+        server.wait_ready(600)
+        return server, eargs
+
+    def measure(engine: str, server, eargs: list[str], rnd: int) -> None:
+        for c in args.concurrency:
+            n = max(args.min_requests, c * args.requests_per_stream)
+            r = asyncio.run(load(server.base_url, c, n, prompts, args.max_tokens))
+            r.update(engine=engine, engine_args=eargs, round=rnd)
+            print(json.dumps(r), flush=True)
+            results.append(r)
+
+    if args.one_at_a_time:
+        for engine in args.engines:
+            server, eargs = serve(engine, args.port)
+            try:
+                for rnd in range(args.rounds):
+                    measure(engine, server, eargs, rnd)
+            finally:
+                server.stop()
+    else:
+        servers = {}
         try:
-            server.wait_ready(600)
-            for c in args.concurrency:
-                n = max(args.min_requests, c * args.requests_per_stream)
-                r = asyncio.run(load(base, c, n, prompts, args.max_tokens))
-                r.update(engine=engine, engine_args=eargs)
-                print(json.dumps(r), flush=True)
-                results.append(r)
+            for i, engine in enumerate(args.engines):
+                servers[engine] = serve(engine, args.port + i)
+            for rnd in range(args.rounds):
+                for engine in (args.engines if rnd % 2 == 0 else args.engines[::-1]):
+                    measure(engine, *servers[engine], rnd)
         finally:
-            server.stop()
-    by = {(r["engine"], r["concurrency"]): r["output_tok_s"] for r in results}
+            for server, _ in servers.values():
+                server.stop()
+    by: dict[tuple[str, int], list[float]] = {}
+    for r in results:
+        by.setdefault((r["engine"], r["concurrency"]), []).append(r["output_tok_s"])
+    med = {k: statistics.median(v) for k, v in by.items()}
     for c in args.concurrency:
-        if ("mini", c) in by and ("vllm", c) in by:
-            print(f"{c:>3} streams: mini {by['mini', c]:7.1f} tok/s  vLLM {by['vllm', c]:7.1f} "
-                  f"tok/s  ratio {by['mini', c] / by['vllm', c]:.2f}")
+        if ("mini", c) in med and ("vllm", c) in med:
+            print(f"{c:>3} streams: mini {med['mini', c]:7.1f} tok/s  vLLM {med['vllm', c]:7.1f} "
+                  f"tok/s  ratio {med['mini', c] / med['vllm', c]:.2f}  (medians of "
+                  f"{len(by['mini', c])} rounds; per round: "
+                  + ", ".join(f"{m / v:.2f}" for m, v in zip(by["mini", c], by["vllm", c])) + ")")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
-        json.dump({"results": results, "argv": sys.argv[1:], "time": time.ctime(),
+        json.dump({"results": results, "medians": {f"{e}@{c}": v for (e, c), v in med.items()},
+                   "argv": sys.argv[1:], "time": time.ctime(),
                    "load_average": os.getloadavg()}, f, indent=2)
 
 
