@@ -9,24 +9,9 @@ import sys
 
 import uvicorn
 
+from reference_server import launch
 from reference_server.app import create_app
 from reference_server.config import parse_args
-
-# Set by ``launch.launch``: the process that started this server. A notebook kernel that is
-# killed (marimo's export, a restarted Jupyter kernel) never runs its atexit handlers, and a
-# server in a session of its own would outlive it, holding gigabytes. So the server leaves
-# when its launcher is gone; servers started by hand (no variable) stay up.
-PARENT_PID_ENV = "WORKSHOP_PARENT_PID"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:      # alive, another user's
-        return True
-    return True
 
 
 async def serve(argv: list[str] | None = None) -> int:
@@ -55,17 +40,15 @@ async def serve(argv: list[str] | None = None) -> int:
         await state.fatal.wait()
         server.should_exit = True
 
-    async def exit_with_parent(pid: int) -> None:
-        while _alive(pid):
-            await asyncio.sleep(1.0)
+    def launcher_gone(pid: int) -> None:
         logging.getLogger("reference_server").warning(
             "the process that started this server (pid %d) is gone: shutting down", pid)
         server.should_exit = True
 
     watchers = [asyncio.create_task(exit_on_fatal())]
-    parent = os.environ.pop(PARENT_PID_ENV, "")    # popped: not for this server's children
-    if parent.isdigit():
-        watchers.append(asyncio.create_task(exit_with_parent(int(parent))))
+    watcher = launch.watch_launcher(launcher_gone)
+    if watcher is not None:
+        watchers.append(watcher)
     await server.serve()
     for w in watchers:
         w.cancel()

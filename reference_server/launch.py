@@ -12,6 +12,7 @@ that serves HTTP on a port (vLLM's own server, the benchmark's mock server).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
@@ -27,6 +28,39 @@ import httpx
 # The checkout (or site-packages) this package was imported from: a child started from here
 # must import the same code, also when it was only put on sys.path by hand.
 _ROOT = str(Path(__file__).resolve().parent.parent)
+
+# Set for a child by ``launch`` (and ``start(..., follow_launcher=True)``): the process that
+# started it. A notebook kernel that is killed (marimo's export, a restarted Jupyter kernel)
+# never runs its atexit handlers, and a server in a session of its own would outlive it,
+# holding gigabytes. So such a server leaves when its launcher is gone (``watch_launcher``);
+# servers started by hand (no variable) stay up.
+PARENT_PID_ENV = "WORKSHOP_PARENT_PID"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:      # alive, another user's
+        return True
+    return True
+
+
+def watch_launcher(on_gone: Callable[[int], None]) -> "asyncio.Task | None":
+    """In a server: a task that calls ``on_gone(pid)`` once the process that launched it is
+    gone, or None when it was not launched that way. The variable is popped: it is not for
+    this server's own children."""
+    parent = os.environ.pop(PARENT_PID_ENV, "")
+    if not parent.isdigit():
+        return None
+
+    async def watch(pid: int) -> None:
+        while _alive(pid):
+            await asyncio.sleep(1.0)
+        on_gone(pid)
+
+    return asyncio.create_task(watch(int(parent)))
 
 
 def free_port() -> int:
@@ -130,9 +164,12 @@ class Launched:
 
 def start(cmd: Sequence[str], port: int, *, log_path: str | Path | None = None,
           env: Mapping[str, str] | None = None, cwd: str | None = None,
-          api_key: str | None = None) -> Launched:
-    """Run ``cmd`` (which must serve on ``port``), output to ``log_path`` (default: discarded)."""
+          api_key: str | None = None, follow_launcher: bool = False) -> Launched:
+    """Run ``cmd`` (which must serve on ``port``), output to ``log_path`` (default: discarded).
+    ``follow_launcher``: tell a server that calls ``watch_launcher`` who started it."""
     env = dict(os.environ if env is None else env)
+    if follow_launcher:
+        env[PARENT_PID_ENV] = str(os.getpid())
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, env.get("PYTHONPATH")) if p)
     if log_path is not None:
         log_path = Path(log_path)
@@ -156,7 +193,7 @@ def launch(args: Sequence[str] = (), *, port: int | None = None,
 
     ``api_key`` reaches the server as ``WORKSHOP_API_KEY`` (a ``--api-key`` flag would be
     visible to every user in ``ps``) and is used when polling readiness. The server shuts
-    itself down when this process is gone (``WORKSHOP_PARENT_PID``), even if it was killed
+    itself down when this process is gone (``PARENT_PID_ENV``), even if it was killed
     without running its exit handlers. Does not wait: call ``.wait_ready(timeout)`` (several
     servers can load at once that way).
     """
@@ -166,8 +203,8 @@ def launch(args: Sequence[str] = (), *, port: int | None = None,
     cmd = [python, "-m", "reference_server", *args[:cut], "--port", str(port), *args[cut:]]
     env = dict(os.environ if env is None else env)
     env["WORKSHOP_API_KEY"] = api_key or ""
-    env["WORKSHOP_PARENT_PID"] = str(os.getpid())
-    return start(cmd, port, log_path=log_path, env=env, api_key=api_key)
+    return start(cmd, port, log_path=log_path, env=env, api_key=api_key, follow_launcher=True)
 
 
-__all__ = ["free_port", "wait_ready", "stop", "log_tail", "Launched", "start", "launch"]
+__all__ = ["free_port", "wait_ready", "stop", "log_tail", "Launched", "start", "launch",
+           "PARENT_PID_ENV", "watch_launcher"]

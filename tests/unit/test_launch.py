@@ -72,22 +72,15 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.engine
-def test_a_launched_server_leaves_when_its_launcher_is_killed(tmp_path):
-    """A notebook kernel killed without running atexit (marimo's export does that) must not
-    leave its servers behind: they watch the launcher's pid."""
+def _leaves_when_its_launcher_is_killed(code: str, log_path) -> None:
+    """Run ``code`` (it starts a server and prints its pid) in a process, kill that process
+    without cleanup, and see the server go."""
     import os
     import signal
     import subprocess
     import time
 
-    code = ("import sys, time\n"
-            "from reference_server import launch\n"
-            "s = launch.launch(['--engine', 'mini', '--kv-cache-gib', '0.02'], log_path=sys.argv[1])\n"
-            "s.wait_ready(300)\n"
-            "print(s.proc.pid, flush=True)\n"
-            "time.sleep(600)\n")
-    launcher = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "server.log")],
+    launcher = subprocess.Popen([sys.executable, "-c", code, str(log_path)],
                                 stdout=subprocess.PIPE, text=True)
     try:
         server_pid = int(launcher.stdout.readline())
@@ -97,10 +90,35 @@ def test_a_launched_server_leaves_when_its_launcher_is_killed(tmp_path):
         deadline = time.monotonic() + 30
         while _running(server_pid) and time.monotonic() < deadline:
             time.sleep(0.5)
-        assert not _running(server_pid), (tmp_path / "server.log").read_text()[-2000:]
+        assert not _running(server_pid), log_path.read_text()[-2000:]
     finally:
         launcher.kill()
         try:
             os.kill(server_pid, signal.SIGKILL)
         except (ProcessLookupError, UnboundLocalError):
             pass
+
+
+@pytest.mark.engine
+def test_a_launched_server_leaves_when_its_launcher_is_killed(tmp_path):
+    """A notebook kernel killed without running atexit (marimo's export does that) must not
+    leave its servers behind: they watch the launcher's pid."""
+    code = ("import sys, time\n"
+            "from reference_server import launch\n"
+            "s = launch.launch(['--engine', 'mini', '--kv-cache-gib', '0.02'], log_path=sys.argv[1])\n"
+            "s.wait_ready(300)\n"
+            "print(s.proc.pid, flush=True)\n"
+            "time.sleep(600)\n")
+    _leaves_when_its_launcher_is_killed(code, tmp_path / "server.log")
+
+
+def test_a_started_gateway_leaves_when_its_launcher_is_killed(tmp_path):
+    """The same for notebook 14's gateway (``launch.start(..., follow_launcher=True)``)."""
+    code = ("import sys, time\n"
+            "from workshop.api_gateway import launch\n"
+            "g = launch.start([('http://127.0.0.1:9', None)],\n"
+            "                 [{'name': 'a', 'key': 'k', 'requests_per_minute': 1}],\n"
+            "                 log_path=sys.argv[1].replace('.out', '.jsonl'))\n"
+            "print(g.proc.pid, flush=True)\n"
+            "time.sleep(600)\n")
+    _leaves_when_its_launcher_is_killed(code, tmp_path / "requests.out")   # the gateway's output

@@ -14,7 +14,6 @@ import os
 import sys
 
 UPSTREAM_KEYS_ENV = "WORKSHOP_UPSTREAM_API_KEYS"
-PARENT_PID_ENV = "WORKSHOP_PARENT_PID"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,6 +47,7 @@ def upstream_keys(n: int, env: dict[str, str]) -> list[str | None]:
 async def serve(argv: list[str] | None = None) -> int:
     import uvicorn
 
+    from reference_server import launch
     from workshop.api_gateway.app import Gateway, create_app
     from workshop.api_gateway.keys import load_keys
 
@@ -59,20 +59,11 @@ async def serve(argv: list[str] | None = None) -> int:
     server = uvicorn.Server(uvicorn.Config(create_app(gw), host=args.host, port=args.port,
                                            log_level="warning", access_log=False))
 
-    async def exit_with_parent(pid: int) -> None:
+    def launcher_gone(pid: int) -> None:
         # started by a notebook or a test: do not outlive it when it is killed
-        while True:
-            await asyncio.sleep(1.0)
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                server.should_exit = True
-                return
-            except PermissionError:
-                pass
+        server.should_exit = True
 
-    parent = os.environ.pop(PARENT_PID_ENV, "")
-    watcher = asyncio.create_task(exit_with_parent(int(parent))) if parent.isdigit() else None
+    watcher = launch.watch_launcher(launcher_gone)
     print(f"gateway on http://{args.host}:{args.port}: {len(args.upstream)} replicas, "
           f"policy {args.policy}, {len(keys)} keys", flush=True)
     await server.serve()

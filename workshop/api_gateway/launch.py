@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import httpx
 
 from reference_server import launch as server_launch
-from workshop.api_gateway.__main__ import PARENT_PID_ENV, UPSTREAM_KEYS_ENV
+from workshop.api_gateway.__main__ import UPSTREAM_KEYS_ENV
 
 
 @dataclass
@@ -65,9 +65,9 @@ def start(upstreams: Sequence[tuple[str, str | None]], keys: Sequence[dict], *,
            "--port", str(port)]
     for url, _ in upstreams:
         cmd += ["--upstream", url]
-    env = {**os.environ, UPSTREAM_KEYS_ENV: ",".join(k or "" for _, k in upstreams),
-           PARENT_PID_ENV: str(os.getpid())}
-    child = server_launch.start(cmd, port, log_path=log_path.with_suffix(".out"), env=env)
+    env = {**os.environ, UPSTREAM_KEYS_ENV: ",".join(k or "" for _, k in upstreams)}
+    child = server_launch.start(cmd, port, log_path=log_path.with_suffix(".out"), env=env,
+                                follow_launcher=True)
     gw = RunningGateway(child.proc, child.base_url, admin_key, log_path, Path(keys_file))
     try:
         child.wait_ready(timeout, path="/health")
