@@ -3,55 +3,33 @@ with what each replica did while it ran.
 
 Per replica: the requests it served and the time it had at least one outstanding (the
 gateway's own exact count, ``/gateway/stats``), and the engine's running batch
-(``vllm:num_requests_running`` on its ``/metrics``, sampled by a thread while the load runs).
+(``vllm:num_requests_running`` on its ``/metrics``, sampled by ``workshop.metrics.MetricsSampler``
+while the load runs).
 The load is the course's harness (``workshop.bench.run_benchmark``) pointed at the gateway.
 """
 
 from __future__ import annotations
 
-import threading
+import contextlib
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-import httpx
 import numpy as np
 
 from reference_server import prometheus
 from workshop.bench import run_benchmark
 from workshop.bench.server_metrics import RUNNING
+from workshop.metrics import MetricsSampler
 
 
-class RunningSampler:
-    """Samples each replica's running batch every ``interval_s`` in a thread of its own."""
-
-    def __init__(self, replicas: Sequence[Any], interval_s: float = 0.2) -> None:
-        self.replicas = list(replicas)          # Sessions: .base_url and .headers
-        self.interval_s = interval_s
-        self.samples: list[list[float]] = [[] for _ in self.replicas]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name="running-sampler")
-
-    def _run(self) -> None:
-        with httpx.Client(timeout=5) as client:
-            while not self._stop.is_set():
-                for i, r in enumerate(self.replicas):
-                    try:
-                        text = client.get(r.base_url + "/metrics", headers=r.headers).text
-                        value = prometheus.first(prometheus.totals(text), RUNNING)
-                    except httpx.HTTPError:
-                        value = None
-                    if value is not None:
-                        self.samples[i].append(value)
-                self._stop.wait(self.interval_s)
-
-    def __enter__(self) -> "RunningSampler":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+def _running(replica: Any) -> dict[str, float]:
+    """A replica's running batch, for ``MetricsSampler`` (a poll without it counts as failed)."""
+    value = prometheus.first(replica.metrics(), RUNNING)
+    if value is None:
+        raise LookupError("no running-requests gauge on /metrics")
+    return {"running": value}
 
 
 @dataclass
@@ -88,7 +66,10 @@ def run_policy(gateway: Any, replicas: Sequence[Any], model: str, rate: float, n
     """``num_requests`` random requests at ``rate`` per second (Poisson) through ``gateway``
     (a ``launch.RunningGateway``) to ``replicas`` (the Sessions behind it, in its order)."""
     before = gateway.stats()
-    with RunningSampler(replicas) as sampler:
+    with contextlib.ExitStack() as stack:
+        samplers = [stack.enter_context(MetricsSampler(functools.partial(_running, r), ("running",),
+                                                       interval=0.2))
+                    for r in replicas]
         t0 = time.monotonic()
         result = run_benchmark(gateway.base_url, model, "random", num_requests=num_requests,
                                concurrency=None, request_rate=rate, api_key=gateway.admin_key,
@@ -99,7 +80,8 @@ def run_policy(gateway: Any, replicas: Sequence[Any], model: str, rate: float, n
     after = gateway.stats()
     run_s = result.config.get("wall_seconds") or wall
     run = PolicyRun(after["policy"], rate, result.summary, run_s)
-    for b, a, samples in zip(before["replicas"], after["replicas"], sampler.samples):
+    for b, a, sampler in zip(before["replicas"], after["replicas"], samplers):
+        samples = sampler.samples.values["running"]
         running = [x for x in samples if x > 0]
         run.replicas.append({
             "replica": a["replica"], "served": a["served"] - b["served"],
