@@ -149,6 +149,19 @@ def test_long_answers_under_capacity_are_not_overload(mock_engine):
     assert sw.knee == 8.0, sw.knee_note()
 
 
+def test_a_fixed_session_count_sizes_the_points_not_the_synchronous_probe(mock_engine):
+    # The showdown fixes the agentic workload's sessions per point; its synchronous probe (2
+    # of 12 requests) must run its share of them, not every session one at a time.
+    url = mock_engine(0.001, 0.0, 64)
+    sw = sweep_load(url, "mock", "agentic", num_requests=12, num_sessions=6, probe_requests=2,
+                    probe_concurrency=3, sweep_points=1, warmup=0, progress=False, environment=False,
+                    system_prompt_len=40, main_turns=1, branch_turns=0, turn_output=(2, 3),
+                    tool_result_len=(4, 8), summary_output=2, final_output=2)
+    sessions = {k: p.summary["num_sessions"] for k, p in sw.probes.items()}
+    assert sessions == {"synchronous": 1, "throughput": 6}, sessions
+    assert sw.points[0].summary["num_sessions"] == 6
+
+
 # --------------------------------------------------------------------------- the verdict on timelines
 
 from workshop.bench.metrics import RequestRecord  # noqa: E402

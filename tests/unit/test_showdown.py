@@ -23,11 +23,12 @@ def test_field_labels_are_unique_and_name_real_engines():
 
 
 def test_plan_scales_fixed_session_counts_like_requests():
-    plan = Plan.full()
-    assert plan.kwargs_for("agentic")["num_sessions"] == 8
+    plan = Plan(sharegpt_max_output=128, workload_args={"agentic": {"num_sessions": 8, "main_turns": 2}})
+    assert plan.kwargs_for("agentic") == {"num_sessions": 8, "main_turns": 2}
     assert plan.kwargs_for("agentic", 1 / 3)["num_sessions"] == 3
     assert plan.kwargs_for("agentic", 0.01)["num_sessions"] == 2      # never fewer than two
     assert plan.kwargs_for("sharegpt") == {"max_output_len": 128}
+    assert "num_sessions" in Plan.full().kwargs_for("agentic")
     assert "max_output_len" not in Plan(sharegpt_max_output=None).kwargs_for("sharegpt")
     assert set(Plan.quick().workloads) <= set(showdown.WORKLOADS)
 

@@ -94,7 +94,7 @@ class Plan:
     ``quick()`` is what a notebook runs in quick mode (CI)."""
 
     workloads: tuple[str, ...] = WORKLOADS
-    num_requests: int = 24             # requests (sessions for multi-turn) per point, at least
+    num_requests: int = 24             # requests per point, at least (sessions: workload_args)
     sweep_points: int = 4              # open-loop rates between the synchronous and 1.5 x max rate
     probe_requests: int = 6            # one at a time, for the synchronous rate and the baseline
     probe_concurrency: int = 12        # the closed-loop throughput probe
@@ -113,7 +113,16 @@ class Plan:
 
     @classmethod
     def full(cls) -> "Plan":
-        return cls(workload_args={"agentic": {"num_sessions": 8}})
+        # Sized for the whole CPU field on 2 cores in about an hour and a half (the committed
+        # reference run's README has the times). ShareGPT's replies are clipped at 64 tokens and
+        # an agent session is 6 requests (two main turns, a fork into two one-turn branches, a
+        # summary, a final answer), so that a load point holds enough arrivals to be judged:
+        # 24 requests, or 20 sessions (saturation.py, "too short to judge").
+        return cls(num_requests=24, sweep_points=3, probe_requests=4, probe_concurrency=8,
+                   sharegpt_max_output=64,
+                   workload_args={"agentic": {"num_sessions": 20, "main_turns": 2, "branch_turns": 0,
+                                              "turn_output": (16, 32), "summary_output": 24,
+                                              "final_output": 32}})
 
     @classmethod
     def quick(cls) -> "Plan":

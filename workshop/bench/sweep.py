@@ -276,7 +276,8 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
 
     Open loop over ``request_rates`` (req/s; session arrivals/s for multi-turn workloads) or
     closed loop over ``concurrencies``. With neither, the rates are chosen as GuideLLM's sweep
-    profile does: a synchronous probe (``probe_requests`` one at a time), a throughput probe
+    profile does: a synchronous probe (``probe_requests`` one at a time; a workload's fixed
+    ``num_sessions`` shrinks in the same proportion), a throughput probe
     (closed loop at ``probe_concurrency``, default ``max_concurrency`` or half of
     ``num_requests``; at least 3 rounds, and about ``duration_s`` long when given), then ``sweep_points`` rates evenly spaced from the synchronous rate
     (excluded) to ``overshoot`` x the maximum throughput. ``duration_s`` makes each open-loop
@@ -302,7 +303,12 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
         if name is None:
             return workload
         if n_requests not in cache:
-            cache[n_requests] = build_workload(name, tok, num_requests=n_requests, seed=seed, **workload_kwargs)
+            kw = workload_kwargs
+            if kw.get("num_sessions") and n_requests < num_requests:
+                # A fixed session count is the size of a load point; a smaller run (the
+                # synchronous probe) gets its share, not every session one at a time.
+                kw = {**kw, "num_sessions": max(1, math.ceil(kw["num_sessions"] * n_requests / num_requests))}
+            cache[n_requests] = build_workload(name, tok, num_requests=n_requests, seed=seed, **kw)
         return cache[n_requests]
 
     base = build(num_requests)
