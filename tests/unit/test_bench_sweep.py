@@ -289,3 +289,8 @@ def test_no_knee_is_claimed_from_points_too_short_to_judge(tmp_path):
     mixed = [_judged_point(*LONG, BASE), _judged_point(*SHORT, BASE)]
     sw = SweepResult("rate", [1.0, 2.0], mixed, _knee("rate", [1.0, 2.0], mixed, None, None, 0.9, 0.1), cfg)
     assert sw.knee_index == 0 and "at least (not enough requests at 2 req/s to judge them)" in sw.knee_note()
+    # an agent session is several requests: the asked load is sessions/s, the offered req/s
+    sessions = SweepResult("rate", [1.0, 2.0], mixed, sw.knee_index, {**cfg, "requests_per_session": 6.0})
+    note = sessions.knee_note()
+    assert note.startswith("knee: 1 sessions/s asked, ") and " req/s offered at least" in note, note
+    assert "at 2 sessions/s to judge" in note and sessions.knee_offered == 6 * sw.knee_offered, note

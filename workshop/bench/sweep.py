@@ -156,6 +156,14 @@ class SweepResult:
             return "client-bound"
         return None if judged(sat) else "not judged"
 
+    @property
+    def load_unit(self) -> str:
+        """What ``loads`` count: sessions/s for a rate sweep of multi-request sessions (an agent
+        session is several requests), req/s for single requests, concurrent for closed loop."""
+        if self.mode != "rate":
+            return "concurrent"
+        return "req/s" if self.config.get("requests_per_session", 1.0) == 1 else "sessions/s"
+
     def knee_note(self) -> str:
         """One line on where the knee is and why, for people."""
         out = [i for i in range(len(self.points)) if self._left_out(i)]
@@ -172,17 +180,18 @@ class SweepResult:
             lowest = "even the lowest load" if first == 0 else f"the lowest load judged, {self.loads[first]:.3g},"
             return f"knee: none ({lowest} fails" + (f": {why}" if why else "") + ")"
         k = self.knee_index
-        unit = "req/s" if self.mode == "rate" else "concurrent"
-        at = f"{self.loads[k]:.3g} {unit}" + (f" asked, {self.knee_offered:.3g} offered" if self.mode == "rate" else "")
+        unit = self.load_unit
+        at = f"{self.loads[k]:.3g} {unit}" + (f" asked, {self.knee_offered:.3g} req/s offered"
+                                              if self.mode == "rate" else "")
         if k == len(self.loads) - 1:
             return (f"knee: {at} or more (no point tried was overloaded; "
                     f"the server's limit is higher than the highest load tried)")
         if k + 1 in out:
             above = {kind: ", ".join(f"{self.loads[i]:.3g}" for i in out if i > k and self._left_out(i) == kind)
                      for kind in ("client-bound", "not judged")}
-            why = ([f"the client could not offer {above['client-bound']} req/s: run again on a quieter machine"]
+            why = ([f"the client could not offer {above['client-bound']} {unit}: run again on a quieter machine"]
                    if above["client-bound"] else [])
-            why += [f"not enough requests at {above['not judged']} req/s to judge them"] if above["not judged"] else []
+            why += [f"not enough requests at {above['not judged']} {unit} to judge them"] if above["not judged"] else []
             return f"knee: {at} at least (" + "; ".join(why) + ")"
         nxt = self.points[k + 1].summary
         why = (nxt.get("saturation") or {}).get("reasons") or []
