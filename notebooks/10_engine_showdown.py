@@ -141,8 +141,9 @@ def _(mo):
     running (add `hf` for the baseline): a few minutes. Four requests per point are too few to
     judge a knee: section 5 draws such points hollow and no knee is claimed from them; the
     comparisons fall back to each engine's capacity and its lightest load. The **full** plan is
-    the one `benchmarks/showdown.py` runs: three workloads, four load points, 24 requests (or 8
-    agentic sessions) per point, several hours for the whole CPU field on 2 cores.
+    the one `benchmarks/showdown.py` runs: three workloads, two probes and three load points, 24
+    requests (or 20 agent sessions of six requests) per point; on 2 AVX2 cores (2026-12-03) vLLM
+    took 27 minutes, SGLang 64, each teaching-engine variant about 25.
 
     The **objectives** (p99 TTFT and p99 ITL) are yours to state. Left at 0, an objective is
     derived from the run itself once every contender has run: the factor below times the best

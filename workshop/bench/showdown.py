@@ -113,8 +113,8 @@ class Plan:
 
     @classmethod
     def full(cls) -> "Plan":
-        # Sized for the whole CPU field on 2 cores in about an hour and a half (the committed
-        # reference run's README has the times). ShareGPT's replies are clipped at 64 tokens and
+        # Sized for the whole CPU field on 2 AVX2 cores: about two and a half hours, SGLang's
+        # agentic sweep the longest (43 minutes, 2026-12-03). ShareGPT's replies are clipped at 64 tokens and
         # an agent session is 6 requests (two main turns, a fork into two one-turn branches, a
         # summary, a final answer), so that a load point holds enough arrivals to be judged:
         # 24 requests, or 20 sessions (saturation.py, "too short to judge").
