@@ -504,13 +504,15 @@ class Verdict:
 
     @property
     def label(self) -> str:
-        """A short cell label: "vllm x2.1", "tie: a, b", "only a", "-"."""
+        """A short cell label: "vllm x2.1", "vllm x>=2.1", "vllm x2.1 at the loads tried" (both
+        knees lower bounds), "tie: a, b", "only a", "-"."""
         o = self.outcome
         why = " (capacity, objectives ignored)" if self.ignores_objectives else ""
         if o == "win":
-            sign = {"at least": ">=", "at most": "<=", "unknown": "?"}.get(self.bound, "")
+            sign = {"at least": ">=", "at most": "<="}.get(self.bound, "")
             m = f"{self.margin:.2g}" if self.margin < 10 else f"{self.margin:.0f}"
-            return f"{self.winner} x{sign}{m}{why}"
+            loads = " at the loads tried" if self.bound == "unknown" else ""
+            return f"{self.winner} x{sign}{m}{loads}{why}"
         if o == "tie":
             return "tie: " + ", ".join(self.tied) + why
         if o == "only":

@@ -75,9 +75,11 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                 if o == "win":
                     face = colors.get(v.winner, (0.7, 0.7, 0.7))
                     face = _light(face, 0.35 if v.margin and v.margin >= 1.5 else 0.6)
-                    sign = {"at least": "≥ ", "at most": "≤ ", "unknown": "? "}.get(v.bound, "")
+                    sign = {"at least": "≥ ", "at most": "≤ "}.get(v.bound, "")
                     m = "∞" if math.isinf(v.margin) else f"{v.margin:.2g}"
                     text = f"{v.winner}\n{sign}×{m} vs {v.runner_up}"
+                    if v.bound == "unknown":     # a bare "?" was read as a typo
+                        text += "\nat the loads tried\n(both could go higher)"
                 elif o == "tie":
                     face, hatch = (0.88, 0.88, 0.88), "//"
                     text = "tie (<{:.0%} apart)\n".format(TIE_WITHIN) + " ≈ ".join(v.tied[:3]) + (" …" if len(v.tied) > 3 else "")

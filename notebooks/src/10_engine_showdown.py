@@ -97,7 +97,8 @@ ui.table([{"label": c.label, "engine": c.engine, "server args": " ".join(c.serve
 # comparisons fall back to each engine's capacity and its lightest load. The **full** plan is
 # the one `benchmarks/showdown.py` runs: three workloads, two probes and three load points, 24
 # requests (or 20 agent sessions of six requests) per point; on 2 AVX2 cores (2026-12-03) vLLM
-# took 27 minutes, SGLang 64, each teaching-engine variant about 25.
+# took 27 minutes, SGLang 64, each teaching-engine variant about 23 and the baseline 32 (that
+# run is `benchmarks/reference_results/showdown-cpu/`, which notebook 11 falls back to).
 #
 # The **objectives** (p99 TTFT and p99 ITL) are yours to state. Left at 0, an objective is
 # derived from the run itself once every contender has run: the factor below times the best

@@ -114,6 +114,8 @@ def test_verdict_labels():
     assert v.outcome == "win" and v.label == "a x2"
     v.bound = "at least"
     assert v.label == "a x>=2"
+    v.bound = "unknown"
+    assert v.label == "a x2 at the loads tried"
     assert decision.Verdict("w", "goodput", {}, "req/s", "higher", tied=["a", "b"]).label == "tie: a, b"
     assert decision.Verdict("w", "goodput", {"a": 1}, "req/s", "higher", winner="a").outcome == "only"
 
@@ -165,6 +167,16 @@ def test_no_knee_and_knee_at_the_top_are_flagged(tmp_path):
     assert rows["always"]["lower_bound"] and "or more" in rows["always"]["note"]
     v = decision.decide(list(rows.values()), "agentic", "throughput")
     assert v.outcome == "only" and v.winner == "always" and "never" in v.excluded
+
+
+def test_the_chart_spells_out_a_margin_whose_knees_could_both_go_higher(tmp_path):
+    runs = {(e, "w"): make_sweep([1, 2], 1) for e in ("a", "b")}
+    rows = decision.knee_table(decision.load(make_root(tmp_path / "r", runs)))
+    v = decision.Verdict("w", "throughput", {"a": 2.3, "b": 2.0}, "tok/s", "higher", winner="a",
+                         runner_up="b", margin=1.15, bound="unknown")
+    fig = decision_chart.plot_decision([v], rows, "t")
+    cell = next(t.get_text() for t in fig.axes[0].texts if t.get_text().startswith("a\n"))
+    assert cell == "a\n×1.1 vs b\nat the loads tried\n(both could go higher)", cell
 
 
 def test_sweeps_too_short_to_judge_claim_no_knee(tmp_path):
@@ -427,3 +439,27 @@ def test_feature_rows_and_needs():
     assert missing == {"vllm": [], "mini": ["structured_output", "multi_lora"],
                        "nonesuch": ["structured_output", "multi_lora"]}
     assert all(r["source"].startswith("[") for r in decision.figure_rows())
+
+
+# --------------------------------------------------------------------------- the committed example
+
+def _section(md: str, title: str) -> str:
+    return md.split(f"## {title}\n", 1)[1].split("\n## ", 1)[0].strip()
+
+
+def test_the_committed_reference_run_is_a_full_cpu_field_and_its_chart_is_drawn_from_it(tmp_path):
+    """Notebook 11 falls back to ``benchmarks/reference_results/showdown-cpu``: it must load,
+    hold every CPU contender on every workload from a full run, and the verdicts committed
+    beside it must be the ones its data give today."""
+    from workshop.bench import showdown
+    ref = decision.reference_run()
+    assert ref is not None, f"{decision.REFERENCE_RUN} has no showdown.json"
+    results = decision.load(ref)
+    assert [r.mode for r in results.roots] == ["full"]
+    assert set(results.engines) == {c.label for c in showdown.CPU_FIELD}
+    assert set(results.workloads) == set(showdown.WORKLOADS)
+    assert all(run.ok for run in results.runs.values()), {k: r.status for k, r in results.runs.items() if not r.ok}
+    assert "benchmarks/showdown.py" in (ref / "README.md").read_text()
+    assert decision_chart.write_report([ref], tmp_path) == 0
+    assert _section((tmp_path / "decision.md").read_text(), "Winners") == \
+        _section((ref / "decision.md").read_text(), "Winners")
