@@ -331,7 +331,8 @@ def _(chosen_workloads, decision, knee_rows, tie_band, ui, verdicts):
             if _v.outcome == "win":
                 _parts.append(f"{_name}: **{_v.winner}**, {_v.margin_text} {_v.runner_up}")
             elif _v.outcome == "tie":
-                _parts.append(f"{_name}: a tie between {', '.join(_v.tied)} (within {tie_band.value} %)")
+                _parts.append(f"{_name}: a tie between {', '.join(_v.tied)} (within {tie_band.value} %)"
+                              + _v.lead_text)
             elif _v.outcome == "only":
                 _parts.append(f"{_name}: only {_v.winner} qualifies")
             else:

@@ -492,6 +492,9 @@ class Verdict:
     excluded: dict[str, str] = field(default_factory=dict)   # engine -> why it is not compared
     flags: dict[str, str] = field(default_factory=dict)      # engine -> caveat on its value
     ignores_objectives: bool = False         # ranked by capacity: nobody met the objectives
+    # a tie's lead over the best engine outside it: (that engine, the weakest tied engine's
+    # margin over it, its bound as in ``bound``); None when the tie is everybody
+    lead: tuple[str, float, str] | None = None
 
     @property
     def outcome(self) -> str:
@@ -514,10 +517,20 @@ class Verdict:
             loads = " at the loads tried" if self.bound == "unknown" else ""
             return f"{self.winner} x{sign}{m}{loads}{why}"
         if o == "tie":
-            return "tie: " + ", ".join(self.tied) + why
+            return "tie: " + ", ".join(self.tied) + self.lead_text + why
         if o == "only":
             return f"only {self.winner}{why}"
         return "-"
+
+    @property
+    def lead_text(self) -> str:
+        """A tie's lead in a few words: " (each x>=1.3 over vllm)", or "" when it has none."""
+        if self.lead is None:
+            return ""
+        other, m, bound = self.lead
+        sign = {"at least": ">=", "at most": "<="}.get(bound, "")
+        loads = " at the loads tried" if bound == "unknown" else ""
+        return f" (each x{sign}{m:.2g} over {other}{loads})"
 
     @property
     def margin_text(self) -> str:
@@ -630,10 +643,24 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
             del v.values[e]
     r_ = rank(v.values, better, tie_within)
     v.winner, v.runner_up, v.margin, v.tied = r_["winner"], r_["runner_up"], r_["margin"], r_["tied"]
-    if constraint == "throughput" and v.outcome == "win" and not v.ignores_objectives:
-        lb = {r["engine"]: r["lower_bound"] for r in live}
-        w, ru = lb.get(v.winner, False), lb.get(v.runner_up, False)
-        v.bound = "unknown" if w and ru else "at least" if w else "at most" if ru else ""
+    lb = {r["engine"]: r["lower_bound"] for r in live}
+
+    def bound(ahead: str, behind: str) -> str:
+        """A throughput margin between two knees: one at the highest load tried is a lower bound."""
+        if constraint != "throughput" or v.ignores_objectives:
+            return ""
+        w, ru = lb.get(ahead, False), lb.get(behind, False)
+        return "unknown" if w and ru else "at least" if w else "at most" if ru else ""
+
+    if v.outcome == "win":
+        v.bound = bound(v.winner, v.runner_up)
+    rest = [e for e in v.values if e not in v.tied]
+    if v.outcome == "tie" and rest:
+        # The tie hides how far its members lead the others: the weakest of them against the
+        # best of the rest is the lead every one of them has.
+        r_ = rank({e: v.values[e] for e in rest + [v.tied[-1]]}, better, 0.0)
+        if r_["winner"] == v.tied[-1] and r_["margin"] is not None:
+            v.lead = (r_["runner_up"], r_["margin"], bound(v.tied[-1], r_["runner_up"]))
     return v
 
 

@@ -83,6 +83,10 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                 elif o == "tie":
                     face, hatch = (0.88, 0.88, 0.88), "//"
                     text = "tie (<{:.0%} apart)\n".format(TIE_WITHIN) + " ≈ ".join(v.tied[:3]) + (" …" if len(v.tied) > 3 else "")
+                    if v.lead:
+                        other, m, bound = v.lead
+                        sign = {"at least": "≥ ", "at most": "≤ "}.get(bound, "")
+                        text += f"\neach {sign}×{m:.2g} vs {other}" + ("\nat the loads tried" if bound == "unknown" else "")
                 elif o == "only":
                     face = _light(colors.get(v.winner, (0.7, 0.7, 0.7)), 0.75)
                     text = f"{v.winner}\n(the only one that qualifies)"

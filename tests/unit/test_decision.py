@@ -179,6 +179,22 @@ def test_the_chart_spells_out_a_margin_whose_knees_could_both_go_higher(tmp_path
     assert cell == "a\n×1.1 vs b\nat the loads tried\n(both could go higher)", cell
 
 
+def test_a_tie_says_how_far_it_leads_the_rest():
+    rows = [{"workload": "w", "engine": e, "status": "ok", "no_knee": False, "not_judged": False,
+             "note": "", "output_tps": tps, "lower_bound": lb, "capacity_tps": tps}
+            for e, tps, lb in (("a", 15.1, True), ("b", 14.5, True), ("c", 11.3, True), ("d", 5.0, False))]
+    v = decision.decide(rows, "w", "throughput")
+    assert v.tied == ["a", "b"]
+    # b, the weakest of the tie, against c, the best of the rest; both knees lower bounds
+    assert v.lead == ("c", pytest.approx(14.5 / 11.3), "unknown")
+    assert v.label == "tie: a, b (each x1.3 over c at the loads tried)"
+    rows[2]["lower_bound"] = False
+    assert decision.decide(rows, "w", "throughput").lead[2] == "at least"
+    for r in rows[2:]:
+        r["status"] = "failed"          # nobody outside the tie: nothing to lead
+    assert decision.decide(rows, "w", "throughput").lead is None
+
+
 def test_sweeps_too_short_to_judge_claim_no_knee(tmp_path):
     # notebook 10's quick plan: two arrivals in each point's steady window, none overloaded, so
     # no point says whether its engine kept up (a shortfall counts beyond 2.5 x its noise)
