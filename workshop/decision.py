@@ -474,6 +474,15 @@ def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
 # Winners
 # ---------------------------------------------------------------------------------------------
 
+def short_margin(margin: float, bound: str, over: str = "") -> str:
+    """A margin and its bound (``Verdict.bound``) in a label: "x2.1", "x>=2.1 over vllm",
+    "x<=2.1", or "x2.1 at the loads tried" when both sides are lower bounds."""
+    sign = {"at least": ">=", "at most": "<="}.get(bound, "")
+    m = f"{margin:.2g}" if margin < 10 else f"{margin:.0f}"
+    return (f"x{sign}{m}" + (f" over {over}" if over else "")
+            + (" at the loads tried" if bound == "unknown" else ""))
+
+
 @dataclass
 class Verdict:
     """Who wins one workload under one constraint, and by how much."""
@@ -512,10 +521,7 @@ class Verdict:
         o = self.outcome
         why = " (capacity, objectives ignored)" if self.ignores_objectives else ""
         if o == "win":
-            sign = {"at least": ">=", "at most": "<="}.get(self.bound, "")
-            m = f"{self.margin:.2g}" if self.margin < 10 else f"{self.margin:.0f}"
-            loads = " at the loads tried" if self.bound == "unknown" else ""
-            return f"{self.winner} x{sign}{m}{loads}{why}"
+            return f"{self.winner} {short_margin(self.margin, self.bound)}{why}"
         if o == "tie":
             return "tie: " + ", ".join(self.tied) + self.lead_text + why
         if o == "only":
@@ -528,9 +534,7 @@ class Verdict:
         if self.lead is None:
             return ""
         other, m, bound = self.lead
-        sign = {"at least": ">=", "at most": "<="}.get(bound, "")
-        loads = " at the loads tried" if bound == "unknown" else ""
-        return f" (each x{sign}{m:.2g} over {other}{loads})"
+        return f" (each {short_margin(m, bound, over=other)})"
 
     @property
     def margin_text(self) -> str:

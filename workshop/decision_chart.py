@@ -39,6 +39,13 @@ def _why_nobody(v: Verdict) -> str:
     return "nobody qualifies"
 
 
+def _margin(margin: float, bound: str) -> str:
+    """A margin and its bound in a grid cell: "×2.1", "≥ ×2.1", "≤ ×2.1" (a margin between two
+    lower bounds, ``bound == "unknown"``, gets its own line from the caller)."""
+    sign = {"at least": "≥ ", "at most": "≤ "}.get(bound, "")
+    return f"{sign}×{'∞' if math.isinf(margin) else f'{margin:.2g}'}"
+
+
 def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], title: str,
                   engines: Sequence[str] | None = None):
     """A grid (workload x constraint) naming each winner and its margin, coloured by engine,
@@ -75,9 +82,7 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                 if o == "win":
                     face = colors.get(v.winner, (0.7, 0.7, 0.7))
                     face = _light(face, 0.35 if v.margin and v.margin >= 1.5 else 0.6)
-                    sign = {"at least": "≥ ", "at most": "≤ "}.get(v.bound, "")
-                    m = "∞" if math.isinf(v.margin) else f"{v.margin:.2g}"
-                    text = f"{v.winner}\n{sign}×{m} vs {v.runner_up}"
+                    text = f"{v.winner}\n{_margin(v.margin, v.bound)} vs {v.runner_up}"
                     if v.bound == "unknown":     # a bare "?" was read as a typo
                         text += "\nat the loads tried\n(both could go higher)"
                 elif o == "tie":
@@ -85,8 +90,7 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                     text = "tie (<{:.0%} apart)\n".format(TIE_WITHIN) + " ≈ ".join(v.tied[:3]) + (" …" if len(v.tied) > 3 else "")
                     if v.lead:
                         other, m, bound = v.lead
-                        sign = {"at least": "≥ ", "at most": "≤ "}.get(bound, "")
-                        text += f"\neach {sign}×{m:.2g} vs {other}" + ("\nat the loads tried" if bound == "unknown" else "")
+                        text += f"\neach {_margin(m, bound)} vs {other}" + ("\nat the loads tried" if bound == "unknown" else "")
                 elif o == "only":
                     face = _light(colors.get(v.winner, (0.7, 0.7, 0.7)), 0.75)
                     text = f"{v.winner}\n(the only one that qualifies)"

@@ -11,6 +11,7 @@ import httpx
 import pytest
 
 from reference_server import prometheus as P
+from workshop.metrics import MetricsSampler, Samples
 
 ENGINES = ["vllm", "sglang", "hf", "mini", "remote"]     # the fleet (tests/conftest.py)
 
@@ -163,33 +164,20 @@ def test_hf_baseline_serves_concurrent_requests_one_at_a_time(hf_server):
     assert max(peak_running) == 1   # the lock: never two at once
 
 
-class _GaugeWatch(threading.Thread):
-    """Scrapes the gauges every 0.1 s until stopped: the most seen running at once, and
-    whether the KV cache was seen in use (both while a request streams), with each scrape's
-    time, since a slow scrape is what a starved server shows first."""
+GAUGES = (P.NUM_REQUESTS_RUNNING, P.KV_CACHE_USAGE)
 
-    def __init__(self, server) -> None:
-        super().__init__(daemon=True)
-        self.server, self.stop = server, threading.Event()
-        self.running, self.kv, self.scrapes = 0.0, 0.0, []
 
-    def run(self) -> None:
-        while not self.stop.is_set():
-            t = time.monotonic()
-            totals = P.totals(httpx.get(self.server.base_url + "/metrics", headers=self.server.headers,
-                                        timeout=30).text)
-            self.scrapes.append(time.monotonic() - t)
-            self.running = max(self.running, totals.get(P.NUM_REQUESTS_RUNNING, 0.0))
-            self.kv = max(self.kv, totals.get(P.KV_CACHE_USAGE, 0.0))
-            self.stop.wait(0.1)
+def _showed_a_request(samples: Samples) -> bool:
+    """The gauges, sampled while a request streamed, showed it running with KV in use."""
+    return samples.peak(P.NUM_REQUESTS_RUNNING) >= 1 and samples.peak(P.KV_CACHE_USAGE) > 0
 
-    def seen(self) -> bool:
-        return self.running >= 1 and self.kv > 0
 
-    def __str__(self) -> str:
-        slowest = max(self.scrapes, default=0.0)
-        return (f"most running seen {self.running}, most KV in use {self.kv}; "
-                f"{len(self.scrapes)} scrapes, slowest {slowest:.1f} s")
+def _describe(samples: Samples) -> str:
+    """What a failed wait should show; a long gap between samples is a slow (starved) scrape."""
+    gaps = [b - a for a, b in zip(samples.times, samples.times[1:])]
+    return (f"most running seen {samples.peak(P.NUM_REQUESTS_RUNNING)}, most KV in use "
+            f"{samples.peak(P.KV_CACHE_USAGE)}; {len(samples.times)} scrapes ({samples.errors} "
+            f"failed), longest gap {max(gaps, default=0.0):.1f} s")
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -204,10 +192,13 @@ def test_disconnect_mid_stream_frees_kv(request, engine):
     """
     server = request.getfixturevalue(f"{engine}_server")
     max_tokens = 2000       # the fleet's context is 2048 (tests/conftest.py)
+
+    def read() -> dict[str, float]:
+        return P.totals(httpx.get(server.base_url + "/metrics", headers=server.headers, timeout=30).text)
+
     for attempt in range(2):
         _wait_idle(server)
         produced_before = server.metric(P.GENERATION_TOKENS)
-        watch = _GaugeWatch(server)
         finished, hang_up, status = threading.Event(), threading.Event(), []
         body = {"model": server.model, "prompt": "Tell me a very long story.",
                 "max_tokens": max_tokens, "stream": True, "ignore_eos": True}
@@ -226,25 +217,25 @@ def test_disconnect_mid_stream_frees_kv(request, engine):
                             finished.set()
 
         reader = threading.Thread(target=client)
-        watch.start()
-        reader.start()
-        try:
-            t0 = time.monotonic()
-            while not (watch.seen() or finished.is_set() or not reader.is_alive()):
-                assert time.monotonic() - t0 < 180, f"no sign of the request in 180 s: {watch}"
-                time.sleep(0.1)
-        finally:
-            hang_up.set()
-            reader.join(60)
-            watch.stop.set()
-            watch.join(60)
+        with MetricsSampler(read, GAUGES) as sampler:
+            reader.start()
+            seen = sampler.samples
+            try:
+                t0 = time.monotonic()
+                while not (_showed_a_request(seen) or finished.is_set() or not reader.is_alive()):
+                    assert time.monotonic() - t0 < 180, f"no sign of the request in 180 s: {_describe(seen)}"
+                    time.sleep(0.1)
+            finally:
+                hang_up.set()
+                reader.join(60)
         assert status == [200], status
-        if watch.seen() and not finished.is_set():
+        if _showed_a_request(seen) and not finished.is_set():
             break
         print(f"attempt {attempt + 1} inconclusive: the stream "
-              f"{'finished' if finished.is_set() else 'ended'} first ({watch})")
-    assert watch.seen(), f"the gauges never showed the request: {watch}\n{server.log_tail(30)}"
-    assert not finished.is_set(), f"the request finished before its client could leave: {watch}"
+              f"{'finished' if finished.is_set() else 'ended'} first ({_describe(seen)})")
+    assert _showed_a_request(seen), (f"the gauges never showed the request: {_describe(seen)}\n"
+                                     f"{server.log_tail(30)}")
+    assert not finished.is_set(), f"the request finished before its client could leave: {_describe(seen)}"
     _wait_idle(server, timeout=30)
     produced = server.metric(P.GENERATION_TOKENS)
     assert produced - produced_before < max_tokens      # cut short, not finished
