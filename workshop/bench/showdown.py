@@ -113,11 +113,12 @@ class Plan:
 
     @classmethod
     def full(cls) -> "Plan":
-        # Sized for the whole CPU field on 2 AVX2 cores: about two and a half hours, SGLang's
-        # agentic sweep the longest (43 minutes, 2026-12-03). ShareGPT's replies are clipped at 64 tokens and
-        # an agent session is 6 requests (two main turns, a fork into two one-turn branches, a
-        # summary, a final answer), so that a load point holds enough arrivals to be judged:
-        # 24 requests, or 20 sessions (saturation.py, "too short to judge").
+        # Sized for the whole CPU field on 2 AVX2 cores: 2 h 50 min, SGLang's agentic sweep the
+        # longest (43 minutes; benchmarks/reference_results/showdown-cpu, 2026-12-03).
+        # ShareGPT's replies are clipped at 64 tokens and an agent session is 6 requests (two
+        # main turns, a fork into two one-turn branches, a summary, a final answer), so that a
+        # load point holds enough arrivals to be judged: 24 requests, or 20 sessions
+        # (saturation.py, "too short to judge").
         return cls(num_requests=24, sweep_points=3, probe_requests=4, probe_concurrency=8,
                    sharegpt_max_output=64,
                    workload_args={"agentic": {"num_sessions": 20, "main_turns": 2, "branch_turns": 0,
