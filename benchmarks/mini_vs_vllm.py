@@ -3,6 +3,7 @@ server, at 1 and 32 concurrent streams; plus a profile of where mini's time goes
 
     python benchmarks/mini_vs_vllm.py                      # both engines, 1 and 32 streams
     python benchmarks/mini_vs_vllm.py --engines mini --concurrency 1 32 -- --spec ngram
+    python benchmarks/mini_vs_vllm.py --engines mini "mini --no-prepack" vllm   # one switch's gain
     python benchmarks/mini_vs_vllm.py --profile-only       # offline cProfile + torch profiler
 
 Definitions (the same for both engines): each request streams ``--max-tokens`` tokens with
@@ -127,6 +128,49 @@ def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None,
     return out.getvalue()
 
 
+def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
+                 threads: int | None = None) -> str:
+    """Offline: each of the model's projection shapes in bf16, ``F.linear`` on the plain
+    weight vs the weight packed once for oneDNN (``mini_engine.linear.PackedLinear``), at
+    decode batch sizes. Microseconds per call, median of 5 timings of ``repeats`` calls."""
+    import torch
+
+    from mini_engine.linear import DenseLinear, PackedLinear, can_prepack
+    from mini_engine.loader import ModelConfig
+    from reference_server.models import resolve_model
+    if not can_prepack(torch.bfloat16, "cpu"):
+        return "this CPU's oneDNN has no bf16 matmul: nothing to pack\n"
+    if threads:
+        torch.set_num_threads(threads)
+    c = ModelConfig.from_hf(resolve_model("smollm2-135m", prepare=False).path)
+    q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, \
+        c.intermediate_size
+    shapes = {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i),
+              "lm_head": (c.vocab_size, h)}
+    out = [f"{'layer':8} {'[out, in]':>12} {'rows':>5} {'plain us':>9} {'packed us':>9} "
+           f"{'speed-up':>8}"]
+    for name, (n, k) in shapes.items():
+        w = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
+        plain, packed = DenseLinear(w), PackedLinear(w)
+        for m in rows:
+            x = torch.randn(m, k, dtype=torch.bfloat16)
+            times = []
+            reps = repeats if n < 10_000 else repeats // 10     # the head is 50x the rest
+            for layer in (plain, packed):
+                for _ in range(10):
+                    layer(x)
+                runs = []
+                for _ in range(5):
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        layer(x)
+                    runs.append((time.perf_counter() - t0) / reps)
+                times.append(statistics.median(runs) * 1e6)
+            out.append(f"{name:8} {str([n, k]):>12} {m:>5} {times[0]:9.0f} {times[1]:9.0f} "
+                       f"{times[0] / times[1]:7.2f}x")
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra: list[str] = []
@@ -134,7 +178,11 @@ def main() -> None:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engines", nargs="+", default=["mini", "vllm"])
+    ap.add_argument("--engines", nargs="+", default=["mini", "vllm"],
+                    help="servers to compare; an entry may carry the teaching engine's flags "
+                         "and environment variables for its server ('mini --no-prepack', "
+                         "'OMP_WAIT_POLICY=PASSIVE mini'), so that each optimisation is "
+                         "measured against vLLM and against the others in the same run")
     ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 32])
     ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--min-requests", type=int, default=4)
@@ -150,8 +198,10 @@ def main() -> None:
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="start the engines in turn instead of side by side")
     args = ap.parse_args(argv)
+    width = max(len(label) for label in args.engines)
 
     if args.profile or args.profile_only:
+        print(matmul_table(threads=args.threads))
         for streams in (1, 32):
             print(profile_mini(streams=streams, threads=args.threads))
         if args.profile_only:
@@ -159,41 +209,45 @@ def main() -> None:
     prompts = make_prompts(256, int(args.input_tokens * 0.75))
     results = []
 
-    def serve(engine: str, port: int):
-        eargs = extra if engine == "mini" else []
-        if engine == "mini" and args.threads:
-            eargs = eargs + ["--threads", str(args.threads)]
+    def serve(label: str, port: int):
+        words = label.split()
+        env = dict(w.split("=", 1) for w in words if "=" in w)   # 'OMP_WAIT_POLICY=PASSIVE mini'
+        engine, *eargs = [w for w in words if "=" not in w]
+        if engine == "mini":
+            eargs = eargs + extra + (["--threads", str(args.threads)] if args.threads else [])
         server = launch.launch(["--engine", engine, "--device", "cpu", "--kv-cache-gib",
                                 str(args.kv_cache_gib), "--log-level", "warning",
                                 *(["--", *eargs] if eargs else [])], port=port,
-                               log_path=os.path.join(tempfile.gettempdir(), f"mini_vs_vllm-{engine}.log"))
+                               env={**os.environ, **env},
+                               log_path=os.path.join(tempfile.gettempdir(),
+                                                     f"mini_vs_vllm-{port}.log"))
         server.wait_ready(600)
         return server, eargs
 
-    def measure(engine: str, server, eargs: list[str], rnd: int) -> None:
+    def measure(label: str, server, eargs: list[str], rnd: int) -> None:
         for c in args.concurrency:
             n = max(args.min_requests, c * args.requests_per_stream)
             r = asyncio.run(load(server.base_url, c, n, prompts, args.max_tokens))
-            r.update(engine=engine, engine_args=eargs, round=rnd)
+            r.update(engine=label, engine_args=eargs, round=rnd)
             print(json.dumps(r), flush=True)
             results.append(r)
 
     if args.one_at_a_time:
-        for engine in args.engines:
-            server, eargs = serve(engine, args.port)
+        for label in args.engines:
+            server, eargs = serve(label, args.port)
             try:
                 for rnd in range(args.rounds):
-                    measure(engine, server, eargs, rnd)
+                    measure(label, server, eargs, rnd)
             finally:
                 server.stop()
     else:
         servers = {}
         try:
-            for i, engine in enumerate(args.engines):
-                servers[engine] = serve(engine, args.port + i)
+            for i, label in enumerate(args.engines):
+                servers[label] = serve(label, args.port + i)
             for rnd in range(args.rounds):
-                for engine in (args.engines if rnd % 2 == 0 else args.engines[::-1]):
-                    measure(engine, *servers[engine], rnd)
+                for label in (args.engines if rnd % 2 == 0 else args.engines[::-1]):
+                    measure(label, *servers[label], rnd)
         finally:
             for server, _ in servers.values():
                 server.stop()
@@ -202,11 +256,14 @@ def main() -> None:
         by.setdefault((r["engine"], r["concurrency"]), []).append(r["output_tok_s"])
     med = {k: statistics.median(v) for k, v in by.items()}
     for c in args.concurrency:
-        if ("mini", c) in med and ("vllm", c) in med:
-            print(f"{c:>3} streams: mini {med['mini', c]:7.1f} tok/s  vLLM {med['vllm', c]:7.1f} "
-                  f"tok/s  ratio {med['mini', c] / med['vllm', c]:.2f}  (medians of "
-                  f"{len(by['mini', c])} rounds; per round: "
-                  + ", ".join(f"{m / v:.2f}" for m, v in zip(by["mini", c], by["vllm", c])) + ")")
+        for label in args.engines:
+            if label == "vllm" or ("vllm", c) not in med:
+                continue
+            mine, theirs = by[label, c], by["vllm", c]
+            print(f"{c:>3} streams: {label:<{width}} {med[label, c]:7.1f} tok/s  vLLM "
+                  f"{med['vllm', c]:7.1f} tok/s  ratio {med[label, c] / med['vllm', c]:.2f}  "
+                  f"(medians of {len(mine)} rounds; per round: "
+                  + ", ".join(f"{m / v:.2f}" for m, v in zip(mine, theirs)) + ")")
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"results": results, "medians": {f"{e}@{c}": v for (e, c), v in med.items()},

@@ -4,7 +4,8 @@ blocks and radix tree), speculative decoding, quantized linears, attention varia
 Read in this order: ``config.py`` (every switch), ``sequence.py``, ``block_manager.py``,
 ``scheduler.py``, then the model side: ``loader.py``, ``model.py``, ``kv_cache.py``,
 ``attention_metadata.py``, ``model_runner.py``; then ``sampler.py`` and ``engine.py`` (the
-step loop), then ``prefix_cache.py``, ``spec_decode.py``, ``quant.py``.
+step loop), then ``prefix_cache.py``, ``spec_decode.py``, ``linear.py`` (plain, prepacked
+and quantized weights) and ``quant.py``.
 """
 
 from mini_engine.config import EngineConfig

@@ -81,6 +81,9 @@ class EngineConfig:
     mla_rank: int = knob(64, "latent size per token and layer (for `--attention mla`)")
     quant: str | None = knob(None, "weight-only quantization of the linear layers",
                              choices=("none", "int8", "int4"))
+    prepack: bool = knob(True, "bf16/fp16 on CPU: linear weights packed once into oneDNN's "
+                         "layout instead of at every matmul (float32 is left as is)",
+                         flag="--no-prepack", values="on")
     num_threads: int | None = knob(None, "torch threads", flag="--threads",
                                    values="torch's default")
     history: int = knob(2000, "steps of introspection kept (`LLMEngine.history`)", flag=False)

@@ -26,7 +26,7 @@ import torch
 from safetensors.torch import load_file
 
 from mini_engine.model import DecoderLayer, Transformer
-from mini_engine.quant import make_linear
+from mini_engine.linear import make_linear
 
 
 @dataclass
@@ -68,7 +68,7 @@ class ModelConfig:
 
 def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                attention: str = "gqa", mla_rank: int = 64,
-               quant: str | None = None) -> Transformer:
+               quant: str | None = None, prepack: bool = False) -> Transformer:
     if attention not in ("gqa", "mqa", "mla"):
         raise ValueError(f"unknown attention variant {attention!r}: gqa | mqa | mla")
     cfg = ModelConfig.from_hf(model_path)
@@ -81,8 +81,8 @@ def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: s
     get = lambda k: sd[k].to(dtype).to(dev)      # noqa: E731
     opt = lambda k: get(k) if k in sd else None  # noqa: E731
     embed = get("model.embed_tokens.weight")
-    lm_head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in sd \
-        else get("lm_head.weight")
+    tied = cfg.tie_word_embeddings or "lm_head.weight" not in sd
+    lm_head = embed if tied else get("lm_head.weight")
     kv_dim = cfg.num_kv_heads * cfg.head_dim
     layers = []
     for i in range(cfg.num_layers):
@@ -110,14 +110,17 @@ def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: s
         layers.append(DecoderLayer(
             ln1=get(p + "input_layernorm.weight"), ln2=get(p + "post_attention_layernorm.weight"),
             # fused projections: one matmul for q/k/v and one for gate/up
-            qkv=make_linear(qkv_w, qkv_b, quant),
-            o=make_linear(get(p + "self_attn.o_proj.weight"), None, quant),
-            gate_up=make_linear(torch.cat([gate, upw]), None, quant),
-            down=make_linear(get(p + "mlp.down_proj.weight"), None, quant),
+            qkv=make_linear(qkv_w, qkv_b, quant, prepack),
+            o=make_linear(get(p + "self_attn.o_proj.weight"), None, quant, prepack),
+            gate_up=make_linear(torch.cat([gate, upw]), None, quant, prepack),
+            down=make_linear(get(p + "mlp.down_proj.weight"), None, quant, prepack),
             up_k=up_k, up_v=up_v))
     norm = get("model.norm.weight")
     del sd
-    return Transformer(cfg, layers, embed=embed, norm=norm, lm_head=lm_head,
+    # The head is never quantized (in SmolLM2 it is the embedding matrix). Packed, it is a
+    # second copy of a tied embedding: the lookup needs the plain rows.
+    return Transformer(cfg, layers, embed=embed, norm=norm,
+                       lm_head=make_linear(lm_head, None, None, prepack), tied=tied,
                        attention=attention, mla_rank=mla_rank, dtype=dtype, device=dev)
 
 
@@ -147,6 +150,6 @@ def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:
         sd[p + "mlp.down_proj.weight"] = layer.down.dequantize(torch.float32)
         sd[p + "input_layernorm.weight"] = layer.ln1.float()
         sd[p + "post_attention_layernorm.weight"] = layer.ln2.float()
-    if model.lm_head is not model.embed:
-        sd["lm_head.weight"] = model.lm_head.float()
+    if not model.tied:
+        sd["lm_head.weight"] = model.lm_head.dequantize(torch.float32)
     return sd

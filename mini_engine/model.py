@@ -75,11 +75,11 @@ class Transformer:
     """Weights (built by ``loader.load_model``) and the forward pass."""
 
     def __init__(self, cfg: "ModelConfig", layers: list[DecoderLayer], *, embed: torch.Tensor,
-                 norm: torch.Tensor, lm_head: torch.Tensor, attention: str = "gqa",
-                 mla_rank: int = 64, dtype: torch.dtype = torch.float32,
+                 norm: torch.Tensor, lm_head: object, tied: bool = False,
+                 attention: str = "gqa", mla_rank: int = 64, dtype: torch.dtype = torch.float32,
                  device: torch.device = torch.device("cpu")):
         self.cfg, self.layers = cfg, layers
-        self.embed, self.norm, self.lm_head = embed, norm, lm_head
+        self.embed, self.norm, self.lm_head, self.tied = embed, norm, lm_head, tied
         self.attention, self.mla_rank = attention, mla_rank
         self.dtype, self.device = dtype, device
         self.num_kv_heads = 1 if attention == "mqa" else cfg.num_kv_heads
@@ -95,6 +95,8 @@ class Transformer:
 
     def weight_bytes(self) -> int:
         n = self.embed.numel() * self.embed.element_size()
+        if self.lm_head.weight is not self.embed:     # untied, or tied but packed: a copy
+            n += self.lm_head.nbytes()
         return n + sum(m.nbytes() for l in self.layers for m in (l.qkv, l.o, l.gate_up, l.down))
 
     @torch.inference_mode()
@@ -131,7 +133,7 @@ class Transformer:
             gate, up = layer.gate_up(h).chunk(2, dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         x = rms_norm(x.index_select(0, meta.logit_rows), self.norm, cfg.rms_norm_eps)
-        return F.linear(x, self.lm_head).float()
+        return self.lm_head(x).float()
 
     def _context_kv(self, li: int, layer: DecoderLayer, g: AttentionGroup,
                     kv: KVCache) -> tuple[torch.Tensor, torch.Tensor]:

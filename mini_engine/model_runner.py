@@ -27,7 +27,7 @@ class ModelRunner:
     def __init__(self, model_path: str, config: EngineConfig):
         self.model = load_model(model_path, dtype=config.torch_dtype, device=config.device,
                                 attention=config.attention, mla_rank=config.mla_rank,
-                                quant=config.quant)
+                                quant=config.quant, prepack=config.prepack)
         self.cfg: ModelConfig = self.model.cfg
         self.block_size = config.block_size
         layout = self.model.kv_layout()

@@ -84,29 +84,3 @@ class Int4Linear:
 
     def nbytes(self) -> int:
         return self.packed.numel() + (self.scale.numel() + self.zero.numel()) * 4
-
-
-class DenseLinear:
-    """The unquantized layer, with the same call shape as the quantized ones."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        self.weight, self.bias = weight, bias
-
-    def dequantize(self, dtype=torch.float32) -> torch.Tensor:
-        return self.weight.to(dtype)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
-
-    def nbytes(self) -> int:
-        return self.weight.numel() * self.weight.element_size()
-
-
-def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quant: str | None):
-    if quant in (None, "none"):
-        return DenseLinear(weight, bias)
-    if quant == "int8":
-        return Int8Linear(weight, bias)
-    if quant == "int4":
-        return Int4Linear(weight, bias)
-    raise ValueError(f"unknown quantization {quant!r}: none | int8 | int4")

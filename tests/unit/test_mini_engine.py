@@ -87,3 +87,25 @@ def test_kv_bytes_per_token_is_measured_on_the_pool(path, engine):
     assert pool <= 0.02 * (1 << 30)
     mqa = LLMEngine(path, kv_cache_gib=0.01, attention="mqa", num_threads=1)
     assert mqa.runner.kv_bytes_per_token() * c.num_kv_heads == engine.runner.kv_bytes_per_token()
+
+
+def test_prepacked_weights_change_speed_not_tokens(path):
+    """bf16 with the linear weights packed for oneDNN once gives the very tokens of bf16
+    multiplied from the plain weights (the same kernel runs; only its per-call repacking
+    is gone), for a batch that mixes prefills and decodes."""
+    from mini_engine import LLMEngine, SamplingParams
+    from mini_engine.linear import PackedLinear, can_prepack
+    if not can_prepack(torch.bfloat16, "cpu"):
+        pytest.skip("this CPU's oneDNN has no bf16 matmul: the engine does not pack here")
+    prompts = [[1, 504, 3458, 28, 2680, 314], [1, 2680, 1912], list(range(1, 60))]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    outs = {}
+    for prepack in (False, True):
+        eng = LLMEngine(path, kv_cache_gib=0.02, dtype="bfloat16", prepack=prepack,
+                        num_threads=1)
+        layers = [eng.runner.model.lm_head] + [getattr(layer, n) for layer in
+                                               eng.runner.model.layers
+                                               for n in ("qkv", "o", "gate_up", "down")]
+        assert all(isinstance(m, PackedLinear) == prepack for m in layers)
+        outs[prepack] = eng.generate(prompts, params)
+    assert outs[True] == outs[False]

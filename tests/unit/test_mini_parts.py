@@ -1,11 +1,12 @@
 """Small pieces of the teaching engine: speculative acceptance, n-gram lookup, sampler,
-quantized linears."""
+quantized and prepacked linears."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from mini_engine.linear import DenseLinear, PackedLinear, can_prepack, make_linear
 from mini_engine.quant import Int4Linear, Int8Linear
 from mini_engine.sampler import logprob_of, sample_row
 from mini_engine.sequence import SAMPLING_EPS, SamplingParams
@@ -64,6 +65,32 @@ def test_int8_and_int4_reconstruct_weights():
     assert q8.nbytes() < w.numel() * 4 / 3.5 and q4.nbytes() < w.numel() * 4 / 5
     ref = x @ w.T
     assert torch.allclose(q8(x), ref, atol=0.02) and torch.allclose(q4(x), ref, atol=0.2)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
+def test_packed_linear_keeps_the_layer_contract():
+    # fp32 here so that it runs on any oneDNN CPU; the engine packs only bf16/fp16 (below)
+    torch.manual_seed(0)
+    w, b = torch.randn(96, 64), torch.randn(96)
+    dense, packed = DenseLinear(w, b), PackedLinear(w, b)
+    assert packed.weight.layout == torch._mkldnn                  # stored in oneDNN's layout
+    assert torch.equal(packed.dequantize(), w)                   # and read back unchanged
+    assert packed.nbytes() == dense.nbytes() == w.numel() * 4
+    for x in (torch.randn(1, 64), torch.randn(7, 64), torch.randn(2, 3, 64)):
+        assert packed(x).shape == dense(x).shape
+        assert torch.allclose(packed(x), dense(x), atol=1e-4)
+
+
+def test_make_linear_packs_only_what_can_be_packed():
+    w = torch.randn(8, 16)
+    assert type(make_linear(w, None, None, prepack=True)) is DenseLinear      # fp32: as HF
+    assert type(make_linear(w, None, "int8", prepack=True)) is Int8Linear
+    bf16 = make_linear(w.bfloat16(), None, None, prepack=True)
+    assert type(bf16) is (PackedLinear if can_prepack(torch.bfloat16, "cpu") else DenseLinear)
+    assert type(make_linear(w.bfloat16(), None, None, prepack=False)) is DenseLinear
+    assert not can_prepack(torch.float32, "cpu") and not can_prepack(torch.bfloat16, "meta")
+    with pytest.raises(ValueError):
+        make_linear(w, None, "int3")
 
 
 def test_sampler_tiny_temperature_is_greedy_and_never_nan():
