@@ -130,44 +130,40 @@ def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None,
 
 def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
                  threads: int | None = None) -> str:
-    """Offline: each of the model's projection shapes in bf16, ``F.linear`` on the plain
-    weight vs the weight packed once for oneDNN (``mini_engine.linear.PackedLinear``), at
-    decode batch sizes. Microseconds per call, median of 5 timings of ``repeats`` calls."""
+    """Offline: each projection of the bundled model's first layer, and its head, in bf16:
+    ``F.linear`` on the plain weight vs the weight packed once for oneDNN
+    (``mini_engine.linear.PackedLinear``), at decode batch sizes. Microseconds per call,
+    from the best of 5 timings of ``repeats`` calls (``workshop.timing.best_time_s``)."""
     import torch
 
     from mini_engine.linear import DenseLinear, PackedLinear, can_prepack
-    from mini_engine.loader import ModelConfig
+    from mini_engine.loader import load_model
     from reference_server.models import resolve_model
+    from workshop.timing import best_time_s
     if not can_prepack(torch.bfloat16, "cpu"):
         return "this CPU's oneDNN has no bf16 matmul: nothing to pack\n"
     if threads:
         torch.set_num_threads(threads)
-    c = ModelConfig.from_hf(resolve_model("smollm2-135m", prepare=False).path)
-    q, kv, h, i = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size, \
-        c.intermediate_size
-    shapes = {"qkv": (q + 2 * kv, h), "o": (h, q), "gate_up": (2 * i, h), "down": (h, i),
-              "lm_head": (c.vocab_size, h)}
+    model = load_model(resolve_model("smollm2-135m", prepare=False).path, dtype=torch.bfloat16)
+    first = model.layers[0]
+    weights = {"qkv": first.qkv.weight, "o": first.o.weight, "gate_up": first.gate_up.weight,
+               "down": first.down.weight, "lm_head": model.lm_head.weight}
     out = [f"{'layer':8} {'[out, in]':>12} {'rows':>5} {'plain us':>9} {'packed us':>9} "
            f"{'speed-up':>8}"]
-    for name, (n, k) in shapes.items():
-        w = torch.randn(n, k, dtype=torch.bfloat16) * 0.02
+    for name, w in weights.items():
         plain, packed = DenseLinear(w), PackedLinear(w)
+        reps = repeats if w.shape[0] < 10_000 else repeats // 10     # the head is 50x the rest
         for m in rows:
-            x = torch.randn(m, k, dtype=torch.bfloat16)
-            times = []
-            reps = repeats if n < 10_000 else repeats // 10     # the head is 50x the rest
-            for layer in (plain, packed):
-                for _ in range(10):
+            x = torch.randn(m, w.shape[1], dtype=torch.bfloat16)
+
+            def calls(layer) -> None:
+                for _ in range(reps):
                     layer(x)
-                runs = []
-                for _ in range(5):
-                    t0 = time.perf_counter()
-                    for _ in range(reps):
-                        layer(x)
-                    runs.append((time.perf_counter() - t0) / reps)
-                times.append(statistics.median(runs) * 1e6)
-            out.append(f"{name:8} {str([n, k]):>12} {m:>5} {times[0]:9.0f} {times[1]:9.0f} "
-                       f"{times[0] / times[1]:7.2f}x")
+
+            plain_us, packed_us = (best_time_s(lambda: calls(layer), repeats=5) / reps * 1e6
+                                   for layer in (plain, packed))
+            out.append(f"{name:8} {str(list(w.shape)):>12} {m:>5} {plain_us:9.0f} "
+                       f"{packed_us:9.0f} {plain_us / packed_us:7.2f}x")
     return "\n".join(out) + "\n"
 
 
