@@ -5,11 +5,15 @@ server, at 1 and 32 concurrent streams; plus a profile of where mini's time goes
     python benchmarks/mini_vs_vllm.py --engines mini --concurrency 1 32 -- --spec ngram
     python benchmarks/mini_vs_vllm.py --engines mini "mini --no-prepack" vllm   # one switch's gain
     python benchmarks/mini_vs_vllm.py --profile-only       # offline cProfile + torch profiler
+    python benchmarks/mini_vs_vllm.py --concurrency 1 --agentic 8 -- --prefix-cache radix
 
 Definitions (the same for both engines): each request streams ``--max-tokens`` tokens with
 ``ignore_eos`` from a fixed prompt of about ``--input-tokens`` tokens; ``c`` workers keep
 ``c`` requests in flight; output tokens/s = total completion tokens (from ``usage``) / wall
 time from the first request sent to the last stream closed. One warm-up request runs first.
+``--agentic N`` adds, in each round, the harness's agentic workload (``workshop bench``: N
+multi-turn sessions whose prompts grow on shared prefixes, 12 requests a session, N in
+flight), each server's prefix cache emptied first; its output tok/s is the harness's.
 
 Both servers are up for the whole run, side by side on the same machine, and measured in
 alternating rounds (``--rounds``; each round's engine order is the reverse of the previous
@@ -84,6 +88,18 @@ async def load(base: str, concurrency: int, num_requests: int, prompts: list[str
         wall = time.perf_counter() - t0
     return {"concurrency": concurrency, "requests": num_requests, "output_tokens": total,
             "seconds": round(wall, 2), "output_tok_s": round(total / wall, 1)}
+
+
+def agentic(base: str, sessions: int) -> dict:
+    from workshop.bench.run import run_benchmark
+    with tempfile.TemporaryDirectory() as out:
+        res = run_benchmark(base, "smollm2-135m", "agentic", num_requests=12 * sessions,
+                            concurrency=sessions, num_sessions=sessions, progress=False,
+                            output_dir=out, reset_cache=True)
+    s = res.summary
+    return {"concurrency": f"agentic{sessions}", "requests": s["completed"],
+            "output_tokens": s["total_output_tokens"], "seconds": round(s["duration_s"], 2),
+            "output_tok_s": round(s["output_throughput"], 1)}
 
 
 def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None,
@@ -179,7 +195,9 @@ def main() -> None:
                          "and environment variables for its server ('mini --no-prepack', "
                          "'OMP_WAIT_POLICY=PASSIVE mini'), so that each optimisation is "
                          "measured against vLLM and against the others in the same run")
-    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 32])
+    ap.add_argument("--concurrency", nargs="*", type=int, default=[1, 32])
+    ap.add_argument("--agentic", type=int, metavar="SESSIONS",
+                    help="also run the agentic workload with this many sessions in each round")
     ap.add_argument("--requests-per-stream", type=int, default=2)
     ap.add_argument("--min-requests", type=int, default=4)
     ap.add_argument("--input-tokens", type=int, default=128)
@@ -227,6 +245,11 @@ def main() -> None:
             r.update(engine=label, engine_args=eargs, round=rnd)
             print(json.dumps(r), flush=True)
             results.append(r)
+        if args.agentic:
+            r = agentic(server.base_url, args.agentic)
+            r.update(engine=label, engine_args=eargs, round=rnd)
+            print(json.dumps(r), flush=True)
+            results.append(r)
 
     if args.one_at_a_time:
         for label in args.engines:
@@ -251,12 +274,13 @@ def main() -> None:
     for r in results:
         by.setdefault((r["engine"], r["concurrency"]), []).append(r["output_tok_s"])
     med = {k: statistics.median(v) for k, v in by.items()}
-    for c in args.concurrency:
+    loads = args.concurrency + ([f"agentic{args.agentic}"] if args.agentic else [])
+    for c in loads:
         for label in args.engines:
             if label == "vllm" or ("vllm", c) not in med:
                 continue
             mine, theirs = by[label, c], by["vllm", c]
-            print(f"{c:>3} streams: {label:<{width}} {med[label, c]:7.1f} tok/s  vLLM "
+            print(f"{c if isinstance(c, str) else f'{c:>3} streams'}: {label:<{width}} {med[label, c]:7.1f} tok/s  vLLM "
                   f"{med['vllm', c]:7.1f} tok/s  ratio {med[label, c] / med['vllm', c]:.2f}  "
                   f"(medians of {len(mine)} rounds; per round: "
                   + ", ".join(f"{m / v:.2f}" for m, v in zip(mine, theirs)) + ")")

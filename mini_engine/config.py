@@ -79,6 +79,13 @@ class EngineConfig:
     attention: str = knob("gqa", "KV heads as shipped, averaged into one (MQA), or a "
                           "low-rank latent (MLA)", choices=("gqa", "mqa", "mla"))
     mla_rank: int = knob(64, "latent size per token and layer (for `--attention mla`)")
+    decode_attention: str = knob(
+        "auto", "attention over cached keys: `sdpa` (PyTorch's kernel) or `eager` (matmul, "
+        "float32 softmax, matmul, as Hugging Face's eager attention; on CPU the faster for a "
+        "few queries against many keys); `auto`: eager in bf16/fp16 for a batch of decodes "
+        "over 4,096 keys or more, else SDPA, and always SDPA in float32 (the exactness "
+        "reference)",
+        choices=("auto", "sdpa", "eager"))
     quant: str | None = knob(None, "weight-only quantization of the linear layers",
                              choices=("none", "int8", "int4"))
     prepack: bool = knob(True, "bf16/fp16 on CPU: linear weights packed once into oneDNN's "
@@ -86,6 +93,13 @@ class EngineConfig:
                          flag="--no-prepack", values="on")
     num_threads: int | None = knob(None, "torch threads", flag="--threads",
                                    values="torch's default")
+    solo_threads: int | None = knob(
+        None, "torch threads for a step that decodes one sequence alone: the step that gains "
+        "least from more cores, and loses most when the server's event loop preempts one of "
+        "them", values="`num_threads`",
+        server="on CPU one fewer than `num_threads` (a core left to the event loop, as "
+               "vLLM-CPU leaves one to its API server); `--solo-threads` equal to the "
+               "threads keeps every core")
     history: int = knob(2000, "steps of introspection kept (`LLMEngine.history`)", flag=False)
 
     @property

@@ -6,6 +6,9 @@ It loads the model (``loader.py``), allocates the KV pool the model's layout ask
 scheduled chunks into a flat batch plus attention metadata (``attention_metadata.py``)
 before calling the model (``model.py``).
 
+It also picks the torch threads for each step: ``solo_threads`` for a step that decodes one
+sequence alone (when the config sets it; the server does on CPU), ``num_threads`` otherwise.
+
 Contract: ``forward`` writes the K/V of every chunk's tokens into the slots their block
 tables name and returns fp32 logits ``[rows, vocab]`` for the positions each chunk asked
 for, in chunk order. Not thread-safe: one engine thread calls it.
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from mini_engine.attention_metadata import Chunk, prepare
+from mini_engine.attention_metadata import SMALL_QUERY, Chunk, prepare
 from mini_engine.config import EngineConfig
 from mini_engine.kv_cache import KVCache
 from mini_engine.loader import ModelConfig, hf_state_dict, load_model
@@ -27,8 +30,11 @@ class ModelRunner:
     def __init__(self, model_path: str, config: EngineConfig):
         self.model = load_model(model_path, dtype=config.torch_dtype, device=config.device,
                                 attention=config.attention, mla_rank=config.mla_rank,
-                                quant=config.quant, prepack=config.prepack)
+                                quant=config.quant, prepack=config.prepack,
+                                decode_attention=config.decode_attention)
         self.cfg: ModelConfig = self.model.cfg
+        self.threads = config.num_threads or torch.get_num_threads()
+        self.solo_threads = config.solo_threads or self.threads
         self.block_size = config.block_size
         layout = self.model.kv_layout()
         num_blocks = config.num_blocks
@@ -44,6 +50,11 @@ class ModelRunner:
     def forward(self, chunks: list[Chunk], num_layers: int | None = None) -> torch.Tensor:
         """Run the new tokens of ``chunks`` through the first ``num_layers`` layers (all by
         default); see the contract above."""
+        if self.solo_threads != self.threads:
+            solo = len(chunks) == 1 and len(chunks[0].token_ids) <= SMALL_QUERY
+            want = self.solo_threads if solo else self.threads
+            if torch.get_num_threads() != want:
+                torch.set_num_threads(want)
         input_ids, meta = prepare(chunks, self.block_size, self.model.device)
         return self.model.forward(input_ids, meta, self.kv_cache, num_layers)
 

@@ -45,10 +45,29 @@ def _engine_config(config, device: str, argv: list[str]):
     """``EngineConfig`` from the flags after ``--``, with the server's settings as defaults."""
     from mini_engine.config import EngineConfig
     dtype = dtypes.cpu_compute_dtype(config.dtype, device)
-    return EngineConfig.from_cli(
+    cfg = EngineConfig.from_cli(
         argv, dtype=dtype, device=device, kv_cache_gib=config.kv_cache_gib,
         max_model_len=config.max_model_len,
         prefix_cache="hash" if config.enable_prefix_caching else None)
+    if cfg.solo_threads is None and device == "cpu":
+        cfg = dataclasses.replace(cfg, solo_threads=solo_threads(cfg.num_threads))
+    return cfg
+
+
+def solo_threads(num_threads: int | None) -> int:
+    """Threads for a step that decodes one sequence alone, when served on CPU: one fewer
+    than the engine's (``num_threads``, else torch's default).
+
+    With the engine's OpenMP team on every core, the event loop (and a client on the same
+    machine) must preempt one of its threads for each token it streams, and the whole team
+    then waits for that thread at its next barrier. For a lone decode, a step short on work,
+    that wait costs more than the extra core gives (measured in docs/mini_engine.md); bigger
+    steps keep every core. vLLM-CPU keeps one core out of its OpenMP threads for its API
+    server and scheduler at all times (``reserve_cpu_num`` in
+    ``vllm/utils/ompmultiprocessing.py``).
+    """
+    import torch
+    return max(1, (num_threads or torch.get_num_threads()) - 1)
 
 
 class MiniEngine(LocalEngine):
@@ -125,8 +144,8 @@ class MiniEngine(LocalEngine):
             prefix_caching=c.prefix_cache is not None,
             extra={k: getattr(c, k) for k in (
                 "scheduler", "chunked_prefill", "kv_layout", "prefix_cache", "spec",
-                "num_spec_tokens", "attention", "quant", "max_num_seqs",
-                "max_num_batched_tokens")})
+                "num_spec_tokens", "attention", "decode_attention", "quant", "prepack",
+                "num_threads", "solo_threads", "max_num_seqs", "max_num_batched_tokens")})
 
     def stats(self) -> EngineStats:
         return self._stats

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import httpx
 import pytest
 
@@ -18,6 +20,8 @@ def test_start_serves_the_knobs_asked_for_and_stops():
         info = s.get_json("/server_info")
         assert info["engine"] == "mini" and info["block_size"] == 32
         assert info["extra"]["kv_layout"] == "contiguous"
+        if (os.cpu_count() or 1) > 1:       # a lone decode leaves a core to the server
+            assert 1 <= info["extra"]["solo_threads"] < os.cpu_count()
         assert httpx.get(s.base_url + "/server_info").status_code == 401   # its own key
         r = s.openai().completions.create(model=s.model, prompt="Hello", max_tokens=2)
         assert r.usage.completion_tokens == 2

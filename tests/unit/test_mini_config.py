@@ -22,7 +22,8 @@ FLAGS = {"--compute-dtype": "dtype", "--block-size": "block_size", "--num-blocks
          "--kv-layout": "kv_layout", "--prefix-cache": "prefix_cache", "--spec": "spec",
          "--num-spec-tokens": "num_spec_tokens", "--draft-layers": "draft_layers",
          "--attention": "attention", "--mla-rank": "mla_rank", "--quant": "quant",
-         "--no-prepack": "prepack", "--threads": "num_threads"}
+         "--no-prepack": "prepack", "--threads": "num_threads",
+         "--decode-attention": "decode_attention", "--solo-threads": "solo_threads"}
 
 
 def test_docs_table_is_the_generated_one():

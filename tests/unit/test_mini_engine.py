@@ -109,3 +109,49 @@ def test_prepacked_weights_change_speed_not_tokens(path):
         assert all(isinstance(m, PackedLinear) == prepack for m in layers)
         outs[prepack] = eng.generate(prompts, params)
     assert outs[True] == outs[False]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_attention_written_out_gives_the_sdpa_tokens(path, dtype, monkeypatch):
+    """The cached-key attention as two matmuls and a float32 softmax (``eager``) gives the
+    tokens of SDPA's kernel: in float32 all of them; in bf16, where either form rounds its
+    own way, nearly all (a bf16 near-tie may flip and the text then goes its own way)."""
+    from mini_engine import LLMEngine, SamplingParams, model
+    calls = []
+    eager = model.eager_attention
+    monkeypatch.setattr(model, "eager_attention", lambda *a: calls.append(1) or eager(*a))
+    prompts = [[1, 504, 3458, 28, 2680, 314], [1, 2680, 1912], list(range(1, 60)),
+               [1, 9906, 11, 1312, 1101]]
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    outs = {}
+    for attn in ("sdpa", "eager"):
+        eng = LLMEngine(path, kv_cache_gib=0.02, dtype=dtype, decode_attention=attn,
+                        num_threads=1)
+        outs[attn] = eng.generate(prompts, params)
+        assert bool(calls) == (attn == "eager")          # the path asked for is the one taken
+    if dtype == "float32":
+        assert outs["eager"] == outs["sdpa"]
+    else:
+        agree = sum(a == b for o, r in zip(outs["eager"], outs["sdpa"]) for a, b in zip(o, r))
+        assert agree >= 0.75 * 12 * len(prompts), (outs["eager"], outs["sdpa"])
+
+
+def test_a_lone_decode_runs_on_solo_threads(path):
+    """``solo_threads`` applies to the steps that decode one sequence alone; a step with
+    more sequences (or a longer prefill) runs on ``num_threads``."""
+    from mini_engine import LLMEngine, SamplingParams
+    before = torch.get_num_threads()
+    try:
+        eng = LLMEngine(path, kv_cache_gib=0.02, num_threads=2, solo_threads=1)
+        eng.add_request([1, 504, 3458], SamplingParams(max_tokens=2, ignore_eos=True), "short")
+        eng.add_request(list(range(1, 40)), SamplingParams(max_tokens=6, ignore_eos=True), "long")
+        seen = []
+        while eng.has_unfinished():
+            eng.step()
+            scheduled = eng.history[-1].scheduled
+            seen.append((len(scheduled), sum(n for _, n, _ in scheduled),
+                         torch.get_num_threads()))
+        assert {t for n, tokens, t in seen if n == 1 and tokens == 1} == {1}
+        assert {t for n, tokens, t in seen if n > 1 or tokens > 8} == {2}
+    finally:
+        torch.set_num_threads(before)

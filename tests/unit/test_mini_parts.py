@@ -1,12 +1,15 @@
 """Small pieces of the teaching engine: speculative acceptance, n-gram lookup, sampler,
-quantized and prepacked linears."""
+quantized and prepacked linears, the written-out attention."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+import torch.nn.functional as F
+
 from mini_engine.linear import DenseLinear, PackedLinear, can_prepack, make_linear
+from mini_engine.model import eager_attention, use_eager
 from mini_engine.quant import Int4Linear, Int8Linear
 from mini_engine.sampler import logprob_of, sample_row
 from mini_engine.sequence import SAMPLING_EPS, SamplingParams
@@ -91,6 +94,33 @@ def test_make_linear_packs_only_what_can_be_packed():
     assert not can_prepack(torch.float32, "cpu") and not can_prepack(torch.bfloat16, "meta")
     with pytest.raises(ValueError):
         make_linear(w, None, "int3")
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_eager_attention_is_sdpa_written_out(dtype, tol):
+    # the decode group's shapes: [kv_heads, B, group*Q, head_dim] against B padded contexts
+    torch.manual_seed(0)
+    kvh, B, rows, L, d = 3, 4, 3, 40, 64
+    q, k, v = (torch.randn(kvh, B, n, d, dtype=dtype) for n in (rows, L, L))
+    ctx = torch.tensor([40, 17, 1, 33])                               # keys each sequence has
+    mask = (torch.arange(L) < ctx[:, None])[None, :, None, :].expand(1, B, rows, L)
+    want = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask)
+    got = eager_attention(q, k, v, mask)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert (got.float() - want).abs().max() < tol
+    # the padding really is masked: garbage past a sequence's context changes nothing
+    k2, v2 = k.clone(), v.clone()
+    k2[:, 1, 17:], v2[:, 1, 17:] = 1e3, -1e3
+    assert torch.equal(eager_attention(q, k2, v2, mask), got)
+
+
+def test_auto_decode_attention_is_eager_only_for_big_reduced_precision_batches():
+    bf16, fp32 = torch.bfloat16, torch.float32
+    assert use_eager("auto", bf16, 32, 150) and use_eager("auto", torch.float16, 8, 600)
+    assert not use_eager("auto", bf16, 8, 150)        # too few keys: SDPA is the faster
+    assert not use_eager("auto", bf16, 1, 8000)       # one sequence: SDPA
+    assert not use_eager("auto", fp32, 32, 1000)      # float32: SDPA, as Hugging Face
+    assert use_eager("eager", fp32, 1, 10) and not use_eager("sdpa", bf16, 32, 1000)
 
 
 def test_sampler_tiny_temperature_is_greedy_and_never_nan():

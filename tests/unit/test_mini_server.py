@@ -69,6 +69,19 @@ def test_stream_abort_frees_blocks_and_metrics(engine):
     assert "vllm:num_requests_running" in text and "vllm:spec_decode_num_draft_tokens" in text
 
 
+def test_served_lone_decodes_leave_a_core_to_the_server(monkeypatch):
+    from reference_server.engines.mini import _engine_config
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    served = ServerConfig(engine="mini")
+    cfg = _engine_config(served, "cpu", [])
+    assert (cfg.num_threads, cfg.solo_threads) == (None, 3)
+    assert _engine_config(served, "cpu", ["--threads", "2"]).solo_threads == 1
+    assert _engine_config(served, "cpu", ["--solo-threads", "4"]).solo_threads == 4  # flag wins
+    assert _engine_config(served, "cuda", []).solo_threads is None
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    assert _engine_config(served, "cpu", []).solo_threads == 1
+
+
 def test_bad_engine_args_rejected():
     from reference_server.engines.mini import _engine_config
     with pytest.raises(ValueError):
