@@ -280,7 +280,8 @@ def main() -> None:
             if label == "vllm" or ("vllm", c) not in med:
                 continue
             mine, theirs = by[label, c], by["vllm", c]
-            print(f"{c if isinstance(c, str) else f'{c:>3} streams'}: {label:<{width}} {med[label, c]:7.1f} tok/s  vLLM "
+            load_name = c if isinstance(c, str) else f"{c:>3} streams"     # 'agentic8'
+            print(f"{load_name}: {label:<{width}} {med[label, c]:7.1f} tok/s  vLLM "
                   f"{med['vllm', c]:7.1f} tok/s  ratio {med[label, c] / med['vllm', c]:.2f}  "
                   f"(medians of {len(mine)} rounds; per round: "
                   + ", ".join(f"{m / v:.2f}" for m, v in zip(mine, theirs)) + ")")

@@ -68,8 +68,6 @@ class LLMEngine:
     def __init__(self, model_path: str, config: EngineConfig | None = None, **overrides):
         self.config = cfg = dataclasses.replace(config or EngineConfig(), **overrides)
         cfg.validate()
-        if cfg.num_threads:
-            torch.set_num_threads(cfg.num_threads)
         self.runner = ModelRunner(model_path, cfg)
         self.max_model_len = min(cfg.max_model_len, self.runner.cfg.max_position_embeddings)
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size,

@@ -6,8 +6,9 @@ It loads the model (``loader.py``), allocates the KV pool the model's layout ask
 scheduled chunks into a flat batch plus attention metadata (``attention_metadata.py``)
 before calling the model (``model.py``).
 
-It also picks the torch threads for each step: ``solo_threads`` for a step that decodes one
-sequence alone (when the config sets it; the server does on CPU), ``num_threads`` otherwise.
+It also owns the torch thread count: ``num_threads`` from the start (torch's default when
+unset), and ``solo_threads`` for a step that decodes one sequence alone (when the config
+sets it; the server does on CPU).
 
 Contract: ``forward`` writes the K/V of every chunk's tokens into the slots their block
 tables name and returns fp32 logits ``[rows, vocab]`` for the positions each chunk asked
@@ -28,13 +29,15 @@ __all__ = ["Chunk", "ModelConfig", "ModelRunner"]   # Chunk's old home: re-expor
 
 class ModelRunner:
     def __init__(self, model_path: str, config: EngineConfig):
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.threads = torch.get_num_threads()
+        self.solo_threads = config.solo_threads or self.threads
         self.model = load_model(model_path, dtype=config.torch_dtype, device=config.device,
                                 attention=config.attention, mla_rank=config.mla_rank,
                                 quant=config.quant, prepack=config.prepack,
                                 decode_attention=config.decode_attention)
         self.cfg: ModelConfig = self.model.cfg
-        self.threads = config.num_threads or torch.get_num_threads()
-        self.solo_threads = config.solo_threads or self.threads
         self.block_size = config.block_size
         layout = self.model.kv_layout()
         num_blocks = config.num_blocks
