@@ -7,8 +7,9 @@ batch of ``T`` tokens. ``prepare`` turns the chunks into the index tensors the m
   slot it writes, ``block_table[pos // block_size] * block_size + pos % block_size``;
 * ``groups``: sequences whose attention runs in one padded SDPA call. All sequences with at
   most ``SMALL_QUERY`` new tokens (decodes, verifications) share one group; each longer
-  prefill chunk gets its own. A group carries the slots of its context keys and the
-  causal mask;
+  prefill chunk gets its own. A group carries the slots of its context keys, the causal
+  mask, and how many leading keys all its sequences share (the same blocks: a prefix-cache
+  hit such as a common system prompt), so the model may read those once for the group;
 * ``logit_rows``: the rows of the flat batch whose logits the engine wants.
 
 Pure index arithmetic: no weights, no KV tensors.
@@ -48,9 +49,13 @@ class AttentionGroup:
 
     fresh: bool = False       # one sequence prefilling from position 0: K/V are all new
     identity: bool = False    # the group is every token of the step, in order, no padding
+    shared_len: int = 0       # leading keys every sequence reads from the same slots, all
+    #                           before its first query (a whole number of blocks)
 
     def __post_init__(self):
         self.slots_flat = self.slots.reshape(-1)
+        self.shared_slots = self.slots[0, :self.shared_len]                       # [P]
+        self.own_slots = self.slots[:, self.shared_len:].reshape(-1)               # [B*(L-P)]
         self.all_valid = bool(self.valid.all())
         self.grouped_masks: dict[int, torch.Tensor] = {}
 
@@ -131,4 +136,13 @@ def _group(chunks: list[Chunk], offsets: list[int], tables: torch.Tensor, block_
     pos = torch.where(key_ok, kj[None, :].expand(B, L), torch.zeros_like(kj)[None, :])
     slots = _slots(tables, pos, block_size)
     fresh = B == 1 and chunks[0].start == 0
-    return AttentionGroup(q_index, valid.reshape(-1), slots, mask[:, None], B, Q, L, fresh)
+    return AttentionGroup(q_index, valid.reshape(-1), slots, mask[:, None], B, Q, L, fresh,
+                          shared_len=_shared_len(tables, start, block_size) if B > 1 else 0)
+
+
+def _shared_len(tables: torch.Tensor, start: torch.Tensor, block_size: int) -> int:
+    """Keys at the head of every sequence that come from the same blocks (their block tables
+    agree there), capped at the earliest query so every query sees all of them."""
+    same = (tables == tables[:1]).all(0).int().cumprod(0)          # 1 while all tables agree
+    blocks = min(int(same.sum()), int(start.min()) // block_size)
+    return blocks * block_size

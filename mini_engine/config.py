@@ -86,6 +86,11 @@ class EngineConfig:
         "over 4,096 keys or more, else SDPA, and always SDPA in float32 (the exactness "
         "reference)",
         choices=("auto", "sdpa", "eager"))
+    cascade_attention: bool = knob(
+        True, "where `eager` attention runs over a batch whose sequences begin with the same "
+        "cached blocks (a shared system prompt), read those keys once for the batch instead "
+        "of once per sequence (vLLM's cascade attention); used when it saves 4,096 keys or "
+        "more", flag="--no-cascade-attention", values="on")
     quant: str | None = knob(None, "weight-only quantization of the linear layers",
                              choices=("none", "int8", "int4"))
     prepack: bool = knob(True, "bf16/fp16 on CPU: linear weights packed once into oneDNN's "

@@ -69,7 +69,7 @@ class ModelConfig:
 def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                attention: str = "gqa", mla_rank: int = 64,
                quant: str | None = None, prepack: bool = False,
-               decode_attention: str = "sdpa") -> Transformer:
+               decode_attention: str = "sdpa", cascade_attention: bool = False) -> Transformer:
     if attention not in ("gqa", "mqa", "mla"):
         raise ValueError(f"unknown attention variant {attention!r}: gqa | mqa | mla")
     cfg = ModelConfig.from_hf(model_path)
@@ -123,7 +123,8 @@ def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: s
     return Transformer(cfg, layers, embed=embed, norm=norm,
                        lm_head=make_linear(lm_head, None, None, prepack), tied=tied,
                        attention=attention, mla_rank=mla_rank,
-                       decode_attention=decode_attention, dtype=dtype, device=dev)
+                       decode_attention=decode_attention,
+                       cascade_attention=cascade_attention, dtype=dtype, device=dev)
 
 
 def hf_state_dict(model: Transformer) -> dict[str, torch.Tensor]:

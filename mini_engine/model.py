@@ -20,7 +20,9 @@ How queries attend to cached keys (``decode_attention``): PyTorch's SDPA kernel,
 ``eager``, the same formula written out (``eager_attention``). On CPU the written-out form is
 the faster for a few queries against many keys; ``auto`` uses it in bf16/fp16 when several
 sequences decode over enough keys (``use_eager``) and keeps SDPA in float32, where the engine
-must match Hugging Face.
+must match Hugging Face. When the sequences of such a batch begin with the same cached
+blocks (a shared system prompt), ``cascade_attention`` reads those keys once for the whole
+batch instead of once per sequence (``use_cascade``; vLLM calls this cascade attention).
 
 Contract: the model owns weights and RoPE tables, never the KV pool; ``kv_layout()`` says
 what the pool must hold per token and layer.
@@ -79,6 +81,26 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.matmul(probs.to(v.dtype), v)
 
 
+def cascade_attention(q: torch.Tensor, k_shared: torch.Tensor, v_shared: torch.Tensor,
+                      k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``eager_attention`` for a batch whose sequences all begin with the same ``P`` keys
+    (``k_shared``, ``v_shared``: ``[kv_heads, 1, P, d]``, one copy); ``k``, ``v`` and ``mask``
+    cover each sequence's own keys after them. Every query of the batch meets the shared keys
+    in one matmul (the batch's rows stacked), its own keys in a second; one softmax runs over
+    both sets of scores, so the result is attention over the whole context. The shared keys
+    are gathered and read once instead of once per sequence."""
+    kvh, B, rows, d = q.shape
+    P = k_shared.shape[-2]
+    stacked = q.reshape(kvh, 1, B * rows, d)
+    scores = torch.cat((torch.matmul(stacked, k_shared.transpose(-1, -2)).view(kvh, B, rows, P),
+                        torch.matmul(q, k.transpose(-1, -2))), dim=-1) * d ** -0.5
+    scores = scores.float()
+    scores[..., P:].masked_fill_(mask.logical_not(), float("-inf"))  # shared keys: all visible
+    probs = scores.softmax(-1).to(v.dtype)
+    shared = torch.matmul(probs[..., :P].reshape(kvh, 1, B * rows, P), v_shared)
+    return shared.view(kvh, B, rows, d) + torch.matmul(probs[..., P:], v)
+
+
 # Where the written-out form starts to win, in keys read (sequences x context): per call
 # on a 2-core AVX-512 CPU, bf16, GQA 9/3, it lost at 8 x 150 (0.75x) and 4 x 600 (0.79x) and
 # won at 8 x 600 (1.34x), 4 x 1,400 (1.36x), 32 x 150 (1.57x). See docs/mini_engine.md.
@@ -92,6 +114,19 @@ def use_eager(mode: str, dtype: torch.dtype, num_seqs: int, context: int) -> boo
         return (dtype != torch.float32 and num_seqs > 1
                 and num_seqs * context >= EAGER_MIN_KEYS)
     return mode == "eager"
+
+
+# Where reading a shared prefix once starts to pay, in keys saved ((sequences - 1) x shared
+# keys): per call on a 2-core AVX-512 CPU, bf16, GQA 9/3, against ``eager_attention`` over
+# gathered keys, it lost at 4 x 608 shared (0.88-0.90x) and won at 8 x 608 (1.15x) and
+# 8 x 1,200 (1.41-1.56x). See docs/mini_engine.md.
+CASCADE_MIN_SAVED_KEYS = 4096
+
+
+def use_cascade(enabled: bool, num_seqs: int, shared_len: int) -> bool:
+    """Whether a group that attends with ``eager_attention`` reads its ``shared_len`` common
+    keys once (``cascade_attention``) under the ``cascade_attention`` setting ``enabled``."""
+    return enabled and shared_len > 0 and (num_seqs - 1) * shared_len >= CASCADE_MIN_SAVED_KEYS
 
 
 def rope_tables(cfg: "ModelConfig", dtype: torch.dtype,
@@ -110,13 +145,15 @@ class Transformer:
     def __init__(self, cfg: "ModelConfig", layers: list[DecoderLayer], *, embed: torch.Tensor,
                  norm: torch.Tensor, lm_head: object, tied: bool = False,
                  attention: str = "gqa", mla_rank: int = 64, decode_attention: str = "sdpa",
-                 dtype: torch.dtype = torch.float32, device: torch.device = torch.device("cpu")):
+                 cascade_attention: bool = False, dtype: torch.dtype = torch.float32,
+                 device: torch.device = torch.device("cpu")):
         self.cfg, self.layers = cfg, layers
         self.embed, self.norm, self.lm_head, self.tied = embed, norm, lm_head, tied
         self.attention, self.mla_rank = attention, mla_rank
         if decode_attention not in ("auto", "sdpa", "eager"):
             raise ValueError(f"unknown decode attention {decode_attention!r}: auto | sdpa | eager")
         self.decode_attention = decode_attention
+        self.cascade_attention = cascade_attention and attention != "mla"   # MLA: not written
         self.dtype, self.device = dtype, device
         self.num_kv_heads = 1 if attention == "mqa" else cfg.num_kv_heads
         self.cos, self.sin = rope_tables(cfg, dtype, device)
@@ -176,15 +213,20 @@ class Transformer:
         """Keys and values of the group's context, ``[kv_heads, B, L, head_dim]`` each."""
         cfg = self.cfg
         if self.attention != "mla":
-            shape = (self.num_kv_heads, g.B, g.L, cfg.head_dim)
-            k, v = kv.read(li, g.slots_flat)
-            return k.view(shape), v.view(shape)
+            return self._gather(li, kv, g.slots_flat, g.B, g.L)
         lat = kv.read(li, g.slots_flat)[0].view(g.B, g.L, -1)                 # [B, L, r]
         k = (lat @ layer.up_k.T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
         v = (lat @ layer.up_v.T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
         cos, sin = self.cos[:g.L][None, :, None, :], self.sin[:g.L][None, :, None, :]
         k = k * cos + rotate_half(k) * sin     # RoPE after expansion: position = index in seq
         return k.permute(2, 0, 1, 3).contiguous(), v.permute(2, 0, 1, 3).contiguous()
+
+    def _gather(self, li: int, kv: KVCache, slots: torch.Tensor, B: int,
+                L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values at ``slots`` (``B`` sequences of ``L``), ``[kv_heads, B, L, d]``."""
+        shape = (self.num_kv_heads, B, L, self.cfg.head_dim)
+        k, v = kv.read(li, slots)
+        return k.view(shape), v.view(shape)
 
     def _attention(self, li: int, layer: DecoderLayer, q: torch.Tensor, meta: AttentionMetadata,
                    kv: KVCache, new_kv: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -202,7 +244,13 @@ class Transformer:
                 o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k, v, is_causal=True)
                 out[sl] = o.transpose(0, 1)
                 continue
-            k, v = self._context_kv(li, layer, g, kv)
+            eager = use_eager(self.decode_attention, self.dtype, g.B, g.L)
+            cascade = eager and use_cascade(self.cascade_attention, g.B, g.shared_len)
+            if cascade:        # the shared keys once, then each sequence's own
+                ks, vs = self._gather(li, kv, g.shared_slots, 1, g.shared_len)
+                k, v = self._gather(li, kv, g.own_slots, g.B, g.L - g.shared_len)
+            else:
+                k, v = self._context_kv(li, layer, g, kv)
             # SDPA's leading two axes are free batch axes: use (kv_head, sequence). The query
             # heads sharing a KV head are folded into the query axis, so SDPA sees
             # [kv_heads, B, group*Q, d] against [kv_heads, B, L, d]: GQA without K/V copies.
@@ -210,7 +258,9 @@ class Transformer:
             qg = qg.view(g.B, g.Q, kvh, grp, cfg.head_dim)
             qg = qg.permute(2, 0, 3, 1, 4).reshape(kvh, g.B, grp * g.Q, cfg.head_dim)
             mask = g.grouped_mask(grp).transpose(0, 1)                 # [1, B, group*Q, L]
-            if use_eager(self.decode_attention, self.dtype, g.B, g.L):
+            if cascade:
+                o = cascade_attention(qg, ks, vs, k, v, mask[..., g.shared_len:])
+            elif eager:
                 o = eager_attention(qg, k, v, mask)
             else:
                 o = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask)

@@ -36,7 +36,8 @@ class ModelRunner:
         self.model = load_model(model_path, dtype=config.torch_dtype, device=config.device,
                                 attention=config.attention, mla_rank=config.mla_rank,
                                 quant=config.quant, prepack=config.prepack,
-                                decode_attention=config.decode_attention)
+                                decode_attention=config.decode_attention,
+                                cascade_attention=config.cascade_attention)
         self.cfg: ModelConfig = self.model.cfg
         self.block_size = config.block_size
         layout = self.model.kv_layout()

@@ -23,7 +23,8 @@ FLAGS = {"--compute-dtype": "dtype", "--block-size": "block_size", "--num-blocks
          "--num-spec-tokens": "num_spec_tokens", "--draft-layers": "draft_layers",
          "--attention": "attention", "--mla-rank": "mla_rank", "--quant": "quant",
          "--no-prepack": "prepack", "--threads": "num_threads",
-         "--decode-attention": "decode_attention", "--solo-threads": "solo_threads"}
+         "--decode-attention": "decode_attention", "--solo-threads": "solo_threads",
+         "--no-cascade-attention": "cascade_attention"}
 
 
 def test_docs_table_is_the_generated_one():

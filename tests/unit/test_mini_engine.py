@@ -136,6 +136,38 @@ def test_decode_attention_written_out_gives_the_sdpa_tokens(path, dtype, monkeyp
         assert agree >= 0.75 * 12 * len(prompts), (outs["eager"], outs["sdpa"])
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_cascade_attention_gives_the_tokens_of_a_gather_per_sequence(path, dtype, monkeypatch):
+    """Sequences that share cached prefix blocks read them once (``cascade_attention``) and
+    get the tokens they get when each gathers its own copy: all of them in float32, nearly
+    all in bf16 (where the two forms round their own way)."""
+    from mini_engine import LLMEngine, SamplingParams, model
+    monkeypatch.setattr(model, "CASCADE_MIN_SAVED_KEYS", 16)   # short prompts take the path
+    calls = []
+    cascade = model.cascade_attention
+    monkeypatch.setattr(model, "cascade_attention", lambda *a: calls.append(1) or cascade(*a))
+    prefix = list(range(1, 41))                             # 2 whole blocks of 16, shared
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    outs = {}
+    for on in (False, True):
+        eng = LLMEngine(path, kv_cache_gib=0.02, dtype=dtype, decode_attention="eager",
+                        cascade_attention=on, prefix_cache="radix", num_threads=1)
+        first = eng.add_request(prefix + [504], params)
+        eng.step()                                          # its blocks enter the cache
+        seqs = [first] + [eng.add_request(prefix + tail, params)
+                          for tail in ([2680, 1912], [9906, 11, 1312], [314])]
+        while eng.has_unfinished():
+            eng.step()
+        assert all(s.num_cached_tokens == 32 for s in seqs[1:])
+        outs[on] = [s.output_token_ids for s in seqs]
+        assert bool(calls) == on
+    if dtype == "float32":
+        assert outs[True] == outs[False]
+    else:
+        agree = sum(a == b for o, r in zip(outs[True], outs[False]) for a, b in zip(o, r))
+        assert agree >= 0.75 * 10 * 4, outs
+
+
 def test_a_lone_decode_runs_on_solo_threads(path):
     """``solo_threads`` applies to the steps that decode one sequence alone; a step with
     more sequences (or a longer prefill) runs on ``num_threads``."""

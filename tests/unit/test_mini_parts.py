@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from mini_engine.linear import DenseLinear, PackedLinear, can_prepack, make_linear
-from mini_engine.model import eager_attention, use_eager
+from mini_engine.attention_metadata import Chunk, prepare
+from mini_engine.model import cascade_attention, eager_attention, use_cascade, use_eager
 from mini_engine.quant import Int4Linear, Int8Linear
 from mini_engine.sampler import logprob_of, sample_row
 from mini_engine.sequence import SAMPLING_EPS, SamplingParams
@@ -121,6 +122,54 @@ def test_auto_decode_attention_is_eager_only_for_big_reduced_precision_batches()
     assert not use_eager("auto", bf16, 1, 8000)       # one sequence: SDPA
     assert not use_eager("auto", fp32, 32, 1000)      # float32: SDPA, as Hugging Face
     assert use_eager("eager", fp32, 1, 10) and not use_eager("sdpa", bf16, 32, 1000)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cascade_attention_is_eager_attention_over_the_whole_context(dtype, tol):
+    """A shared prefix read once (one copy of its keys) gives attention over prefix + own
+    keys, as if every sequence had its own copy of the prefix."""
+    torch.manual_seed(0)
+    kvh, B, rows, P, L, d = 3, 4, 3, 32, 20, 64
+    q = torch.randn(kvh, B, rows, d, dtype=dtype)
+    ks, vs = (torch.randn(kvh, 1, P, d, dtype=dtype) for _ in range(2))
+    k, v = (torch.randn(kvh, B, L, d, dtype=dtype) for _ in range(2))
+    own = torch.tensor([20, 7, 1, 13])                                # own keys per sequence
+    mask = (torch.arange(L) < own[:, None])[None, :, None, :].expand(1, B, rows, L)
+    whole = torch.cat((ks.expand(kvh, B, P, d), k), 2), torch.cat((vs.expand(kvh, B, P, d), v), 2)
+    full_mask = torch.cat((torch.ones(1, B, rows, P, dtype=torch.bool), mask), -1)
+    want = F.scaled_dot_product_attention(q.float(), whole[0].float(), whole[1].float(),
+                                          attn_mask=full_mask)
+    got = cascade_attention(q, ks, vs, k, v, mask)
+    assert got.dtype == dtype and got.shape == want.shape
+    assert (got.float() - want).abs().max() < tol
+    k2, v2 = k.clone(), v.clone()                   # what lies past a sequence's keys is masked
+    k2[:, 1, 7:], v2[:, 1, 7:] = 1e3, -1e3
+    assert torch.equal(cascade_attention(q, ks, vs, k2, v2, mask), got)
+
+
+def test_cascade_only_where_it_saves_enough_keys():
+    assert use_cascade(True, 8, 1024) and use_cascade(True, 5, 1024)   # 4 x 1,024 saved
+    assert not use_cascade(True, 4, 1024)             # 3 x 1,024: the extra matmuls cost more
+    assert not use_cascade(True, 8, 0) and not use_cascade(False, 8, 1024)
+
+
+def test_shared_len_is_the_common_whole_blocks_before_every_query():
+    bs = 4
+    shared = [7, 3, 9]
+    chunks = [Chunk(shared + [1, 2], 17, [5], 1),     # decode at position 17
+              Chunk(shared + [4], 14, [5], 1),
+              Chunk(shared[:2] + [8, 6], 13, [5], 1)]
+    _, meta = prepare(chunks, bs, torch.device("cpu"))
+    (g,) = meta.groups
+    assert g.shared_len == 2 * bs                     # the third table leaves after 2 blocks
+    assert torch.equal(g.shared_slots, torch.tensor([28, 29, 30, 31, 12, 13, 14, 15]))
+    assert torch.equal(g.own_slots.view(3, -1), g.slots[:, 2 * bs:])
+    # a query inside the shared blocks caps it: all shared keys must precede every query
+    _, meta = prepare([Chunk(shared, 9, [5], 1), Chunk(shared + [4], 14, [5], 1)], bs,
+                      torch.device("cpu"))
+    assert meta.groups[0].shared_len == 2 * bs
+    _, meta = prepare([Chunk(shared, 9, [5], 1)], bs, torch.device("cpu"))   # one sequence
+    assert meta.groups[0].shared_len == 0
 
 
 def test_sampler_tiny_temperature_is_greedy_and_never_nan():
