@@ -5,6 +5,7 @@ server, at 1 and 32 concurrent streams; plus a profile of where mini's time goes
     python benchmarks/mini_vs_vllm.py --engines mini --concurrency 1 32 -- --spec ngram
     python benchmarks/mini_vs_vllm.py --engines mini "mini --no-prepack" vllm   # one switch's gain
     python benchmarks/mini_vs_vllm.py --profile-only       # offline cProfile + torch profiler
+    python benchmarks/mini_vs_vllm.py --attention-only     # per-call attention tables
     python benchmarks/mini_vs_vllm.py --concurrency 1 --agentic 8 -- --prefix-cache radix
 
 Definitions (the same for both engines): each request streams ``--max-tokens`` tokens with
@@ -183,6 +184,73 @@ def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
     return "\n".join(out) + "\n"
 
 
+def attention_table(threads: int | None = None) -> str:
+    """Offline, one layer's attention at the bundled model's shapes (9 query heads over 3 KV
+    heads, head_dim 64, bf16), microseconds per call from the best of 5 timings
+    (``workshop.timing.best_time_s``). First SDPA against the written-out form
+    (``model.eager_attention``) for a batch of decodes, keys already gathered; then, for a
+    batch whose sequences share a cached prefix, the written-out form over each sequence's
+    gathered keys against ``model.cascade_attention`` (the shared keys gathered once), each
+    with its gather from a paged pool."""
+    import torch
+    import torch.nn.functional as F
+
+    from mini_engine.model import cascade_attention, eager_attention
+    from workshop.timing import best_time_s
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    kvh, rows, d, bs, bf16 = 3, 3, 64, 16, torch.bfloat16
+
+    def us(fn) -> float:
+        reps = 20
+        return best_time_s(lambda: [fn() for _ in range(reps)], repeats=5) / reps * 1e6
+
+    out = ["decode batch, keys gathered: SDPA us / eager us (speed-up)",
+           f"{'seqs':>5} " + " ".join(f"{L:>24}" for L in (150, 600, 1400))]
+    for B in (1, 2, 4, 8, 16, 32):
+        cells = []
+        for L in (150, 600, 1400):
+            q = torch.randn(kvh, B, rows, d, dtype=bf16)
+            k, v = (torch.randn(kvh, B, L, d, dtype=bf16) for _ in range(2))
+            ctx = torch.randint(L // 2, L + 1, (B,))
+            mask = (torch.arange(L) < ctx[:, None])[None, :, None, :].expand(1, B, rows, L)
+            sdpa = us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+            eager = us(lambda: eager_attention(q, k, v, mask))
+            cells.append(f"{sdpa:7.0f} / {eager:6.0f} ({sdpa / eager:4.2f}x)")
+        out.append(f"{B:>5} " + " ".join(f"{c:>24}" for c in cells))
+    pool_blocks = 4096
+    pool = [torch.randn(kvh, pool_blocks * bs, d, dtype=bf16) for _ in range(2)]
+    out += ["", "shared prefix: eager over each sequence's gathered keys us / cascade us "
+                "(speed-up)", f"{'seqs':>5} {'shared':>6} {'own':>5} {'eager':>8} "
+                              f"{'cascade':>8} {'speed-up':>8}"]
+    for B, shared, own in [(2, 608, 800), (4, 608, 800), (8, 608, 200), (8, 608, 800),
+                           (8, 1200, 200), (16, 608, 800)]:
+        L = shared + own
+        blocks = torch.randperm(pool_blocks)
+        tables = torch.stack([torch.cat((blocks[:shared // bs],
+                                         blocks[shared // bs + i * 100:][:-(-own // bs)]))
+                              for i in range(B)])
+        slots = (tables[:, :, None] * bs + torch.arange(bs)).reshape(B, -1)[:, :L]
+        ctx = L - torch.randint(0, own // 2, (B,))
+        mask = (torch.arange(L) < ctx[:, None])[None, :, None, :].expand(1, B, rows, L)
+        q = torch.randn(kvh, B, rows, d, dtype=bf16)
+        flat, head, tail = slots.reshape(-1), slots[0, :shared], slots[:, shared:].reshape(-1)
+
+        def gathered():
+            k, v = (t.index_select(1, flat).view(kvh, B, L, d) for t in pool)
+            return eager_attention(q, k, v, mask)
+
+        def cascade():
+            ks, vs = (t.index_select(1, head).view(kvh, 1, shared, d) for t in pool)
+            k, v = (t.index_select(1, tail).view(kvh, B, own, d) for t in pool)
+            return cascade_attention(q, ks, vs, k, v, mask[..., shared:])
+
+        a, b = us(gathered), us(cascade)
+        out.append(f"{B:>5} {shared:>6} {own:>5} {a:8.0f} {b:8.0f} {a / b:7.2f}x")
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra: list[str] = []
@@ -207,6 +275,8 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mini_vs_vllm.json"))
     ap.add_argument("--profile", action="store_true", help="also profile mini offline")
     ap.add_argument("--profile-only", action="store_true")
+    ap.add_argument("--attention-only", action="store_true",
+                    help="print the per-call attention tables (also part of --profile) and stop")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; ratios of the medians")
     ap.add_argument("--one-at-a-time", action="store_true",
@@ -214,8 +284,12 @@ def main() -> None:
     args = ap.parse_args(argv)
     width = max(len(label) for label in args.engines)
 
+    if args.attention_only:
+        print(attention_table(threads=args.threads))
+        return
     if args.profile or args.profile_only:
         print(matmul_table(threads=args.threads))
+        print(attention_table(threads=args.threads))
         for streams in (1, 32):
             print(profile_mini(streams=streams, threads=args.threads))
         if args.profile_only:

@@ -20,6 +20,7 @@ holds one reference of its own on every block it remembers.
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -29,19 +30,33 @@ if TYPE_CHECKING:
 
 
 class BlockAllocator:
-    """Hands out block ids; a block is free exactly when its reference count is 0."""
+    """Hands out block ids; a block is free exactly when its reference count is 0.
 
-    def __init__(self, num_blocks: int):
-        self.num_blocks = num_blocks
+    ``order`` says which free block goes out next. ``lowest``: the lowest-numbered one, so
+    the blocks a prompt takes in one go come out consecutive wherever the pool has such a
+    run, and reading a sequence's keys back (the K/V gather) streams through long stretches
+    of memory. ``fifo``: the one freed longest ago (a queue; vLLM's free-block order, where
+    its attention kernel reads blocks in place). After some traffic a queue hands out
+    blocks from all over the pool, and a gather of 2 KB pieces scattered over a gigabyte
+    is several times slower than one over consecutive blocks (docs/mini_engine.md).
+    """
+
+    def __init__(self, num_blocks: int, order: str = "lowest"):
+        if order not in ("lowest", "fifo"):
+            raise ValueError(f"unknown block order {order!r}: lowest | fifo")
+        self.num_blocks, self.order = num_blocks, order
         self.ref_count = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        # lowest: a heap (sorted, so already one); fifo: a queue
+        self._free: list[int] | deque[int] = (list(range(num_blocks)) if order == "lowest"
+                                              else deque(range(num_blocks)))
 
     @property
     def num_free(self) -> int:
         return len(self._free)
 
     def allocate(self) -> int:
-        block = self._free.popleft()        # IndexError when empty: callers check num_free
+        # IndexError when empty: callers check num_free
+        block = heapq.heappop(self._free) if self.order == "lowest" else self._free.popleft()
         assert self.ref_count[block] == 0
         self.ref_count[block] = 1
         return block
@@ -54,7 +69,10 @@ class BlockAllocator:
         assert self.ref_count[block] > 0, "double free"
         self.ref_count[block] -= 1
         if self.ref_count[block] == 0:
-            self._free.append(block)
+            if self.order == "lowest":
+                heapq.heappush(self._free, block)
+            else:
+                self._free.append(block)
 
 
 class BlockManager:
@@ -66,7 +84,8 @@ class BlockManager:
     """
 
     def __init__(self, num_blocks: int, block_size: int, mode: str = "paged",
-                 max_model_len: int = 2048, prefix_cache: "PrefixCache | None" = None):
+                 max_model_len: int = 2048, prefix_cache: "PrefixCache | None" = None,
+                 block_order: str = "lowest"):
         if mode not in ("paged", "contiguous"):
             raise ValueError(f"unknown allocation mode {mode!r}")
         if mode == "contiguous" and prefix_cache is not None:
@@ -75,7 +94,7 @@ class BlockManager:
         self.block_size = block_size
         self.mode = mode
         self.max_model_len = max_model_len
-        self.allocator = BlockAllocator(num_blocks)
+        self.allocator = BlockAllocator(num_blocks, block_order)
         self.prefix_cache = prefix_cache
         self.prefix_queries = 0      # prompt tokens looked up (vLLM counts tokens)
         self.prefix_hits = 0         # tokens found
@@ -147,7 +166,8 @@ class BlockManager:
         return True
 
     def free(self, seq: "Sequence") -> None:
-        # Release tail first so the allocator's free list reuses cold blocks last.
+        # Tail first: under the fifo order a prompt's head, the part most likely shared, is
+        # then reused last.
         for b in reversed(seq.block_table):
             self.allocator.decref(b)
         seq.block_table = []

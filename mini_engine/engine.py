@@ -71,7 +71,8 @@ class LLMEngine:
         self.runner = ModelRunner(model_path, cfg)
         self.max_model_len = min(cfg.max_model_len, self.runner.cfg.max_position_embeddings)
         self.block_manager = BlockManager(self.runner.num_blocks, cfg.block_size,
-                                          mode=cfg.kv_layout, max_model_len=self.max_model_len)
+                                          mode=cfg.kv_layout, max_model_len=self.max_model_len,
+                                          block_order=cfg.block_order)
         self.block_manager.prefix_cache = make_prefix_cache(
             cfg.prefix_cache, self.block_manager.allocator, cfg.block_size)
         self.proposer = None

@@ -312,3 +312,21 @@ def test_radix_splits_on_partial_match_and_evicts_lru_leaf_first():
     for b in got:
         alloc.decref(b)
     assert cache.evict(5) == 2 and cache.num_cached_blocks() == 0
+
+
+def test_lowest_order_hands_out_consecutive_blocks_after_traffic():
+    """After blocks come back in a scrambled order, ``lowest`` still gives a new prompt a run
+    of consecutive blocks (its keys are then read back in long stretches); the ``fifo``
+    queue gives it the blocks in the order they were freed."""
+    tables = {}
+    for order in ("lowest", "fifo"):
+        alloc = BlockAllocator(64, order)
+        held = [alloc.allocate() for _ in range(64)]
+        for b in held[::2] + held[1::2][::-1]:          # freed out of order, as traffic does
+            alloc.decref(b)
+        tables[order] = [alloc.allocate() for _ in range(8)]
+        assert alloc.num_free == 56 and len(set(tables[order])) == 8
+    assert tables["lowest"] == list(range(8))
+    assert tables["fifo"] == [0, 2, 4, 6, 8, 10, 12, 14]
+    with pytest.raises(ValueError):
+        BlockAllocator(4, "random")
