@@ -66,9 +66,9 @@ class EngineConfig:
     chunked_prefill: bool = knob(True, "split long prompts over steps so decodes keep going",
                                  flag="--no-chunked-prefill", values="on")
     block_order: str = knob(
-        "lowest", "which free KV block a sequence gets next: the lowest-numbered (a prompt's "
-        "blocks come out consecutive, and the K/V gather reads long runs) or the one freed "
-        "longest ago (a queue, vLLM's order)", choices=("lowest", "fifo"))
+        "fifo", "which free KV block a sequence gets next: the one freed longest ago (a "
+        "queue, vLLM's order) or the lowest-numbered (a prompt's blocks come out consecutive, "
+        "and the K/V gather reads long runs)", choices=("fifo", "lowest"))
     kv_layout: str = knob("paged", "`contiguous`: reserve `max_model_len` per sequence, the "
                           "pre-vLLM baseline (no prefix cache)", choices=("paged", "contiguous"))
     prefix_cache: str | None = knob(
