@@ -145,18 +145,28 @@ def profile_mini(streams: int = 32, steps: int = 20, threads: int | None = None,
     return out.getvalue()
 
 
+def per_call_us(fn, reps: int) -> float:
+    """Microseconds per call of ``fn``: ``reps`` calls timed together, best of 5
+    (``workshop.timing.best_time_s``)."""
+    from workshop.timing import best_time_s
+
+    def calls() -> None:
+        for _ in range(reps):
+            fn()
+    return best_time_s(calls, repeats=5) / reps * 1e6
+
+
 def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
                  threads: int | None = None) -> str:
     """Offline: each projection of the bundled model's first layer, and its head, in bf16:
     ``F.linear`` on the plain weight vs the weight packed once for oneDNN
-    (``mini_engine.linear.PackedLinear``), at decode batch sizes. Microseconds per call,
-    from the best of 5 timings of ``repeats`` calls (``workshop.timing.best_time_s``)."""
+    (``mini_engine.linear.PackedLinear``), at decode batch sizes. Microseconds per call
+    (``per_call_us`` over ``repeats`` calls)."""
     import torch
 
     from mini_engine.linear import DenseLinear, PackedLinear, can_prepack
     from mini_engine.loader import load_model
     from reference_server.models import resolve_model
-    from workshop.timing import best_time_s
     if not can_prepack(torch.bfloat16, "cpu"):
         return "this CPU's oneDNN has no bf16 matmul: nothing to pack\n"
     if threads:
@@ -173,11 +183,7 @@ def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
         for m in rows:
             x = torch.randn(m, w.shape[1], dtype=torch.bfloat16)
 
-            def calls(layer) -> None:
-                for _ in range(reps):
-                    layer(x)
-
-            plain_us, packed_us = (best_time_s(lambda: calls(layer), repeats=5) / reps * 1e6
+            plain_us, packed_us = (per_call_us(lambda: layer(x), reps)
                                    for layer in (plain, packed))
             out.append(f"{name:8} {str(list(w.shape)):>12} {m:>5} {plain_us:9.0f} "
                        f"{packed_us:9.0f} {plain_us / packed_us:7.2f}x")
@@ -186,25 +192,25 @@ def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
 
 def attention_table(threads: int | None = None) -> str:
     """Offline, one layer's attention at the bundled model's shapes (9 query heads over 3 KV
-    heads, head_dim 64, bf16), microseconds per call from the best of 5 timings
-    (``workshop.timing.best_time_s``). First SDPA against the written-out form
-    (``model.eager_attention``) for a batch of decodes, keys already gathered; then, for a
-    batch whose sequences share a cached prefix, the written-out form over each sequence's
-    gathered keys against ``model.cascade_attention`` (the shared keys gathered once), each
-    with its gather from a paged pool."""
+    heads, head_dim 64, bf16), microseconds per call (``per_call_us`` over 20 calls). First
+    SDPA against the written-out form (``model.eager_attention``) for a batch of decodes,
+    keys already gathered; then, for a batch whose sequences share a cached prefix, the
+    written-out form over each sequence's gathered keys against ``model.cascade_attention``
+    (the shared keys gathered once), each with its gather from a paged pool."""
     import torch
     import torch.nn.functional as F
 
     from mini_engine.model import cascade_attention, eager_attention
-    from workshop.timing import best_time_s
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
     kvh, rows, d, bs, bf16 = 3, 3, 64, 16, torch.bfloat16
 
     def us(fn) -> float:
-        reps = 20
-        return best_time_s(lambda: [fn() for _ in range(reps)], repeats=5) / reps * 1e6
+        return per_call_us(fn, 20)
+
+    def mask_of(ctx: torch.Tensor, L: int) -> torch.Tensor:      # [1, B, rows, L]: key < ctx
+        return (torch.arange(L) < ctx[:, None])[None, :, None, :].expand(1, len(ctx), rows, L)
 
     out = ["decode batch, keys gathered: SDPA us / eager us (speed-up)",
            f"{'seqs':>5} " + " ".join(f"{L:>24}" for L in (150, 600, 1400))]
@@ -213,8 +219,7 @@ def attention_table(threads: int | None = None) -> str:
         for L in (150, 600, 1400):
             q = torch.randn(kvh, B, rows, d, dtype=bf16)
             k, v = (torch.randn(kvh, B, L, d, dtype=bf16) for _ in range(2))
-            ctx = torch.randint(L // 2, L + 1, (B,))
-            mask = (torch.arange(L) < ctx[:, None])[None, :, None, :].expand(1, B, rows, L)
+            mask = mask_of(torch.randint(L // 2, L + 1, (B,)), L)
             sdpa = us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
             eager = us(lambda: eager_attention(q, k, v, mask))
             cells.append(f"{sdpa:7.0f} / {eager:6.0f} ({sdpa / eager:4.2f}x)")
@@ -232,8 +237,7 @@ def attention_table(threads: int | None = None) -> str:
                                          blocks[shared // bs + i * 100:][:-(-own // bs)]))
                               for i in range(B)])
         slots = (tables[:, :, None] * bs + torch.arange(bs)).reshape(B, -1)[:, :L]
-        ctx = L - torch.randint(0, own // 2, (B,))
-        mask = (torch.arange(L) < ctx[:, None])[None, :, None, :].expand(1, B, rows, L)
+        mask = mask_of(L - torch.randint(0, own // 2, (B,)), L)
         q = torch.randn(kvh, B, rows, d, dtype=bf16)
         flat, head, tail = slots.reshape(-1), slots[0, :shared], slots[:, shared:].reshape(-1)
 

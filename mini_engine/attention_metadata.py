@@ -18,6 +18,7 @@ Pure index arithmetic: no weights, no KV tensors.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -54,10 +55,17 @@ class AttentionGroup:
 
     def __post_init__(self):
         self.slots_flat = self.slots.reshape(-1)
-        self.shared_slots = self.slots[0, :self.shared_len]                       # [P]
-        self.own_slots = self.slots[:, self.shared_len:].reshape(-1)               # [B*(L-P)]
         self.all_valid = bool(self.valid.all())
         self.grouped_masks: dict[int, torch.Tensor] = {}
+
+    # Only a group that reads its shared keys once needs these (built once a step, on use).
+    @cached_property
+    def shared_slots(self) -> torch.Tensor:
+        return self.slots[0, :self.shared_len]                                    # [P]
+
+    @cached_property
+    def own_slots(self) -> torch.Tensor:
+        return self.slots[:, self.shared_len:].reshape(-1)                        # [B*(L-P)]
 
     def grouped_mask(self, grp: int) -> torch.Tensor:
         """The mask for ``grp`` query heads folded into the query axis (built once a step)."""
