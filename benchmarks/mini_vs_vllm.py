@@ -196,10 +196,13 @@ def attention_table(threads: int | None = None) -> str:
     SDPA against the written-out form (``model.eager_attention``) for a batch of decodes,
     keys already gathered; then, for a batch whose sequences share a cached prefix, the
     written-out form over each sequence's gathered keys against ``model.cascade_attention``
-    (the shared keys gathered once), each with its gather from a paged pool."""
+    (the shared keys gathered once), each with its gather from a paged pool. Between the two,
+    the gather itself: K and V of a batch's block tables (blocks scattered over the pool, as
+    a busy server leaves them) read slot by slot against block by block."""
     import torch
     import torch.nn.functional as F
 
+    from mini_engine.kv_cache import KVCache, KVLayout
     from mini_engine.model import cascade_attention, eager_attention
     if threads:
         torch.set_num_threads(threads)
@@ -225,29 +228,39 @@ def attention_table(threads: int | None = None) -> str:
             cells.append(f"{sdpa:7.0f} / {eager:6.0f} ({sdpa / eager:4.2f}x)")
         out.append(f"{B:>5} " + " ".join(f"{c:>24}" for c in cells))
     pool_blocks = 4096
-    pool = [torch.randn(kvh, pool_blocks * bs, d, dtype=bf16) for _ in range(2)]
+    kv = KVCache(KVLayout(((kvh, None, d),) * 2), 1, pool_blocks, bs, bf16)
+    for t in kv.layers[0]:
+        t.copy_(torch.randn_like(t))
+    out += ["", "gather of K and V from scattered blocks: by slot (KVCache.read) us / by block "
+                "(read_blocks) us (speed-up)", f"{'seqs':>5} {'keys':>5} {'by slot':>8} "
+                                                 f"{'by block':>8} {'speed-up':>8}"]
+    for B, L in [(1, 192), (8, 1408), (32, 192)]:
+        blocks = torch.randperm(pool_blocks)[:B * L // bs]
+        slots = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)
+        a, b = us(lambda: kv.read(0, slots)), us(lambda: kv.read_blocks(0, blocks))
+        out.append(f"{B:>5} {L:>5} {a:8.0f} {b:8.0f} {a / b:7.2f}x")
     out += ["", "shared prefix: eager over each sequence's gathered keys us / cascade us "
                 "(speed-up)", f"{'seqs':>5} {'shared':>6} {'own':>5} {'eager':>8} "
                               f"{'cascade':>8} {'speed-up':>8}"]
     for B, shared, own in [(2, 608, 800), (4, 608, 800), (8, 608, 200), (8, 608, 800),
                            (8, 1200, 200), (16, 608, 800)]:
-        L = shared + own
+        L = shared + -(-own // bs) * bs            # whole blocks, as the engine reads them
         blocks = torch.randperm(pool_blocks)
         tables = torch.stack([torch.cat((blocks[:shared // bs],
                                          blocks[shared // bs + i * 100:][:-(-own // bs)]))
                               for i in range(B)])
-        slots = (tables[:, :, None] * bs + torch.arange(bs)).reshape(B, -1)[:, :L]
-        mask = mask_of(L - torch.randint(0, own // 2, (B,)), L)
+        mask = mask_of(shared + own - torch.randint(0, own // 2, (B,)), L)
         q = torch.randn(kvh, B, rows, d, dtype=bf16)
-        flat, head, tail = slots.reshape(-1), slots[0, :shared], slots[:, shared:].reshape(-1)
+        flat, head = tables.reshape(-1), tables[0, :shared // bs]
+        tail = tables[:, shared // bs:].reshape(-1)
 
-        def gathered():
-            k, v = (t.index_select(1, flat).view(kvh, B, L, d) for t in pool)
+        def gathered():     # the model's ``_gather``: whole blocks, in matmul shape as read
+            k, v = (t.view(kvh, B, L, d) for t in kv.read_blocks(0, flat))
             return eager_attention(q, k, v, mask)
 
         def cascade():
-            ks, vs = (t.index_select(1, head).view(kvh, 1, shared, d) for t in pool)
-            k, v = (t.index_select(1, tail).view(kvh, B, own, d) for t in pool)
+            ks, vs = (t.view(kvh, 1, shared, d) for t in kv.read_blocks(0, head))
+            k, v = (t.view(kvh, B, L - shared, d) for t in kv.read_blocks(0, tail))
             return cascade_attention(q, ks, vs, k, v, mask[..., shared:])
 
         a, b = us(gathered), us(cascade)

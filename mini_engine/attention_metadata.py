@@ -7,7 +7,9 @@ batch of ``T`` tokens. ``prepare`` turns the chunks into the index tensors the m
   slot it writes, ``block_table[pos // block_size] * block_size + pos % block_size``;
 * ``groups``: sequences whose attention runs in one padded SDPA call. All sequences with at
   most ``SMALL_QUERY`` new tokens (decodes, verifications) share one group; each longer
-  prefill chunk gets its own. A group carries the slots of its context keys, the causal
+  prefill chunk gets its own. A group carries the blocks of its context keys (its block
+  tables: the model reads the pool a whole block at a time, so a group's key axis is a whole
+  number of blocks, the unused tail of each last block masked like any padding), the causal
   mask, and how many leading keys all its sequences share (the same blocks: a prefix-cache
   hit such as a common system prompt), so the model may read those once for the group;
 * ``logit_rows``: the rows of the flat batch whose logits the engine wants.
@@ -42,11 +44,12 @@ class AttentionGroup:
     """Sequences whose attention runs in one SDPA call (padded to a common shape)."""
     q_index: torch.Tensor     # [B*Qmax] row of each (seq, query) in the flat batch
     valid: torch.Tensor       # [B*Qmax] False for padding
-    slots: torch.Tensor       # [B, L] slot of each context token (0 for padding)
+    blocks: torch.Tensor      # [B, L / block_size] block table (block 0 as padding)
     mask: torch.Tensor        # [B, 1, Qmax, L] True where attention is allowed
     B: int
     Q: int
-    L: int
+    L: int                    # keys: the longest context, rounded up to whole blocks
+    block_size: int
 
     fresh: bool = False       # one sequence prefilling from position 0: K/V are all new
     identity: bool = False    # the group is every token of the step, in order, no padding
@@ -54,18 +57,18 @@ class AttentionGroup:
     #                           before its first query (a whole number of blocks)
 
     def __post_init__(self):
-        self.slots_flat = self.slots.reshape(-1)
+        self.blocks_flat = self.blocks.reshape(-1)
         self.all_valid = bool(self.valid.all())
         self.grouped_masks: dict[int, torch.Tensor] = {}
 
     # Only a group that reads its shared keys once needs these (built once a step, on use).
     @cached_property
-    def shared_slots(self) -> torch.Tensor:
-        return self.slots[0, :self.shared_len]                                    # [P]
+    def shared_blocks(self) -> torch.Tensor:
+        return self.blocks[0, :self.shared_len // self.block_size]                # [P / bs]
 
     @cached_property
-    def own_slots(self) -> torch.Tensor:
-        return self.slots[:, self.shared_len:].reshape(-1)                        # [B*(L-P)]
+    def own_blocks(self) -> torch.Tensor:
+        return self.blocks[:, self.shared_len // self.block_size:].reshape(-1)
 
     def grouped_mask(self, grp: int) -> torch.Tensor:
         """The mask for ``grp`` query heads folded into the query axis (built once a step)."""
@@ -80,11 +83,6 @@ class AttentionMetadata:
     slot_mapping: torch.Tensor
     groups: list[AttentionGroup] = field(default_factory=list)
     logit_rows: torch.Tensor | None = None
-
-
-def _slots(table: torch.Tensor, pos: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Slot of each position, given block tables ``[B, nblocks]`` and positions ``[B, L]``."""
-    return table.gather(1, pos // block_size) * block_size + pos % block_size
 
 
 def prepare(chunks: list[Chunk], block_size: int,
@@ -132,7 +130,7 @@ def _group(chunks: list[Chunk], offsets: list[int], tables: torch.Tensor, block_
     n = torch.tensor([len(c.token_ids) for c in chunks], device=dev)
     start = torch.tensor([c.start for c in chunks], device=dev)
     ctx = start + n
-    L = int(ctx.max())
+    L = -(-int(ctx.max()) // block_size) * block_size
     qi = torch.arange(Q, device=dev)
     q_index = torch.tensor(offsets, device=dev)[:, None] + qi
     valid = qi[None, :] < n[:, None]
@@ -141,10 +139,9 @@ def _group(chunks: list[Chunk], offsets: list[int], tables: torch.Tensor, block_
     key_ok = kj[None, :] < ctx[:, None]                                   # [B, L]
     qpos = start[:, None] + qi[None, :]                                    # [B, Q]
     mask = (kj[None, None, :] <= qpos[:, :, None]) & key_ok[:, None, :]    # [B, Q, L]
-    pos = torch.where(key_ok, kj[None, :].expand(B, L), torch.zeros_like(kj)[None, :])
-    slots = _slots(tables, pos, block_size)
     fresh = B == 1 and chunks[0].start == 0
-    return AttentionGroup(q_index, valid.reshape(-1), slots, mask[:, None], B, Q, L, fresh,
+    return AttentionGroup(q_index, valid.reshape(-1), tables[:, :L // block_size],
+                          mask[:, None], B, Q, L, block_size, fresh,
                           shared_len=_shared_len(tables, start, block_size) if B > 1 else 0)
 
 

@@ -5,7 +5,12 @@ GQA/MQA, one latent vector for MLA). ``num_slots = num_blocks * block_size``; wh
 belong to which sequence is the business of ``block_manager.py``, where each token goes of
 ``attention_metadata.py``.
 
-Contract: ``write`` and ``read`` move whole slots along the layout's slot axis.
+Contract: ``write`` and ``read`` move whole slots along the layout's slot axis;
+``read_blocks`` moves whole blocks (``block_size`` consecutive slots), which is how attention
+reads a context: a block is one contiguous piece of memory per head, so a block table's
+blocks come back as a handful of large copies instead of ``block_size`` times as many small
+ones, already in the order attention wants (a gather along the slot axis with no reshaping
+copy after it).
 ``bytes_per_token`` is measured from the tensors actually allocated (pool bytes / slots),
 and the pool is sized by allocating the same layout for one slot on the ``meta`` device:
 no formula for "KV bytes per token" is written here, the layout is the only definition.
@@ -13,6 +18,7 @@ no formula for "KV bytes per token" is written here, the layout is the only defi
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -35,12 +41,22 @@ class KVLayout:
 class KVCache:
     """``num_layers`` x the layout's tensors, each with ``num_slots`` slots."""
 
-    def __init__(self, layout: KVLayout, num_layers: int, num_slots: int,
+    def __init__(self, layout: KVLayout, num_layers: int, num_blocks: int, block_size: int,
                  dtype: torch.dtype, device: torch.device | str = "cpu"):
-        self.layout, self.num_slots = layout, num_slots
+        self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
+        self.num_slots = num_slots = num_blocks * block_size
         self.layers = [layout.allocate(num_slots, dtype=dtype, device=device)
                        for _ in range(num_layers)]
         self._axes = [layout.slot_axis(i) for i in range(len(layout.shapes))]
+        # Each entry also seen as a 2-D table of blocks: the axes before the slot axis (KV
+        # heads) times the blocks, by one block's worth of everything after. Row
+        # ``h * num_blocks + b`` is block ``b`` of head ``h``: one contiguous piece of memory.
+        self._before = [math.prod(s[:a]) for s, a in zip(layout.shapes, self._axes)]
+        self._offsets = {n: torch.arange(n, device=device)[:, None] * num_blocks
+                         for n in set(self._before)}
+        self._block_tables = [[t.view(n * num_blocks, -1) for t, n in zip(layer, self._before)]
+                              for layer in self.layers]
+        self._read_shapes = [tuple(-1 if d is None else d for d in s) for s in layout.shapes]
 
     @staticmethod
     def bytes_per_slot(layout: KVLayout, num_layers: int, dtype: torch.dtype) -> int:
@@ -66,3 +82,11 @@ class KVCache:
         """The entries at ``slots``, in that order along the slot axis. This gather is what a
         paged-attention kernel avoids by reading the blocks in place."""
         return [t.index_select(axis, slots) for t, axis in zip(self.layers[layer], self._axes)]
+
+    def read_blocks(self, layer: int, blocks: torch.Tensor) -> list[torch.Tensor]:
+        """The entries of ``blocks`` (a 1-D tensor of block ids), their slots in that order
+        along the slot axis (``len(blocks) * block_size`` of them). Same values as ``read``
+        of those blocks' slots; one copy per block and head instead of one per slot."""
+        rows = {n: (offsets + blocks).view(-1) for n, offsets in self._offsets.items()}
+        return [table.index_select(0, rows[n]).view(shape) for table, n, shape
+                in zip(self._block_tables[layer], self._before, self._read_shapes)]

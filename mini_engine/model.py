@@ -131,10 +131,13 @@ def use_cascade(enabled: bool, num_seqs: int, shared_len: int) -> bool:
 
 def rope_tables(cfg: "ModelConfig", dtype: torch.dtype,
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of every position's rotation angles, ``[max_positions, head_dim]``."""
+    """cos and sin of every position's rotation angles, ``[max_positions + 1024, head_dim]``."""
     inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, cfg.head_dim, 2, dtype=torch.int64)
                                          .float() / cfg.head_dim))
-    freqs = torch.outer(torch.arange(cfg.max_position_embeddings, dtype=torch.float32), inv_freq)
+    # Past the last position too: attention reads whole KV blocks, and MLA rotates the keys of
+    # a last block's masked tail (never attended) as if they had positions.
+    positions = cfg.max_position_embeddings + 1024
+    freqs = torch.outer(torch.arange(positions, dtype=torch.float32), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype).to(device), emb.sin().to(dtype).to(device)
 
@@ -213,19 +216,23 @@ class Transformer:
         """Keys and values of the group's context, ``[kv_heads, B, L, head_dim]`` each."""
         cfg = self.cfg
         if self.attention != "mla":
-            return self._gather(li, kv, g.slots_flat, g.B, g.L)
-        lat = kv.read(li, g.slots_flat)[0].view(g.B, g.L, -1)                 # [B, L, r]
+            return self._gather(li, kv, g.blocks_flat, g.B, g.L)
+        lat = kv.read_blocks(li, g.blocks_flat)[0].view(g.B, g.L, -1)             # [B, L, r]
         k = (lat @ layer.up_k.T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
         v = (lat @ layer.up_v.T).view(g.B, g.L, cfg.num_kv_heads, cfg.head_dim)
         cos, sin = self.cos[:g.L][None, :, None, :], self.sin[:g.L][None, :, None, :]
         k = k * cos + rotate_half(k) * sin     # RoPE after expansion: position = index in seq
         return k.permute(2, 0, 1, 3).contiguous(), v.permute(2, 0, 1, 3).contiguous()
 
-    def _gather(self, li: int, kv: KVCache, slots: torch.Tensor, B: int,
+    def _gather(self, li: int, kv: KVCache, blocks: torch.Tensor, B: int,
                 L: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values at ``slots`` (``B`` sequences of ``L``), ``[kv_heads, B, L, d]``."""
+        """Keys and values of ``B`` sequences' ``L`` first slots (whole blocks),
+        ``[kv_heads, B, L, d]`` each, from ``blocks`` (their block tables, one after the
+        other). The pool's ``[kv_heads, slots, d]`` read block by block comes out in exactly
+        this shape: no copy after the gather. (Cutting the last block's masked tail off with
+        a view would cost more than it saves: matmuls over a strided key tensor are slower.)"""
         shape = (self.num_kv_heads, B, L, self.cfg.head_dim)
-        k, v = kv.read(li, slots)
+        k, v = kv.read_blocks(li, blocks)
         return k.view(shape), v.view(shape)
 
     def _attention(self, li: int, layer: DecoderLayer, q: torch.Tensor, meta: AttentionMetadata,
@@ -247,8 +254,8 @@ class Transformer:
             eager = use_eager(self.decode_attention, self.dtype, g.B, g.L)
             cascade = eager and use_cascade(self.cascade_attention, g.B, g.shared_len)
             if cascade:        # the shared keys once, then each sequence's own
-                ks, vs = self._gather(li, kv, g.shared_slots, 1, g.shared_len)
-                k, v = self._gather(li, kv, g.own_slots, g.B, g.L - g.shared_len)
+                ks, vs = self._gather(li, kv, g.shared_blocks, 1, g.shared_len)
+                k, v = self._gather(li, kv, g.own_blocks, g.B, g.L - g.shared_len)
             else:
                 k, v = self._context_kv(li, layer, g, kv)
             # SDPA's leading two axes are free batch axes: use (kv_head, sequence). The query

@@ -47,7 +47,7 @@ class ModelRunner:
             pool_bytes = int(config.kv_cache_gib * (1 << 30))
             num_blocks = max(4, pool_bytes // (per_slot * self.block_size))
         self.num_blocks = num_blocks
-        self.kv_cache = KVCache(layout, self.cfg.num_layers, num_blocks * self.block_size,
+        self.kv_cache = KVCache(layout, self.cfg.num_layers, num_blocks, self.block_size,
                                 self.model.dtype, self.model.device)
 
     @torch.inference_mode()

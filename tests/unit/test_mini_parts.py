@@ -1,5 +1,5 @@
 """Small pieces of the teaching engine: speculative acceptance, n-gram lookup, sampler,
-quantized and prepacked linears, the written-out attention."""
+quantized and prepacked linears, the written-out attention, the KV pool's block reads."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from mini_engine.linear import DenseLinear, PackedLinear, can_prepack, make_linear
 from mini_engine.attention_metadata import Chunk, prepare
+from mini_engine.kv_cache import KVCache, KVLayout
 from mini_engine.model import cascade_attention, eager_attention, use_cascade, use_eager
 from mini_engine.quant import Int4Linear, Int8Linear
 from mini_engine.sampler import logprob_of, sample_row
@@ -162,14 +163,33 @@ def test_shared_len_is_the_common_whole_blocks_before_every_query():
     _, meta = prepare(chunks, bs, torch.device("cpu"))
     (g,) = meta.groups
     assert g.shared_len == 2 * bs                     # the third table leaves after 2 blocks
-    assert torch.equal(g.shared_slots, torch.tensor([28, 29, 30, 31, 12, 13, 14, 15]))
-    assert torch.equal(g.own_slots.view(3, -1), g.slots[:, 2 * bs:])
+    assert torch.equal(g.shared_blocks, torch.tensor([7, 3]))
+    assert torch.equal(g.own_blocks.view(3, -1), g.blocks[:, 2:])
+    assert g.blocks.shape == (3, 5)                   # the longest context, 18 keys: 5 blocks
     # a query inside the shared blocks caps it: all shared keys must precede every query
     _, meta = prepare([Chunk(shared, 9, [5], 1), Chunk(shared + [4], 14, [5], 1)], bs,
                       torch.device("cpu"))
     assert meta.groups[0].shared_len == 2 * bs
     _, meta = prepare([Chunk(shared, 9, [5], 1)], bs, torch.device("cpu"))   # one sequence
     assert meta.groups[0].shared_len == 0
+
+
+@pytest.mark.parametrize("shapes", [((3, None, 8), (3, None, 8)),     # K and V: [heads, slot, d]
+                                    ((None, 5),)])                     # one MLA latent
+def test_read_blocks_is_read_of_those_blocks_slots(shapes):
+    """Reading whole blocks gives what reading their slots one by one gives, in the block
+    table's order, whatever the blocks' places in the pool."""
+    bs = 4
+    kv = KVCache(KVLayout(shapes), num_layers=2, num_blocks=10, block_size=bs,
+                 dtype=torch.float32)
+    for layer in kv.layers:
+        for t in layer:
+            t.copy_(torch.randn_like(t))
+    blocks = torch.tensor([7, 2, 9, 0, 2])
+    slots = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)
+    for layer in range(2):
+        got, want = kv.read_blocks(layer, blocks), kv.read(layer, slots)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 def test_sampler_tiny_temperature_is_greedy_and_never_nan():
