@@ -119,7 +119,8 @@ def use_eager(mode: str, dtype: torch.dtype, num_seqs: int, context: int) -> boo
 # Where reading a shared prefix once starts to pay, in keys saved ((sequences - 1) x shared
 # keys): per call on a 2-core AVX-512 CPU, bf16, GQA 9/3, against ``eager_attention`` over
 # gathered keys, it lost at 4 x 608 shared (0.88-0.90x) and won at 8 x 608 (1.15x) and
-# 8 x 1,200 (1.41-1.56x). See docs/mini_engine.md.
+# 8 x 1,200 (1.41-1.56x); with both gathers reading whole blocks, 0.94x at 8 x 608 + 200
+# own keys, 1.13x at 8 x 608 + 800, 1.39x at 8 x 1,200. See docs/mini_engine.md.
 CASCADE_MIN_SAVED_KEYS = 4096
 
 
