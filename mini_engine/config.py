@@ -71,6 +71,10 @@ class EngineConfig:
         "and the K/V gather reads long runs)", choices=("fifo", "lowest"))
     kv_layout: str = knob("paged", "`contiguous`: reserve `max_model_len` per sequence, the "
                           "pre-vLLM baseline (no prefix cache)", choices=("paged", "contiguous"))
+    kv_read: str = knob(
+        "block", "how attention reads a context out of the KV pool: whole blocks (one copy "
+        "per block and KV head) or slot by slot (one copy per token and KV head, the gather "
+        "as first written); the same values either way", choices=("block", "slot"))
     prefix_cache: str | None = knob(
         None, "reuse the KV of earlier prompts' full blocks", choices=("none", "hash", "radix"),
         server="`hash`, or `none` with the server's `--no-prefix-caching` or "

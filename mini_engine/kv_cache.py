@@ -42,8 +42,12 @@ class KVCache:
     """``num_layers`` x the layout's tensors, each with ``num_slots`` slots."""
 
     def __init__(self, layout: KVLayout, num_layers: int, num_blocks: int, block_size: int,
-                 dtype: torch.dtype, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype, device: torch.device | str = "cpu", read: str = "block"):
+        if read not in ("block", "slot"):
+            raise ValueError(f"unknown KV read {read!r}: block | slot")
         self.layout, self.num_blocks, self.block_size = layout, num_blocks, block_size
+        self.by_slot = read == "slot"
+        self._in_block = torch.arange(block_size, device=device)
         self.num_slots = num_slots = num_blocks * block_size
         self.layers = [layout.allocate(num_slots, dtype=dtype, device=device)
                        for _ in range(num_layers)]
@@ -86,7 +90,10 @@ class KVCache:
     def read_blocks(self, layer: int, blocks: torch.Tensor) -> list[torch.Tensor]:
         """The entries of ``blocks`` (a 1-D tensor of block ids), their slots in that order
         along the slot axis (``len(blocks) * block_size`` of them). Same values as ``read``
-        of those blocks' slots; one copy per block and head instead of one per slot."""
+        of those blocks' slots; one copy per block and head instead of one per slot (unless
+        the pool was made with ``read="slot"``, which reads exactly that way, for comparison)."""
+        if self.by_slot:
+            return self.read(layer, (blocks[:, None] * self.block_size + self._in_block).view(-1))
         rows = {n: (offsets + blocks).view(-1) for n, offsets in self._offsets.items()}
         return [table.index_select(0, rows[n]).view(shape) for table, n, shape
                 in zip(self._block_tables[layer], self._before, self._read_shapes)]

@@ -48,7 +48,7 @@ class ModelRunner:
             num_blocks = max(4, pool_bytes // (per_slot * self.block_size))
         self.num_blocks = num_blocks
         self.kv_cache = KVCache(layout, self.cfg.num_layers, num_blocks, self.block_size,
-                                self.model.dtype, self.model.device)
+                                self.model.dtype, self.model.device, read=config.kv_read)
 
     @torch.inference_mode()
     def forward(self, chunks: list[Chunk], num_layers: int | None = None) -> torch.Tensor:

@@ -143,10 +143,10 @@ class MiniEngine(LocalEngine):
             kv_bytes_per_token=e.runner.kv_bytes_per_token(), block_size=c.block_size,
             prefix_caching=c.prefix_cache is not None,
             extra={k: getattr(c, k) for k in (
-                "scheduler", "chunked_prefill", "kv_layout", "block_order", "prefix_cache",
-                "spec", "num_spec_tokens", "attention", "decode_attention", "cascade_attention",
-                "quant", "prepack", "num_threads", "solo_threads", "max_num_seqs",
-                "max_num_batched_tokens")})
+                "scheduler", "chunked_prefill", "kv_layout", "block_order", "kv_read",
+                "prefix_cache", "spec", "num_spec_tokens", "attention", "decode_attention",
+                "cascade_attention", "quant", "prepack", "num_threads", "solo_threads",
+                "max_num_seqs", "max_num_batched_tokens")})
 
     def stats(self) -> EngineStats:
         return self._stats

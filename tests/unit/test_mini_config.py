@@ -24,7 +24,8 @@ FLAGS = {"--compute-dtype": "dtype", "--block-size": "block_size", "--num-blocks
          "--attention": "attention", "--mla-rank": "mla_rank", "--quant": "quant",
          "--no-prepack": "prepack", "--threads": "num_threads",
          "--decode-attention": "decode_attention", "--solo-threads": "solo_threads",
-         "--no-cascade-attention": "cascade_attention", "--block-order": "block_order"}
+         "--no-cascade-attention": "cascade_attention", "--block-order": "block_order",
+         "--kv-read": "kv_read"}
 
 
 def test_docs_table_is_the_generated_one():

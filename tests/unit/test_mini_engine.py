@@ -168,6 +168,21 @@ def test_cascade_attention_gives_the_tokens_of_a_gather_per_sequence(path, dtype
         assert agree >= 0.75 * 10 * 4, outs
 
 
+def test_reading_the_pool_slot_by_slot_gives_the_same_tokens(path):
+    """``kv_read="slot"`` gathers each context token by token where the default reads whole
+    blocks: the same values, so the same tokens, for a batch that mixes a chunked prefill
+    (over cached keys) with decodes of different lengths."""
+    from mini_engine import LLMEngine, SamplingParams
+    prompts = [list(range(1, 60)), [504, 3458, 28], list(range(200, 237))]
+    outs = {}
+    for read in ("block", "slot"):
+        eng = LLMEngine(path, kv_cache_gib=0.02, kv_read=read, max_num_batched_tokens=40,
+                        num_threads=1)
+        assert eng.runner.kv_cache.by_slot == (read == "slot")
+        outs[read] = eng.generate(prompts, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert outs["block"] == outs["slot"]
+
+
 def test_a_lone_decode_runs_on_solo_threads(path):
     """``solo_threads`` applies to the steps that decode one sequence alone; a step with
     more sequences (or a longer prefill) runs on ``num_threads``."""

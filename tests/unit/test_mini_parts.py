@@ -176,12 +176,14 @@ def test_shared_len_is_the_common_whole_blocks_before_every_query():
 
 @pytest.mark.parametrize("shapes", [((3, None, 8), (3, None, 8)),     # K and V: [heads, slot, d]
                                     ((None, 5),)])                     # one MLA latent
-def test_read_blocks_is_read_of_those_blocks_slots(shapes):
+@pytest.mark.parametrize("read", ["block", "slot"])
+def test_read_blocks_is_read_of_those_blocks_slots(shapes, read):
     """Reading whole blocks gives what reading their slots one by one gives, in the block
-    table's order, whatever the blocks' places in the pool."""
+    table's order, whatever the blocks' places in the pool (and so does the pool that reads
+    slot by slot, kept for comparison)."""
     bs = 4
     kv = KVCache(KVLayout(shapes), num_layers=2, num_blocks=10, block_size=bs,
-                 dtype=torch.float32)
+                 dtype=torch.float32, read=read)
     for layer in kv.layers:
         for t in layer:
             t.copy_(torch.randn_like(t))
