@@ -17,7 +17,8 @@ step by step and measures both, with how many requests run at once.
 
 The second part reads the teaching engine's own step trace (``mini_engine``'s
 ``LLMEngine.history`` of ``StepRecord``): when each request produced tokens, the gaps between
-them, and a timeline picture. Everything here is pure except ``sharegpt_lengths`` (reads the
+them, and a timeline picture; and a picture of what reading scattered blocks back costs
+(``plot_gather_times``). Everything here is pure except ``sharegpt_lengths`` (reads the
 installed ShareGPT file) and ``reschedule`` (swaps the scheduler of an idle engine).
 """
 
@@ -392,6 +393,29 @@ def plot_gauges(samples: Any, running: str, waiting: str, usage: str, title: str
     return fig
 
 
+def plot_gather_times(rows: Sequence[dict], title: str):
+    """Grouped bars: the K/V gather's time per step, by where the blocks lie (groups) and how
+    they are read (bars); rows as notebook 7 builds them (``blocks``, ``read``, the time)."""
+    from workshop.plots import figure
+
+    value = "ms per step (all layers, K and V)"
+    places = list(dict.fromkeys(r["blocks"] for r in rows))
+    reads = list(dict.fromkeys(r["read"] for r in rows))
+    fig, ax = figure(title, "where each sequence's blocks lie in the pool", value, size=(8, 4.2))
+    width = 0.8 / len(reads)
+    for i, read in enumerate(reads):
+        xs = [p + (i - (len(reads) - 1) / 2) * width for p in range(len(places))]
+        ys = [next(r[value] for r in rows if r["blocks"] == pl and r["read"] == read)
+              for pl in places]
+        bars = ax.bar(xs, ys, width, label=read)
+        ax.bar_label(bars, fmt="%.1f", fontsize=8)
+    ax.set_xticks(range(len(places)), places)
+    ax.set_ylim(0, 1.2 * max(r[value] for r in rows))
+    ax.legend(loc="upper left", fontsize=8, ncol=2)
+    return fig
+
+
 __all__ = ["LAYOUTS", "PREEMPTIONS", "reserved_slots", "internal_waste", "fit_count",
            "external_fragmentation", "StepStats", "SimResult", "simulate", "sharegpt_lengths", "reschedule", "step_spans",
-           "token_times", "max_gap", "plot_timeline", "plot_pool_shares", "plot_gauges"]
+           "token_times", "max_gap", "plot_timeline", "plot_pool_shares", "plot_gauges",
+           "plot_gather_times"]

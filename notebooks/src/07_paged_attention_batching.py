@@ -19,7 +19,9 @@
 #    engine's own step trace, then throughput and latency through the server;
 # 5. **chunked prefill**: what a long prompt does to everybody else's next token;
 # 6. the same gauges on the course's server (vLLM unless `WORKSHOP_ENGINE` names another
-#    engine) while a burst of requests runs.
+#    engine) while a burst of requests runs;
+# 7. what paging costs attention: reading a context's scattered blocks back, token by token
+#    or block by block.
 
 # %%
 # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
@@ -602,7 +604,153 @@ for _s in servers.values():   # this notebook's own servers; the course's shared
     _s.stop()
 
 # %% [markdown]
-# ## 7. What the real engines do
+# ## 7. What paging costs attention: reading the blocks back
+#
+# Paging puts a sequence's keys and values wherever free blocks were, all over the pool.
+# Attention wants them side by side, so at every layer the teaching engine gathers each
+# sequence's context through its block table into one contiguous copy (a paged-attention
+# kernel, vLLM's, reads the blocks where they lie instead). *How* it copies matters. The pool
+# of one layer holds K as `[kv_heads, slots, head_dim]`, slot = block x block size + offset:
+#
+# * **slot by slot**: one `index_select` row per token and KV head, a few hundred bytes each;
+# * **block by block**: the same tensor viewed as `[kv_heads x blocks, block_size x head_dim]`
+#   is a table whose row `h x num_blocks + b` is block `b` of head `h`, one contiguous piece
+#   of memory. One row per block and KV head: `block_size` times fewer, larger copies, and
+#   the result is already `[kv_heads, B x L, head_dim]`.
+#
+# Both functions below are the whole idea; the teaching engine's `KVCache.read_blocks` does
+# the second (`--kv-read slot` switches a server back to the first). We time both over a pool
+# shaped like the loaded model's, every layer's K and V, once with each sequence's blocks
+# side by side (a fresh pool) and once scattered (a pool after some traffic), on one thread
+# and on two.
+
+# %%
+gather_seqs = ui.slider(1, 16, workshop.session.sweep(8, 4), 1, "sequences in the batch")
+gather_seqs
+
+# %%
+gather_context = ui.slider(64, 2048, workshop.session.sweep(1024, 512), 64, "keys per sequence")
+gather_context
+
+# %%
+import os
+
+import torch
+
+from mini_engine.kv_cache import KVCache
+from workshop.timing import best_time_s
+
+
+def gather_by_slot(pool, blocks, block_size):
+    """K (or V) of ``blocks``' slots, token by token: ``[kv_heads, len(blocks) x block_size, d]``."""
+    slots = (blocks[:, None] * block_size + torch.arange(block_size)).reshape(-1)
+    return pool.index_select(1, slots)
+
+
+def gather_by_block(pool, blocks, block_size):
+    """The same, one whole block of one head per row of the pool's block table."""
+    kv_heads, num_slots, d = pool.shape
+    num_blocks = num_slots // block_size
+    table = pool.view(kv_heads * num_blocks, block_size * d)
+    rows = (torch.arange(kv_heads)[:, None] * num_blocks + blocks).reshape(-1)
+    return table.index_select(0, rows).view(kv_heads, -1, d)
+
+
+_bs = engine.block_manager.block_size
+_need = int(gather_seqs.value) * -(-int(gather_context.value) // _bs)
+# The loaded model's KV layout and layer count, in bf16 (how the servers decode on a CPU that
+# has it; the copies are the same in any dtype, only twice as large in float32).
+gather_pool = KVCache(engine.runner.model.kv_layout(), engine.runner.cfg.num_layers,
+                      _need + 64, _bs, torch.bfloat16)
+for _layer in gather_pool.layers:
+    for _t in _layer:
+        _t.normal_()            # real values, and every page of the pool touched once
+_placements = {"side by side": torch.arange(_need),
+               "scattered": torch.randperm(gather_pool.num_blocks)[:_need]}
+# The notebook's two functions against each other and against the engine's own read.
+_blocks = _placements["scattered"]
+_k = gather_pool.layers[0][0]
+gather_agree = (torch.equal(gather_by_slot(_k, _blocks, _bs), gather_by_block(_k, _blocks, _bs))
+                and torch.equal(gather_by_block(_k, _blocks, _bs),
+                                gather_pool.read_blocks(0, _blocks)[0]))
+
+
+def gather_step(gather, blocks):
+    """Every layer's K and V read once, each copy dropped at once as attention drops it (kept
+    alive, a step's copies would be fresh memory every time: page faults, not gathering)."""
+    for layer in gather_pool.layers:
+        for pool in layer:
+            gather(pool, blocks, _bs)
+
+
+# One torch thread, then two (if this machine has them: the servers decode a batch on two).
+_threads = torch.get_num_threads()
+gather_rows = []
+for _n in sorted({1, min(2, os.cpu_count() or 1)}):
+    torch.set_num_threads(_n)
+    for _where, _blocks in _placements.items():
+        for _name, _gather in (("slot by slot", gather_by_slot),
+                               ("block by block", gather_by_block)):
+            _s = best_time_s(lambda: gather_step(_gather, _blocks), repeats=5)
+            gather_rows.append({"blocks": _where, "read": f"{_name}, {_n} thread(s)",
+                                "threads": _n, "ms per step (all layers, K and V)": 1e3 * _s})
+torch.set_num_threads(_threads)          # the engine above keeps its one thread
+gather_threads = max(_r["threads"] for _r in gather_rows)
+ui.table(gather_rows)
+
+# %% [markdown]
+# **Exercise 4 (predict, then measure).** Before the plot below: on *scattered* blocks, with
+# two threads, how many times faster is reading block by block than slot by slot, at the
+# sizes set above? (It copies the same bytes; only the number and size of the pieces change,
+# and how PyTorch splits the work over threads.)
+
+# %%
+predict_block_speedup = None   # your prediction: slot-by-slot time / block-by-block time
+
+# %%
+# the times at the most threads measured, and at one
+_t = {(_r["blocks"], _r["read"].split(",")[0], _r["threads"]): _r["ms per step (all layers, K and V)"]
+      for _r in gather_rows}
+gather_speedup = (_t["scattered", "slot by slot", gather_threads]
+                  / _t["scattered", "block by block", gather_threads])
+ui.compare(predict_block_speedup, gather_speedup,
+           "block-by-block speed-up on scattered blocks", "x")
+
+# %%
+gather_plot = batching.plot_gather_times(
+    gather_rows, f"K/V gather, {int(gather_seqs.value)} sequences x {int(gather_context.value)} "
+    f"keys, {engine.runner.cfg.num_layers} layers, bf16")
+gather_plot
+
+# %%
+_n = gather_threads
+_slot_cost = _t["scattered", "slot by slot", _n] / _t["side by side", "slot by slot", _n]
+_block_cost = _t["scattered", "block by block", _n] / _t["side by side", "block by block", _n]
+_one = _t["scattered", "slot by slot", 1] / _t["scattered", "block by block", 1]
+_slot_scaling = _t["scattered", "slot by slot", 1] / _t["scattered", "slot by slot", _n]
+_block_scaling = _t["scattered", "block by block", 1] / _t["scattered", "block by block", _n]
+ui.md(
+    f"Both reads give the same tensor ({'checked' if gather_agree else '**they differ: a bug**'}"
+    f", and equal to the engine's `read_blocks`). With {_n} thread(s), scattering the blocks "
+    f"made the slot-by-slot read {_slot_cost:.2f}x as slow as on blocks side by side, the "
+    f"block-by-block read {_block_cost:.2f}x. On scattered blocks, reading whole blocks was "
+    + (f"**{gather_speedup:.2f}x faster**" if gather_speedup > 1.05 else
+       f"**not faster** ({gather_speedup:.2f}x)")
+    + f" with {_n} thread(s) and {_one:.2f}x with one. "
+    + (f"A second thread sped the slot-by-slot read up {_slot_scaling:.2f}x and the "
+       f"block-by-block read {_block_scaling:.2f}x: "
+       + ("the gain here comes from the threads (PyTorch's CPU `index_select` splits the rows "
+          "of a table's first axis over them), more than from the larger pieces. "
+          if _block_scaling > 1.2 and _slot_scaling < 1.1 else
+          "on this machine the two reads scale alike, so what differs is the pieces' size. ")
+       if _n > 1 else "This machine has one core, so threads play no part here. ")
+    + f"Either way, {_t['scattered', 'block by block', _n]:.1f} ms of every decode step goes "
+    f"to copying keys and values that a kernel reading the blocks in place would not copy; "
+    f"the gap grows with the keys read: move the sliders."
+)
+
+# %% [markdown]
+# ## 8. What the real engines do
 #
 # | | vLLM | SGLang | this course's `mini_engine` |
 # |---|---|---|---|
@@ -611,6 +759,7 @@ for _s in servers.values():   # this notebook's own servers; the course's shared
 # | tokens per step | `--max-num-batched-tokens` | `--chunked-prefill-size` (a prefill budget) | `--max-num-batched-tokens` (512) |
 # | chunked prefill | on by default in the V1 engine | `--chunked-prefill-size` tokens per chunk | on; `--no-chunked-prefill` |
 # | out of KV memory | preempts requests and recomputes them later (`PreemptionMode.RECOMPUTE` in its log); `vllm:num_preemptions_total` | retracts running requests back to the queue | preempts the latest by recompute; `vllm:num_preemptions_total` |
+# | reading the KV blocks in attention | its attention kernels take the block table and read each block in place (on CPU, `torch.ops._C.cpu_attention_with_kv_cache`) | its attention backends read KV through the request-to-token index, in place | gathers each context into a copy every layer, block by block (`KVCache.read_blocks`; `--kv-read slot`: token by token) |
 # | gauges | `vllm:num_requests_running`, `vllm:num_requests_waiting`, `vllm:kv_cache_usage_perc` | `sglang:num_running_reqs`, `sglang:num_queue_reqs`, `sglang:token_usage` | the vLLM names |
 #
 # Sources: PagedAttention and vLLM, Kwon et al., SOSP 2023,
@@ -627,4 +776,6 @@ for _s in servers.values():   # this notebook's own servers; the course's shared
 # (section 1) for bookkeeping; `max-num-seqs` and the KV pool bound how many run at once
 # (section 2); an engine that admits optimistically must preempt (section 3); continuous
 # batching is the default everywhere (section 4); the token budget per step is the knob that
-# trades a long prompt's first token against everybody else's inter-token latency (section 5).
+# trades a long prompt's first token against everybody else's inter-token latency (section 5);
+# and where a kernel cannot read the blocks in place, how they are copied out is part of
+# every decode step's cost (section 7).
