@@ -8,9 +8,10 @@ belong to which sequence is the business of ``block_manager.py``, where each tok
 Contract: ``write`` and ``read`` move whole slots along the layout's slot axis;
 ``read_blocks`` moves whole blocks (``block_size`` consecutive slots), which is how attention
 reads a context: a block is one contiguous piece of memory per head, so a block table's
-blocks come back as a handful of large copies instead of ``block_size`` times as many small
-ones, already in the order attention wants (a gather along the slot axis with no reshaping
-copy after it).
+blocks come back as rows of one 2-D table, copied ``block_size`` times fewer and larger, and
+already in the order attention wants (no reshaping copy after it). On CPU the gain is mostly
+that PyTorch spreads such a first-axis gather over its threads, where the gather along the
+slot axis runs on one (docs/mini_engine.md has the figures).
 ``bytes_per_token`` is measured from the tensors actually allocated (pool bytes / slots),
 and the pool is sized by allocating the same layout for one slot on the ``meta`` device:
 no formula for "KV bytes per token" is written here, the layout is the only definition.
