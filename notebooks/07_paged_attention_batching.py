@@ -901,12 +901,15 @@ def _(engine, gather_context, gather_seqs, ui):
             for _name, _gather in (("slot by slot", gather_by_slot),
                                    ("block by block", gather_by_block)):
                 _s = best_time_s(lambda: gather_step(_gather, _blocks), repeats=5)
-                gather_rows.append({"blocks": _where, "read": f"{_name}, {_n} thread(s)",
-                                    "threads": _n, "ms per step (all layers, K and V)": 1e3 * _s})
+                gather_rows.append({"blocks": _where, "read": _name, "threads": _n,
+                                    "ms per step (all layers, K and V)": 1e3 * _s})
     torch.set_num_threads(_threads)          # the engine above keeps its one thread
     gather_threads = max(_r["threads"] for _r in gather_rows)
+    # the same times by (blocks, read, threads), for the cells below
+    gather_ms = {(_r["blocks"], _r["read"], _r["threads"]): _r["ms per step (all layers, K and V)"]
+                 for _r in gather_rows}
     ui.table(gather_rows)
-    return gather_agree, gather_rows, gather_threads
+    return gather_agree, gather_ms, gather_rows, gather_threads
 
 
 @app.cell(hide_code=True)
@@ -927,12 +930,9 @@ def _():
 
 
 @app.cell
-def _(gather_rows, gather_threads, predict_block_speedup, ui):
-    # the times at the most threads measured, and at one
-    _t = {(_r["blocks"], _r["read"].split(",")[0], _r["threads"]): _r["ms per step (all layers, K and V)"]
-          for _r in gather_rows}
-    gather_speedup = (_t["scattered", "slot by slot", gather_threads]
-                      / _t["scattered", "block by block", gather_threads])
+def _(gather_ms, gather_threads, predict_block_speedup, ui):
+    gather_speedup = (gather_ms["scattered", "slot by slot", gather_threads]
+                      / gather_ms["scattered", "block by block", gather_threads])
     ui.compare(predict_block_speedup, gather_speedup,
                "block-by-block speed-up on scattered blocks", "x")
     return (gather_speedup,)
@@ -948,13 +948,13 @@ def _(batching, engine, gather_context, gather_rows, gather_seqs):
 
 
 @app.cell
-def _(gather_agree, gather_speedup, gather_threads, ui):
+def _(gather_agree, gather_ms, gather_speedup, gather_threads, ui):
     _n = gather_threads
-    _slot_cost = _t["scattered", "slot by slot", _n] / _t["side by side", "slot by slot", _n]
-    _block_cost = _t["scattered", "block by block", _n] / _t["side by side", "block by block", _n]
-    _one = _t["scattered", "slot by slot", 1] / _t["scattered", "block by block", 1]
-    _slot_scaling = _t["scattered", "slot by slot", 1] / _t["scattered", "slot by slot", _n]
-    _block_scaling = _t["scattered", "block by block", 1] / _t["scattered", "block by block", _n]
+    _slot_cost = gather_ms["scattered", "slot by slot", _n] / gather_ms["side by side", "slot by slot", _n]
+    _block_cost = gather_ms["scattered", "block by block", _n] / gather_ms["side by side", "block by block", _n]
+    _one = gather_ms["scattered", "slot by slot", 1] / gather_ms["scattered", "block by block", 1]
+    _slot_scaling = gather_ms["scattered", "slot by slot", 1] / gather_ms["scattered", "slot by slot", _n]
+    _block_scaling = gather_ms["scattered", "block by block", 1] / gather_ms["scattered", "block by block", _n]
     ui.md(
         f"Both reads give the same tensor ({'checked' if gather_agree else '**they differ: a bug**'}"
         f", and equal to the engine's `read_blocks`). With {_n} thread(s), scattering the blocks "
@@ -970,7 +970,7 @@ def _(gather_agree, gather_speedup, gather_threads, ui):
               if _block_scaling > 1.2 and _slot_scaling < 1.1 else
               "on this machine the two reads scale alike, so what differs is the pieces' size. ")
            if _n > 1 else "This machine has one core, so threads play no part here. ")
-        + f"Either way, {_t['scattered', 'block by block', _n]:.1f} ms of every decode step goes "
+        + f"Either way, {gather_ms['scattered', 'block by block', _n]:.1f} ms of every decode step goes "
         f"to copying keys and values that a kernel reading the blocks in place would not copy; "
         f"the gap grows with the keys read: move the sliders."
     )

@@ -26,6 +26,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import ast
 import difflib
 import re
 import sys
@@ -138,6 +139,32 @@ def check_marimo_rules(cells: list[Cell]) -> None:
             owner[name] = i
         if "mo" in compiled.defs:
             raise NotebookSourceError("the name 'mo' is reserved for the injected marimo import")
+        unbound = _private_names_read_unbound(cell.source)
+        if unbound:
+            raise NotebookSourceError(
+                f"cell {i} reads {', '.join(map(repr, unbound))} without defining it; in marimo "
+                "'_'-prefixed names are local to the cell that defines them (Jupyter would "
+                "read another cell's), so give the value a public name")
+
+
+def _private_names_read_unbound(source: str) -> list[str]:
+    """``_name``s the cell reads but never binds anywhere in it (scopes ignored: a binding in
+    any nested scope counts, so this errs towards silence)."""
+    tree = compile(source, "<cell>", "exec", ast.PyCF_ONLY_AST | ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    bound, read = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Name):
+            (read if isinstance(node.ctx, ast.Load) else bound).add(node.id)
+        elif isinstance(node, ast.arg):
+            bound.add(node.arg)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            bound.add(node.name)
+        elif isinstance(node, ast.alias):
+            bound.add(node.asname or node.name.split(".")[0])
+        elif isinstance(node, ast.ExceptHandler) and node.name:
+            bound.add(node.name)
+    return sorted(n for n in read - bound
+                  if n.startswith("_") and not n.startswith("__") and n != "_")
 
 
 def _markdown_call(markdown: str) -> str:

@@ -395,19 +395,21 @@ def plot_gauges(samples: Any, running: str, waiting: str, usage: str, title: str
 
 def plot_gather_times(rows: Sequence[dict], title: str):
     """Grouped bars: the K/V gather's time per step, by where the blocks lie (groups) and how
-    they are read (bars); rows as notebook 7 builds them (``blocks``, ``read``, the time)."""
+    they are read on how many threads (bars); rows as notebook 7 builds them (``blocks``,
+    ``read``, ``threads``, the time)."""
     from workshop.plots import figure
 
     value = "ms per step (all layers, K and V)"
     places = list(dict.fromkeys(r["blocks"] for r in rows))
-    reads = list(dict.fromkeys(r["read"] for r in rows))
+    bars_of = list(dict.fromkeys((r["read"], r["threads"]) for r in rows))
     fig, ax = figure(title, "where each sequence's blocks lie in the pool", value, size=(8, 4.2))
-    width = 0.8 / len(reads)
-    for i, read in enumerate(reads):
-        xs = [p + (i - (len(reads) - 1) / 2) * width for p in range(len(places))]
-        ys = [next(r[value] for r in rows if r["blocks"] == pl and r["read"] == read)
+    width = 0.8 / len(bars_of)
+    for i, (read, threads) in enumerate(bars_of):
+        xs = [p + (i - (len(bars_of) - 1) / 2) * width for p in range(len(places))]
+        ys = [next(r[value] for r in rows
+                   if r["blocks"] == pl and (r["read"], r["threads"]) == (read, threads))
               for pl in places]
-        bars = ax.bar(xs, ys, width, label=read)
+        bars = ax.bar(xs, ys, width, label=f"{read}, {threads} thread(s)")
         ax.bar_label(bars, fmt="%.1f", fontsize=8)
     ax.set_xticks(range(len(places)), places)
     ax.set_ylim(0, 1.2 * max(r[value] for r in rows))

@@ -113,6 +113,7 @@ def test_marimo_file_runs_as_a_script(tmp_path: Path):
     ("# %%\nimport marimo as mo\n", "import marimo"),
     ('# %% tags=["colab"]\nx = 1\n', "unknown cell tags"),
     ('# %% tags=["jupyter-only", "marimo-only"]\nx = 1\n', "both"),
+    ("# %%\n_t = 1\n\n# %%\ny = _t + 1\n", "reads '_t' without defining it"),
 ])
 def test_sources_that_break_a_format_are_rejected(tmp_path: Path, bad: str, message: str):
     with pytest.raises(sync.NotebookSourceError, match=message):
