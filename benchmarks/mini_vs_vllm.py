@@ -236,7 +236,7 @@ def attention_table(threads: int | None = None) -> str:
                                                  f"{'by block':>8} {'speed-up':>8}"]
     for B, L in [(1, 192), (8, 1408), (32, 192)]:
         blocks = torch.randperm(pool_blocks)[:B * L // bs]
-        slots = (blocks[:, None] * bs + torch.arange(bs)).reshape(-1)
+        slots = kv.slots_of(blocks)
         a, b = us(lambda: kv.read(0, slots)), us(lambda: kv.read_blocks(0, blocks))
         out.append(f"{B:>5} {L:>5} {a:8.0f} {b:8.0f} {a / b:7.2f}x")
     out += ["", "shared prefix: eager over each sequence's gathered keys us / cascade us "

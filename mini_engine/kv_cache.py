@@ -88,13 +88,17 @@ class KVCache:
         paged-attention kernel avoids by reading the blocks in place."""
         return [t.index_select(axis, slots) for t, axis in zip(self.layers[layer], self._axes)]
 
+    def slots_of(self, blocks: torch.Tensor) -> torch.Tensor:
+        """Every slot of ``blocks``, block after block (what ``read`` takes)."""
+        return (blocks[:, None] * self.block_size + self._in_block).view(-1)
+
     def read_blocks(self, layer: int, blocks: torch.Tensor) -> list[torch.Tensor]:
         """The entries of ``blocks`` (a 1-D tensor of block ids), their slots in that order
         along the slot axis (``len(blocks) * block_size`` of them). Same values as ``read``
         of those blocks' slots; one copy per block and head instead of one per slot (unless
         the pool was made with ``read="slot"``, which reads exactly that way, for comparison)."""
         if self.by_slot:
-            return self.read(layer, (blocks[:, None] * self.block_size + self._in_block).view(-1))
+            return self.read(layer, self.slots_of(blocks))
         rows = {n: (offsets + blocks).view(-1) for n, offsets in self._offsets.items()}
         return [table.index_select(0, rows[n]).view(shape) for table, n, shape
                 in zip(self._block_tables[layer], self._before, self._read_shapes)]
