@@ -103,7 +103,8 @@ def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: s
             up = U[:, :mla_rank].to(dtype)                              # [2*kv_dim, r]
             up_k, up_v = up[:kv_dim].contiguous(), up[kv_dim:].contiguous()
             qkv_w = torch.cat([wq, down])
-            qkv_b = None if bq is None else torch.cat([bq, torch.zeros(mla_rank, dtype=bq.dtype)])
+            qkv_b = None if bq is None else torch.cat(
+                [bq, torch.zeros(mla_rank, dtype=bq.dtype, device=bq.device)])
         else:
             qkv_w = torch.cat([wq, wk, wv])
             qkv_b = None if bq is None else torch.cat([bq, bk, bv])

@@ -106,6 +106,22 @@ def test_time_decode_step_runs_on_a_tiny_model():
     assert rm.time_weight_stream(model, repeats=1) > 0
 
 
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="no CUDA device here")
+def test_cuda_measurements_run_on_a_gpu():
+    """Notebook 3's GPU path: the machine's two ceilings timed with CUDA events, and a decode
+    step of a model on the GPU (synchronised, so the time is the kernels', not the launch's)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    m = rm.measure_cuda_machine(n=2048, mib=256, repeats=3)
+    print(f"{m.name}: {m.bandwidth / 1e9:.0f} GB/s, {m.flops / 1e12:.0f} TFLOP/s")
+    assert m.bandwidth > 1e11 and m.flops > 1e12        # any GPU of the last ten years
+    cfg = LlamaConfig(vocab_size=1024, hidden_size=64, intermediate_size=128,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    model = LlamaForCausalLM(cfg).to("cuda").eval()
+    assert rm.time_decode_step(model, context=32, use_cache=True, repeats=2) > 0
+    assert rm.time_weight_stream(model, repeats=1) > 0
+
+
 def test_roofline_figure_has_one_roof_per_machine():
     import matplotlib
     matplotlib.use("Agg")
