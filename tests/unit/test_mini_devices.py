@@ -7,7 +7,7 @@ device, a CPU-only kernel, or an index that the CPU forgives. CI has no GPU, so 
 are written to run unchanged on any device: the CUDA cases are skipped where none is and run
 where one is lent (``pytest tests/unit/test_mini_devices.py``).
 
-The model is a small Llama with random weights (no download), made once per session. Each
+The model is a small Llama with random weights (no download), made once per module. Each
 engine run is checked by teacher forcing: HF's fp32 logits for the prompt plus the engine's
 own output, on the same device, in one forward; every token the engine chose must be HF's
 argmax or within ``TOL`` of it. Judging each token against its own context keeps the check
@@ -19,15 +19,18 @@ logits spread like a trained model's instead of sitting in a near-tie everywhere
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 
 import pytest
 import torch
 
-QUICK = os.environ.get("WORKSHOP_QUICK", "").strip().lower() in ("1", "true", "yes", "on")
-NEW_TOKENS = 12 if QUICK else 32
+from workshop.session import quick
+
+NEW_TOKENS = 12 if quick() else 32
 VOCAB = 512
+THREADS = min(2, os.cpu_count() or 1)
 
 DEVICES = [
     "cpu",
@@ -79,14 +82,9 @@ def _hf(path: str, device: str, state_dict=None, num_kv_heads=None):
 
 
 @pytest.fixture(scope="module")
-def hf_models(model_path):
-    return {}     # device -> the plain reference, built on first use
-
-
-def _reference(hf_models, path, device):
-    if device not in hf_models:
-        hf_models[device] = _hf(path, device)
-    return hf_models[device]
+def reference(model_path):
+    """``reference(device)``: HF with the plain weights on ``device``, built on first use."""
+    return functools.cache(lambda device: _hf(model_path, device))
 
 
 def logit_gaps(model, prompts, outputs) -> torch.Tensor:
@@ -119,7 +117,7 @@ def check(gaps: torch.Tensor, dtype: str, what: str, tol: float | None = None) -
 def run(path, device, prompts, twice=False, **cfg):
     from mini_engine import LLMEngine, SamplingParams
     cfg.setdefault("kv_cache_gib", 0.05)
-    eng = LLMEngine(path, device=device, num_threads=min(2, os.cpu_count() or 1), **cfg)
+    eng = LLMEngine(path, device=device, num_threads=THREADS, **cfg)
     assert {t.device.type for layer in eng.runner.kv_cache.layers for t in layer} == {device}
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     out = eng.generate(prompts, params)
@@ -150,7 +148,7 @@ CONFIGS = {
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(CONFIGS))
-def test_engine_tokens_are_hf_argmax(model_path, prompts, hf_models, device, name):
+def test_engine_tokens_are_hf_argmax(model_path, prompts, reference, device, name):
     cfg = CONFIGS[name]
     eng, out = run(model_path, device, prompts, twice="prefix_cache" in cfg, **cfg)
     st = eng.stats()
@@ -160,7 +158,7 @@ def test_engine_tokens_are_hf_argmax(model_path, prompts, hf_models, device, nam
         assert st["prefix_cache_hits"] > 0
     if "spec" in cfg:
         assert 0 < st["spec"]["num_accepted_tokens"] <= st["spec"]["num_draft_tokens"]
-    gaps = logit_gaps(_reference(hf_models, model_path, device), prompts, out)
+    gaps = logit_gaps(reference(device), prompts, out)
     check(gaps, cfg.get("dtype", "float32"), f"{device} {name}")
 
 
@@ -183,7 +181,7 @@ def test_variant_tokens_are_argmax_of_hf_with_its_weights(model_path, prompts, d
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cascade_attention_on_device(model_path, hf_models, device, dtype, monkeypatch):
+def test_cascade_attention_on_device(model_path, reference, device, dtype, monkeypatch):
     """Sequences sharing cached blocks read them once for the batch (cascade attention), and
     their tokens are still HF's."""
     from mini_engine import LLMEngine, SamplingParams, model
@@ -194,11 +192,11 @@ def test_cascade_attention_on_device(model_path, hf_models, device, dtype, monke
     shared = [rng.randrange(VOCAB) for _ in range(720)]      # 45 blocks of 16
     tails = [[rng.randrange(VOCAB) for _ in range(n)] for n in (1, 5, 9, 13, 2, 7, 11, 3)]
     eng = LLMEngine(model_path, device=device, dtype=dtype, decode_attention="eager",
-                    prefix_cache="radix", kv_cache_gib=0.05, num_threads=min(2, os.cpu_count()))
+                    prefix_cache="radix", kv_cache_gib=0.05, num_threads=THREADS)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     first = eng.generate([shared + tails[0]], params)     # the shared blocks enter the cache
     rest = eng.generate([shared + t for t in tails[1:]], params)
     assert calls, "cascade attention never ran"
     prompts = [shared + t for t in tails]
-    gaps = logit_gaps(_reference(hf_models, model_path, device), prompts, first + rest)
+    gaps = logit_gaps(reference(device), prompts, first + rest)
     check(gaps, dtype, f"{device} cascade {dtype}")

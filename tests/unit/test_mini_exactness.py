@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from reference_server.models import ModelError, resolve_model
+from workshop.session import quick
 
-QUICK = os.environ.get("WORKSHOP_QUICK", "").strip().lower() in ("1", "true", "yes", "on")
+QUICK = quick()
 NEW_TOKENS = 16 if QUICK else 64
 # Both the engine and the HF reference on the same thread count, every core of a 2-core box:
 # the tests run while the session's servers sit idle, and fp32 results do not depend on it.
