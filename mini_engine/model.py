@@ -22,7 +22,8 @@ the faster for a few queries against many keys; ``auto`` uses it in bf16/fp16 wh
 sequences decode over enough keys (``use_eager``) and keeps SDPA in float32, where the engine
 must match Hugging Face. When the sequences of such a batch begin with the same cached
 blocks (a shared system prompt), ``cascade_attention`` reads those keys once for the whole
-batch instead of once per sequence (``use_cascade``; vLLM calls this cascade attention).
+batch instead of once per sequence (``use_cascade``; cascade attention, which vLLM's V1
+engine had on GPUs until its removal by 0.32).
 
 Contract: the model owns weights and RoPE tables, never the KV pool; ``kv_layout()`` says
 what the pool must hold per token and layer.
