@@ -113,6 +113,11 @@ class EngineConfig:
         server="on CPU one fewer than `num_threads` (a core left to the event loop, as "
                "vLLM-CPU leaves one to its API server); `--solo-threads` equal to the "
                "threads keeps every core")
+    keep_freed_memory: bool = knob(
+        True, "the C allocator (glibc) keeps freed memory for the next step instead of handing "
+        "a step's few-megabyte tensors back to the kernel and faulting them in again "
+        "(`mallopt`; vLLM-CPU preloads TCMalloc to the same end); process-wide",
+        flag="--no-keep-freed-memory", values="on")
     history: int = knob(2000, "steps of introspection kept (`LLMEngine.history`)", flag=False)
 
     @property

@@ -6,9 +6,10 @@ It loads the model (``loader.py``), allocates the KV pool the model's layout ask
 scheduled chunks into a flat batch plus attention metadata (``attention_metadata.py``)
 before calling the model (``model.py``).
 
-It also owns the torch thread count: ``num_threads`` from the start (torch's default when
-unset), and ``solo_threads`` for a step that decodes one sequence alone (when the config
-sets it; the server does on CPU).
+It also owns the process's host-side settings: the torch thread count (``num_threads`` from
+the start, torch's default when unset, and ``solo_threads`` for a step that decodes one
+sequence alone, when the config sets it; the server does on CPU), and whether the C
+allocator keeps freed memory for the next step (``keep_freed_memory``).
 
 Contract: ``forward`` writes the K/V of every chunk's tokens into the slots their block
 tables name and returns fp32 logits ``[rows, vocab]`` for the positions each chunk asked
@@ -17,6 +18,10 @@ for, in chunk order. Not thread-safe: one engine thread calls it.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
+
 import torch
 
 from mini_engine.attention_metadata import SMALL_QUERY, Chunk, prepare
@@ -24,11 +29,39 @@ from mini_engine.config import EngineConfig
 from mini_engine.kv_cache import KVCache
 from mini_engine.loader import ModelConfig, hf_state_dict, load_model
 
-__all__ = ["Chunk", "ModelConfig", "ModelRunner"]   # Chunk's old home: re-exported
+__all__ = ["Chunk", "ModelConfig", "ModelRunner", "keep_freed_memory"]   # Chunk: re-exported
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3     # glibc's mallopt parameters (malloc.h)
+
+
+@functools.cache
+def keep_freed_memory() -> bool:
+    """Ask the C allocator to keep freed memory for reuse instead of handing it back to the
+    kernel: glibc's ``mallopt`` with a trim threshold of 1 GiB and an mmap threshold of
+    32 MiB, which also stops glibc from moving both thresholds as it goes. Process-wide, once
+    per process; returns whether it could (False where the C library is not glibc: macOS,
+    Windows, musl).
+
+    Why: a step allocates and frees the same few-megabyte tensors layer after layer (each
+    layer's gathered keys and values, scores, activations). With glibc's moving thresholds
+    those can be unmapped at the end of one layer and mapped again, page by page, in the
+    next: ~1 million page faults in the first minute of a served agentic round on a 2-core
+    AVX2 machine, and a loop timing one step's attention took 53-82 ms with 15,000 faults a
+    step against 22 ms with none. vLLM's CPU guide recommends preloading TCMalloc, an
+    allocator that keeps freed memory, for its performance."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.gnu_get_libc_version          # only glibc has it (musl's mallopt is a stub)
+    except (OSError, AttributeError, TypeError):
+        return False
+    return bool(libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+                and libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20))
 
 
 class ModelRunner:
     def __init__(self, model_path: str, config: EngineConfig):
+        if config.keep_freed_memory:
+            keep_freed_memory()
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.threads = torch.get_num_threads()

@@ -25,6 +25,7 @@ FLAGS = {"--compute-dtype": "dtype", "--block-size": "block_size", "--num-blocks
          "--no-prepack": "prepack", "--threads": "num_threads",
          "--decode-attention": "decode_attention", "--solo-threads": "solo_threads",
          "--no-cascade-attention": "cascade_attention", "--block-order": "block_order",
+         "--no-keep-freed-memory": "keep_freed_memory",
          "--kv-read": "kv_read"}
 
 
