@@ -10,6 +10,9 @@ each run to one row (hit rate from the server's ``/metrics``, TTFT, throughput);
 ``sequential_run`` sends requests one at a time, optionally emptying the server's prefix
 cache before each one (prefix caching "off" on a server that has it on), and times the
 first token without counting the reset.
+
+The figures: hit rate and TTFT per cache kind, TTFT per request, hit rate against the pool
+size, and the attention time of a decode step with and without cascade attention.
 """
 
 from __future__ import annotations
@@ -366,6 +369,35 @@ def pool_figure(rows: Sequence[dict], live: Sequence[dict] = (), min_blocks: int
     return fig
 
 
+def cascade_figure(rows: Sequence[dict], title: str):
+    """Per-sequence vs cascade attention time per step against the batch size; the batch
+    sizes where the engine's rule would cascade are shaded."""
+    from matplotlib.ticker import MaxNLocator
+
+    from workshop.plots import figure
+
+    fig, ax = figure(title, "sequences decoding together", "attention, ms per step")
+    xs = [r["sequences"] for r in rows]
+    for key, color in (("per sequence (ms/step)", "tab:gray"), ("cascade (ms/step)", "tab:green")):
+        ax.plot(xs, [r[key] for r in rows], marker="o", color=color, label=key.split(" (")[0])
+    for r in rows:
+        ax.annotate(f"{r['speed-up']:.2f}x", (r["sequences"], r["cascade (ms/step)"]),
+                    textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8,
+                    color="tab:green")
+    half = 2 ** 0.5          # half a doubling either side of a point, on the log axis
+    cascading = [r["sequences"] for r in rows if r["engine would cascade"]]
+    if cascading:
+        ax.axvspan(min(cascading) / half, max(xs) * half, color="tab:green", alpha=0.08,
+                   label="the engine's rule would cascade")
+    ax.set_xscale("log", base=2)
+    ax.set_xlim(min(xs) / half, max(xs) * half)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xticks(xs, [str(x) for x in xs])
+    ax.set_ylim(bottom=0)
+    ax.legend()
+    return fig
+
+
 __all__ = ["ReplayResult", "replay", "match_rows", "radix_text", "workload_tokens", "pool_sweep",
            "blocks_needed", "bench_row", "run_kinds", "sequential_run", "sequential_row",
-           "kinds_figure", "per_request_figure", "pool_figure", "CACHE_COLORS", "common_prefix"]
+           "kinds_figure", "per_request_figure", "pool_figure", "cascade_figure", "CACHE_COLORS", "common_prefix"]

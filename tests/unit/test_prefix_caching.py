@@ -177,6 +177,17 @@ def test_kinds_figure_draws_no_lookups_as_zero():
     assert heights == [0.0, 0.6]
 
 
+
+@pytest.mark.parametrize("rule", [(False, False, True), (False, False, False)])
+def test_cascade_figure_shades_where_the_engine_would_cascade(rule):
+    rows = [{"sequences": b, "per sequence (ms/step)": 2.0 * b, "cascade (ms/step)": 1.0 * b,
+             "speed-up": 2.0, "engine would cascade": on} for b, on in zip((2, 4, 8), rule)]
+    ax = pc.cascade_figure(rows, "t").axes[0]
+    lines = {l.get_label(): list(l.get_ydata()) for l in ax.get_lines()}
+    assert lines == {"per sequence": [4.0, 8.0, 16.0], "cascade": [2.0, 4.0, 8.0]}
+    shaded = [p.get_x() for p in ax.patches]        # axvspan: a rectangle from its first x
+    assert shaded == (pytest.approx([8 / 2 ** 0.5]) if any(rule) else [])
+
 def test_workload_tokens_replies_have_exactly_max_tokens():
     from workshop.bench.workloads import Tokenizer, shared_prefix_workload
     wl = shared_prefix_workload(Tokenizer(), num_requests=6, num_groups=2, system_prompt_len=40,
