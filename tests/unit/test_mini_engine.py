@@ -111,44 +111,66 @@ def test_prepacked_weights_change_speed_not_tokens(path):
     assert outs[True] == outs[False]
 
 
+# Where two bf16 forms of the same attention part ways, the token one took must be nearly as
+# likely as the other's under the other's logits: a near-tie that rounding flipped. Seen on a
+# 2-core AVX2 CPU (bf16 emulated): texts parted at gaps of 0 to 0.13 nats.
+NEAR_TIE_NATS = 1.0
+
+
+def assert_parted_only_on_near_ties(outs: list[list[int]], refs: list) -> None:
+    """``outs``: token ids of each sequence; ``refs``: the reference run's sequences (their
+    ``logprobs`` asked for). Each text follows its reference until they part; where it parts,
+    its token was within ``NEAR_TIE_NATS`` of the reference's under the reference's logits
+    (after that the texts go their own ways, and are not compared)."""
+    for out, ref in zip(outs, refs):
+        i = next((j for j, (a, b) in enumerate(zip(out, ref.output_token_ids)) if a != b), None)
+        if i is None:
+            continue
+        top = dict(ref.logprobs[i].top)
+        assert out[i] in top, (i, out, ref.output_token_ids, top)
+        assert top[ref.output_token_ids[i]] - top[out[i]] <= NEAR_TIE_NATS, (i, top)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_decode_attention_written_out_gives_the_sdpa_tokens(path, dtype, monkeypatch):
     """The cached-key attention as two matmuls and a float32 softmax (``eager``) gives the
     tokens of SDPA's kernel: in float32 all of them; in bf16, where either form rounds its
-    own way, nearly all (a bf16 near-tie may flip and the text then goes its own way)."""
+    own way, the same tokens until a near-tie flips (``assert_parted_only_on_near_ties``)."""
     from mini_engine import LLMEngine, SamplingParams, model
     calls = []
     eager = model.eager_attention
     monkeypatch.setattr(model, "eager_attention", lambda *a: calls.append(1) or eager(*a))
     prompts = [[1, 504, 3458, 28, 2680, 314], [1, 2680, 1912], list(range(1, 60)),
                [1, 9906, 11, 1312, 1101]]
-    params = SamplingParams(max_tokens=12, ignore_eos=True)
-    outs = {}
+    params = SamplingParams(max_tokens=12, ignore_eos=True, logprobs=5)
+    seqs = {}
     for attn in ("sdpa", "eager"):
         eng = LLMEngine(path, kv_cache_gib=0.02, dtype=dtype, decode_attention=attn,
                         num_threads=1)
-        outs[attn] = eng.generate(prompts, params)
+        seqs[attn] = [eng.add_request(p, params) for p in prompts]
+        while eng.has_unfinished():
+            eng.step()
         assert bool(calls) == (attn == "eager")          # the path asked for is the one taken
+    outs = {attn: [s.output_token_ids for s in ss] for attn, ss in seqs.items()}
     if dtype == "float32":
         assert outs["eager"] == outs["sdpa"]
     else:
-        agree = sum(a == b for o, r in zip(outs["eager"], outs["sdpa"]) for a, b in zip(o, r))
-        assert agree >= 0.75 * 12 * len(prompts), (outs["eager"], outs["sdpa"])
+        assert_parted_only_on_near_ties(outs["eager"], seqs["sdpa"])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cascade_attention_gives_the_tokens_of_a_gather_per_sequence(path, dtype, monkeypatch):
     """Sequences that share cached prefix blocks read them once (``cascade_attention``) and
-    get the tokens they get when each gathers its own copy: all of them in float32, nearly
-    all in bf16 (where the two forms round their own way)."""
+    get the tokens they get when each gathers its own copy: all of them in float32; in bf16
+    (where the two forms round their own way) the same until a near-tie flips."""
     from mini_engine import LLMEngine, SamplingParams, model
     monkeypatch.setattr(model, "CASCADE_MIN_SAVED_KEYS", 16)   # short prompts take the path
     calls = []
     cascade = model.cascade_attention
     monkeypatch.setattr(model, "cascade_attention", lambda *a: calls.append(1) or cascade(*a))
     prefix = list(range(1, 41))                             # 2 whole blocks of 16, shared
-    params = SamplingParams(max_tokens=10, ignore_eos=True)
-    outs = {}
+    params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=5)
+    outs, runs = {}, {}
     for on in (False, True):
         eng = LLMEngine(path, kv_cache_gib=0.02, dtype=dtype, decode_attention="eager",
                         cascade_attention=on, prefix_cache="radix", num_threads=1)
@@ -159,13 +181,12 @@ def test_cascade_attention_gives_the_tokens_of_a_gather_per_sequence(path, dtype
         while eng.has_unfinished():
             eng.step()
         assert all(s.num_cached_tokens == 32 for s in seqs[1:])
-        outs[on] = [s.output_token_ids for s in seqs]
+        outs[on], runs[on] = [s.output_token_ids for s in seqs], seqs
         assert bool(calls) == on
     if dtype == "float32":
         assert outs[True] == outs[False]
     else:
-        agree = sum(a == b for o, r in zip(outs[True], outs[False]) for a, b in zip(o, r))
-        assert agree >= 0.75 * 10 * 4, outs
+        assert_parted_only_on_near_ties(outs[True], runs[False])
 
 
 def test_reading_the_pool_slot_by_slot_gives_the_same_tokens(path):
