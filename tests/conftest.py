@@ -48,6 +48,23 @@ FLEET_ARGS = {
 UPSTREAM_ARGS = ("--max-queued-requests", "8")
 START_TIMEOUT = float(os.environ.get("WORKSHOP_TEST_START_TIMEOUT", "900"))
 LOG_DIR = Path(os.environ.get("WORKSHOP_TEST_LOGS", "/tmp/workshop-test-logs"))
+DONE = "[DONE]"                               # the last event of an OpenAI stream
+
+
+def sse_events(body: str | bytes) -> list:
+    """The events of a whole server-sent-events body, in order: each ``data:`` payload parsed
+    as JSON, the closing ``data: [DONE]`` as ``DONE``. Any other non-blank line fails the test
+    (the servers under test send nothing else). A test that must act in the middle of a
+    stream reads its lines itself."""
+    text = body.decode() if isinstance(body, bytes) else body
+    events = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        assert line.startswith("data: "), f"not an SSE data line: {line!r}"
+        payload = line[len("data: "):]
+        events.append(DONE if payload == DONE else json.loads(payload))
+    return events
 
 
 def _free_port() -> int:

@@ -7,13 +7,13 @@ went to shows in ``/gateway/stats`` and in the log whether the two are one proce
 
 from __future__ import annotations
 
-import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from conftest import DONE, sse_events
 from workshop.api_gateway import launch as gateway
 
 pytestmark = pytest.mark.engine
@@ -44,9 +44,7 @@ def stream_events(gw, key: dict, max_tokens: int = 4, **extra) -> list:
                                          "messages": [{"role": "user", "content": "Hi"}],
                                          **extra}) as r:
         assert r.status_code == 200
-        body = r.read().decode()
-    return [json.loads(e[6:]) if e != "data: [DONE]" else "[DONE]"
-            for e in body.split("\n\n") if e.strip()]
+        return sse_events(r.read())
 
 
 def served(gw) -> list[int]:
@@ -115,7 +113,7 @@ def test_stream_usage_is_counted_but_not_passed_to_a_client_that_did_not_ask(gw)
     t0 = tokens()
     plain = stream_events(gw, STREAMER, max_tokens=5)
     t1 = tokens()
-    assert plain[-1] == "[DONE]"
+    assert plain[-1] == DONE
     chunks = plain[:-1]
     assert all("usage" not in c for c in chunks) and all(c["choices"] for c in chunks)
     asked = stream_events(gw, STREAMER, max_tokens=5,

@@ -15,13 +15,13 @@ input still gets a 400 with an OpenAI-style body.
 
 from __future__ import annotations
 
-import json
 import shutil
 
 import httpx
 import pytest
 import torch
 
+from conftest import DONE, sse_events
 from reference_server import launch as launcher
 from reference_server.models import bundled_model_dir
 
@@ -73,16 +73,13 @@ def test_engine_serves_from_the_gpu(tiny_model, engine, tmp_path):
             assert r.status_code == 200, r.text
             assert r.json()["usage"]["completion_tokens"] == 8
 
-            chunks = []
             with client.stream("POST", "/v1/chat/completions", json={
                     "model": model, "messages": [{"role": "user", "content": "Hello"}],
                     "max_tokens": 6, "ignore_eos": True, "stream": True,
                     "stream_options": {"include_usage": True}}) as s:
                 assert s.status_code == 200
-                for line in s.iter_lines():
-                    if line.startswith("data: ") and line != "data: [DONE]":
-                        chunks.append(json.loads(line[6:]))
-            assert chunks[-1]["usage"]["completion_tokens"] == 6
+                events = sse_events(s.read())
+            assert events[-1] == DONE and events[-2]["usage"]["completion_tokens"] == 6
 
             r = client.post("/v1/completions", json={"model": model, "prompt": "hi",
                                                       "max_tokens": -1})

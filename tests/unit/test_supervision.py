@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import json
 import os
 import signal
 import sys
@@ -19,6 +18,7 @@ import time
 
 import pytest
 
+from conftest import sse_events
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineHung, EngineInfo
 from reference_server.engines.proxy import ProxyEngine
@@ -286,8 +286,7 @@ def test_stream_failing_server_side_is_a_failure_not_a_disconnect():
     with TestClient(_scripted_app(fail="step")) as client:
         r = client.post("/v1/completions", json={"model": "m", "prompt": "hi", "stream": True})
         assert r.status_code == 200           # already sent when the engine failed
-        events = [json.loads(line[6:]) for line in r.text.splitlines()
-                  if line.startswith("data: {")]
+        events = sse_events(r.text)           # no [DONE] after an error event
         assert events[-1]["error"]["type"] == "engine_error"
         assert _metric(client, "reference_server_stream_failures_total") == 1
         assert _metric(client, "reference_server_client_disconnects_total") == 0
