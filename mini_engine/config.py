@@ -98,7 +98,8 @@ class EngineConfig:
         True, "where `eager` attention runs over a batch whose sequences begin with the same "
         "cached blocks (a shared system prompt), read those keys once for the batch instead "
         "of once per sequence (cascade attention, as vLLM's V1 FlashAttention backend had on "
-        "GPUs before 0.32); used when it saves 4,096 keys or more", flag="--no-cascade-attention", values="on")
+        "GPUs before 0.32); used when it saves 4,096 keys or more",
+        flag="--no-cascade-attention", values="on")
     quant: str | None = knob(None, "weight-only quantization of the linear layers",
                              choices=("none", "int8", "int4"))
     prepack: bool = knob(True, "bf16/fp16 on CPU: linear weights packed once into oneDNN's "
