@@ -59,7 +59,7 @@ class AttentionGroup:
     def __post_init__(self):
         self.blocks_flat = self.blocks.reshape(-1)
         self.all_valid = bool(self.valid.all())
-        self.grouped_masks: dict[int, torch.Tensor] = {}
+        self.grouped_masks: dict[tuple, torch.Tensor] = {}
 
     # Only a group that reads its shared keys once needs these (built once a step, on use).
     @cached_property
@@ -70,11 +70,24 @@ class AttentionGroup:
     def own_blocks(self) -> torch.Tensor:
         return self.blocks[:, self.shared_len // self.block_size:].reshape(-1)
 
-    def grouped_mask(self, grp: int) -> torch.Tensor:
-        """The mask for ``grp`` query heads folded into the query axis (built once a step)."""
-        if grp not in self.grouped_masks:
-            self.grouped_masks[grp] = self.mask.repeat(1, 1, grp, 1) if grp > 1 else self.mask
-        return self.grouped_masks[grp]
+    def grouped_mask(self, grp: int, additive: torch.dtype | None = None) -> torch.Tensor:
+        """The mask for ``grp`` query heads folded into the query axis, ``[1, B, grp*Q, L]``:
+        boolean (True: may attend), or with ``additive`` a dtype, 0 / -inf in it as SDPA's
+        kernels apply a mask. Built once a step, for every layer."""
+        key = (grp, additive)
+        if key not in self.grouped_masks:
+            if additive is not None:
+                self.grouped_masks[key] = additive_mask(self.grouped_mask(grp), additive)
+            else:
+                self.grouped_masks[key] = (self.mask.repeat(1, 1, grp, 1) if grp > 1
+                                           else self.mask).transpose(0, 1)
+        return self.grouped_masks[key]
+
+
+def additive_mask(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A boolean mask as SDPA's kernels apply it: 0 where a query may attend, -inf where not."""
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(
+        mask.logical_not(), float("-inf"))
 
 
 @dataclass

@@ -95,10 +95,11 @@ class EngineConfig:
         "reference)",
         choices=("auto", "sdpa", "eager"))
     cascade_attention: bool = knob(
-        True, "where `eager` attention runs over a batch whose sequences begin with the same "
-        "cached blocks (a shared system prompt), read those keys once for the batch instead "
-        "of once per sequence (cascade attention, as vLLM's V1 FlashAttention backend had on "
-        "GPUs before 0.32); used when it saves 4,096 keys or more",
+        True, "where a batch's sequences begin with the same cached blocks (a shared system "
+        "prompt), read those keys once for the batch instead of once per sequence (cascade "
+        "attention, as vLLM's V1 FlashAttention backend had on GPUs before 0.32): written out "
+        "with one softmax, or with SDPA as two calls merged by their log-sum-exp; used when it "
+        "saves 4,096 keys or more",
         flag="--no-cascade-attention", values="on")
     quant: str | None = knob(None, "weight-only quantization of the linear layers",
                              choices=("none", "int8", "int4"))

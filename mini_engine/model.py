@@ -20,10 +20,11 @@ How queries attend to cached keys (``decode_attention``): PyTorch's SDPA kernel,
 ``eager``, the same formula written out (``eager_attention``). On CPU the written-out form is
 the faster for a few queries against many keys; ``auto`` uses it in bf16/fp16 when several
 sequences decode over enough keys (``use_eager``) and keeps SDPA in float32, where the engine
-must match Hugging Face. When the sequences of such a batch begin with the same cached
-blocks (a shared system prompt), ``cascade_attention`` reads those keys once for the whole
-batch instead of once per sequence (``use_cascade``; cascade attention, which vLLM's V1
-engine had on GPUs until its removal by 0.32).
+must match Hugging Face. When the sequences of a batch begin with the same cached blocks (a
+shared system prompt), ``cascade_attention`` reads those keys once for the whole batch
+instead of once per sequence (``use_cascade``; cascade attention, which vLLM's V1 engine had
+on GPUs until its removal by 0.32), in either form: written out, or as two SDPA calls whose
+results ``merge_attention`` combines by their log-sum-exp.
 
 Contract: the model owns weights and RoPE tables, never the KV pool; ``kv_layout()`` says
 what the pool must hold per token and layer.
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from mini_engine.attention_metadata import AttentionGroup, AttentionMetadata
+from mini_engine.attention_metadata import AttentionGroup, AttentionMetadata, additive_mask
 from mini_engine.kv_cache import KVCache, KVLayout
 
 if TYPE_CHECKING:
@@ -82,21 +83,58 @@ def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return torch.matmul(probs.to(v.dtype), v)
 
 
+def sdpa_with_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """SDPA on CPU, and each query row's log-sum-exp of its scaled scores (float32,
+    ``[..., rows, 1]``): the log of the softmax's denominator, all ``merge_attention`` needs
+    to combine this result with attention over other keys. PyTorch's CPU flash kernel
+    computes it anyway (its online softmax) and returns it from its private op; public SDPA
+    drops it. ``mask``: boolean (True: may attend), additive in ``q``'s dtype, or None."""
+    if mask is not None and mask.dtype == torch.bool:
+        mask = additive_mask(mask, q.dtype)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask)
+    return out, lse.unsqueeze(-1)
+
+
+def merge_attention(o1: torch.Tensor, lse1: torch.Tensor, o2: torch.Tensor,
+                    lse2: torch.Tensor) -> torch.Tensor:
+    """Attention over two disjoint sets of keys, from attention over each set and its
+    log-sum-exp: each result weighted by its set's share of the whole softmax's denominator,
+    ``exp(lse_i - lse)``. FlashAttention's online softmax rescales its tiles the same way;
+    FlashInfer calls this merging attention states, vLLM ``merge_attn_states``."""
+    lse = torch.logaddexp(lse1, lse2)
+    return (o1.float() * (lse1 - lse).exp() + o2.float() * (lse2 - lse).exp()).to(o1.dtype)
+
+
 def cascade_attention(q: torch.Tensor, k_shared: torch.Tensor, v_shared: torch.Tensor,
-                      k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``eager_attention`` for a batch whose sequences all begin with the same ``P`` keys
+                      k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                      written_out: bool = True) -> torch.Tensor:
+    """Attention for a batch whose sequences all begin with the same ``P`` keys
     (``k_shared``, ``v_shared``: ``[kv_heads, 1, P, d]``, one copy); ``k``, ``v`` and ``mask``
-    cover each sequence's own keys after them. Every query of the batch meets the shared keys
-    in one matmul (the batch's rows stacked), its own keys in a second; one softmax runs over
-    both sets of scores, so the result is attention over the whole context. The shared keys
-    are gathered and read once instead of once per sequence."""
+    (boolean, or additive as SDPA's) cover each sequence's own keys after them. Every query
+    of the batch meets the shared keys in one matmul (the batch's rows stacked), its own
+    keys in a second, so the shared keys are gathered and read once instead of once per
+    sequence.
+
+    Written out (``eager_attention``'s form), one float32 softmax runs over both sets of
+    scores, so the result is attention over the whole context. SDPA's kernel cannot take one
+    softmax over two calls: with ``written_out=False`` (on CPU) each call returns its
+    log-sum-exp and ``merge_attention`` combines the two results."""
     kvh, B, rows, d = q.shape
     P = k_shared.shape[-2]
     stacked = q.reshape(kvh, 1, B * rows, d)
+    if not written_out and q.device.type == "cpu":
+        shared, lse_shared = sdpa_with_lse(stacked, k_shared, v_shared)
+        own, lse_own = sdpa_with_lse(q, k, v, mask)
+        return merge_attention(shared.view(kvh, B, rows, d), lse_shared.view(kvh, B, rows, 1),
+                               own, lse_own)
     scores = torch.cat((torch.matmul(stacked, k_shared.transpose(-1, -2)).view(kvh, B, rows, P),
                         torch.matmul(q, k.transpose(-1, -2))), dim=-1) * d ** -0.5
     scores = scores.float()
-    scores[..., P:].masked_fill_(mask.logical_not(), float("-inf"))  # shared keys: all visible
+    if mask.dtype == torch.bool:              # shared keys: all visible
+        scores[..., P:].masked_fill_(mask.logical_not(), float("-inf"))
+    else:
+        scores[..., P:] += mask
     probs = scores.softmax(-1).to(v.dtype)
     shared = torch.matmul(probs[..., :P].reshape(kvh, 1, B * rows, P), v_shared)
     return shared.view(kvh, B, rows, d) + torch.matmul(probs[..., P:], v)
@@ -121,13 +159,15 @@ def use_eager(mode: str, dtype: torch.dtype, num_seqs: int, context: int) -> boo
 # keys): per call on a 2-core AVX-512 CPU, bf16, GQA 9/3, against ``eager_attention`` over
 # gathered keys, it lost at 4 x 608 shared (0.88-0.90x) and won at 8 x 608 (1.15x) and
 # 8 x 1,200 (1.41-1.56x); with both gathers reading whole blocks, 0.94x at 8 x 608 + 200
-# own keys, 1.13x at 8 x 608 + 800, 1.39x at 8 x 1,200. See docs/mini_engine.md.
+# own keys, 1.13x at 8 x 608 + 800, 1.39x at 8 x 1,200. In float32 with SDPA on a 2-core
+# AVX2 CPU, 30 layers: 1.0x at 4 x 640 shared + 736 own, 1.46x at 8, 1.7x at 16.
+# See docs/mini_engine.md.
 CASCADE_MIN_SAVED_KEYS = 4096
 
 
 def use_cascade(enabled: bool, num_seqs: int, shared_len: int) -> bool:
-    """Whether a group that attends with ``eager_attention`` reads its ``shared_len`` common
-    keys once (``cascade_attention``) under the ``cascade_attention`` setting ``enabled``."""
+    """Whether a group of ``num_seqs`` sequences reads its ``shared_len`` common keys once
+    (``cascade_attention``) under the ``cascade_attention`` setting ``enabled``."""
     return enabled and shared_len > 0 and (num_seqs - 1) * shared_len >= CASCADE_MIN_SAVED_KEYS
 
 
@@ -254,7 +294,7 @@ class Transformer:
                 out[sl] = o.transpose(0, 1)
                 continue
             eager = use_eager(self.decode_attention, self.dtype, g.B, g.L)
-            cascade = eager and use_cascade(self.cascade_attention, g.B, g.shared_len)
+            cascade = use_cascade(self.cascade_attention, g.B, g.shared_len)
             if cascade:        # the shared keys once, then each sequence's own
                 ks, vs = self._gather(li, kv, g.shared_blocks, 1, g.shared_len)
                 k, v = self._gather(li, kv, g.own_blocks, g.B, g.L - g.shared_len)
@@ -266,9 +306,11 @@ class Transformer:
             qg = (q if g.identity else q.index_select(0, g.q_index))
             qg = qg.view(g.B, g.Q, kvh, grp, cfg.head_dim)
             qg = qg.permute(2, 0, 3, 1, 4).reshape(kvh, g.B, grp * g.Q, cfg.head_dim)
-            mask = g.grouped_mask(grp).transpose(0, 1)                 # [1, B, group*Q, L]
+            # [1, B, group*Q, L]: boolean for the written-out form, else additive, as SDPA's
+            # kernels want it (made once a step, not once a layer)
+            mask = g.grouped_mask(grp, None if eager else q.dtype)
             if cascade:
-                o = cascade_attention(qg, ks, vs, k, v, mask[..., g.shared_len:])
+                o = cascade_attention(qg, ks, vs, k, v, mask[..., g.shared_len:], eager)
             elif eager:
                 o = eager_attention(qg, k, v, mask)
             else:

@@ -181,9 +181,10 @@ def test_variant_tokens_are_argmax_of_hf_with_its_weights(model_path, prompts, d
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cascade_attention_on_device(model_path, reference, device, dtype, monkeypatch):
-    """Sequences sharing cached blocks read them once for the batch (cascade attention), and
-    their tokens are still HF's."""
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
+def test_cascade_attention_on_device(model_path, reference, device, dtype, attn, monkeypatch):
+    """Sequences sharing cached blocks read them once for the batch (cascade attention, in
+    either attention form), and their tokens are still HF's."""
     from mini_engine import LLMEngine, SamplingParams, model
     calls = []
     cascade = model.cascade_attention
@@ -191,7 +192,7 @@ def test_cascade_attention_on_device(model_path, reference, device, dtype, monke
     rng = random.Random(1)
     shared = [rng.randrange(VOCAB) for _ in range(720)]      # 45 blocks of 16
     tails = [[rng.randrange(VOCAB) for _ in range(n)] for n in (1, 5, 9, 13, 2, 7, 11, 3)]
-    eng = LLMEngine(model_path, device=device, dtype=dtype, decode_attention="eager",
+    eng = LLMEngine(model_path, device=device, dtype=dtype, decode_attention=attn,
                     prefix_cache="radix", kv_cache_gib=0.05, num_threads=THREADS)
     params = SamplingParams(max_tokens=NEW_TOKENS, ignore_eos=True)
     first = eng.generate([shared + tails[0]], params)     # the shared blocks enter the cache
@@ -199,4 +200,4 @@ def test_cascade_attention_on_device(model_path, reference, device, dtype, monke
     assert calls, "cascade attention never ran"
     prompts = [shared + t for t in tails]
     gaps = logit_gaps(reference(device), prompts, first + rest)
-    check(gaps, dtype, f"{device} cascade {dtype}")
+    check(gaps, dtype, f"{device} cascade {attn} {dtype}")

@@ -158,11 +158,14 @@ def test_decode_attention_written_out_gives_the_sdpa_tokens(path, dtype, monkeyp
         assert_parted_only_on_near_ties(outs["eager"], seqs["sdpa"])
 
 
+@pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_cascade_attention_gives_the_tokens_of_a_gather_per_sequence(path, dtype, monkeypatch):
-    """Sequences that share cached prefix blocks read them once (``cascade_attention``) and
-    get the tokens they get when each gathers its own copy: all of them in float32; in bf16
-    (where the two forms round their own way) the same until a near-tie flips."""
+def test_cascade_attention_gives_the_tokens_of_a_gather_per_sequence(path, dtype, attn,
+                                                                     monkeypatch):
+    """Sequences that share cached prefix blocks read them once (``cascade_attention``,
+    written out or as two SDPA calls merged) and get the tokens they get when each gathers
+    its own copy: all of them in float32; in bf16 (where the two forms round their own way)
+    the same until a near-tie flips."""
     from mini_engine import LLMEngine, SamplingParams, model
     monkeypatch.setattr(model, "CASCADE_MIN_SAVED_KEYS", 16)   # short prompts take the path
     calls = []
@@ -172,7 +175,7 @@ def test_cascade_attention_gives_the_tokens_of_a_gather_per_sequence(path, dtype
     params = SamplingParams(max_tokens=10, ignore_eos=True, logprobs=5)
     outs, runs = {}, {}
     for on in (False, True):
-        eng = LLMEngine(path, kv_cache_gib=0.02, dtype=dtype, decode_attention="eager",
+        eng = LLMEngine(path, kv_cache_gib=0.02, dtype=dtype, decode_attention=attn,
                         cascade_attention=on, prefix_cache="radix", num_threads=1)
         first = eng.add_request(prefix + [504], params)
         eng.step()                                          # its blocks enter the cache

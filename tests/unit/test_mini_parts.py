@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from mini_engine.linear import DenseLinear, PackedLinear, can_prepack, make_linear
-from mini_engine.attention_metadata import Chunk, prepare
+from mini_engine.attention_metadata import Chunk, additive_mask, prepare
 from mini_engine.kv_cache import KVCache, KVLayout
-from mini_engine.model import cascade_attention, eager_attention, use_cascade, use_eager
+from mini_engine.model import (cascade_attention, eager_attention, merge_attention, sdpa_with_lse,
+                               use_cascade, use_eager)
 from mini_engine.quant import Int4Linear, Int8Linear
 from mini_engine.sampler import logprob_of, sample_row
 from mini_engine.sequence import SAMPLING_EPS, SamplingParams
@@ -125,10 +126,12 @@ def test_auto_decode_attention_is_eager_only_for_big_reduced_precision_batches()
     assert use_eager("eager", fp32, 1, 10) and not use_eager("sdpa", bf16, 32, 1000)
 
 
+@pytest.mark.parametrize("written_out", [True, False], ids=["written-out", "sdpa"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
-def test_cascade_attention_is_eager_attention_over_the_whole_context(dtype, tol):
+def test_cascade_attention_is_attention_over_the_whole_context(dtype, tol, written_out):
     """A shared prefix read once (one copy of its keys) gives attention over prefix + own
-    keys, as if every sequence had its own copy of the prefix."""
+    keys, as if every sequence had its own copy of the prefix: written out with one softmax,
+    or as two SDPA calls merged by their log-sum-exp; the mask boolean or additive."""
     torch.manual_seed(0)
     kvh, B, rows, P, L, d = 3, 4, 3, 32, 20, 64
     q = torch.randn(kvh, B, rows, d, dtype=dtype)
@@ -140,12 +143,34 @@ def test_cascade_attention_is_eager_attention_over_the_whole_context(dtype, tol)
     full_mask = torch.cat((torch.ones(1, B, rows, P, dtype=torch.bool), mask), -1)
     want = F.scaled_dot_product_attention(q.float(), whole[0].float(), whole[1].float(),
                                           attn_mask=full_mask)
-    got = cascade_attention(q, ks, vs, k, v, mask)
+    got = cascade_attention(q, ks, vs, k, v, mask, written_out)
     assert got.dtype == dtype and got.shape == want.shape
     assert (got.float() - want).abs().max() < tol
+    # the engine's additive mask, a slice of the whole context's as the model passes it
+    additive = additive_mask(full_mask, dtype)[..., P:]
+    assert torch.equal(cascade_attention(q, ks, vs, k, v, additive, written_out), got)
     k2, v2 = k.clone(), v.clone()                   # what lies past a sequence's keys is masked
     k2[:, 1, 7:], v2[:, 1, 7:] = 1e3, -1e3
-    assert torch.equal(cascade_attention(q, ks, vs, k2, v2, mask), got)
+    assert torch.equal(cascade_attention(q, ks, vs, k2, v2, mask, written_out), got)
+
+
+def test_sdpa_with_lse_returns_the_log_of_each_rows_softmax_denominator():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, n, 64) for n in (5, 40, 40))
+    mask = torch.arange(40)[None, None, None, :] < torch.tensor([40, 9])[None, :, None, None]
+    out, lse = sdpa_with_lse(q, k, v, mask)
+    scores = (q @ k.transpose(-1, -2) / 8).masked_fill(~mask, float("-inf"))
+    assert lse.shape == (3, 2, 5, 1) and lse.dtype == torch.float32
+    assert (lse - scores.logsumexp(-1, keepdim=True)).abs().max() < 1e-5
+    assert (out - F.scaled_dot_product_attention(q, k, v, attn_mask=mask)).abs().max() < 1e-6
+
+
+def test_merging_two_halves_gives_attention_over_both():
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(3, 2, n, 64) for n in (4, 50, 50))
+    halves = [sdpa_with_lse(q, k[:, :, s], v[:, :, s]) for s in (slice(0, 20), slice(20, 50))]
+    got = merge_attention(*halves[0], *halves[1])
+    assert (got - F.scaled_dot_product_attention(q, k, v)).abs().max() < 1e-6
 
 
 def test_cascade_only_where_it_saves_enough_keys():
