@@ -190,24 +190,26 @@ def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
     return "\n".join(out) + "\n"
 
 
-def attention_table(threads: int | None = None) -> str:
+def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     """Offline, one layer's attention at the bundled model's shapes (9 query heads over 3 KV
-    heads, head_dim 64, bf16), microseconds per call (``per_call_us`` over 20 calls). First
+    heads, head_dim 64, in ``dtype``), microseconds per call (``per_call_us`` over 20 calls). First
     SDPA against the written-out form (``model.eager_attention``) for a batch of decodes,
     keys already gathered; then, for a batch whose sequences share a cached prefix, the
     written-out form over each sequence's gathered keys against ``model.cascade_attention``
-    (the shared keys gathered once), each with its gather from a paged pool. Between the two,
+    (the shared keys gathered once), then SDPA against cascade's SDPA form, each with its
+    gather from a paged pool. Between the two,
     the gather itself: K and V of a batch's block tables (blocks scattered over the pool, as
     a busy server leaves them) read slot by slot against block by block."""
     import torch
     import torch.nn.functional as F
 
+    from mini_engine.attention_metadata import additive_mask
     from mini_engine.kv_cache import KVCache, KVLayout
     from mini_engine.model import cascade_attention, eager_attention
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
-    kvh, rows, d, bs, bf16 = 3, 3, 64, 16, torch.bfloat16
+    kvh, rows, d, bs, dtype = 3, 3, 64, 16, getattr(torch, dtype)
 
     def us(fn) -> float:
         return per_call_us(fn, 20)
@@ -220,15 +222,15 @@ def attention_table(threads: int | None = None) -> str:
     for B in (1, 2, 4, 8, 16, 32):
         cells = []
         for L in (150, 600, 1400):
-            q = torch.randn(kvh, B, rows, d, dtype=bf16)
-            k, v = (torch.randn(kvh, B, L, d, dtype=bf16) for _ in range(2))
+            q = torch.randn(kvh, B, rows, d, dtype=dtype)
+            k, v = (torch.randn(kvh, B, L, d, dtype=dtype) for _ in range(2))
             mask = mask_of(torch.randint(L // 2, L + 1, (B,)), L)
             sdpa = us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
             eager = us(lambda: eager_attention(q, k, v, mask))
             cells.append(f"{sdpa:7.0f} / {eager:6.0f} ({sdpa / eager:4.2f}x)")
         out.append(f"{B:>5} " + " ".join(f"{c:>24}" for c in cells))
     pool_blocks = 4096
-    kv = KVCache(KVLayout(((kvh, None, d),) * 2), 1, pool_blocks, bs, bf16)
+    kv = KVCache(KVLayout(((kvh, None, d),) * 2), 1, pool_blocks, bs, dtype)
     for t in kv.layers[0]:
         t.copy_(torch.randn_like(t))
     out += ["", "gather of K and V from scattered blocks: by slot (KVCache.read) us / by block "
@@ -239,9 +241,10 @@ def attention_table(threads: int | None = None) -> str:
         slots = kv.slots_of(blocks)
         a, b = us(lambda: kv.read(0, slots)), us(lambda: kv.read_blocks(0, blocks))
         out.append(f"{B:>5} {L:>5} {a:8.0f} {b:8.0f} {a / b:7.2f}x")
-    out += ["", "shared prefix: eager over each sequence's gathered keys us / cascade us "
-                "(speed-up)", f"{'seqs':>5} {'shared':>6} {'own':>5} {'eager':>8} "
-                              f"{'cascade':>8} {'speed-up':>8}"]
+    out += ["", "shared prefix: each form over each sequence's gathered keys us / cascade us "
+                "(speed-up), written out (eager) and with SDPA (two calls merged)",
+            f"{'seqs':>5} {'shared':>6} {'own':>5} {'eager':>8} {'cascade':>8} {'speed-up':>8}"
+            f" {'sdpa':>8} {'cascade':>8} {'speed-up':>8}"]
     for B, shared, own in [(2, 608, 800), (4, 608, 800), (8, 608, 200), (8, 608, 800),
                            (8, 1200, 200), (16, 608, 800)]:
         L = shared + -(-own // bs) * bs            # whole blocks, as the engine reads them
@@ -250,21 +253,29 @@ def attention_table(threads: int | None = None) -> str:
                                          blocks[shared // bs + i * 100:][:-(-own // bs)]))
                               for i in range(B)])
         mask = mask_of(shared + own - torch.randint(0, own // 2, (B,)), L)
-        q = torch.randn(kvh, B, rows, d, dtype=bf16)
+        q = torch.randn(kvh, B, rows, d, dtype=dtype)
         flat, head = tables.reshape(-1), tables[0, :shared // bs]
         tail = tables[:, shared // bs:].reshape(-1)
 
-        def gathered():     # the model's ``_gather``: whole blocks, in matmul shape as read
-            k, v = (t.view(kvh, B, L, d) for t in kv.read_blocks(0, flat))
-            return eager_attention(q, k, v, mask)
+        additive = additive_mask(mask, dtype)      # as the engine hands SDPA its mask
 
-        def cascade():
+        def gathered(written_out: bool):  # the model's ``_gather``: whole blocks, as read
+            k, v = (t.view(kvh, B, L, d) for t in kv.read_blocks(0, flat))
+            if written_out:
+                return eager_attention(q, k, v, mask)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
+
+        def cascade(written_out: bool):
             ks, vs = (t.view(kvh, 1, shared, d) for t in kv.read_blocks(0, head))
             k, v = (t.view(kvh, B, L - shared, d) for t in kv.read_blocks(0, tail))
-            return cascade_attention(q, ks, vs, k, v, mask[..., shared:])
+            m = mask if written_out else additive
+            return cascade_attention(q, ks, vs, k, v, m[..., shared:], written_out)
 
-        a, b = us(gathered), us(cascade)
-        out.append(f"{B:>5} {shared:>6} {own:>5} {a:8.0f} {b:8.0f} {a / b:7.2f}x")
+        cells = []
+        for written_out in (True, False):
+            a, b = us(lambda: gathered(written_out)), us(lambda: cascade(written_out))
+            cells.append(f"{a:8.0f} {b:8.0f} {a / b:7.2f}x")
+        out.append(f"{B:>5} {shared:>6} {own:>5} " + " ".join(cells))
     return "\n".join(out) + "\n"
 
 
@@ -295,6 +306,8 @@ def main() -> None:
     ap.add_argument("--attention-only", action="store_true",
                     help="print the per-call attention tables (also part of --profile) and stop")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--attention-dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="dtype of the per-call attention tables")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; ratios of the medians")
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="start the engines in turn instead of side by side")
@@ -302,11 +315,11 @@ def main() -> None:
     width = max(len(label) for label in args.engines)
 
     if args.attention_only:
-        print(attention_table(threads=args.threads))
+        print(attention_table(threads=args.threads, dtype=args.attention_dtype))
         return
     if args.profile or args.profile_only:
         print(matmul_table(threads=args.threads))
-        print(attention_table(threads=args.threads))
+        print(attention_table(threads=args.threads, dtype=args.attention_dtype))
         for streams in (1, 32):
             print(profile_mini(streams=streams, threads=args.threads))
         if args.profile_only:

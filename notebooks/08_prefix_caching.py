@@ -684,7 +684,15 @@ def _(mo):
     meet its own keys in a second, batched one. One softmax over both sets of scores, and the
     two weighted sums of values added, give exactly attention over the whole context: the
     softmax runs over each query's full row of scores either way, so it cannot tell that they
-    were computed in two pieces. The teaching engine's version (`mini_engine/model.py`):
+    were computed in two pieces.
+
+    A fused kernel such as PyTorch's SDPA cannot share one softmax between two calls. It can
+    say, for each query, the log of its softmax's denominator (the **log-sum-exp** of its
+    scores), and that is enough: attention over the shared keys and attention over the own
+    keys, each weighted by its share of the whole denominator, is attention over both. It is
+    the rescaling FlashAttention's online softmax does tile by tile (notebook 6); FlashInfer
+    calls it merging attention states. The teaching engine's version (`mini_engine/model.py`)
+    does it written out, or with SDPA and `merge_attention`:
     """)
     return
 
@@ -693,7 +701,8 @@ def _(mo):
 def _(inspect, ui):
     from mini_engine import model as mini_model
 
-    ui.md("```python\n" + inspect.getsource(mini_model.cascade_attention) + "```")
+    ui.md("```python\n" + inspect.getsource(mini_model.cascade_attention) + "\n\n"
+          + inspect.getsource(mini_model.merge_attention) + "```")
     return (mini_model,)
 
 
@@ -789,18 +798,33 @@ def _(cascade_own, cascade_seqs, cascade_shared, mini_info, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    The two ways of one decode step, written with the engine's pieces: `eager_attention` (the
-    written-out softmax attention the engine uses for decode batches) and `cascade_attention`
-    above. Queries are laid out as the engine lays them out, the query heads that share a KV
-    head folded into the query axis: `[kv_heads, sequences, query heads per KV head, head_dim]`.
+    The two ways of one decode step, written with the engine's pieces, in either attention form:
+    **written out** (`eager_attention`, two matmuls and a float32 softmax) or **SDPA**
+    (PyTorch's kernel; for cascade, two calls merged). The form starts at the one the engine
+    would pick for the slider's batch in this dtype (`use_eager`); try the other. Queries are
+    laid out as the engine lays them out, the query heads that share a KV head folded into the
+    query axis: `[kv_heads, sequences, query heads per KV head, head_dim]`.
     """)
     return
 
 
 @app.cell
+def _(cascade_P, cascade_dtype, cascade_own_len, cascade_seqs, mini_model, ui):
+    cascade_form = ui.dropdown(
+        ["written out", "SDPA"],
+        "written out" if mini_model.use_eager("auto", cascade_dtype, int(cascade_seqs.value),
+                                              cascade_P + cascade_own_len) else "SDPA",
+        "attention form")
+    cascade_form
+    return (cascade_form,)
+
+
+@app.cell
 def _(
+    F,
     cascade_P,
     cascade_cfg,
+    cascade_form,
     cascade_kvh,
     cascade_own_blocks,
     cascade_own_len,
@@ -809,13 +833,18 @@ def _(
     mini_model,
     torch,
 ):
+    cascade_written_out = cascade_form.value == "written out"
+
+
     def attend_per_sequence(layer, q, B):
         """Every sequence reads its whole context (shared blocks, then its own) from the pool."""
         blocks = torch.cat((cascade_shared_blocks.expand(B, -1), cascade_own_blocks[:B]), 1)
         k, v = (t.view(cascade_kvh, B, -1, cascade_cfg.head_dim)
                 for t in cascade_pool.read_blocks(layer, blocks.reshape(-1)))
         mask = torch.ones(1, B, 1, k.shape[2], dtype=torch.bool)   # a decode query sees every key
-        return mini_model.eager_attention(q, k, v, mask)
+        if cascade_written_out:
+            return mini_model.eager_attention(q, k, v, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
     def attend_cascade(layer, q, B):
@@ -825,7 +854,7 @@ def _(
         k, v = (t.view(cascade_kvh, B, cascade_own_len, -1)
                 for t in cascade_pool.read_blocks(layer, cascade_own_blocks[:B].reshape(-1)))
         mask = torch.ones(1, B, 1, cascade_own_len, dtype=torch.bool)
-        return mini_model.cascade_attention(q, ks, vs, k, v, mask)
+        return mini_model.cascade_attention(q, ks, vs, k, v, mask, cascade_written_out)
 
 
     def attention_step(attend, queries):
@@ -961,7 +990,7 @@ def _(cascade_P, cascade_cfg, cascade_own_len, cascade_rows, prefix_caching):
 
 
 @app.cell
-def _(cascade_dtype, cascade_rows, mini_model, torch, ui):
+def _(cascade_dtype, cascade_form, cascade_rows, mini_model, ui):
     _wins = [r["sequences"] for r in cascade_rows if r["speed-up"] > 1.05]
     _engine = [r["sequences"] for r in cascade_rows if r["engine would cascade"]]
     _top = cascade_rows[-1]
@@ -976,7 +1005,7 @@ def _(cascade_dtype, cascade_rows, mini_model, torch, ui):
            if _wins else "It never paid by more than 5 % at these sizes: try a longer shared "
            "prefix or more sequences. ")
         + (f"The engine's rule (`use_cascade`: at least {mini_model.CASCADE_MIN_SAVED_KEYS:,} keys "
-           f"saved, measured on an AVX-512 machine in bf16) would cascade from "
+           f"saved, measured on two CPUs, AVX-512 in bf16 and AVX2 in float32) would cascade from "
            f"{min(_engine)} sequences here. " if _engine else
            f"The engine's rule (`use_cascade`: at least {mini_model.CASCADE_MIN_SAVED_KEYS:,} keys "
            f"saved) would not cascade at any of these sizes. ")
@@ -985,10 +1014,10 @@ def _(cascade_dtype, cascade_rows, mini_model, torch, ui):
            "This run disagrees with that rule: the break-even point depends on the machine and "
            "the dtype, which is why the engine keeps it a measured constant and a switch "
            "(`--no-cascade-attention`). ")
-        + ("The engine applies it only where it uses the written-out attention, decode batches in "
-           f"bf16 or fp16 (`decode_attention auto`); these servers compute in "
-           f"`{str(cascade_dtype).removeprefix('torch.')}`"
-           + (", so here they do not cascade at all." if cascade_dtype == torch.float32 else ".")))
+        + (f"This was the {cascade_form.value} form; the engine cascades in either, in the form "
+           f"`decode_attention auto` picks for the batch (written out for bf16 and fp16 decode "
+           f"batches over {mini_model.EAGER_MIN_KEYS:,} keys, else SDPA), and these servers "
+           f"compute in `{str(cascade_dtype).removeprefix('torch.')}`."))
     cascade_text
     return
 
@@ -1239,14 +1268,17 @@ def _(mo):
     * **Cascade attention.** vLLM's V1 engine had it in its FlashAttention backend (GPU): a
       batch whose requests shared a common prefix of at least 256 tokens, with at least 8
       requests, attended to that prefix once, when a rough cost model against FlashDecoding
-      agreed (`use_cascade_attention` in `vllm/v1/attention/backends/flash_attn.py`). By 0.32,
+      agreed (`use_cascade_attention` in `vllm/v1/attention/backends/flash_attn.py`): two
+      FlashAttention calls, each returning its log-sum-exp, merged by `merge_attn_states`, the
+      teaching engine's SDPA form. By 0.32,
       the version installed here, it is gone: `--disable-cascade-attn` is kept as a deprecated
       flag that "has no effect since cascade attention has been removed"
       (`vllm/engine/arg_utils.py`). FlashInfer keeps a multi-level form
       (`MultiLevelCascadeAttentionWrapper`: a system prompt shared by all, a conversation shared
       by its branches, each branch's own tail), and Hydragen
       ([Juravsky et al. 2024, arXiv:2402.05099](https://arxiv.org/abs/2402.05099)) studies the
-      same decomposition for large batches on one prompt. The teaching engine's is one level.
+      same decomposition for large batches on one prompt; FlashInfer's `merge_state` is the
+      merge above. The teaching engine's is one level.
     """)
     return
 

@@ -15,6 +15,7 @@ input still gets a 400 with an OpenAI-style body.
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import httpx
