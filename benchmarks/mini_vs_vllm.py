@@ -192,14 +192,13 @@ def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
 
 def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     """Offline, one layer's attention at the bundled model's shapes (9 query heads over 3 KV
-    heads, head_dim 64, in ``dtype``), microseconds per call (``per_call_us`` over 20 calls). First
-    SDPA against the written-out form (``model.eager_attention``) for a batch of decodes,
-    keys already gathered; then, for a batch whose sequences share a cached prefix, the
-    written-out form over each sequence's gathered keys against ``model.cascade_attention``
-    (the shared keys gathered once), then SDPA against cascade's SDPA form, each with its
-    gather from a paged pool. Between the two,
-    the gather itself: K and V of a batch's block tables (blocks scattered over the pool, as
-    a busy server leaves them) read slot by slot against block by block."""
+    heads, head_dim 64, in ``dtype``), microseconds per call (``per_call_us`` over 20
+    calls). First SDPA against the written-out form (``model.eager_attention``) for a batch
+    of decodes, keys already gathered; then, for a batch whose sequences share a cached
+    prefix, each form over each sequence's gathered keys against ``model.cascade_attention``
+    in that form (the shared keys gathered once), each with its gather from a paged pool.
+    Between the two, the gather itself: K and V of a batch's block tables (blocks scattered
+    over the pool, as a busy server leaves them) read slot by slot against block by block."""
     import torch
     import torch.nn.functional as F
 
