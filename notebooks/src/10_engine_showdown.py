@@ -405,6 +405,110 @@ ui.md("\n".join(_lines) or "No contender finished a sweep in this run.")
 #   full plan on a quiet machine before you believe a difference under about 10 %.
 
 # %% [markdown]
+# ## 8. Inside the teaching engine: what each speed switch buys here
+#
+# Section 7's first caveat says a speed difference on a CPU mostly measures how good each
+# engine's CPU path is. For one engine you can take that path apart: the teaching engine keeps
+# a switch for each technique that made it faster, the same flags its server takes.
+#
+# * `--no-prepack`: the linear layers' weights stay as loaded, instead of being reordered once
+#   into the blocked layout oneDNN's bf16/fp16 kernels read (otherwise they reorder them at
+#   every call). Float32 is never packed.
+# * `--kv-read slot`: each sequence's keys and values are copied out of the pool token by token
+#   instead of block by block (notebook 7, section 7).
+# * `--decode-attention sdpa`: PyTorch's SDPA kernel for every batch, where `auto` writes
+#   attention out (two matmuls and a softmax) for big bf16/fp16 decode batches.
+# * `--no-cascade-attention`: each sequence reads the shared system prompt's keys itself,
+#   instead of the batch reading them once (notebook 8, section 4).
+#
+# Below, one engine per variant (the defaults, then each switch off on its own) holds the same
+# batch: sequences behind one system prompt, the radix cache on, so they share its blocks. The
+# engines then take decode steps in turn, round-robin, so a slow moment of the machine falls
+# on all of them alike. This runs the bundled model in this process, in the dtype the
+# course's server computes in on this machine (bf16 where the CPU has native bf16, float32
+# otherwise: `reference_server.dtypes`); the dropdown changes it.
+
+# %%
+switch_seqs = ui.slider(1, 16, 8, 1, "sequences decoding together")
+switch_seqs
+
+# %%
+switch_shared = ui.slider(0, 1024, 640, 64, "system prompt tokens (shared)")
+switch_shared
+
+# %%
+switch_own = ui.slider(16, 1024, workshop.session.sweep(256, 64), 16, "each sequence's own tokens")
+switch_own
+
+# %%
+from workshop import engine_switches
+
+switch_device, _dtype = engine_switches.engine_dtype()
+switch_dtype = ui.dropdown(["bfloat16", "float32"], _dtype, "dtype")
+switch_dtype
+
+# %% [markdown]
+# **Exercise 4 (predict, then measure).** At the settings above, take the switch whose
+# technique matters most: how many times the defaults' time will a decode step take with it
+# off? Some switches change nothing for some batches or dtypes (the table says which); those
+# variants run the defaults' code, and their ratios show how far two identical engines drift
+# apart on this machine.
+
+# %%
+predict_worst_ratio = None      # your prediction: the slowest variant's step time / the defaults'
+
+# %%
+from reference_server.models import resolve_model
+
+switch_rows, switch_step_ms = engine_switches.decode_step_rows(
+    resolve_model("smollm2-135m").path, dtype=switch_dtype.value, device=switch_device,
+    batch=int(switch_seqs.value), shared_tokens=int(switch_shared.value),
+    own_tokens=int(switch_own.value), rounds=workshop.session.sweep(12, 6),
+    progress=lambda names: ui.progress(names, title="engines"))
+ui.table(switch_rows)
+
+# %%
+engine_switches.switches_figure(
+    switch_rows, switch_step_ms,
+    f"Decode steps of {int(switch_seqs.value)} sequences ({int(switch_shared.value)} shared + "
+    f"{int(switch_own.value)} own tokens), {switch_dtype.value}, {switch_device}")
+
+# %%
+switch_applied = [r for r in switch_rows[1:] if r["applies here"]]
+switch_worst = max(switch_applied, key=lambda r: r["slower than defaults"], default=None)
+(ui.compare(predict_worst_ratio, switch_worst["slower than defaults"],
+            f"step time without `{switch_worst['variant']}`'s technique / the defaults'", "x")
+ if switch_worst else ui.md("No switch changes the code for this batch in this dtype: move the "
+                            "sliders (more sequences, a longer shared prompt, or bf16)."))
+
+# %%
+_same_code = [r for r in switch_rows[1:] if not r["applies here"]]
+_noise = [r["slower than defaults"] for r in _same_code]
+_slot = next(r for r in switch_rows if r["variant"] == "--kv-read slot")
+_differ = [r["variant"] for r in switch_applied if not r["same tokens"]]
+# A ratio counts only outside the noise: 5 %, or wider where this run's identical engines
+# drifted further apart.
+_hi, _lo = max([1.05, *_noise]), min([0.95, *_noise])
+_lines = [
+    f"* `{r['variant']}`: **{r['slower than defaults']:.2f}x** the defaults' step time "
+    + ("(slower without it: the technique pays here)." if r["slower than defaults"] > _hi else
+       "(faster without it: at these settings the technique costs more than it saves on this "
+       "machine)." if r["slower than defaults"] < _lo else
+       f"(inside {_lo:.2f}-{_hi:.2f}x, this run's noise: no clear effect at these settings).")
+    for r in switch_applied]
+ui.md("\n".join(_lines or ["No switch changes the code for this batch in this dtype."])
+      + ("\n\nVariants that ran the defaults' code here ("
+         + ", ".join(f"`{r['variant']}`" for r in _same_code)
+         + f") came out at {min(_noise):.2f}-{max(_noise):.2f}x: a difference inside that band "
+         "is this machine's noise, not a technique's." if _same_code else "")
+      + "\n\nReading the pool slot by slot copies the same numbers as block by block, so its "
+      + ("tokens matched the defaults' exactly (checked)." if _slot["same tokens"] else
+         "tokens should have matched the defaults' exactly, and **did not: a bug**.")
+      + (" Tokens that differed from the defaults': " + ", ".join(f"`{v}`" for v in _differ)
+         + " (these sum in another order, and in bf16 a near tie can flip)." if _differ else
+         " Every variant wrote the defaults' tokens."))
+
+# %% [markdown]
 # ## What the real engines do
 #
 # * **Their own benchmark clients.** vLLM ships `vllm bench serve` (datasets `sharegpt`,
@@ -422,3 +526,14 @@ ui.md("\n".join(_lines) or "No contender finished a sweep in this run.")
 #   `--chunked-prefill-size`, `--max-running-requests`. Production comparisons (e.g. the
 #   engines' own release posts) report the flags they used; a comparison without them is not
 #   reproducible.
+# * **Switching their speed techniques off, one at a time** (section 8 did it for the teaching
+#   engine). vLLM documents a flag per piece of its compilation stack, for debugging: in its
+#   guide "How to debug the vLLM-torch.compile integration"
+#   ([docs.vllm.ai](https://docs.vllm.ai/en/stable/design/debug_vllm_compile/)),
+#   `--enforce-eager` turns off both torch.compile and CUDA graphs, `-cc.mode=0` only
+#   torch.compile, `-cc.cudagraph_mode=NONE` only CUDA graphs and `-cc.backend=eager` only
+#   TorchInductor; the same guide gives their roles: torch.compile generates optimized
+#   kernels, CUDA graphs eliminate CPU overhead (a step replayed as one launch). SGLang has
+#   `--disable-cuda-graph` and `--disable-radix-cache`. The teaching engine has neither
+#   compiler nor graphs (on this course's CPUs torch.compile made its steps slower:
+#   `docs/mini_engine.md`, "What is left").
