@@ -647,6 +647,14 @@ def _(ui, workshop):
 
 
 @app.cell
+def _(ui, workshop):
+    switch_rounds = ui.slider(4, 40, workshop.session.sweep(12, 6), 2,
+                              "decode steps per engine (more: a narrower noise band, a longer wait)")
+    switch_rounds
+    return (switch_rounds,)
+
+
+@app.cell
 def _(ui):
     from workshop import engine_switches
 
@@ -680,17 +688,17 @@ def _(
     switch_device,
     switch_dtype,
     switch_own,
+    switch_rounds,
     switch_seqs,
     switch_shared,
     ui,
-    workshop,
 ):
     from reference_server.models import resolve_model
 
     switch_rows, switch_step_ms = engine_switches.decode_step_rows(
         resolve_model("smollm2-135m").path, dtype=switch_dtype.value, device=switch_device,
         batch=int(switch_seqs.value), shared_tokens=int(switch_shared.value),
-        own_tokens=int(switch_own.value), rounds=workshop.session.sweep(12, 6),
+        own_tokens=int(switch_own.value), rounds=int(switch_rounds.value),
         progress=lambda names: ui.progress(names, title="engines"))
     ui.table(switch_rows)
     return switch_rows, switch_step_ms

@@ -441,6 +441,11 @@ switch_own = ui.slider(16, 1024, workshop.session.sweep(256, 64), 16, "each sequ
 switch_own
 
 # %%
+switch_rounds = ui.slider(4, 40, workshop.session.sweep(12, 6), 2,
+                          "decode steps per engine (more: a narrower noise band, a longer wait)")
+switch_rounds
+
+# %%
 from workshop import engine_switches
 
 switch_device, _dtype = engine_switches.engine_dtype()
@@ -463,7 +468,7 @@ from reference_server.models import resolve_model
 switch_rows, switch_step_ms = engine_switches.decode_step_rows(
     resolve_model("smollm2-135m").path, dtype=switch_dtype.value, device=switch_device,
     batch=int(switch_seqs.value), shared_tokens=int(switch_shared.value),
-    own_tokens=int(switch_own.value), rounds=workshop.session.sweep(12, 6),
+    own_tokens=int(switch_own.value), rounds=int(switch_rounds.value),
     progress=lambda names: ui.progress(names, title="engines"))
 ui.table(switch_rows)
 
