@@ -104,7 +104,11 @@ def decode_step_rows(model_path: str, *, dtype: str, device: str = "cpu", batch:
             out = engines[name].step()
             times[name].append(time.perf_counter() - t0)
             tokens[name].append(sorted((o.request_id, tuple(o.new_token_ids)) for o in out))
-    context = shared_tokens + own_tokens + rounds
+    # What the attention rules see: the whole blocks the batch has in common, and the
+    # context in whole blocks (as it is halfway through the timed steps)
+    bs = engines[DEFAULTS].block_manager.block_size
+    shared = shared_tokens // bs * bs
+    context = -(-(shared_tokens + own_tokens + rounds // 2) // bs) * bs
     step_ms = {name: [1e3 * t for t in ts] for name, ts in times.items()}
     base = statistics.median(step_ms[DEFAULTS])
     rows = []
@@ -114,7 +118,7 @@ def decode_step_rows(model_path: str, *, dtype: str, device: str = "cpu", batch:
             "variant": name,
             "applies here": name == DEFAULTS or applies(
                 name, dtype=engines[name].runner.model.dtype, device=device, batch=batch,
-                context=context, shared=shared_tokens),
+                context=context, shared=shared),
             "ms per step": ms,
             "slower than defaults": ms / base,
             "same tokens": tokens[name] == tokens[DEFAULTS],

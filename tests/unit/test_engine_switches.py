@@ -3,9 +3,12 @@ rule), and a real round-robin run on the bundled model (the pieces a notebook sh
 
 from __future__ import annotations
 
+import argparse
+
 import pytest
 import torch
 
+from mini_engine.config import EngineConfig, add_cli_arguments
 from mini_engine.linear import can_prepack
 from mini_engine.model import CASCADE_MIN_SAVED_KEYS, EAGER_MIN_KEYS
 from reference_server.models import ModelError, resolve_model
@@ -15,8 +18,6 @@ F32, BF16 = torch.float32, torch.bfloat16
 
 
 def test_every_switch_names_a_config_field_and_a_server_flag():
-    from mini_engine.config import EngineConfig, add_cli_arguments
-    import argparse
     fields = EngineConfig.__dataclass_fields__
     parser = add_cli_arguments(argparse.ArgumentParser())
     for flag, overrides in es.SWITCHES.items():
