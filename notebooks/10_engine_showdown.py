@@ -659,7 +659,9 @@ def _(ui):
     from workshop import engine_switches
 
     switch_device, _dtype = engine_switches.engine_dtype()
-    switch_dtype = ui.dropdown(["bfloat16", "float32"], _dtype, "dtype")
+    switch_dtype = ui.dropdown(["bfloat16", "float32"], _dtype,
+                               "dtype" + (" (bf16 is emulated on this CPU: slower)"
+                                          if switch_device == "cpu" and _dtype == "float32" else ""))
     switch_dtype
     return engine_switches, switch_device, switch_dtype
 
