@@ -606,8 +606,8 @@ def _(mo):
     a switch for each technique that made it faster, the same flags its server takes.
 
     * `--no-prepack`: the linear layers' weights stay as loaded, instead of being reordered once
-      into the blocked layout oneDNN's bf16/fp16 kernels read (otherwise they reorder them at
-      every call). Float32 is never packed.
+      into the blocked layout oneDNN's bf16/fp16 kernels read; left as loaded, oneDNN reorders
+      them at every call. Float32 is never packed.
     * `--kv-read slot`: each sequence's keys and values are copied out of the pool token by token
       instead of block by block (notebook 7, section 7).
     * `--decode-attention sdpa`: PyTorch's SDPA kernel for every batch, where `auto` writes
