@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
 from mini_engine.sampler import logprob_of, sample_row
 from reference_server import dtypes
 from reference_server.engines.base import EngineInfo
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
-                                            SamplingParams)
+                                            SamplingParams, torch_thread)
 from reference_server.kv import kv_bytes_per_token
 from reference_server.model_config import read_arch
 
@@ -39,13 +40,15 @@ class HFEngine(LocalEngine):
         self._ready = False
         self.model = None
         self.tokenizer = None
+        self._torch: ThreadPoolExecutor | None = None    # loads, then runs every request
 
     @property
     def ready(self) -> bool:
         return self._ready
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._load)
+        self._torch = torch_thread("hf-engine")
+        await asyncio.get_running_loop().run_in_executor(self._torch, self._load)
         self.metrics.set_model_name(self.model_name)
         self._ready = True
 
@@ -64,6 +67,9 @@ class HFEngine(LocalEngine):
     async def stop(self) -> None:
         self._ready = False
         self.model = None
+        if self._torch is not None:
+            self._torch.shutdown(wait=False)
+            self._torch = None
 
     def info(self) -> EngineInfo:
         return EngineInfo(
@@ -103,7 +109,8 @@ class HFEngine(LocalEngine):
             self._running = 0
             self._lock.release()
 
-        work = loop.run_in_executor(None, self._decode, prompt_token_ids, params, put, cancel)
+        work = loop.run_in_executor(self._torch, self._decode, prompt_token_ids, params, put,
+                                    cancel)
         # The lock is released when the decode thread has really stopped, not when the
         # client leaves: a cancelled request must not overlap with the next one.
         work.add_done_callback(release)

@@ -12,6 +12,7 @@ import abc
 import asyncio
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
@@ -28,7 +29,8 @@ from reference_server.protocol import (AssistantMessage, ChatChoice, ChatComplet
                                        CompletionRequest, CompletionResponse, DeltaMessage,
                                        Usage, unsupported_fields)
 
-__all__ = ["EngineStats", "GenerationStep", "LocalEngine", "SamplingParams", "TokenLogprob"]
+__all__ = ["EngineStats", "GenerationStep", "LocalEngine", "SamplingParams", "TokenLogprob",
+           "torch_thread"]
 
 # vLLM's _SAMPLING_EPS: a temperature below it is greedy (dividing logits by 1e-40 would
 # give inf - inf = NaN probabilities).
@@ -60,6 +62,21 @@ class EngineStats:
     prefix_cache_queries: int = 0        # prompt tokens looked up in the prefix cache
     prefix_cache_hits: int = 0           # of those, tokens found
     num_preemptions: int = 0
+
+
+def torch_thread(name: str) -> ThreadPoolExecutor:
+    """The one thread an in-process engine runs all its PyTorch work in: loading the model and
+    every step after it.
+
+    Why one: on CPU, PyTorch runs a parallel op on an OpenMP team led by the calling thread,
+    and each thread that ever ran one keeps its own team. GNU libgomp (PyTorch's OpenMP)
+    counts the threads of all teams; once they outnumber the cores it stops letting idle
+    workers spin between parallel regions, so they sleep and must be woken again at each
+    of a step's hundreds of regions. Loading in one thread (``asyncio.to_thread``) and
+    stepping in another was enough: served decode steps then kept the two cores of a 2-core
+    machine busy 1.2-1.6 of 2 instead of 2 (docs/mini_engine.md, "One thread for all of
+    PyTorch's work")."""
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
 
 class LocalEngine(Engine):

@@ -1,6 +1,6 @@
 """The teaching engine (``mini_engine``) behind the reference server: ``--engine mini``.
 
-``mini_engine.LLMEngine`` is synchronous; here it runs in one background thread that loops
+``mini_engine.LLMEngine`` is synchronous; here one background thread loads it, then loops
 ``step()`` while there is work and sleeps on its inbox otherwise. Each request gets an
 ``asyncio.Queue`` that the thread feeds with ``loop.call_soon_threadsafe``; closing the
 stream early posts an abort, which frees the request's KV blocks on the next loop turn.
@@ -23,6 +23,7 @@ import dataclasses
 import logging
 import queue
 import threading
+from concurrent.futures import Future
 from typing import AsyncIterator, Callable
 
 from reference_server import dtypes, prometheus as P
@@ -99,11 +100,24 @@ class MiniEngine(LocalEngine):
         return self._ready and self._error is None
 
     async def start(self) -> None:
-        await asyncio.to_thread(self._load)
-        self.metrics.set_model_name(self.model_name)
-        self._thread = threading.Thread(target=self._loop, name="mini-engine", daemon=True)
+        # The thread that steps the engine loads it too, for the reason ``local.torch_thread``
+        # gives (a daemon thread, not that executor's: Python waits for those at exit).
+        loaded: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(loaded,), name="mini-engine",
+                                        daemon=True)
         self._thread.start()
+        await asyncio.wrap_future(loaded)
+        self.metrics.set_model_name(self.model_name)
         self._ready = True
+
+    def _run(self, loaded: Future) -> None:
+        try:
+            self._load()
+        except BaseException as exc:
+            loaded.set_exception(exc)
+            return
+        loaded.set_result(None)
+        self._loop()
 
     def _load(self) -> None:
         from transformers import AutoTokenizer
