@@ -66,7 +66,9 @@ class EngineStats:
 
 def torch_thread(name: str) -> ThreadPoolExecutor:
     """The one thread an in-process engine runs all its PyTorch work in: loading the model and
-    every step after it.
+    every step after it. The HF baseline uses this executor; the teaching engine's server
+    does the same with a daemon thread of its own, which loads and then loops
+    (``mini.MiniEngine.start``: an executor's thread would be waited for at exit).
 
     Why one: on CPU, PyTorch runs a parallel op on an OpenMP team led by the calling thread,
     and each thread that ever ran one keeps its own team. GNU libgomp (PyTorch's OpenMP)
