@@ -6,6 +6,7 @@ server, at 1 and 32 concurrent streams; plus a profile of where mini's time goes
     python benchmarks/mini_vs_vllm.py --engines mini "mini --no-prepack" vllm   # one switch's gain
     python benchmarks/mini_vs_vllm.py --profile-only       # offline cProfile + torch profiler
     python benchmarks/mini_vs_vllm.py --attention-only     # per-call attention tables
+    python benchmarks/mini_vs_vllm.py --agentic-steps      # the agentic workload's steps, offline
     python benchmarks/mini_vs_vllm.py --concurrency 1 --agentic 8 -- --prefix-cache radix
 
 Definitions (the same for both engines): each request streams ``--max-tokens`` tokens with
@@ -278,6 +279,105 @@ def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     return "\n".join(out) + "\n"
 
 
+def agentic_steps(dtype: str = "bfloat16", threads: int | None = None, rounds: int = 10,
+                  seed: int = 0) -> str:
+    """Offline, the agentic workload's three kinds of step at its shapes, each timed by the
+    engine's own clock (``StepRecord.seconds``): 7 sessions decoding behind one 640-token
+    system prompt (~1,400 keys each, cascade attention's case); a session's new ~120-token
+    turn prefilled alone over its ~1,390 cached keys (a radix-cache hit); and both in one
+    step (mixed), as the server runs a new turn beside the decodes. Two engines in turn:
+    one with a fresh pool, whose queue of free blocks hands out consecutive blocks, and one
+    whose every block was handed out and freed again in random order first, so that its
+    blocks come from anywhere in the pool: the far end of what hours of traffic do to a
+    queue (a served session's history, built turn by turn beside other sessions, lies in
+    runs of a few blocks). The torch profiler's top operators over the scattered engine's
+    mixed steps close the table."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from mini_engine import LLMEngine, SamplingParams
+    from reference_server.models import resolve_model
+    if threads:
+        torch.set_num_threads(threads)
+    rng = random.Random(seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(1000, 30000) for _ in range(n)]
+
+    greedy = dict(temperature=0.0, ignore_eos=True)
+    system = tokens(640)
+    sessions = [system + tokens(760) for _ in range(8)]      # 7 decode, the 8th takes turns
+    path = resolve_model("smollm2-135m", prepare=False).path
+    engines = {}
+    for name in ("fresh pool", "scattered"):
+        print(f"agentic steps: building the {name} engine", file=sys.stderr, flush=True)
+        # the server's default pool: the larger the pool, the farther apart its scattered blocks
+        eng = LLMEngine(path, dtype=dtype, prefix_cache="radix", kv_cache_gib=1.0)
+        if name == "scattered":
+            alloc = eng.block_manager.allocator
+            blocks = [alloc.allocate() for _ in range(alloc.num_free)]
+            rng.shuffle(blocks)
+            for b in blocks:
+                alloc.decref(b)
+        for history in sessions:            # every session's history in the radix cache
+            eng.generate([history], SamplingParams(max_tokens=1, **greedy))
+        engines[name] = eng
+    times = {name: {"decode": [], "prefill": [], "mixed": []} for name in engines}
+
+    def turn(name: str, kind: str) -> None:
+        eng = engines[name]
+        eng.add_request(sessions[7] + tokens(rng.randrange(100, 140)),
+                        SamplingParams(max_tokens=1, **greedy))
+        eng.step()
+        last = eng.history[-1]
+        kinds = sorted(k for _, _, k in last.scheduled)
+        assert kinds == ["decode"] * (7 if kind == "mixed" else 0) + ["prefill"], kinds
+        times[name][kind].append(1e3 * last.seconds)
+        while eng.scheduler.waiting:        # (a turn that did not fit: not timed)
+            eng.step()
+
+    print(f"agentic steps: timing, {rounds} rounds", file=sys.stderr, flush=True)
+    for r in range(rounds):                 # the new turn alone, no decodes in flight
+        for name in sorted(engines, reverse=r % 2 == 1):
+            turn(name, "prefill")
+    for eng in engines.values():
+        for history in sessions[:7]:
+            eng.add_request(history + tokens(8), SamplingParams(max_tokens=4 * rounds + 64,
+                                                                **greedy))
+        while not (len(eng.history[-1].scheduled) == 7
+                   and all(k == "decode" for _, _, k in eng.history[-1].scheduled)):
+            eng.step()
+    for r in range(rounds):
+        for name, eng in sorted(engines.items(), reverse=r % 2 == 1):
+            for _ in range(3):
+                eng.step()
+                times[name]["decode"].append(1e3 * eng.history[-1].seconds)
+            turn(name, "mixed")
+
+    def runs(eng: LLMEngine) -> float:      # share of a decoding sequence's blocks that follow
+        pairs = [(a, b) for s in eng.scheduler.running     # their predecessor in the pool
+                 for a, b in zip(s.block_table[40:], s.block_table[41:])]
+        return sum(b == a + 1 for a, b in pairs) / max(1, len(pairs))
+
+    med = {name: {k: statistics.median(v) for k, v in t.items()} for name, t in times.items()}
+    out = [f"agentic step shapes, {dtype}, {torch.get_num_threads()} threads, medians of "
+           f"{rounds} (decode: {3 * rounds}) steps, ms",
+           f"{'':11} {'decode 7':>9} {'prefill':>8} {'mixed':>7} {'mixed - both':>13} "
+           f"{'own blocks in runs':>19}"]
+    for name, m in med.items():
+        out.append(f"{name:11} {m['decode']:9.1f} {m['prefill']:8.1f} {m['mixed']:7.1f} "
+                   f"{m['mixed'] - m['decode'] - m['prefill']:13.1f} {runs(engines[name]):18.0%}")
+    fresh, scattered = med["fresh pool"], med["scattered"]
+    out.append(f"scattered / fresh: decode {scattered['decode'] / fresh['decode']:.2f}x, "
+               f"mixed {scattered['mixed'] / fresh['mixed']:.2f}x")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(3):
+            turn("scattered", "mixed")
+    out.append("the scattered engine's mixed steps, by operator (3 steps):")
+    out.append(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=8))
+    return "\n".join(out) + "\n"
+
+
 def main() -> None:
     argv = sys.argv[1:]
     extra: list[str] = []
@@ -304,9 +404,12 @@ def main() -> None:
     ap.add_argument("--profile-only", action="store_true")
     ap.add_argument("--attention-only", action="store_true",
                     help="print the per-call attention tables (also part of --profile) and stop")
+    ap.add_argument("--agentic-steps", action="store_true",
+                    help="time the agentic workload's decode, prefill and mixed steps offline, "
+                         "on a fresh pool and on a scattered one, and stop")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--attention-dtype", default="bfloat16", choices=("bfloat16", "float32"),
-                    help="dtype of the per-call attention tables")
+                    help="dtype of the offline tables (--attention-only, --agentic-steps)")
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; ratios of the medians")
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="start the engines in turn instead of side by side")
@@ -315,6 +418,9 @@ def main() -> None:
 
     if args.attention_only:
         print(attention_table(threads=args.threads, dtype=args.attention_dtype))
+        return
+    if args.agentic_steps:
+        print(agentic_steps(dtype=args.attention_dtype, threads=args.threads))
         return
     if args.profile or args.profile_only:
         print(matmul_table(threads=args.threads))
