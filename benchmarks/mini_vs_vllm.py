@@ -8,6 +8,7 @@ server, at 1 and 32 concurrent streams; plus a profile of where mini's time goes
     python benchmarks/mini_vs_vllm.py --attention-only     # per-call attention tables
     python benchmarks/mini_vs_vllm.py --agentic-steps      # the agentic workload's steps, offline
     python benchmarks/mini_vs_vllm.py --concurrency 1 --agentic 8 -- --prefix-cache radix
+    python benchmarks/mini_vs_vllm.py --concurrency --agentic 8 --iteration-details -- --prefix-cache radix
 
 Definitions (the same for both engines): each request streams ``--max-tokens`` tokens with
 ``ignore_eos`` from a fixed prompt of about ``--input-tokens`` tokens; ``c`` workers keep
@@ -40,6 +41,7 @@ import httpx
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)        # run from a checkout
 from reference_server import launch  # noqa: E402
+from workshop.bench import iterations  # noqa: E402
 
 
 def make_prompts(n: int, words: int, seed: int = 0) -> list[str]:
@@ -407,6 +409,9 @@ def main() -> None:
     ap.add_argument("--agentic-steps", action="store_true",
                     help="time the agentic workload's decode, prefill and mixed steps offline, "
                          "on a fresh pool and on a scattered one, and stop")
+    ap.add_argument("--iteration-details", action="store_true",
+                    help="have every server log its steps (--enable-logging-iteration-details, "
+                         "both engines) and print, per load, its decode-only and mixed steps")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--attention-dtype", default="bfloat16", choices=("bfloat16", "float32"),
                     help="dtype of the offline tables (--attention-only, --agentic-steps)")
@@ -438,8 +443,12 @@ def main() -> None:
         engine, *eargs = [w for w in words if "=" not in w]
         if engine == "mini":
             eargs = eargs + extra + (["--threads", str(args.threads)] if args.threads else [])
+        if args.iteration_details:       # the same flag for both engines, logged at INFO
+            eargs = eargs + ["--enable-logging-iteration-details"]
+            env.setdefault("VLLM_LOGGING_LEVEL", "INFO")
         server = launch.launch(["--engine", engine, "--device", "cpu", "--kv-cache-gib",
-                                str(args.kv_cache_gib), "--log-level", "warning",
+                                str(args.kv_cache_gib), "--log-level",
+                                "info" if args.iteration_details else "warning",
                                 *(["--", *eargs] if eargs else [])], port=port,
                                env={**os.environ, **env},
                                log_path=os.path.join(tempfile.gettempdir(),
@@ -447,18 +456,24 @@ def main() -> None:
         server.wait_ready(600)
         return server, eargs
 
+    logged: dict[tuple[str, object], list] = {}    # (engine, load) -> its steps, all rounds
+
     def measure(label: str, server, eargs: list[str], rnd: int) -> None:
+        def run(key, fn):
+            start = os.path.getsize(server.log_path)
+            r = fn()
+            if args.iteration_details:
+                with open(server.log_path, errors="replace") as f:
+                    f.seek(start)
+                    logged.setdefault((label, key), []).extend(iterations.parse(f.read()))
+            r.update(engine=label, engine_args=eargs, round=rnd)
+            print(json.dumps(r), flush=True)
+            results.append(r)
         for c in args.concurrency:
             n = max(args.min_requests, c * args.requests_per_stream)
-            r = asyncio.run(load(server.base_url, c, n, prompts, args.max_tokens))
-            r.update(engine=label, engine_args=eargs, round=rnd)
-            print(json.dumps(r), flush=True)
-            results.append(r)
+            run(c, lambda: asyncio.run(load(server.base_url, c, n, prompts, args.max_tokens)))
         if args.agentic:
-            r = agentic(server.base_url, args.agentic)
-            r.update(engine=label, engine_args=eargs, round=rnd)
-            print(json.dumps(r), flush=True)
-            results.append(r)
+            run(f"agentic{args.agentic}", lambda: agentic(server.base_url, args.agentic))
 
     if args.one_at_a_time:
         for label in args.engines:
@@ -494,9 +509,18 @@ def main() -> None:
                   f"{med['vllm', c]:7.1f} tok/s  ratio {med[label, c] / med['vllm', c]:.2f}  "
                   f"(medians of {len(mine)} rounds; per round: "
                   + ", ".join(f"{m / v:.2f}" for m, v in zip(mine, theirs)) + ")")
+    steps = {key: iterations.by_kind(found) for key, found in logged.items()}
+    for c in loads:
+        rows = {label: steps[label, c] for label in args.engines if (label, c) in steps}
+        if rows:
+            load_name = c if isinstance(c, str) else f"{c} streams"
+            print(f"\n{load_name}, each server's steps over all rounds, from its log "
+                  f"(median ms; 'batch': the most common decode batch):")
+            print(iterations.table(rows))
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump({"results": results, "medians": {f"{e}@{c}": v for (e, c), v in med.items()},
+                   "steps": {f"{e}@{c}": v for (e, c), v in steps.items()},
                    "argv": sys.argv[1:], "time": time.ctime(),
                    "load_average": os.getloadavg()}, f, indent=2)
 

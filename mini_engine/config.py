@@ -121,6 +121,11 @@ class EngineConfig:
         "(`mallopt`; vLLM-CPU preloads TCMalloc to the same end); process-wide",
         flag="--no-keep-freed-memory", values="on")
     history: int = knob(2000, "steps of introspection kept (`LLMEngine.history`)", flag=False)
+    log_iteration_details: bool = knob(
+        False, "log one line per step (INFO, logger `mini_engine`): its context (prefill) and "
+        "generation requests and tokens and its time, in the words of vLLM's flag of the same "
+        "name, so that one parser reads both servers' logs (`workshop.bench.iterations`)",
+        flag="--enable-logging-iteration-details", values="off")
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -191,9 +196,9 @@ def add_cli_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParse
             continue
         help = f.metadata["help"] + (f" (default: {f.metadata['server']})"
                                      if f.metadata["server"] else "")
-        if f.type == "bool":     # on by default: the flag turns it off
-            parser.add_argument(flag, dest=f.name, action="store_false", default=_UNSET,
-                                help=help)
+        if f.type == "bool":     # the flag turns a switch on by default off, and vice versa
+            parser.add_argument(flag, dest=f.name, default=_UNSET, help=help,
+                                action="store_false" if f.default else "store_true")
             continue
         parser.add_argument(flag, dest=f.name, type=_cli_type(f), default=_UNSET,
                             choices=f.metadata["choices"], help=help)

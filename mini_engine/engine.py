@@ -17,6 +17,7 @@ go on. Synchronous and single-threaded; the server runs it in a background threa
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
@@ -36,6 +37,8 @@ from mini_engine.spec_decode import (NgramProposer, SelfDraftProposer, SpecStats
                                      accept_greedy)
 
 __all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "StepRecord"]
+
+log = logging.getLogger("mini_engine")
 
 
 @dataclass
@@ -280,12 +283,22 @@ class LLMEngine:
                 started: float, spec_before: tuple[int, int]) -> None:
         self.num_steps += 1
         bm = self.block_manager
-        self.history.append(StepRecord(
+        rec = StepRecord(
             self.num_steps, time.perf_counter() - started, record, batch.num_batched_tokens,
             [p.request_id for p in batch.preempted], bm.allocator.num_free, bm.num_used_blocks(),
             len(self.scheduler.waiting),
             self.spec_stats.num_accepted_tokens - spec_before[0],
-            self.spec_stats.num_draft_tokens - spec_before[1]))
+            self.spec_stats.num_draft_tokens - spec_before[1])
+        self.history.append(rec)
+        if self.config.log_iteration_details:
+            # vLLM's line (``--enable-logging-iteration-details``): a request still in its
+            # prompt is a context request, decodes and verifications are generation ones.
+            # Its time covers the forward pass and sampling, ours the whole step.
+            ctx = [n for _, n, kind in record if kind == "prefill"]
+            gen = [n for _, n, kind in record if kind != "prefill"]
+            log.info("Iteration(%d): %d context requests, %d context tokens, %d generation "
+                     "requests, %d generation tokens, iteration elapsed time: %.2f ms",
+                     rec.step, len(ctx), sum(ctx), len(gen), sum(gen), rec.seconds * 1e3)
 
     # -- offline use ---------------------------------------------------------------------
 

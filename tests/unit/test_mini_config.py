@@ -26,7 +26,8 @@ FLAGS = {"--compute-dtype": "dtype", "--block-size": "block_size", "--num-blocks
          "--decode-attention": "decode_attention", "--solo-threads": "solo_threads",
          "--no-cascade-attention": "cascade_attention", "--block-order": "block_order",
          "--no-keep-freed-memory": "keep_freed_memory",
-         "--kv-read": "kv_read"}
+         "--kv-read": "kv_read",
+         "--enable-logging-iteration-details": "log_iteration_details"}
 
 
 def test_docs_table_is_the_generated_one():
@@ -62,6 +63,9 @@ def test_from_cli_precedence_flag_over_server_over_default():
     assert (c.dtype, c.prefix_cache, c.spec, c.chunked_prefill, c.num_threads, c.num_blocks) \
         == ("float32", None, "ngram", False, 2, 99)
     assert EngineConfig.from_cli(["--compute-dtype", "auto"], **server).dtype == "bfloat16"
+    # a switch off by default: its flag turns it on
+    assert EngineConfig.from_cli([]).log_iteration_details is False
+    assert EngineConfig.from_cli(["--enable-logging-iteration-details"]).log_iteration_details
     # the no-sharing baseline drops the server's default prefix cache ...
     assert EngineConfig.from_cli(["--kv-layout", "contiguous"], **server).prefix_cache is None
     # ... but an explicit contradiction is an error, not silently dropped
