@@ -5,10 +5,12 @@ server, at 1 and 32 concurrent streams; plus a profile of where mini's time goes
     python benchmarks/mini_vs_vllm.py --engines mini --concurrency 1 32 -- --spec ngram
     python benchmarks/mini_vs_vllm.py --engines mini "mini --no-prepack" vllm   # one switch's gain
     python benchmarks/mini_vs_vllm.py --profile-only       # offline cProfile + torch profiler
-    python benchmarks/mini_vs_vllm.py --attention-only     # per-call attention tables
+    python benchmarks/mini_vs_vllm.py --attention-only     # per-call attention tables, and
+                                                           # FlexAttention reading blocks in place
     python benchmarks/mini_vs_vllm.py --agentic-steps      # the agentic workload's steps, offline
     python benchmarks/mini_vs_vllm.py --concurrency 1 --agentic 8 -- --prefix-cache radix
-    python benchmarks/mini_vs_vllm.py --concurrency --agentic 8 --iteration-details -- --prefix-cache radix
+    python benchmarks/mini_vs_vllm.py --concurrency --agentic 8 --iteration-details \
+        -- --prefix-cache radix                            # and where each server's steps went
 
 Definitions (the same for both engines): each request streams ``--max-tokens`` tokens with
 ``ignore_eos`` from a fixed prompt of about ``--input-tokens`` tokens; ``c`` workers keep
@@ -281,6 +283,87 @@ def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     return "\n".join(out) + "\n"
 
 
+def paged_flex_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
+    """Offline, one layer's decode attention at the bundled model's shapes, microseconds per
+    call: as the engine reads it (whole blocks gathered, then SDPA over the query heads
+    folded per KV head; where the batch shares a prefix, cascade attention in SDPA's form)
+    against FlexAttention (``torch.compile``) reading the pool's blocks in place through a
+    block mask made from the block tables, which is what vLLM's paged-attention kernel does,
+    in PyTorch (``torch.nn.attention.experimental._paged_attention`` builds the same). Not
+    an engine switch (docs/mini_engine.md, "What is left"); the compile time of each shape
+    and the largest difference from the engine's result are printed beside it."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+    from mini_engine.attention_metadata import additive_mask
+    from mini_engine.kv_cache import KVCache, KVLayout
+    from mini_engine.model import cascade_attention
+    from mini_engine.model_runner import keep_freed_memory
+    if threads:
+        torch.set_num_threads(threads)
+    keep_freed_memory()          # else the gathers' few megabytes are timed as page faults
+    torch.manual_seed(0)
+    kvh, rows, d, bs, dtype = 3, 3, 64, 16, getattr(torch, dtype)
+    pool_blocks = 4096
+    kv = KVCache(KVLayout(((kvh, None, d),) * 2), 1, pool_blocks, bs, dtype)
+    for t in kv.layers[0]:
+        t.copy_(torch.randn_like(t))
+    flex = torch.compile(flex_attention, dynamic=False)
+    out = ["decode attention: the engine's read (gather + SDPA, cascade where shared) us / "
+           "FlexAttention over the pool in place us (speed-up); compile s, max difference",
+           f"{'seqs':>5} {'shared':>6} {'own':>5} {'engine':>8} {'flex':>8} {'speed-up':>8} "
+           f"{'compile':>8} {'max diff':>9}"]
+    for B, shared, own in [(1, 0, 128), (8, 0, 1248), (8, 608, 640), (32, 0, 160)]:
+        nblk = (shared + own) // bs
+        L = nblk * bs
+        perm = torch.randperm(pool_blocks)
+        tables = torch.stack([torch.cat((perm[:shared // bs],
+                                         perm[shared // bs + i * nblk:][:nblk - shared // bs]))
+                              for i in range(B)])
+        last = torch.randint(1, bs + 1, (B,))           # tokens in each last block
+        mask = (torch.arange(L) < ((nblk - 1) * bs + last)[:, None])[None, :, None, :] \
+            .expand(1, B, rows, L)
+        additive = additive_mask(mask, dtype)
+        q = torch.randn(kvh, B, rows, d, dtype=dtype)
+
+        def engine():
+            if shared:
+                head = tables[0, :shared // bs]
+                ks, vs = (t.view(kvh, 1, shared, d) for t in kv.read_blocks(0, head))
+                k, v = (t.view(kvh, B, L - shared, d)
+                        for t in kv.read_blocks(0, tables[:, shared // bs:].reshape(-1)))
+                return cascade_attention(q, ks, vs, k, v, additive[..., shared:], False)
+            k, v = (t.view(kvh, B, L, d) for t in kv.read_blocks(0, tables.reshape(-1)))
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
+
+        # Every block but the last is whole (no mask); the last is masked past its tokens.
+        # Indices run over every block of the key axis (the pool), as BlockMask wants them.
+        full = torch.zeros(B, 1, 1, pool_blocks, dtype=torch.int32)
+        full[:, 0, 0, :nblk - 1] = tables[:, :-1]
+        partial = torch.zeros(B, 1, 1, pool_blocks, dtype=torch.int32)
+        partial[:, 0, 0, 0] = tables[:, -1]
+
+        def tail(b, h, q_idx, kv_idx):
+            return kv_idx % bs < last[b]
+        block_mask = BlockMask.from_kv_blocks(
+            torch.ones(B, 1, 1, dtype=torch.int32), partial,
+            torch.full((B, 1, 1), nblk - 1, dtype=torch.int32), full,
+            BLOCK_SIZE=(rows, bs), mask_mod=tail, seq_lengths=(rows, pool_blocks * bs))
+        pool_k, pool_v = (t.unsqueeze(0).expand(B, -1, -1, -1) for t in kv.layers[0])
+        q_rows = q.transpose(0, 1)                      # [B, kv heads, rows, d]
+
+        def paged():
+            return flex(q_rows, pool_k, pool_v, block_mask=block_mask).transpose(0, 1)
+        started = time.perf_counter()
+        diff = (paged().float() - engine().float()).abs().max().item()
+        compile_s = time.perf_counter() - started
+        a, b = per_call_us(engine, 20), per_call_us(paged, 20)
+        out.append(f"{B:>5} {shared:>6} {own:>5} {a:8.0f} {b:8.0f} {a / b:7.2f}x "
+                   f"{compile_s:7.1f}s {diff:9.1e}")
+    return "\n".join(out) + "\n"
+
+
 def agentic_steps(dtype: str = "bfloat16", threads: int | None = None, rounds: int = 10,
                   seed: int = 0) -> str:
     """Offline, the agentic workload's three kinds of step at its shapes, each timed by the
@@ -423,6 +506,7 @@ def main() -> None:
 
     if args.attention_only:
         print(attention_table(threads=args.threads, dtype=args.attention_dtype))
+        print(paged_flex_table(threads=args.threads, dtype=args.attention_dtype))
         return
     if args.agentic_steps:
         print(agentic_steps(dtype=args.attention_dtype, threads=args.threads))
