@@ -195,6 +195,25 @@ def matmul_table(rows: tuple[int, ...] = (1, 32), repeats: int = 200,
     return "\n".join(out) + "\n"
 
 
+def decode_mask(ctx, L: int, rows: int):
+    """``[1, B, rows, L]`` boolean: key ``j`` of sequence ``b`` is visible when ``j < ctx[b]``
+    (a decode batch, keys padded to ``L``)."""
+    import torch
+    return (torch.arange(L) < ctx[:, None])[None, :, None, :].expand(1, len(ctx), rows, L)
+
+
+def random_pool(kv_heads: int, head_dim: int, block_size: int, blocks: int, dtype):
+    """A one-layer K/V pool of ``blocks`` blocks (``mini_engine.kv_cache.KVCache``) filled
+    with random values."""
+    import torch
+
+    from mini_engine.kv_cache import KVCache, KVLayout
+    kv = KVCache(KVLayout(((kv_heads, None, head_dim),) * 2), 1, blocks, block_size, dtype)
+    for t in kv.layers[0]:
+        t.copy_(torch.randn_like(t))
+    return kv
+
+
 def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     """Offline, one layer's attention at the bundled model's shapes (9 query heads over 3 KV
     heads, head_dim 64, in ``dtype``), microseconds per call (``per_call_us`` over 20
@@ -208,7 +227,6 @@ def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     import torch.nn.functional as F
 
     from mini_engine.attention_metadata import additive_mask
-    from mini_engine.kv_cache import KVCache, KVLayout
     from mini_engine.model import cascade_attention, eager_attention
     if threads:
         torch.set_num_threads(threads)
@@ -218,9 +236,6 @@ def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     def us(fn) -> float:
         return per_call_us(fn, 20)
 
-    def mask_of(ctx: torch.Tensor, L: int) -> torch.Tensor:      # [1, B, rows, L]: key < ctx
-        return (torch.arange(L) < ctx[:, None])[None, :, None, :].expand(1, len(ctx), rows, L)
-
     out = ["decode batch, keys gathered: SDPA us / eager us (speed-up)",
            f"{'seqs':>5} " + " ".join(f"{L:>24}" for L in (150, 600, 1400))]
     for B in (1, 2, 4, 8, 16, 32):
@@ -228,15 +243,13 @@ def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
         for L in (150, 600, 1400):
             q = torch.randn(kvh, B, rows, d, dtype=dtype)
             k, v = (torch.randn(kvh, B, L, d, dtype=dtype) for _ in range(2))
-            mask = mask_of(torch.randint(L // 2, L + 1, (B,)), L)
+            mask = decode_mask(torch.randint(L // 2, L + 1, (B,)), L, rows)
             sdpa = us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
             eager = us(lambda: eager_attention(q, k, v, mask))
             cells.append(f"{sdpa:7.0f} / {eager:6.0f} ({sdpa / eager:4.2f}x)")
         out.append(f"{B:>5} " + " ".join(f"{c:>24}" for c in cells))
     pool_blocks = 4096
-    kv = KVCache(KVLayout(((kvh, None, d),) * 2), 1, pool_blocks, bs, dtype)
-    for t in kv.layers[0]:
-        t.copy_(torch.randn_like(t))
+    kv = random_pool(kvh, d, bs, pool_blocks, dtype)
     out += ["", "gather of K and V from scattered blocks: by slot (KVCache.read) us / by block "
                 "(read_blocks) us (speed-up)", f"{'seqs':>5} {'keys':>5} {'by slot':>8} "
                                                  f"{'by block':>8} {'speed-up':>8}"]
@@ -256,7 +269,7 @@ def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
         tables = torch.stack([torch.cat((blocks[:shared // bs],
                                          blocks[shared // bs + i * 100:][:-(-own // bs)]))
                               for i in range(B)])
-        mask = mask_of(shared + own - torch.randint(0, own // 2, (B,)), L)
+        mask = decode_mask(shared + own - torch.randint(0, own // 2, (B,)), L, rows)
         q = torch.randn(kvh, B, rows, d, dtype=dtype)
         flat, head = tables.reshape(-1), tables[0, :shared // bs]
         tail = tables[:, shared // bs:].reshape(-1)
@@ -297,18 +310,13 @@ def paged_flex_table(threads: int | None = None, dtype: str = "bfloat16") -> str
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     from mini_engine.attention_metadata import additive_mask
-    from mini_engine.kv_cache import KVCache, KVLayout
     from mini_engine.model import cascade_attention
-    from mini_engine.model_runner import keep_freed_memory
     if threads:
         torch.set_num_threads(threads)
-    keep_freed_memory()          # else the gathers' few megabytes are timed as page faults
     torch.manual_seed(0)
     kvh, rows, d, bs, dtype = 3, 3, 64, 16, getattr(torch, dtype)
     pool_blocks = 4096
-    kv = KVCache(KVLayout(((kvh, None, d),) * 2), 1, pool_blocks, bs, dtype)
-    for t in kv.layers[0]:
-        t.copy_(torch.randn_like(t))
+    kv = random_pool(kvh, d, bs, pool_blocks, dtype)
     flex = torch.compile(flex_attention, dynamic=False)
     out = ["decode attention: the engine's read (gather + SDPA, cascade where shared) us / "
            "FlexAttention over the pool in place us (speed-up); compile s, max difference",
@@ -322,8 +330,7 @@ def paged_flex_table(threads: int | None = None, dtype: str = "bfloat16") -> str
                                          perm[shared // bs + i * nblk:][:nblk - shared // bs]))
                               for i in range(B)])
         last = torch.randint(1, bs + 1, (B,))           # tokens in each last block
-        mask = (torch.arange(L) < ((nblk - 1) * bs + last)[:, None])[None, :, None, :] \
-            .expand(1, B, rows, L)
+        mask = decode_mask((nblk - 1) * bs + last, L, rows)
         additive = additive_mask(mask, dtype)
         q = torch.randn(kvh, B, rows, d, dtype=dtype)
 
@@ -382,6 +389,7 @@ def agentic_steps(dtype: str = "bfloat16", threads: int | None = None, rounds: i
 
     from mini_engine import LLMEngine, SamplingParams
     from reference_server.models import resolve_model
+    from workshop.engine_switches import decoding
     if threads:
         torch.set_num_threads(threads)
     rng = random.Random(seed)
@@ -429,8 +437,7 @@ def agentic_steps(dtype: str = "bfloat16", threads: int | None = None, rounds: i
         for history in sessions[:7]:
             eng.add_request(history + tokens(8), SamplingParams(max_tokens=4 * rounds + 64,
                                                                 **greedy))
-        while not (len(eng.history[-1].scheduled) == 7
-                   and all(k == "decode" for _, _, k in eng.history[-1].scheduled)):
+        while not decoding(eng, 7):
             eng.step()
     for r in range(rounds):
         for name, eng in sorted(engines.items(), reverse=r % 2 == 1):

@@ -57,7 +57,7 @@ def applies(flag: str, *, dtype: torch.dtype, device: str, batch: int, context: 
     return flag in SWITCHES
 
 
-def _decoding(engine: LLMEngine, batch: int) -> bool:
+def decoding(engine: LLMEngine, batch: int) -> bool:
     """Whether the last step decoded the whole batch and nothing else."""
     last = engine.history[-1] if engine.history else None
     return (last is not None and len(last.scheduled) == batch
@@ -91,7 +91,7 @@ def decode_step_rows(model_path: str, *, dtype: str, device: str = "cpu", batch:
             engine.step()
         for i, prompt in enumerate(prompts[1:], 1):
             engine.add_request(prompt, params, request_id=str(i))
-        while not _decoding(engine, batch):
+        while not decoding(engine, batch):
             engine.step()
         engines[name] = engine
     step_ms: dict[str, list[float]] = {name: [] for name in engines}
