@@ -214,6 +214,30 @@ def random_pool(kv_heads: int, head_dim: int, block_size: int, blocks: int, dtyp
     return kv
 
 
+def engine_read(kv, q, tables, shared: int, mask, written_out: bool = False):
+    """One layer's decode attention read from the pool ``kv`` as the model reads it
+    (``Model._attention``): the whole blocks of every row of ``tables`` gathered, then SDPA
+    (or the written-out form), or, where the first ``shared`` keys are every table's, those
+    blocks gathered once and cascade attention over both parts. ``q`` is ``[kv_heads, B,
+    rows, d]``; ``mask`` ``[1, B, rows, L]`` over the tables' slots, boolean for the
+    written-out form and additive for SDPA, as the engine hands them."""
+    import torch.nn.functional as F
+
+    from mini_engine.model import cascade_attention, eager_attention
+    kvh, B, _, d = q.shape
+    bs = kv.block_size
+    L = tables.shape[1] * bs
+    if shared:
+        ks, vs = (t.view(kvh, 1, shared, d) for t in kv.read_blocks(0, tables[0, :shared // bs]))
+        k, v = (t.view(kvh, B, L - shared, d)
+                for t in kv.read_blocks(0, tables[:, shared // bs:].reshape(-1)))
+        return cascade_attention(q, ks, vs, k, v, mask[..., shared:], written_out)
+    k, v = (t.view(kvh, B, L, d) for t in kv.read_blocks(0, tables.reshape(-1)))
+    if written_out:
+        return eager_attention(q, k, v, mask)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     """Offline, one layer's attention at the bundled model's shapes (9 query heads over 3 KV
     heads, head_dim 64, in ``dtype``), microseconds per call (``per_call_us`` over 20
@@ -227,7 +251,7 @@ def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
     import torch.nn.functional as F
 
     from mini_engine.attention_metadata import additive_mask
-    from mini_engine.model import cascade_attention, eager_attention
+    from mini_engine.model import eager_attention
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -270,27 +294,13 @@ def attention_table(threads: int | None = None, dtype: str = "bfloat16") -> str:
                                          blocks[shared // bs + i * 100:][:-(-own // bs)]))
                               for i in range(B)])
         mask = decode_mask(shared + own - torch.randint(0, own // 2, (B,)), L, rows)
+        masks = {True: mask, False: additive_mask(mask, dtype)}   # as the engine hands them
         q = torch.randn(kvh, B, rows, d, dtype=dtype)
-        flat, head = tables.reshape(-1), tables[0, :shared // bs]
-        tail = tables[:, shared // bs:].reshape(-1)
-
-        additive = additive_mask(mask, dtype)      # as the engine hands SDPA its mask
-
-        def gathered(written_out: bool):  # the model's ``_gather``: whole blocks, as read
-            k, v = (t.view(kvh, B, L, d) for t in kv.read_blocks(0, flat))
-            if written_out:
-                return eager_attention(q, k, v, mask)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
-
-        def cascade(written_out: bool):
-            ks, vs = (t.view(kvh, 1, shared, d) for t in kv.read_blocks(0, head))
-            k, v = (t.view(kvh, B, L - shared, d) for t in kv.read_blocks(0, tail))
-            m = mask if written_out else additive
-            return cascade_attention(q, ks, vs, k, v, m[..., shared:], written_out)
-
         cells = []
         for written_out in (True, False):
-            a, b = us(lambda: gathered(written_out)), us(lambda: cascade(written_out))
+            m = masks[written_out]
+            a = us(lambda: engine_read(kv, q, tables, 0, m, written_out))
+            b = us(lambda: engine_read(kv, q, tables, shared, m, written_out))
             cells.append(f"{a:8.0f} {b:8.0f} {a / b:7.2f}x")
         out.append(f"{B:>5} {shared:>6} {own:>5} " + " ".join(cells))
     return "\n".join(out) + "\n"
@@ -306,11 +316,9 @@ def paged_flex_table(threads: int | None = None, dtype: str = "bfloat16") -> str
     an engine switch (docs/mini_engine.md, "What is left"); the compile time of each shape
     and the largest difference from the engine's result are printed beside it."""
     import torch
-    import torch.nn.functional as F
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
     from mini_engine.attention_metadata import additive_mask
-    from mini_engine.model import cascade_attention
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(0)
@@ -335,14 +343,7 @@ def paged_flex_table(threads: int | None = None, dtype: str = "bfloat16") -> str
         q = torch.randn(kvh, B, rows, d, dtype=dtype)
 
         def engine():
-            if shared:
-                head = tables[0, :shared // bs]
-                ks, vs = (t.view(kvh, 1, shared, d) for t in kv.read_blocks(0, head))
-                k, v = (t.view(kvh, B, L - shared, d)
-                        for t in kv.read_blocks(0, tables[:, shared // bs:].reshape(-1)))
-                return cascade_attention(q, ks, vs, k, v, additive[..., shared:], False)
-            k, v = (t.view(kvh, B, L, d) for t in kv.read_blocks(0, tables.reshape(-1)))
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=additive)
+            return engine_read(kv, q, tables, shared, additive)
 
         # Every block but the last is whole (no mask); the last is masked past its tokens.
         # Indices run over every block of the key axis (the pool), as BlockMask wants them.
