@@ -471,8 +471,9 @@ def agentic_steps(dtype: str = "bfloat16", threads: int | None = None, rounds: i
     return "\n".join(out) + "\n"
 
 
-def main() -> None:
-    argv = sys.argv[1:]
+def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """The harness's options, and what follows ``--``: the teaching engine's flags for every
+    ``mini`` server."""
     extra: list[str] = []
     if "--" in argv:
         i = argv.index("--")
@@ -509,7 +510,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; ratios of the medians")
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="start the engines in turn instead of side by side")
-    args = ap.parse_args(argv)
+    return ap.parse_args(argv), extra
+
+
+def main() -> None:
+    args, extra = parse_args(sys.argv[1:])
     width = max(len(label) for label in args.engines)
 
     if args.attention_only:
