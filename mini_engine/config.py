@@ -106,6 +106,10 @@ class EngineConfig:
     prepack: bool = knob(True, "bf16/fp16 on CPU: linear weights packed once into oneDNN's "
                          "layout instead of at every matmul (float32 is left as is)",
                          flag="--no-prepack", values="on")
+    prepack_fp32: bool = knob(False, "float32 on CPU packed too, as vLLM-CPU packs it: faster "
+                              "decode steps of several sequences, but logits no longer "
+                              "bit-identical to Hugging Face's `nn.Linear` (docs: \"What is "
+                              "left\")", values="off")
     num_threads: int | None = knob(None, "torch threads", flag="--threads",
                                    values="torch's default")
     solo_threads: int | None = knob(

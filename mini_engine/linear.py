@@ -15,7 +15,8 @@ stored weight takes.
   (``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``: a oneDNN
   matmul handle per layer, or SGLang's packed kernel for small shapes). Used for bf16/fp16
   on CPU; float32 keeps ``F.linear``, the path Hugging Face's ``nn.Linear`` takes, so fp32
-  stays bit-exact with it (oneDNN's fp32 kernel sums in another order).
+  stays bit-exact with it (oneDNN's fp32 kernel sums in another order), unless asked
+  (``fp32=True``: the engine's ``prepack_fp32``), which trades that for speed.
 * ``Int8Linear``, ``Int4Linear`` (``quant.py``): weight-only quantization.
 """
 
@@ -56,27 +57,29 @@ class PackedLinear(DenseLinear):
         return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
 
 
-def can_prepack(dtype: torch.dtype, device: torch.device | str) -> bool:
-    """Whether ``PackedLinear`` applies: bf16/fp16 on a CPU whose oneDNN computes it."""
+def can_prepack(dtype: torch.dtype, device: torch.device | str, fp32: bool = False) -> bool:
+    """Whether ``PackedLinear`` applies: bf16/fp16 on a CPU whose oneDNN computes it; float32
+    too when ``fp32``."""
     if torch.device(device).type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     if dtype == torch.bfloat16:
         return torch.ops.mkldnn._is_mkldnn_bf16_supported()
     if dtype == torch.float16:
         return torch.ops.mkldnn._is_mkldnn_fp16_supported()
-    return False
+    return fp32 and dtype == torch.float32
 
 
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quant: str | None = None,
-                prepack: bool = False):
+                prepack: bool = False, prepack_fp32: bool = False):
     """The layer for ``weight`` [out, in]: quantized if ``quant`` says so, else packed for
-    oneDNN when ``prepack`` and ``can_prepack`` allow it, else plain."""
+    oneDNN when ``prepack`` and ``can_prepack`` (given ``prepack_fp32``) allow it, else
+    plain."""
     if quant == "int8":
         return Int8Linear(weight, bias)
     if quant == "int4":
         return Int4Linear(weight, bias)
     if quant not in (None, "none"):
         raise ValueError(f"unknown quantization {quant!r}: none | int8 | int4")
-    if prepack and can_prepack(weight.dtype, weight.device):
+    if prepack and can_prepack(weight.dtype, weight.device, fp32=prepack_fp32):
         return PackedLinear(weight, bias)
     return DenseLinear(weight, bias)

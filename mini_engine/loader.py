@@ -68,7 +68,7 @@ class ModelConfig:
 
 def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: str = "cpu",
                attention: str = "gqa", mla_rank: int = 64,
-               quant: str | None = None, prepack: bool = False,
+               quant: str | None = None, prepack: bool = False, prepack_fp32: bool = False,
                decode_attention: str = "sdpa", cascade_attention: bool = False) -> Transformer:
     if attention not in ("gqa", "mqa", "mla"):
         raise ValueError(f"unknown attention variant {attention!r}: gqa | mqa | mla")
@@ -85,6 +85,10 @@ def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: s
     tied = cfg.tie_word_embeddings or "lm_head.weight" not in sd
     lm_head = embed if tied else get("lm_head.weight")
     kv_dim = cfg.num_kv_heads * cfg.head_dim
+
+    def linear(weight: torch.Tensor, bias: torch.Tensor | None = None, quantize: bool = True):
+        return make_linear(weight, bias, quant if quantize else None, prepack, prepack_fp32)
+
     layers = []
     for i in range(cfg.num_layers):
         p = f"model.layers.{i}."
@@ -112,17 +116,17 @@ def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: s
         layers.append(DecoderLayer(
             ln1=get(p + "input_layernorm.weight"), ln2=get(p + "post_attention_layernorm.weight"),
             # fused projections: one matmul for q/k/v and one for gate/up
-            qkv=make_linear(qkv_w, qkv_b, quant, prepack),
-            o=make_linear(get(p + "self_attn.o_proj.weight"), None, quant, prepack),
-            gate_up=make_linear(torch.cat([gate, upw]), None, quant, prepack),
-            down=make_linear(get(p + "mlp.down_proj.weight"), None, quant, prepack),
+            qkv=linear(qkv_w, qkv_b),
+            o=linear(get(p + "self_attn.o_proj.weight")),
+            gate_up=linear(torch.cat([gate, upw])),
+            down=linear(get(p + "mlp.down_proj.weight")),
             up_k=up_k, up_v=up_v))
     norm = get("model.norm.weight")
     del sd
     # The head is never quantized (in SmolLM2 it is the embedding matrix). Packed, it is a
     # second copy of a tied embedding: the lookup needs the plain rows.
     return Transformer(cfg, layers, embed=embed, norm=norm,
-                       lm_head=make_linear(lm_head, None, None, prepack), tied=tied,
+                       lm_head=linear(lm_head, quantize=False), tied=tied,
                        attention=attention, mla_rank=mla_rank,
                        decode_attention=decode_attention,
                        cascade_attention=cascade_attention, dtype=dtype, device=dev)

@@ -69,6 +69,7 @@ class ModelRunner:
         self.model = load_model(model_path, dtype=config.torch_dtype, device=config.device,
                                 attention=config.attention, mla_rank=config.mla_rank,
                                 quant=config.quant, prepack=config.prepack,
+                                prepack_fp32=config.prepack_fp32,
                                 decode_attention=config.decode_attention,
                                 cascade_attention=config.cascade_attention)
         self.cfg: ModelConfig = self.model.cfg

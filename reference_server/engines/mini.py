@@ -159,8 +159,8 @@ class MiniEngine(LocalEngine):
             extra={k: getattr(c, k) for k in (
                 "scheduler", "chunked_prefill", "kv_layout", "block_order", "kv_read",
                 "prefix_cache", "spec", "num_spec_tokens", "attention", "decode_attention",
-                "cascade_attention", "quant", "prepack", "num_threads", "solo_threads",
-                "max_num_seqs", "max_num_batched_tokens")})
+                "cascade_attention", "quant", "prepack", "prepack_fp32", "num_threads",
+                "solo_threads", "max_num_seqs", "max_num_batched_tokens")})
 
     def stats(self) -> EngineStats:
         return self._stats

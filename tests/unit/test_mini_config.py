@@ -22,7 +22,7 @@ FLAGS = {"--compute-dtype": "dtype", "--block-size": "block_size", "--num-blocks
          "--kv-layout": "kv_layout", "--prefix-cache": "prefix_cache", "--spec": "spec",
          "--num-spec-tokens": "num_spec_tokens", "--draft-layers": "draft_layers",
          "--attention": "attention", "--mla-rank": "mla_rank", "--quant": "quant",
-         "--no-prepack": "prepack", "--threads": "num_threads",
+         "--no-prepack": "prepack", "--prepack-fp32": "prepack_fp32", "--threads": "num_threads",
          "--decode-attention": "decode_attention", "--solo-threads": "solo_threads",
          "--no-cascade-attention": "cascade_attention", "--block-order": "block_order",
          "--no-keep-freed-memory": "keep_freed_memory",
@@ -66,6 +66,8 @@ def test_from_cli_precedence_flag_over_server_over_default():
     # a switch off by default: its flag turns it on
     assert EngineConfig.from_cli([]).log_iteration_details is False
     assert EngineConfig.from_cli(["--enable-logging-iteration-details"]).log_iteration_details
+    assert EngineConfig.from_cli([]).prepack_fp32 is False
+    assert EngineConfig.from_cli(["--prepack-fp32"]).prepack_fp32
     # the no-sharing baseline drops the server's default prefix cache ...
     assert EngineConfig.from_cli(["--kv-layout", "contiguous"], **server).prefix_cache is None
     # ... but an explicit contradiction is an error, not silently dropped

@@ -95,6 +95,10 @@ def test_make_linear_packs_only_what_can_be_packed():
     assert type(bf16) is (PackedLinear if can_prepack(torch.bfloat16, "cpu") else DenseLinear)
     assert type(make_linear(w.bfloat16(), None, None, prepack=False)) is DenseLinear
     assert not can_prepack(torch.float32, "cpu") and not can_prepack(torch.bfloat16, "meta")
+    # float32 only when asked (the engine's prepack_fp32), and only where oneDNN is
+    fp32 = make_linear(w, None, None, prepack=True, prepack_fp32=True)
+    assert type(fp32) is (PackedLinear if torch.backends.mkldnn.is_available() else DenseLinear)
+    assert type(make_linear(w, None, None, prepack=False, prepack_fp32=True)) is DenseLinear
     with pytest.raises(ValueError):
         make_linear(w, None, "int3")
 
