@@ -74,6 +74,10 @@ count_kernels() {   # the onednn step's servers' logs: kernels built (cache miss
     tmp=$(python -c "import tempfile; print(tempfile.gettempdir())")
     for who in mini vllm; do     # the harness logs a server to <tmp>/mini_vs_vllm-<port>.log
         port=$([[ $who == mini ]] && echo 8711 || echo 8712)     # in --engines order
+        if [[ ! -f $tmp/mini_vs_vllm-$port.log ]]; then      # not "no kernel": no log at all
+            echo "$who: no server log at $tmp/mini_vs_vllm-$port.log" | tee -a "$out/onednn.log"
+            continue
+        fi
         grep -h '^onednn_verbose' "$tmp/mini_vs_vllm-$port.log" > "$out/onednn-$who.txt"
         # onednn_verbose,v1,primitive,create:cache_miss,cpu,<primitive>,<kernel>,...,<ms>
         awk -F, -v who=$who '$4 ~ /^create:cache_/ { n[$4 " " $6]++; ms[$4 " " $6] += $NF }
