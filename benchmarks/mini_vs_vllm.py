@@ -33,6 +33,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import statistics
 import sys
 import tempfile
@@ -493,6 +494,9 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--port", type=int, default=8711)
     ap.add_argument("--kv-cache-gib", type=float, default=1.0)
+    ap.add_argument("--log-dir", default=tempfile.gettempdir(),
+                    help="where each server logs: mini_vs_vllm-<label>.log, the label's spaces "
+                         "and '=' as '_' (the JSON's 'server_logs' lists the paths)")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mini_vs_vllm.json"))
     ap.add_argument("--profile", action="store_true", help="also profile mini offline")
     ap.add_argument("--profile-only", action="store_true")
@@ -511,6 +515,12 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="start the engines in turn instead of side by side")
     return ap.parse_args(argv), extra
+
+
+def log_path(log_dir: str, label: str) -> str:
+    """One file per server label, so that a later reader (the suite's kernel count) finds a
+    server's log by what it asked for, not by which port it happened to get."""
+    return os.path.join(log_dir, "mini_vs_vllm-" + re.sub(r"[\s=/]+", "_", label) + ".log")
 
 
 def main() -> None:
@@ -548,11 +558,12 @@ def main() -> None:
                                 "info" if args.iteration_details else "warning",
                                 *(["--", *eargs] if eargs else [])], port=port,
                                env={**os.environ, **env},
-                               log_path=os.path.join(tempfile.gettempdir(),
-                                                     f"mini_vs_vllm-{port}.log"))
+                               log_path=log_path(args.log_dir, label))
+        server_logs[label] = str(server.log_path)
         server.wait_ready(600)
         return server, eargs
 
+    server_logs: dict[str, str] = {}
     logged: dict[tuple[str, object], list] = {}    # (engine, load) -> its steps, all rounds
 
     def measure(label: str, server, eargs: list[str], rnd: int) -> None:
@@ -618,6 +629,7 @@ def main() -> None:
     with open(args.out, "w") as f:
         json.dump({"results": results, "medians": {f"{e}@{c}": v for (e, c), v in med.items()},
                    "steps": {f"{e}@{c}": v for (e, c), v in steps.items()},
+                   "server_logs": server_logs,
                    "argv": sys.argv[1:], "time": time.ctime(),
                    "load_average": os.getloadavg()}, f, indent=2)
 

@@ -10,9 +10,9 @@
 # Run it on a quiet machine, from the project's environment (scripts/setup.sh), with nothing
 # else running: every figure is a ratio of servers measured in alternating rounds, and a busy
 # neighbour still widens their spread. OUTDIR (default benchmarks/results/suite-<UTC time>)
-# gets, per step, its printed output (.log) and the harness's JSON (.json), plus
-# machine.txt (commit, CPU, versions), progress.log (when each step began and ended, with its
-# exit status) and summary.txt (the ratio and step-table lines of every step).
+# gets, per step, its printed output (.log), the harness's JSON (.json) and its servers' logs
+# (logs/<step>/), plus machine.txt (commit, CPU, versions), progress.log (when each step began
+# and ended, with its exit status) and summary.txt (the ratio and step-table lines of every step).
 #
 # The steps:
 #   agentic      the agentic workload, 8 sessions, radix cache, 5 rounds, and each server's
@@ -62,23 +62,31 @@ fi
 bench() {    # bench NAME ARGS...: one run of the harness, its output and JSON kept
     local name=$1; shift
     if [[ -n ${DRY:-} ]]; then
-        printf '%q ' python benchmarks/mini_vs_vllm.py "$@"; echo; return
+        printf '%q ' python benchmarks/mini_vs_vllm.py --log-dir "$out/logs/$name" "$@"; echo
+        return
     fi
     echo "$(date -u '+%F %T') $name: start" >> "$out/progress.log"
-    python benchmarks/mini_vs_vllm.py "$@" 2>&1 | tee "$out/$name.log"
+    # --log-dir first: what follows a step's '--' is the teaching engine's
+    python benchmarks/mini_vs_vllm.py --log-dir "$out/logs/$name" "$@" 2>&1 | tee "$out/$name.log"
     echo "$(date -u '+%F %T') $name: exit ${PIPESTATUS[0]}" >> "$out/progress.log"
 }
 
 count_kernels() {   # the onednn step's servers' logs: kernels built (cache misses) and found
-    local tmp who port
-    tmp=$(python -c "import tempfile; print(tempfile.gettempdir())")
-    for who in mini vllm; do     # the harness logs a server to <tmp>/mini_vs_vllm-<port>.log
-        port=$([[ $who == mini ]] && echo 8711 || echo 8712)     # in --engines order
-        if [[ ! -f $tmp/mini_vs_vllm-$port.log ]]; then      # not "no kernel": no log at all
-            echo "$who: no server log at $tmp/mini_vs_vllm-$port.log" | tee -a "$out/onednn.log"
+    local who log
+    if [[ ! -f $out/onednn.json ]]; then     # the harness ends by writing it: it failed
+        echo "no $out/onednn.json: the step failed, no kernels counted" | tee -a "$out/onednn.log"
+        return
+    fi
+    # the logs the harness wrote, as its JSON lists them: "<engine> <path>" per server
+    python -c "import json, sys
+for label, path in json.load(open(sys.argv[1]))['server_logs'].items():
+    print([w for w in label.split() if '=' not in w][0], path)" "$out/onednn.json" |
+    while read -r who log; do
+        if [[ ! -f $log ]]; then             # not "no kernel": no log at all
+            echo "$who: no server log at $log" | tee -a "$out/onednn.log"
             continue
         fi
-        grep -h '^onednn_verbose' "$tmp/mini_vs_vllm-$port.log" > "$out/onednn-$who.txt"
+        grep -h '^onednn_verbose' "$log" > "$out/onednn-$who.txt"
         # onednn_verbose,v1,primitive,create:cache_miss,cpu,<primitive>,<kernel>,...,<ms>
         awk -F, -v who=$who '$4 ~ /^create:cache_/ { n[$4 " " $6]++; ms[$4 " " $6] += $NF }
             END { if (!length(n)) print who ": no kernel built through oneDNN"

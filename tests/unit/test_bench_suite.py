@@ -42,6 +42,7 @@ def test_every_step_is_a_command_the_harness_and_engine_take(harness, tmp_path):
     for cmd in commands:
         assert cmd[:2] == ["python", "benchmarks/mini_vs_vllm.py"]
         args, extra = harness.parse_args(cmd[2:])
+        assert Path(args.log_dir).parent == tmp_path / "out" / "logs"   # kept with the results
         for label in args.engines:
             engine, *flags = [w for w in label.split() if "=" not in w]
             assert engine in ("mini", "vllm"), label
