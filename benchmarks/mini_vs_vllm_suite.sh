@@ -24,12 +24,15 @@
 #   streams      1 and 32 streams, 5 rounds (the README's first two rows)
 #   decode-sdpa  the agentic workload with the decode attention's two forms
 #                (mini, mini --decode-attention sdpa, vllm), 5 rounds
+#   solo         one stream, a lone decode on one core fewer than torch's threads (the
+#                server's default) and on all of them, 5 rounds (measured in bf16 before
+#                the one-thread start only)
 # STEPS="agentic onednn" runs only those. A step that fails is logged, and the next one runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 out=${1:-benchmarks/results/suite-$(date -u +%Y%m%dT%H%MZ)}
-all="agentic onednn steps attention streams decode-sdpa"
+all="agentic onednn steps attention streams decode-sdpa solo"
 steps=${STEPS:-$all}
 for step in $steps; do
     [[ " $all " == *" $step "* ]] || { echo "unknown step $step: one of $all" >&2; exit 2; }
@@ -113,6 +116,9 @@ for step in $steps; do
              fi ;;
     decode-sdpa) bench decode-sdpa --engines mini "mini --decode-attention sdpa" vllm \
                      "${agentic[@]}" --out "$out/decode-sdpa.json" -- --prefix-cache radix ;;
+    solo) threads=$(python -c "import torch; print(torch.get_num_threads())") || continue
+          bench solo --engines mini "mini --solo-threads $threads" vllm --concurrency 1 \
+              --min-requests 8 --rounds "$rounds" --iteration-details --out "$out/solo.json" ;;
     esac
 done
 [[ -n ${DRY:-} ]] && exit 0

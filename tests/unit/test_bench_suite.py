@@ -38,7 +38,7 @@ def test_every_step_is_a_command_the_harness_and_engine_take(harness, tmp_path):
     done = dry_run(tmp_path)
     assert done.returncode == 0, done.stderr
     commands = [shlex.split(line) for line in done.stdout.splitlines()]
-    assert len(commands) == 6                       # one per step
+    assert len(commands) == 7                       # one per step
     for cmd in commands:
         assert cmd[:2] == ["python", "benchmarks/mini_vs_vllm.py"]
         args, extra = harness.parse_args(cmd[2:])

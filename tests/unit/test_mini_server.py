@@ -78,6 +78,14 @@ def test_served_lone_decodes_leave_a_core_to_the_server(monkeypatch):
     assert _engine_config(served, "cpu", ["--threads", "2"]).solo_threads == 1
     assert _engine_config(served, "cpu", ["--solo-threads", "4"]).solo_threads == 4  # flag wins
     assert _engine_config(served, "cuda", []).solo_threads is None
+    # float32 weights packed for oneDNN: every core (the packed kernel gains from the second)
+    packed = ["--compute-dtype", "float32", "--prepack-fp32"]
+    assert _engine_config(served, "cpu", packed).solo_threads == 4
+    assert _engine_config(served, "cpu", packed + ["--threads", "2"]).solo_threads == 2
+    assert _engine_config(served, "cpu", packed + ["--no-prepack"]).solo_threads == 3
+    assert _engine_config(served, "cpu", packed + ["--quant", "int8"]).solo_threads == 3
+    bf16 = _engine_config(served, "cpu", ["--compute-dtype", "bf16", "--prepack-fp32"])
+    assert bf16.solo_threads == 3                   # no float32 weights to pack
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert _engine_config(served, "cpu", []).solo_threads == 1
 
