@@ -77,10 +77,10 @@ def main() -> None:
         engine = LLMEngine(path, config)
         start = time.perf_counter()
         outs[name] = engine.generate(prompts, params)
+        dtype = str(config.torch_dtype).removeprefix("torch.")
+        layer = type(getattr(engine.runner.model.layers[0], "gate_up", None)).__name__
         print(f"{name} ({' '.join(flags) or 'defaults'}): {len(prompts)} prompts in "
-              f"{time.perf_counter() - start:.0f} s, {str(config.torch_dtype).removeprefix('torch.')}, "
-              f"{type(getattr(engine.runner.model.layers[0], 'gate_up', None)).__name__}",
-              flush=True)
+              f"{time.perf_counter() - start:.0f} s, {dtype}, {layer}", flush=True)
         del engine
 
     departed = []

@@ -69,17 +69,23 @@ def can_prepack(dtype: torch.dtype, device: torch.device | str, fp32: bool = Fal
     return fp32 and dtype == torch.float32
 
 
+def packs(dtype: torch.dtype, device: torch.device | str, quant: str | None = None,
+          prepack: bool = False, prepack_fp32: bool = False) -> bool:
+    """Whether ``make_linear`` with these settings returns a ``PackedLinear`` (a server
+    choosing its threads asks before the model loads)."""
+    return quant in (None, "none") and prepack and can_prepack(dtype, device, fp32=prepack_fp32)
+
+
 def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, quant: str | None = None,
                 prepack: bool = False, prepack_fp32: bool = False):
     """The layer for ``weight`` [out, in]: quantized if ``quant`` says so, else packed for
-    oneDNN when ``prepack`` and ``can_prepack`` (given ``prepack_fp32``) allow it, else
-    plain."""
+    oneDNN when ``packs`` says so, else plain."""
     if quant == "int8":
         return Int8Linear(weight, bias)
     if quant == "int4":
         return Int4Linear(weight, bias)
     if quant not in (None, "none"):
         raise ValueError(f"unknown quantization {quant!r}: none | int8 | int4")
-    if prepack and can_prepack(weight.dtype, weight.device, fp32=prepack_fp32):
+    if packs(weight.dtype, weight.device, quant, prepack, prepack_fp32):
         return PackedLinear(weight, bias)
     return DenseLinear(weight, bias)

@@ -75,10 +75,10 @@ def solo_threads(cfg) -> int:
     """
     import torch
 
-    from mini_engine.linear import can_prepack
+    from mini_engine.linear import packs
     threads = cfg.num_threads or torch.get_num_threads()
-    packed_fp32 = (cfg.torch_dtype == torch.float32 and cfg.prepack and cfg.quant is None
-                   and can_prepack(torch.float32, cfg.device, fp32=cfg.prepack_fp32))
+    packed_fp32 = cfg.torch_dtype == torch.float32 and packs(
+        torch.float32, cfg.device, cfg.quant, cfg.prepack, cfg.prepack_fp32)
     return threads if packed_fp32 else max(1, threads - 1)
 
 
