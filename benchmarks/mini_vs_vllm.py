@@ -517,6 +517,14 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return ap.parse_args(argv), extra
 
 
+def split_label(label: str) -> tuple[dict[str, str], str, list[str]]:
+    """An ``--engines`` entry ('OMP_WAIT_POLICY=PASSIVE mini --no-prepack') as its server's
+    environment variables, its engine and that engine's flags."""
+    words = label.split()
+    engine, *flags = [w for w in words if "=" not in w]
+    return dict(w.split("=", 1) for w in words if "=" in w), engine, flags
+
+
 def log_path(log_dir: str, label: str) -> str:
     """One file per server label, so that a later reader (the suite's kernel count) finds a
     server's log by what it asked for, not by which port it happened to get."""
@@ -545,9 +553,7 @@ def main() -> None:
     results = []
 
     def serve(label: str, port: int):
-        words = label.split()
-        env = dict(w.split("=", 1) for w in words if "=" in w)   # 'OMP_WAIT_POLICY=PASSIVE mini'
-        engine, *eargs = [w for w in words if "=" not in w]
+        env, engine, eargs = split_label(label)
         if engine == "mini":
             eargs = eargs + extra + (["--threads", str(args.threads)] if args.threads else [])
         if args.iteration_details:       # the same flag for both engines, logged at INFO

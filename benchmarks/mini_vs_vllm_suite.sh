@@ -64,13 +64,13 @@ fi
 
 bench() {    # bench NAME ARGS...: one run of the harness, its output and JSON kept
     local name=$1; shift
+    # --log-dir first: what follows a step's '--' is the teaching engine's
+    local cmd=(python benchmarks/mini_vs_vllm.py --log-dir "$out/logs/$name" "$@")
     if [[ -n ${DRY:-} ]]; then
-        printf '%q ' python benchmarks/mini_vs_vllm.py --log-dir "$out/logs/$name" "$@"; echo
-        return
+        printf '%q ' "${cmd[@]}"; echo; return
     fi
     echo "$(date -u '+%F %T') $name: start" >> "$out/progress.log"
-    # --log-dir first: what follows a step's '--' is the teaching engine's
-    python benchmarks/mini_vs_vllm.py --log-dir "$out/logs/$name" "$@" 2>&1 | tee "$out/$name.log"
+    "${cmd[@]}" 2>&1 | tee "$out/$name.log"
     echo "$(date -u '+%F %T') $name: exit ${PIPESTATUS[0]}" >> "$out/progress.log"
 }
 
@@ -82,8 +82,10 @@ count_kernels() {   # the onednn step's servers' logs: kernels built (cache miss
     fi
     # the logs the harness wrote, as its JSON lists them: "<engine> <path>" per server
     python -c "import json, sys
+sys.path.insert(0, 'benchmarks')
+from mini_vs_vllm import split_label
 for label, path in json.load(open(sys.argv[1]))['server_logs'].items():
-    print([w for w in label.split() if '=' not in w][0], path)" "$out/onednn.json" |
+    print(split_label(label)[1], path)" "$out/onednn.json" |
     while read -r who log; do
         if [[ ! -f $log ]]; then             # not "no kernel": no log at all
             echo "$who: no server log at $log" | tee -a "$out/onednn.log"

@@ -44,7 +44,7 @@ def test_every_step_is_a_command_the_harness_and_engine_take(harness, tmp_path):
         args, extra = harness.parse_args(cmd[2:])
         assert Path(args.log_dir).parent == tmp_path / "out" / "logs"   # kept with the results
         for label in args.engines:
-            engine, *flags = [w for w in label.split() if "=" not in w]
+            _, engine, flags = harness.split_label(label)
             assert engine in ("mini", "vllm"), label
             if engine == "mini":                    # as the harness starts it
                 EngineConfig.from_cli(flags + extra + ["--enable-logging-iteration-details"])
