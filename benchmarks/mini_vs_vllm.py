@@ -613,16 +613,20 @@ def main() -> None:
         by.setdefault((r["engine"], r["concurrency"]), []).append(r["output_tok_s"])
     med = {k: statistics.median(v) for k, v in by.items()}
     loads = args.concurrency + ([f"agentic{args.agentic}"] if args.agentic else [])
+    # every other server against each vLLM server ('vllm', and 'vllm --dtype bfloat16' where
+    # the server would swap bf16 for float16)
+    baselines = [label for label in args.engines if split_label(label)[1] == "vllm"]
     for c in loads:
-        for label in args.engines:
-            if label == "vllm" or ("vllm", c) not in med:
-                continue
-            mine, theirs = by[label, c], by["vllm", c]
-            load_name = c if isinstance(c, str) else f"{c:>3} streams"     # 'agentic8'
-            print(f"{load_name}: {label:<{width}} {med[label, c]:7.1f} tok/s  vLLM "
-                  f"{med['vllm', c]:7.1f} tok/s  ratio {med[label, c] / med['vllm', c]:.2f}  "
-                  f"(medians of {len(mine)} rounds; per round: "
-                  + ", ".join(f"{m / v:.2f}" for m, v in zip(mine, theirs)) + ")")
+        for base in baselines:
+            for label in args.engines:
+                if label in baselines or (base, c) not in med:
+                    continue
+                mine, theirs = by[label, c], by[base, c]
+                load_name = c if isinstance(c, str) else f"{c:>3} streams"     # 'agentic8'
+                print(f"{load_name}: {label:<{width}} {med[label, c]:7.1f} tok/s  {base} "
+                      f"{med[base, c]:7.1f} tok/s  ratio {med[label, c] / med[base, c]:.2f}  "
+                      f"(medians of {len(mine)} rounds; per round: "
+                      + ", ".join(f"{m / v:.2f}" for m, v in zip(mine, theirs)) + ")")
     steps = {key: iterations.by_kind(found) for key, found in logged.items()}
     for c in loads:
         rows = {label: steps[label, c] for label in args.engines if (label, c) in steps}
