@@ -117,9 +117,9 @@ class EngineConfig:
         "least from more cores, and loses most when the server's event loop preempts one of "
         "them", values="`num_threads`",
         server="on CPU one fewer than `num_threads` (a core left to the event loop, as "
-               "vLLM-CPU leaves one to its API server), all of them with float32 weights "
-               "packed (`--prepack-fp32`); `--solo-threads` equal to the threads keeps every "
-               "core")
+               "vLLM-CPU leaves one to its API server), all of them when the weights are packed "
+               "for oneDNN (bf16 and fp16 by default, float32 with `--prepack-fp32`); "
+               "`--solo-threads` equal to the threads keeps every core")
     keep_freed_memory: bool = knob(
         True, "the C allocator (glibc) keeps freed memory for the next step instead of handing "
         "a step's few-megabyte tensors back to the kernel and faulting them in again "

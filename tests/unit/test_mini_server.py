@@ -7,6 +7,7 @@ import asyncio
 import pytest
 import torch
 
+import mini_engine.linear as mini_linear
 from reference_server.config import ServerConfig
 from reference_server.engines.local import SamplingParams
 from reference_server.models import ModelError, resolve_model
@@ -72,6 +73,8 @@ def test_stream_abort_frees_blocks_and_metrics(engine):
 def test_served_lone_decodes_leave_a_core_to_the_server(monkeypatch):
     from reference_server.engines.mini import _engine_config
     monkeypatch.setattr(torch, "get_num_threads", lambda: 4)
+    # a CPU whose oneDNN has no bf16 (CI's): packing only when float32's is asked for
+    monkeypatch.setattr(mini_linear, "can_prepack", lambda dtype, device, fp32=False: fp32)
     served = ServerConfig(engine="mini")
     cfg = _engine_config(served, "cpu", [])
     assert (cfg.num_threads, cfg.solo_threads) == (None, 3)
@@ -84,8 +87,13 @@ def test_served_lone_decodes_leave_a_core_to_the_server(monkeypatch):
     assert _engine_config(served, "cpu", packed + ["--threads", "2"]).solo_threads == 2
     assert _engine_config(served, "cpu", packed + ["--no-prepack"]).solo_threads == 3
     assert _engine_config(served, "cpu", packed + ["--quant", "int8"]).solo_threads == 3
-    bf16 = _engine_config(served, "cpu", ["--compute-dtype", "bf16", "--prepack-fp32"])
-    assert bf16.solo_threads == 3                   # no float32 weights to pack
+    # bf16 weights are packed by default, where this CPU's oneDNN computes bf16
+    monkeypatch.setattr(mini_linear, "can_prepack", lambda dtype, device, fp32=False: True)
+    bf16 = ["--compute-dtype", "bf16"]
+    assert _engine_config(served, "cpu", bf16).solo_threads == 4
+    assert _engine_config(served, "cpu", bf16 + ["--no-prepack"]).solo_threads == 3
+    monkeypatch.setattr(mini_linear, "can_prepack", lambda dtype, device, fp32=False: fp32)
+    assert _engine_config(served, "cpu", bf16).solo_threads == 3   # no bf16 oneDNN: F.linear
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     assert _engine_config(served, "cpu", []).solo_threads == 1
 
