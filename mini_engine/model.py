@@ -19,8 +19,8 @@ Attention variants (how much KV each token stores; ``loader.py`` converts the we
 How queries attend to cached keys (``decode_attention``): PyTorch's SDPA kernel, or
 ``eager``, the same formula written out (``eager_attention``). On CPU the written-out form is
 the faster for a few queries against many keys; ``auto`` uses it in bf16/fp16 when several
-sequences decode over enough keys (``use_eager``) and keeps SDPA in float32, where the engine
-must match Hugging Face. When the sequences of a batch begin with the same cached blocks (a
+sequences decode over enough keys (``use_eager``: more of them on a CPU with AMX tiles, which
+SDPA's kernel runs on) and keeps SDPA in float32, where the engine must match Hugging Face. When the sequences of a batch begin with the same cached blocks (a
 shared system prompt), ``cascade_attention`` reads those keys once for the whole batch
 instead of once per sequence (``use_cascade``; cascade attention, which vLLM's V1 engine had
 on GPUs until its removal by 0.32), in either form: written out, or as two SDPA calls whose
@@ -141,17 +141,39 @@ def cascade_attention(q: torch.Tensor, k_shared: torch.Tensor, v_shared: torch.T
 
 
 # Where the written-out form starts to win, in keys read (sequences x context): per call
-# on a 2-core AVX-512 CPU, bf16, GQA 9/3, it lost at 8 x 150 (0.75x) and 4 x 600 (0.79x) and
-# won at 8 x 600 (1.34x), 4 x 1,400 (1.36x), 32 x 150 (1.57x). See docs/mini_engine.md.
+# on a 2-core AVX-512 CPU without AMX, bf16, GQA 9/3, it lost at 8 x 150 (0.75x) and 4 x 600
+# (0.79x) and won at 8 x 600 (1.34x), 4 x 1,400 (1.36x), 32 x 150 (1.57x).
 EAGER_MIN_KEYS = 4096
+# With AMX tiles, SDPA's CPU kernel runs its bf16 matmuls on them (oneDNN's brgemm, in
+# PyTorch's FlashAttentionKernel.cpp), and the written-out form wins only over more keys: per
+# call on a 2-core Xeon with AMX it lost at 32 x 150 (0.81x) and 8 x 600 (0.83x), tied at
+# 16 x 600 and 8 x 1,400 (1.00x, 1.01x) and won at 32 x 600 (1.10x) and 16 x 1,400 (1.14x).
+# See docs/mini_engine.md for both.
+EAGER_MIN_KEYS_AMX = 16384
 
 
-def use_eager(mode: str, dtype: torch.dtype, num_seqs: int, context: int) -> bool:
+def cpu_has_amx() -> bool:
+    """AMX tiles on this CPU, as vLLM and SGLang ask before picking their AMX kernels."""
+    try:
+        return bool(torch.cpu._is_amx_tile_supported())
+    except Exception:   # an older torch without the probe: no AMX kernels either
+        return False
+
+
+def eager_min_keys(amx: bool | None = None) -> int:
+    """Keys read (sequences x context) from which ``auto`` writes attention out; ``amx``
+    defaults to this CPU's."""
+    return EAGER_MIN_KEYS_AMX if (cpu_has_amx() if amx is None else amx) else EAGER_MIN_KEYS
+
+
+def use_eager(mode: str, dtype: torch.dtype, num_seqs: int, context: int,
+              amx: bool | None = None) -> bool:
     """Whether a group of ``num_seqs`` sequences over ``context`` keys attends with
-    ``eager_attention`` (else SDPA) under the ``decode_attention`` setting ``mode``."""
+    ``eager_attention`` (else SDPA) under the ``decode_attention`` setting ``mode``, on a CPU
+    with AMX tiles or not (``amx``; this one's by default)."""
     if mode == "auto":
         return (dtype != torch.float32 and num_seqs > 1
-                and num_seqs * context >= EAGER_MIN_KEYS)
+                and num_seqs * context >= eager_min_keys(amx))
     return mode == "eager"
 
 
@@ -200,6 +222,7 @@ class Transformer:
         self.decode_attention = decode_attention
         self.cascade_attention = cascade_attention and attention != "mla"   # MLA: not written
         self.dtype, self.device = dtype, device
+        self.amx = torch.device(device).type == "cpu" and cpu_has_amx()   # for ``use_eager``
         self.num_kv_heads = 1 if attention == "mqa" else cfg.num_kv_heads
         self.cos, self.sin = rope_tables(cfg, dtype, device)
 
@@ -293,7 +316,7 @@ class Transformer:
                 o = F.scaled_dot_product_attention(q[sl].transpose(0, 1), k, v, is_causal=True)
                 out[sl] = o.transpose(0, 1)
                 continue
-            eager = use_eager(self.decode_attention, self.dtype, g.B, g.L)
+            eager = use_eager(self.decode_attention, self.dtype, g.B, g.L, self.amx)
             cascade = use_cascade(self.cascade_attention, g.B, g.shared_len)
             if cascade:        # the shared keys once, then each sequence's own
                 ks, vs = self._gather(li, kv, g.shared_blocks, 1, g.shared_len)

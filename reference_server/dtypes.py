@@ -107,12 +107,13 @@ def cpu_compute_dtype(dtype: str, device: str, native_bf16: bool | None = None,
 
 
 def cpu_has_amx() -> bool:
-    """AMX tiles, as vLLM and SGLang ask before picking their AMX kernels."""
+    """AMX tiles, as vLLM and SGLang ask before picking their AMX kernels (the teaching
+    engine's probe, which picks its attention form by it too)."""
     try:
-        import torch
-        return bool(torch.cpu._is_amx_tile_supported())
-    except Exception:   # an older torch without the probe: no AMX kernels either
+        from mini_engine.model import cpu_has_amx as probe
+    except ImportError:     # no torch here: no AMX kernels either
         return False
+    return probe()
 
 
 __all__ = ["AUTO", "DType", "DTYPES", "lookup", "resolve", "canonical", "bytes_per_element",

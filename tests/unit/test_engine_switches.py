@@ -10,7 +10,7 @@ import torch
 
 from mini_engine.config import EngineConfig, add_cli_arguments
 from mini_engine.linear import can_prepack
-from mini_engine.model import CASCADE_MIN_SAVED_KEYS, EAGER_MIN_KEYS
+from mini_engine.model import CASCADE_MIN_SAVED_KEYS, eager_min_keys
 from reference_server.models import ModelError, resolve_model
 from workshop import engine_switches as es
 
@@ -27,7 +27,7 @@ def test_every_switch_names_a_config_field_and_a_server_flag():
 
 
 def test_a_switch_applies_only_where_its_technique_runs():
-    big = dict(batch=8, context=EAGER_MIN_KEYS // 8 + 64, shared=CASCADE_MIN_SAVED_KEYS // 7 + 16)
+    big = dict(batch=8, context=eager_min_keys() // 8 + 64, shared=CASCADE_MIN_SAVED_KEYS // 7 + 16)
     # float32 keeps SDPA under `auto` and is never packed; the gather and cascade still apply
     assert not es.applies("--decode-attention sdpa", dtype=F32, device="cpu", **big)
     assert not es.applies("--no-prepack", dtype=F32, device="cpu", **big)

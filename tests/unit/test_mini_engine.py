@@ -158,6 +158,25 @@ def test_decode_attention_written_out_gives_the_sdpa_tokens(path, dtype, monkeyp
         assert_parted_only_on_near_ties(outs["eager"], seqs["sdpa"])
 
 
+def test_auto_attention_asks_for_this_cpus_amx(path, monkeypatch):
+    """``auto`` picks its attention form by whether the CPU has AMX tiles (SDPA's kernel runs
+    on them): the model probes once, and every group's choice is asked with that answer."""
+    from mini_engine import LLMEngine, SamplingParams, model
+    use_eager = model.use_eager
+    for amx in (False, True):
+        monkeypatch.setattr(model, "cpu_has_amx", lambda: amx)
+        asked = []
+        monkeypatch.setattr(model, "use_eager",
+                            lambda *a: asked.append(a[-1]) or use_eager(*a))
+        eng = LLMEngine(path, kv_cache_gib=0.02, dtype="bfloat16", decode_attention="auto",
+                        num_threads=1)
+        for p in ([1, 504, 3458], [1, 2680, 1912, 28]):
+            eng.add_request(p, SamplingParams(max_tokens=3, ignore_eos=True))
+        while eng.has_unfinished():
+            eng.step()
+        assert asked and set(asked) == {amx}
+
+
 @pytest.mark.parametrize("attn", ["eager", "sdpa"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_cascade_attention_gives_the_tokens_of_a_gather_per_sequence(path, dtype, attn,

@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from mini_engine.linear import DenseLinear, PackedLinear, can_prepack, make_linear
 from mini_engine.attention_metadata import Chunk, additive_mask, prepare
 from mini_engine.kv_cache import KVCache, KVLayout
-from mini_engine.model import (cascade_attention, eager_attention, merge_attention, sdpa_with_lse,
-                               use_cascade, use_eager)
+from mini_engine.model import (cascade_attention, cpu_has_amx, eager_attention, merge_attention,
+                               sdpa_with_lse, use_cascade, use_eager)
 from mini_engine.quant import Int4Linear, Int8Linear
 from mini_engine.sampler import logprob_of, sample_row
 from mini_engine.sequence import SAMPLING_EPS, SamplingParams
@@ -123,11 +123,20 @@ def test_eager_attention_is_sdpa_written_out(dtype, tol):
 
 def test_auto_decode_attention_is_eager_only_for_big_reduced_precision_batches():
     bf16, fp32 = torch.bfloat16, torch.float32
-    assert use_eager("auto", bf16, 32, 150) and use_eager("auto", torch.float16, 8, 600)
-    assert not use_eager("auto", bf16, 8, 150)        # too few keys: SDPA is the faster
-    assert not use_eager("auto", bf16, 1, 8000)       # one sequence: SDPA
-    assert not use_eager("auto", fp32, 32, 1000)      # float32: SDPA, as Hugging Face
-    assert use_eager("eager", fp32, 1, 10) and not use_eager("sdpa", bf16, 32, 1000)
+    for amx in (False, True):
+        assert use_eager("auto", bf16, 32, 1400, amx)
+        assert use_eager("auto", torch.float16, 32, 600, amx)
+        assert not use_eager("auto", bf16, 8, 150, amx)   # too few keys: SDPA is the faster
+        assert not use_eager("auto", bf16, 1, 30000, amx)  # one sequence: SDPA
+        assert not use_eager("auto", fp32, 32, 1000, amx)  # float32: SDPA, as Hugging Face
+        assert use_eager("eager", fp32, 1, 10, amx)
+        assert not use_eager("sdpa", bf16, 32, 1000, amx)
+    # SDPA's kernel on AMX tiles stays the faster for more keys
+    assert use_eager("auto", bf16, 32, 150, amx=False)
+    assert use_eager("auto", bf16, 8, 600, amx=False)
+    assert not use_eager("auto", bf16, 32, 150, amx=True)
+    assert not use_eager("auto", bf16, 8, 1400, amx=True)   # the agentic workload's decodes
+    assert use_eager("auto", bf16, 8, 1400) == (not cpu_has_amx())   # this CPU's, by default
 
 
 @pytest.mark.parametrize("written_out", [True, False], ids=["written-out", "sdpa"])
