@@ -3,7 +3,7 @@
 # docs/mini_engine.md ("Is it fast enough?", "What is left") still ask of an AVX512_BF16 CPU,
 # in one unattended run, most wanted first, each written into one folder as it ends.
 #
-#   bash benchmarks/mini_vs_vllm_suite.sh [OUTDIR]        # about an hour on 2 vCPUs (estimate)
+#   bash benchmarks/mini_vs_vllm_suite.sh [OUTDIR]        # 50 min on a 2-vCPU Xeon with AMX
 #   QUICK=1 FORCE=1 bash benchmarks/mini_vs_vllm_suite.sh  # a smoke run, any CPU (minutes)
 #   DRY=1 FORCE=1 bash benchmarks/mini_vs_vllm_suite.sh    # only print the harness commands
 #
@@ -24,9 +24,8 @@
 #   streams      1 and 32 streams, 5 rounds (the README's first two rows)
 #   decode-sdpa  the agentic workload with the decode attention's two forms
 #                (mini, mini --decode-attention sdpa, vllm), 5 rounds
-#   solo         one stream, a lone decode on one core fewer than torch's threads (the
-#                server's default) and on all of them, 5 rounds (measured in bf16 before
-#                the one-thread start only)
+#   solo         one stream, the server's choice of threads for a lone decode against
+#                all of torch's threads, 5 rounds (the same where the weights are packed)
 # STEPS="agentic onednn" runs only those. A step that fails is logged, and the next one runs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
