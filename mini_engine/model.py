@@ -20,11 +20,12 @@ How queries attend to cached keys (``decode_attention``): PyTorch's SDPA kernel,
 ``eager``, the same formula written out (``eager_attention``). On CPU the written-out form is
 the faster for a few queries against many keys; ``auto`` uses it in bf16/fp16 when several
 sequences decode over enough keys (``use_eager``: more of them on a CPU with AMX tiles, which
-SDPA's kernel runs on) and keeps SDPA in float32, where the engine must match Hugging Face. When the sequences of a batch begin with the same cached blocks (a
-shared system prompt), ``cascade_attention`` reads those keys once for the whole batch
-instead of once per sequence (``use_cascade``; cascade attention, which vLLM's V1 engine had
-on GPUs until its removal by 0.32), in either form: written out, or as two SDPA calls whose
-results ``merge_attention`` combines by their log-sum-exp.
+SDPA's kernel runs on) and keeps SDPA in float32, where the engine must match Hugging Face.
+When the sequences of a batch begin with the same cached blocks (a shared system prompt),
+``cascade_attention`` reads those keys once for the whole batch instead of once per sequence
+(``use_cascade``; cascade attention, which vLLM's V1 engine had on GPUs until its removal by
+0.32), in either form: written out, or as two SDPA calls whose results ``merge_attention``
+combines by their log-sum-exp.
 
 Contract: the model owns weights and RoPE tables, never the KV pool; ``kv_layout()`` says
 what the pool must hold per token and layer.

@@ -1025,8 +1025,8 @@ def _(cascade_dtype, cascade_form, cascade_rows, mini_model, ui):
            "(`--no-cascade-attention`). ")
         + (f"This was the {cascade_form.value} form; the engine cascades in either, in the form "
            f"`decode_attention auto` picks for the batch (written out for bf16 and fp16 decode "
-           f"batches over {mini_model.eager_min_keys():,} keys on this CPU, else SDPA), and these servers "
-           f"compute in `{str(cascade_dtype).removeprefix('torch.')}`."))
+           f"batches over {mini_model.eager_min_keys():,} keys on this CPU, else SDPA), and "
+           f"these servers compute in `{str(cascade_dtype).removeprefix('torch.')}`."))
     cascade_text
     return
 

@@ -694,8 +694,8 @@ cascade_text = ui.md(
        "(`--no-cascade-attention`). ")
     + (f"This was the {cascade_form.value} form; the engine cascades in either, in the form "
        f"`decode_attention auto` picks for the batch (written out for bf16 and fp16 decode "
-       f"batches over {mini_model.eager_min_keys():,} keys on this CPU, else SDPA), and these servers "
-       f"compute in `{str(cascade_dtype).removeprefix('torch.')}`."))
+       f"batches over {mini_model.eager_min_keys():,} keys on this CPU, else SDPA), and "
+       f"these servers compute in `{str(cascade_dtype).removeprefix('torch.')}`."))
 cascade_text
 
 # %% [markdown]
