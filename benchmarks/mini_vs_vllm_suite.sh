@@ -124,13 +124,10 @@ for step in $steps; do
             [[ -n ${DRY:-} ]] || count_kernels ;;
     steps) bench steps --agentic-steps --attention-dtype "$dtype" ;;
     attention) bench attention --attention-only --attention-dtype "$dtype" ;;
-    streams) if [[ -n ${QUICK:-} ]]; then
-                 bench streams --engines mini "${vllms[@]}" --concurrency 1 4 --rounds 1 \
-                     --out "$out/streams.json"
-             else
-                 bench streams --engines mini "${vllms[@]}" --rounds "$rounds" \
-                     --out "$out/streams.json"
-             fi ;;
+    streams) loads=()                         # the harness's default: 1 and 32 streams
+             [[ -z ${QUICK:-} ]] || loads=(--concurrency 1 4)
+             bench streams --engines mini "${vllms[@]}" "${loads[@]}" --rounds "$rounds" \
+                 --out "$out/streams.json" ;;
     decode-sdpa) bench decode-sdpa --engines mini "mini --decode-attention sdpa" "${vllms[@]}" \
                      "${agentic[@]}" --out "$out/decode-sdpa.json" -- --prefix-cache radix ;;
     solo) threads=$(python -c "import torch; print(torch.get_num_threads())") || continue
