@@ -46,19 +46,9 @@ if ! grep -q -w avx512_bf16 /proc/cpuinfo && [[ -z ${FORCE:-} ]]; then
 fi
 dtype=$(python -c "from reference_server.dtypes import cpu_compute_dtype
 print(cpu_compute_dtype('bfloat16', 'cpu'))") || exit 1
-# On a CPU with AMX the server runs vLLM in float16, not bf16 (its AMX attention kernel
-# answers wrongly in bf16: README, Troubleshooting). The issue's figures are bf16 against
-# bf16, so there every side-by-side step also measures vLLM forced into bf16 (its tokens
-# are wrong, its speed is what it is), and the oneDNN count is of that server.
-vllm_dtype=$(python -c "from reference_server import dtypes
-from reference_server.engines.vllm import served_dtype
-print(served_dtype('bfloat16', 'cpu', [], dtypes.cpu_has_amx(), native_bf16=dtypes.cpu_has_bf16()))") ||
-    exit 1
+# vLLM serves the same dtype (reference_server.engines.vllm.served_dtype; bf16 and compiled on
+# an AMX CPU), so one vLLM server is the side-by-side reference.
 vllms=(vllm) vllm_bf16=vllm
-if [[ $dtype == bfloat16 && $vllm_dtype != bfloat16 ]]; then
-    vllm_bf16="vllm --dtype bfloat16"
-    vllms=(vllm "$vllm_bf16")
-fi
 
 if [[ -z ${DRY:-} ]]; then
     mkdir -p "$out"

@@ -285,10 +285,19 @@ def _(mo):
     mo.md(r"""
     ## 3. Run it
 
-    Every contender in turn: start (unless already running), sweep every workload, stop. The
-    prefix cache is emptied before each load point, so no point profits from the one before.
-    Progress bars show each point's requests; each line after a contender's runs says where its
-    knee is and why.
+    Every contender in turn: start (unless already running), check its answers, sweep every
+    workload, stop. The prefix cache is emptied before each load point, so no point profits from
+    the one before. Progress bars show each point's requests; each line after a contender's runs
+    says where its knee is and why.
+
+    **Answers first.** A benchmark counts tokens, not whether they are right, so a broken
+    configuration is as fast as a working one (a layer computed wrongly costs the same FLOPs)
+    and can top the table. Before any sweep, each contender answers a fixed set of chat prompts
+    greedily, and each answer is compared token by token with Hugging Face `transformers` in
+    float32 on the same checkpoint (`workshop bench verify`; `workshop/bench/verify.py`): short
+    prompts sent three times (the repeats come from the prefix cache, where a cache bug shows),
+    questions behind one long system prompt, and ShareGPT first turns. A contender that answers
+    wrongly is recorded and not swept.
     """)
     return
 
@@ -302,6 +311,86 @@ def _(contenders, decision, plan, plan_choice, session, showdown, ui):
     showdown_sweeps = showdown_results.sweeps()
     ui.md(f"Results in `{showdown_root}`; notebook 11 draws the decision chart from this folder.")
     return showdown_results, showdown_sweeps
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    What ran, and whether it answered right: each contender's effective configuration as its
+    server reported it (`/server_info`), next to the gate's verdict. Every number below belongs
+    to the row of this table it came from.
+    """)
+    return
+
+
+@app.cell
+def _(decision, showdown_results, ui):
+    ui.table(decision.setup_rows(showdown_results))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    Where an answer departed from the reference, the table below says where and by how much.
+    Not every departure is an error. Two correct engines that add the same numbers in another
+    order (bf16 rounding, another kernel) can flip a **near tie**: a token the reference itself
+    scored almost as high as its own choice (within the gate's margin, in logits). A departure
+    far below the reference's choice is **wrong**.
+    """)
+    return
+
+
+@app.cell
+def _(showdown_results, ui):
+    from workshop.bench import verify
+
+    departure_rows = [{"engine": _e, "prompt": _c["kind"] + (f" (repeat {_c['repeat']})" if _c["repeat"] else ""),
+                       "question": _c["question"][:50], "verdict": _c["verdict"], "at token": _c["departed_at"],
+                       "gap (logits)": _c["gap"], "reference's top two": " / ".join(map(repr, _c["reference_top2"])),
+                       "got": (_c["got"] or "")[:60]}
+                      for _e in showdown_results.engines
+                      for _c in ((showdown_results.runs[next(k for k in showdown_results.runs if k[0] == _e)].gate
+                                  or {}).get("checks") or [])
+                      if _c["verdict"] not in ("agree",)]
+    ui.table(departure_rows, floatfmt=".3f") if departure_rows else ui.md(
+        "Every answer of every contender matched the reference token for token.")
+    return (verify,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    Why the margin matters: the reference's own scores for the first token of its answer to
+    "What is the capital of France?", computed here. Where its top two are close, an engine in
+    another dtype may well begin with the second, and a check that only looks for "Paris" would
+    call a correct engine broken.
+    """)
+    return
+
+
+@app.cell
+def _(session, ui, verify):
+    from reference_server.models import resolve_model
+
+    _ref = verify.reference_for(resolve_model(session.model, prepare=False).path)
+    _ids, _logits = _ref.generate((("user", "What is the capital of France?"),), 8)
+    _top = _logits[0].topk(3)
+    first_token_gap = float(_top.values[0] - _top.values[1])
+    reference_answer = _ref.text(_ids)
+    ui.table([{"rank": _i + 1, "token": repr(_ref.tok.decode([_t])), "logit": _v}
+              for _i, (_t, _v) in enumerate(zip(_top.indices.tolist(), _top.values.tolist()))], floatfmt=".3f")
+    return first_token_gap, reference_answer, resolve_model
+
+
+@app.cell
+def _(first_token_gap, reference_answer, ui, verify):
+    ui.md(f"The reference answers {reference_answer!r}; its top two first tokens are "
+          f"**{first_token_gap:.3f} logits** apart, against the gate's margin of "
+          f"{verify.TIE_MARGIN:g}: "
+          + ("a near tie, where the dtype decides." if first_token_gap <= verify.TIE_MARGIN
+             else "a clear choice: an engine that begins otherwise is wrong."))
+    return
 
 
 @app.cell(hide_code=True)
@@ -687,6 +776,7 @@ def _():
 @app.cell
 def _(
     engine_switches,
+    resolve_model,
     switch_device,
     switch_dtype,
     switch_own,
@@ -695,8 +785,6 @@ def _(
     switch_shared,
     ui,
 ):
-    from reference_server.models import resolve_model
-
     switch_rows, switch_step_ms = engine_switches.decode_step_rows(
         resolve_model("smollm2-135m").path, dtype=switch_dtype.value, device=switch_device,
         batch=int(switch_seqs.value), shared_tokens=int(switch_shared.value),

@@ -293,6 +293,25 @@ def _(decision, knee_rows, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    And what ran: each engine's configuration as its server reported it, and whether it passed
+    the correctness gate (notebook 10, section 3) before it was swept. An engine that answered
+    wrongly has no knee and is ranked nowhere. *not checked* marks runs made before the gate
+    existed (the committed reference run among them). The chart's legend repeats each line, and a
+    verdict between engines whose set-ups differ in a way that can favour one says how, in the
+    table under the chart.
+    """)
+    return
+
+
+@app.cell
+def _(chosen, decision, ui):
+    ui.table(decision.setup_rows(chosen))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     ## 4. The chart
 
     Each cell names the winner on that workload under that constraint and its margin (best /

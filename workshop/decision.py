@@ -41,6 +41,13 @@ notebook's prose. The rules, written down once:
   same vLLM process measured twice differed by 5 % (README, "Measured here"), and a knee is only
   resolved to the sweep's load step. A p99 from a few dozen requests is noisier still: the
   notebook lets the reader widen the band.
+* **Answers before speed.** A contender that failed the correctness gate (``showdown.json``'s
+  ``engines[label]["gate"]``; its runs say "wrong answers") has no sweep: it appears in the
+  tables as "wrong answers" with its failing prompt and is left out of every ranking.
+* **What ran** sits beside every number (``setup_of``: dtype, attention, prefix cache,
+  compiled or eager, requests run at once, KV tokens, and any note the server gave, such as
+  SGLang outside its supported CPUs). A verdict between engines whose set-ups differ in a way
+  that can favour one lists the differences (``Verdict.setup``).
 * Operational needs (structured output, multi-LoRA, hardware) are not measured: they come from
   ``workshop/data/engines_cited.json``, with a source for every cell.
 """
@@ -56,7 +63,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from workshop.bench.metrics import SLO
-from workshop.bench.showdown import find_roots, objectives_text, results_dir
+from workshop.bench.showdown import WRONG_ANSWERS, find_roots, objectives_text, results_dir
 from workshop.bench.sweep import SweepResult
 
 TIE_WITHIN = 0.10
@@ -167,6 +174,17 @@ class Run:
         """The engine behind the label (``mini`` for ``mini-radix``), from the manifest."""
         info = (self.root.manifest.get("engines") or {}).get(self.engine) or {}
         return str(info.get("engine") or self.engine.split("-")[0])
+
+    @property
+    def gate(self) -> dict[str, Any] | None:
+        """The correctness gate's result for this engine (``verify.Gate.to_dict``), or None
+        when the run predates the gate or skipped it."""
+        info = (self.root.manifest.get("engines") or {}).get(self.engine) or {}
+        return info.get("gate")
+
+    @property
+    def setup(self) -> dict[str, Any]:
+        return setup_of(self.server_info, self.gate, (self.root.manifest.get("machine") or {}))
 
     @property
     def server_info(self) -> dict[str, Any]:
@@ -293,6 +311,103 @@ def _warnings(roots: list[Root]) -> list[str]:
 
 
 # ---------------------------------------------------------------------------------------------
+# What ran
+# ---------------------------------------------------------------------------------------------
+
+SETUP_NOTES = ("support_note", "dtype_note", "compile_note")
+
+
+def answers_of(gate: dict[str, Any] | None) -> str:
+    """The gate's outcome in a few words: "right", "wrong answers", or "not checked"."""
+    if not gate:
+        return "not checked"
+    return "right" if gate.get("passed") else "wrong answers"
+
+
+def setup_of(server_info: dict[str, Any], gate: dict[str, Any] | None = None,
+             machine: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One engine's effective configuration, from its ``/server_info`` (None: not reported)."""
+    si = server_info or {}
+    extra = si.get("extra") or {}
+    cache = si.get("prefix_cache") or ("on" if si.get("prefix_caching") else None)
+    compiled = si.get("compiled")
+    return {
+        "answers": answers_of(gate),
+        "dtype": si.get("dtype"),
+        # runs from before the field: SGLang's own setting, where the server repeated it
+        "attention": si.get("attention") or (extra.get("sglang") or {}).get("attention_backend"),
+        "prefix cache": (cache or "on") if si.get("prefix_caching") else ("off" if si else None),
+        "compiled": None if compiled is None else ("compiled" if compiled else "eager"),
+        "max running": (si.get("limits") or {}).get("max_running"),
+        "KV tokens": si.get("kv_capacity_tokens"),
+        "CPU": ", ".join((machine or {}).get("cpu_features") or []) or None,
+        "notes": [extra[k] for k in SETUP_NOTES if extra.get(k)],
+    }
+
+
+def setup_label(setup: dict[str, Any]) -> str:
+    """A compact one-line label of ``setup_of``'s fields, for legends: "bfloat16, intel_amx,
+    radix tree, page 1, eager, 32 at once, 46,603 KV tokens"."""
+    parts = [setup.get("dtype"), setup.get("attention"),
+             None if setup.get("prefix cache") is None else
+             "no prefix cache" if setup["prefix cache"] == "off" else setup["prefix cache"],
+             setup.get("compiled"),
+             f"{setup['max running']} at once" if setup.get("max running") else None,
+             f"{setup['KV tokens']:,} KV tokens" if setup.get("KV tokens") else None]
+    label = ", ".join(str(p) for p in parts if p)
+    if any("outside" in n for n in setup.get("notes") or []):
+        label += "; outside its supported CPUs"
+    if setup.get("answers") == "wrong answers":
+        label += "; WRONG ANSWERS"
+    return label
+
+
+def setup_rows(results: "Results") -> list[dict[str, Any]]:
+    """One row per engine: whether it answered right (the gate) and what ran."""
+    out = []
+    for e in results.engines:
+        run = next(r for r in results.runs.values() if r.engine == e)
+        gate = run.gate or {}
+        n = gate.get("counts") or {}
+        failed = gate.get("checks") and [c for c in gate["checks"] if c.get("verdict") in ("wrong", "error")]
+        row = {"engine": e, **{k: ("-" if v is None else v) for k, v in run.setup.items() if k != "notes"}}
+        row["answers"] = (f"right ({n.get('agree', 0)} as the reference, {n.get('near tie', 0)} near ties)"
+                          if gate.get("passed") else
+                          f"wrong answers: {_check_line(failed[0])}" if failed else row["answers"])
+        row["notes"] = "; ".join(run.setup["notes"]) or "-"
+        out.append(row)
+    return out
+
+
+def _check_line(c: dict[str, Any]) -> str:
+    if c.get("verdict") == "error":
+        return f"{c.get('question')!r}: request failed: {c.get('error')}"
+    return f"{c.get('question')!r}: expected {c.get('expected')!r}, got {c.get('got')!r}"
+
+
+# Setup fields in which two contenders may differ to one's advantage.
+COMPARED_SETUP = ("dtype", "prefix cache", "compiled", "max running")
+
+
+def setup_differences(setups: dict[str, dict[str, Any]]) -> list[str]:
+    """How the set-ups of the engines compared differ where it can favour one: dtype, prefix
+    cache on/off, compiled or eager, requests run at once, KV tokens (beyond 10 %), and the
+    engines' own notes (e.g. run outside their supported hardware)."""
+    out = []
+    for key in COMPARED_SETUP:
+        values = {e: s.get(key) for e, s in setups.items() if s.get(key) is not None}
+        if key == "prefix cache":
+            values = {e: ("off" if v == "off" else "on") for e, v in values.items()}
+        if len(set(map(str, values.values()))) > 1:
+            out.append(f"{key}: " + ", ".join(f"{e} {v}" for e, v in values.items()))
+    kv = {e: s["KV tokens"] for e, s in setups.items() if s.get("KV tokens")}
+    if kv and max(kv.values()) > 1.1 * min(kv.values()):
+        out.append("KV tokens: " + ", ".join(f"{e} {v:,}" for e, v in kv.items()))
+    out += [f"{e}: {n}" for e, s in setups.items() for n in s.get("notes") or [] if "outside" in n]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # Per point, per knee
 # ---------------------------------------------------------------------------------------------
 
@@ -395,7 +510,7 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                            "best_goodput": None, "best_goodput_at": None, "prefix_hit_rate": None,
                            "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None, "points": [],
                            "curve": [], "capacity_tps": None, "capacity_at": None, "synchronous_tps": None,
-                           "not_judged": False}
+                           "not_judged": False, "answers": answers_of(run.gate), "setup": run.setup}
     if not run.ok:
         row["note"] = run.status
         return row
@@ -500,6 +615,7 @@ class Verdict:
     basis: str = ""                          # where it was measured
     excluded: dict[str, str] = field(default_factory=dict)   # engine -> why it is not compared
     flags: dict[str, str] = field(default_factory=dict)      # engine -> caveat on its value
+    setup: list[str] = field(default_factory=list)           # set-up differences that may favour one
     ignores_objectives: bool = False         # ranked by capacity: nobody met the objectives
     # a tie's lead over the best engine outside it: (that engine, the weakest tied engine's
     # margin over it, its bound as in ``bound``); None when the tie is everybody
@@ -647,6 +763,7 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
             del v.values[e]
     r_ = rank(v.values, better, tie_within)
     v.winner, v.runner_up, v.margin, v.tied = r_["winner"], r_["runner_up"], r_["margin"], r_["tied"]
+    v.setup = setup_differences({r["engine"]: r.get("setup") or {} for r in mine if r["engine"] in v.values})
     lb = {r["engine"]: r["lower_bound"] for r in live}
 
     def bound(ahead: str, behind: str) -> str:
@@ -699,7 +816,8 @@ def verdict_rows(verdicts: Sequence[Verdict]) -> list[dict[str, Any]]:
                     ("inf" if math.isinf(v.margin) else f"{v.margin:.2f}"),
                     "values": vals + (f" {v.unit}" if vals else ""), "measured": v.basis,
                     "left out": "; ".join(f"{e}: {why}" for e, why in v.excluded.items()) or "-",
-                    "caveats": "; ".join(f"{e}: {c}" for e, c in v.flags.items()) or "-"})
+                    "caveats": "; ".join(f"{e}: {c}" for e, c in v.flags.items()) or "-",
+                    "set-ups differ": "; ".join(v.setup) or "-"})
     return out
 
 

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workshop.bench.plots import engine_colors
-from workshop.decision import (CONSTRAINTS, TIE_WITHIN, Results, Verdict, common_load, decisions,
-                               display_rows, feature_rows, figure_rows, knee_table, load, slo_of,
-                               verdict_rows)
+from workshop.decision import (CONSTRAINTS, TIE_WITHIN, WRONG_ANSWERS, Results, Verdict, common_load,
+                               decisions, display_rows, feature_rows, figure_rows, knee_table, load,
+                               setup_label, setup_rows, slo_of, verdict_rows)
 
 
 def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:
@@ -44,6 +44,11 @@ def _margin(margin: float, bound: str) -> str:
     lower bounds, ``bound == "unknown"``, gets its own line from the caller)."""
     sign = {"at least": "≥ ", "at most": "≤ "}.get(bound, "")
     return f"{sign}×{'∞' if math.isinf(margin) else f'{margin:.2g}'}"
+
+
+def _wrap(text: str, width: int = 42) -> str:
+    import textwrap
+    return "\n".join(textwrap.wrap(text, width)) if text else "configuration not recorded"
 
 
 def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], title: str,
@@ -104,6 +109,8 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                     text += "\ncapacity alone, objectives\nignored: no engine met\nthem at any load"
                 if v.flags and o in ("win", "tie"):
                     text += "\n(see caveats)"
+                if v.setup and o in ("win", "tie"):
+                    text += "\n(set-ups differ)"
             grid_ax.add_patch(Rectangle((j + 0.02, i + 0.04), 0.96, 0.92, facecolor=face,
                                         edgecolor=edge or "white", linestyle="--" if edge else "-",
                                         hatch=hatch, linewidth=1.5 if edge else 1.0))
@@ -139,7 +146,8 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                 bar_ax.bar(x, r["capacity_tps"], width * 0.92, facecolor="none", edgecolor=colors[e],
                            linestyle="--", linewidth=1.0)
             if r["output_tps"] is None:
-                why = ("not judged" if r["not_judged"] else "no knee") if r["status"].startswith("ok") else "run failed"
+                why = (("not judged" if r["not_judged"] else "no knee") if r["status"].startswith("ok") else
+                       WRONG_ANSWERS if r["status"].startswith(WRONG_ANSWERS) else "run failed")
                 bar_ax.text(x, ymax * 0.03, why, rotation=90, ha="center", va="bottom", fontsize=8,
                             color=colors[e])
                 continue
@@ -150,8 +158,11 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
     bar_ax.set_xlim(-0.5, len(workloads) - 0.5)
     bar_ax.set_ylabel("output tok/s")
     bar_ax.set_ylim(0, ymax * 1.15)
-    bar_ax.legend(handles=[Patch(color=colors[e], label=e) for e in engines], fontsize=8,
-                  loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    setups = {r["engine"]: r.get("setup") or {} for r in rows}
+    # What ran, beside the numbers: each engine's effective configuration under its name.
+    bar_ax.legend(handles=[Patch(color=colors[e], label=f"{e}\n{_wrap(setup_label(setups.get(e, {})))}")
+                           for e in engines], fontsize=7.5, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+                  labelspacing=0.9)
     return fig
 
 
@@ -179,7 +190,9 @@ def write_report(roots: Sequence[str | os.PathLike], out: str | os.PathLike) -> 
     lines += ["", f"Objectives of `{results.newest.path.name}`, used for every folder: "
               f"{results.newest.objectives} "
               f"(the knee: p99s; goodput: each request's first token and every gap); "
-              f"ties: within {TIE_WITHIN:.0%}.", "", "## At each knee", "", markdown_table(display_rows(rows)),
+              f"ties: within {TIE_WITHIN:.0%}.", "", "## What ran, and whether it answered right", "",
+              markdown_table(setup_rows(results)), "",
+              "## At each knee", "", markdown_table(display_rows(rows)),
               "", "## Winners", "", markdown_table(verdict_rows(verdicts)), "",
               "## Not measured here (cited)", "", markdown_table(feature_rows()), "",
               markdown_table(figure_rows()), ""]

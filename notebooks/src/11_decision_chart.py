@@ -187,6 +187,17 @@ ui.md(f"Comparing **{', '.join(chosen_engines) or 'no engine'}** on **{', '.join
 ui.table(decision.display_rows(knee_rows))
 
 # %% [markdown]
+# And what ran: each engine's configuration as its server reported it, and whether it passed
+# the correctness gate (notebook 10, section 3) before it was swept. An engine that answered
+# wrongly has no knee and is ranked nowhere. *not checked* marks runs made before the gate
+# existed (the committed reference run among them). The chart's legend repeats each line, and a
+# verdict between engines whose set-ups differ in a way that can favour one says how, in the
+# table under the chart.
+
+# %%
+ui.table(decision.setup_rows(chosen))
+
+# %% [markdown]
 # ## 4. The chart
 #
 # Each cell names the winner on that workload under that constraint and its margin (best /

@@ -83,6 +83,10 @@ class EngineInfo:
     block_size: int | None
     prefix_caching: bool
     extra: dict[str, Any] = field(default_factory=dict)
+    # The effective configuration a comparison must show beside the numbers (None: unknown).
+    attention: str | None = None        # the attention kernel or backend in use
+    prefix_cache: str | None = None     # the cache's design when on, e.g. "radix tree, page 1"
+    compiled: bool | None = None        # a graph compiler (torch.compile, CUDA graphs) or eager
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -80,7 +80,8 @@ class HFEngine(LocalEngine):
             kv_capacity_tokens=self.max_model_len,
             kv_bytes_per_token=int(kv_bytes_per_token(read_arch(self.model.config.to_dict()),
                                                       self.dtype)),
-            block_size=None, prefix_caching=False,
+            block_size=None, prefix_caching=False, compiled=False,
+            attention=getattr(self.model.config, "_attn_implementation", None),
             extra={"concurrency": 1})
 
     def stats(self) -> EngineStats:

@@ -166,7 +166,11 @@ class MiniEngine(LocalEngine):
             max_model_len=self.max_model_len,
             kv_capacity_tokens=e.block_manager.num_blocks * c.block_size,
             kv_bytes_per_token=e.runner.kv_bytes_per_token(), block_size=c.block_size,
-            prefix_caching=c.prefix_cache is not None,
+            prefix_caching=c.prefix_cache is not None, compiled=False,
+            attention=f"PyTorch SDPA or written out (decode: {c.decode_attention})",
+            prefix_cache=(None if c.prefix_cache is None else
+                          f"{'radix tree' if c.prefix_cache == 'radix' else 'hashed blocks'}, "
+                          f"blocks of {c.block_size} tokens"),
             extra={k: getattr(c, k) for k in (
                 "scheduler", "chunked_prefill", "kv_layout", "block_order", "kv_read",
                 "prefix_cache", "spec", "num_spec_tokens", "attention", "decode_attention",

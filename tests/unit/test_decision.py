@@ -411,7 +411,9 @@ def test_an_engine_has_one_colour_in_the_curves_and_the_chart(tmp_path):
     # notebook 11: a subset, in another order
     chart = decision_chart.plot_decision(decision.decisions(rows), rows, "t", engines=["hf", "mine", "vllm"])
     legend = chart.axes[1].get_legend()
-    bar = {t.get_text(): to_rgba(h.get_facecolor()) for t, h in zip(legend.get_texts(), legend.legend_handles)}
+    # each legend entry: the engine's name, then its configuration
+    bar = {t.get_text().split("\n")[0]: to_rgba(h.get_facecolor())
+           for t, h in zip(legend.get_texts(), legend.legend_handles)}
     assert set(bar) == {"hf", "mine", "vllm"} and set(curve) >= set(bar)
     assert {e: bar[e] for e in bar} == {e: curve[e] for e in bar}
 

@@ -281,16 +281,23 @@ def test_a_request_whose_client_left_is_aborted_by_its_own_id(model):
     assert sent == [[one["rid"]], [f"{r}_0", f"{r}_1", f"{r}_2"]]
 
 
-def test_on_an_amx_cpu_the_radix_cache_is_off_and_it_says_so(model, monkeypatch):
+def test_on_an_amx_cpu_it_runs_as_its_cpu_docs_say_and_elsewhere_it_says_it_is_unsupported(
+        model, monkeypatch):
     from reference_server import dtypes as V
     monkeypatch.setattr(V, "cpu_has_amx", lambda: True)
     e = engine(model)
-    assert "--disable-radix-cache" in e.command()
+    cmd = e.command()
+    assert "--disable-radix-cache" not in cmd
+    assert cmd[cmd.index("--attention-backend") + 1] == "intel_amx"
     info = e.info()
-    assert info.prefix_caching is False and "AMX" in info.extra["prefix_cache_note"]
+    assert info.prefix_caching is True and info.attention == "intel_amx"
+    assert "support_note" not in info.extra
     monkeypatch.setattr(V, "cpu_has_amx", lambda: False)
-    assert "--disable-radix-cache" not in engine(model).command()
-    assert "prefix_cache_note" not in engine(model).info().extra
+    e = engine(model)
+    cmd = e.command()
+    assert "--disable-radix-cache" not in cmd
+    assert cmd[cmd.index("--attention-backend") + 1] == "torch_native"
+    assert "outside SGLang's supported CPUs" in e.info().extra["support_note"]
 
 
 def test_kv_usage_from_exact_token_counts_when_sglang_gives_them():

@@ -93,9 +93,34 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 1 if res.summary["completed"] == 0 else 0
 
 
+def gate_first(args: argparse.Namespace) -> bool:
+    """The correctness gate before a sweep (``--no-verify`` skips it): False when the server
+    answered wrongly, so its speed is not measured. A checkpoint that is not on this machine
+    cannot be checked: said, and the sweep goes on."""
+    from .verify import save, verify_server
+    if args.no_verify:
+        return True
+    try:
+        gate = verify_server(args.base_url, args.model, api_key=args.api_key)
+    except ValueError as e:
+        print(f"correctness gate skipped: {e}")
+        return True
+    print("correctness gate: " + gate.summary())
+    if args.output_dir:
+        os.makedirs(args.output_dir, exist_ok=True)
+        save(gate, os.path.join(args.output_dir, "gate.json"))
+    if not gate.passed:
+        print("not swept: a configuration that answers wrongly is a finding, not a speed to rank "
+              "(--no-verify sweeps it anyway)")
+    return gate.passed
+
+
 def cmd_sweep(args: argparse.Namespace) -> int:
     from .sweep import sweep_load
     out = args.output_dir or _default_out("sweep", args.workload, args.label)
+    args.output_dir = out
+    if not gate_first(args):
+        return 1
     rates = [float(x) for x in args.request_rates.split(",")] if args.request_rates else None
     concs = [int(x) for x in args.concurrencies.split(",")] if args.concurrencies else None
     sw = sweep_load(args.base_url, args.model, args.workload, request_rates=rates, concurrencies=concs,
@@ -115,6 +140,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(sw.knee_note())
     print(f"results: {out}")
     return 0
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import TIE_MARGIN, print_progress, save, verify_server
+    print(f"correctness gate: {args.base_url} against Hugging Face float32 on the same checkpoint")
+    gate = verify_server(args.base_url, args.model, api_key=args.api_key, reference=args.reference,
+                         new_tokens=args.new_tokens, sharegpt=args.sharegpt,
+                         tie_margin=TIE_MARGIN if args.tie_margin is None else args.tie_margin,
+                         progress=None if args.no_progress else print_progress)
+    print(gate.summary())
+    if args.output:
+        save(gate, args.output)
+        print(f"written: {args.output}")
+    return 0 if gate.passed else 1
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -175,7 +214,28 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--max-concurrency", type=int, help="cap on sessions in flight during a rate sweep (default none)")
     p.add_argument("--tolerance", type=float, default=0.9, help="achieved/offered ratio that still counts as tracking")
     p.add_argument("--stop-after-knee", action="store_true")
+    p.add_argument("--no-verify", action="store_true",
+                   help="skip the correctness gate (`workshop bench verify`) that runs before the sweep")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("verify", help="the correctness gate: greedy answers against Hugging Face float32",
+                       description="Send fixed chat prompts (short ones three times, so the repeats come from "
+                                   "the prefix cache; questions behind one long system prompt; ShareGPT first "
+                                   "turns) greedily and compare each answer token by token with Hugging Face "
+                                   "transformers in float32 on the same checkpoint. Exit status 1 when an "
+                                   "answer is wrong (see workshop/bench/verify.py).")
+    p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root, without /v1")
+    p.add_argument("--model", default="smollm2-135m", help="served model name")
+    p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"))
+    p.add_argument("--reference", help="the checkpoint's folder (default: --model resolved, e.g. the bundled one)")
+    p.add_argument("--new-tokens", type=int, default=24, help="greedy tokens compared per answer")
+    p.add_argument("--sharegpt", type=int, default=4, help="ShareGPT first turns to add")
+    p.add_argument("--tie-margin", type=float, default=None,
+                   help="a departure whose token the reference scored within this many logits of its "
+                        "own choice is a near tie, not an error (default: verify.TIE_MARGIN)")
+    p.add_argument("--output", help="write the result as JSON here")
+    p.add_argument("--no-progress", action="store_true")
+    p.set_defaults(func=cmd_verify)
 
     p = sub.add_parser("compare", help="several result folders -> one table and one figure")
     p.add_argument("folders", nargs="+")

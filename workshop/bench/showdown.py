@@ -23,11 +23,18 @@ subset of engines. ``benchmarks/showdown.py`` is the command; notebook 10 calls 
 with a smaller plan.
 
 Fairness rules, the same for every contender:
+- answers first: before any sweep, the correctness gate (``verify.verify_server``) compares the
+  contender's greedy answers with Hugging Face float32 on the same checkpoint; a contender
+  that answers wrongly is recorded (``engines[label]["gate"]``, its runs "wrong answers") and
+  not swept, since its speed is not a speed to rank;
 - the same prompts (same seed) at every load point, and the prefix cache emptied before each
   point (``reset_cache``), so a point never hits what the previous one left behind;
-- the engines at their defaults on this machine (the reference server's own: the dtype rule,
-  the KV budget); "tuned" contenders on a GPU add only the flags their documentation names for
-  these workloads, listed in ``showdown.json``;
+- each engine as its own documentation runs it on the hardware found (the reference server's
+  rules: vLLM in bf16 and compiled on an AMX CPU, SGLang with its ``intel_amx`` backend and
+  radix cache there), with the same limits: the KV budget and context length (server
+  defaults) and ``MAX_RUNNING`` requests at once where the engine takes a cap; "tuned"
+  contenders on a GPU add only the flags their documentation names for these workloads, and
+  ``showdown.json`` keeps each one's effective configuration (its ``/server_info``);
 - one engine at a time on the machine: the next one starts after the previous one stopped.
 """
 
@@ -66,13 +73,18 @@ class Contender:
     note: str = ""
 
 
+# One cap on requests run at once for every CPU contender that takes one: SGLang's CPU recipe's
+# (reference_server.engines.sglang.CPU_MAX_RUNNING), given to vLLM and the teaching engine too.
+MAX_RUNNING = 32
 # The CPU field: both production engines, the teaching engine with each prefix cache, and the
 # naive baseline.
 CPU_FIELD = (
-    Contender("vllm", "vllm"),
-    Contender("sglang", "sglang"),
-    Contender("mini-hash", "mini", ("--", "--prefix-cache", "hash"), note="teaching engine, hashed blocks"),
-    Contender("mini-radix", "mini", ("--", "--prefix-cache", "radix"), note="teaching engine, radix tree"),
+    Contender("vllm", "vllm", ("--", "--max-num-seqs", str(MAX_RUNNING))),
+    Contender("sglang", "sglang", ("--", "--max-running-requests", str(MAX_RUNNING))),
+    Contender("mini-hash", "mini", ("--", "--max-num-seqs", str(MAX_RUNNING), "--prefix-cache", "hash"),
+              note="teaching engine, hashed blocks"),
+    Contender("mini-radix", "mini", ("--", "--max-num-seqs", str(MAX_RUNNING), "--prefix-cache", "radix"),
+              note="teaching engine, radix tree"),
     Contender("hf", "hf", request_scale=1 / 3, note="one request at a time, no prefix cache"),
 )
 # On a GPU: vLLM and SGLang at their defaults and with the scheduling flags their documents
@@ -110,6 +122,10 @@ class Plan:
     # make the one-request-at-a-time baseline's sweep alone take most of an hour on 2 cores.
     sharegpt_max_output: int | None = 128
     workload_args: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # The correctness gate before each contender's sweeps (verify.py): on, and its size.
+    gate: bool = True
+    gate_sharegpt: int = 4
+    gate_tokens: int = 24
 
     @classmethod
     def full(cls) -> "Plan":
@@ -132,7 +148,7 @@ class Plan:
         # minute with 8 requests per point and 300-token prompts): two groups, so each point's
         # four requests have two that find their group's prompt cached.
         return cls(workloads=("shared-prefix",), num_requests=4, sweep_points=2, probe_requests=2,
-                   probe_concurrency=3, sharegpt_max_output=32,
+                   probe_concurrency=3, sharegpt_max_output=32, gate_sharegpt=1, gate_tokens=16,
                    workload_args={"shared-prefix": {"num_groups": 2, "system_prompt_len": 128, "question_len": 16,
                                                     "output_len": 8},
                                   "agentic": {"num_sessions": 3, "system_prompt_len": 300, "main_turns": 2,
@@ -253,9 +269,22 @@ def objectives_text(entry: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+CPU_FEATURES = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
+def cpu_features() -> list[str]:
+    """Which of ``CPU_FEATURES`` this CPU has: what decides each engine's CPU kernels."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return [f for f in CPU_FEATURES if f in flags]
+
+
 def machine() -> dict[str, Any]:
     from workshop.session import cores, cpu_name, gpu_name, memory_gib
     return {"cpu": cpu_name(), "cores": cores(), "memory_gib": round(memory_gib() or 0.0, 1),
+            "cpu_features": cpu_features(),
             "gpu": gpu_name(), "platform": platform.platform(), "python": platform.python_version()}
 
 
@@ -319,6 +348,12 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
                                                  "start_seconds": round(time.monotonic() - t0, 1),
                                                  "server_info": server.info}
             show.write()
+            wrong = _gate(show, c.label, server, plan, model, log) if plan.gate else None
+            if wrong:
+                show.manifest["runs"] += [{"engine": c.label, "workload": w, "folder": None,
+                                           "status": wrong, "seconds": 0.0} for w in plan.workloads]
+                show.write()
+                continue
             n = max(2, math.ceil(plan.num_requests * c.request_scale))
             for w in plan.workloads:
                 t1 = time.monotonic()
@@ -350,6 +385,36 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
     show.manifest["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
     show.write()
     return show
+
+
+WRONG_ANSWERS = "wrong answers"
+
+
+def _gate(show: Showdown, label: str, server: Any, plan: Plan, model: str,
+          log: Callable[[str], None]) -> str | None:
+    """Run the correctness gate on a contender and record it; the runs' status when it failed
+    ("wrong answers (correctness gate): ..."), else None. A model whose checkpoint is not on
+    this machine cannot be checked: recorded as such, and the contender is swept."""
+    from reference_server.models import ModelError, resolve_model
+
+    from .verify import verify_server
+    entry = show.manifest["engines"][label]
+    t0 = time.monotonic()
+    try:
+        gate = verify_server(server.base_url, server.model, api_key=server.api_key,
+                             reference=resolve_model(model, prepare=False).path,
+                             new_tokens=plan.gate_tokens, sharegpt=plan.gate_sharegpt)
+    except (ModelError, ValueError) as e:
+        entry["gate_skipped"] = str(e)[:300]
+        log(f"   correctness gate skipped, answers not checked: {e}")
+        show.write()
+        return None
+    entry["gate"] = {**gate.to_dict(), "seconds": round(time.monotonic() - t0, 1)}
+    show.write()
+    log("   correctness gate: " + gate.summary().replace("\n", "\n   "))
+    if gate.passed:
+        return None
+    return f"{WRONG_ANSWERS} (correctness gate): {gate.failures[0].line()}"[:500]
 
 
 def _judge(show: Showdown, plan: Plan, finished: dict[tuple[str, str], Any], log: Callable[[str], None]) -> None:
@@ -422,7 +487,8 @@ def find_roots(*places: str | Path) -> list[Path]:
     return sorted(roots, key=lambda r: (roots[r], str(r)))
 
 
-__all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "default_field",
+__all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "MAX_RUNNING", "WRONG_ANSWERS",
+           "cpu_features", "default_field",
            "run_showdown", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine",
            "OBJECTIVES", "DERIVED_FROM", "unloaded_latency", "derive_objectives", "objectives_entry",
            "objectives_text"]
