@@ -64,7 +64,9 @@ class ServerState:
         self.started = asyncio.Event()
         self.fatal = asyncio.Event()          # set when start-up failed: __main__ exits
         self.metrics = ServerMetrics()
-        self.limits = RequestLimits(max_n=config.max_n, max_logprobs=config.max_logprobs)
+        self.limits = RequestLimits(
+            max_n=config.max_n, max_logprobs=config.max_logprobs,
+            max_sequences_per_request=config.max_sequences_per_request)
         self.active = 0                       # generation requests admitted and not finished
 
     @property
@@ -175,6 +177,7 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         info["server_version"] = __version__
         info["limits"] = {"max_body_bytes": config.max_body_bytes, "max_n": config.max_n,
                           "max_logprobs": config.max_logprobs,
+                          "max_sequences_per_request": config.max_sequences_per_request,
                           "max_running": state.engine.max_running,
                           "max_queued_requests": config.max_queued_requests}
         return info

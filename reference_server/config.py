@@ -27,6 +27,8 @@ class ServerConfig:
     max_body_bytes: int = 4 * 1024 * 1024
     max_n: int = 8                        # largest "n" accepted
     max_logprobs: int = 20                # largest top-logprobs count accepted
+    # Sequences (prompts x n) one request may start; 64: mini's whole batch, half vLLM's on CPU
+    max_sequences_per_request: int = 64
     # Back-pressure: requests admitted beyond what the engine runs at once; more get a 429.
     max_queued_requests: int = 256
     # Upstream (child engine) timeouts, seconds. Read: the longest silence while a request
@@ -109,6 +111,9 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes)
     p.add_argument("--max-n", type=int, default=d.max_n)
     p.add_argument("--max-logprobs", type=int, default=d.max_logprobs)
+    p.add_argument("--max-sequences-per-request", type=int, default=d.max_sequences_per_request,
+                   help="most sequences (prompts x n) one request may start; more get a 400 "
+                        "before the engine sees them")
     p.add_argument("--max-queued-requests", type=int, default=d.max_queued_requests,
                    help="requests admitted beyond what the engine runs at once; the next "
                         "gets a 429 with Retry-After")
@@ -140,6 +145,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
         i = argv.index("--")
         argv, extra = argv[:i], argv[i + 1:]
     ns = p.parse_args(argv)
+    if ns.max_sequences_per_request < 1:
+        p.error("--max-sequences-per-request must be at least 1")
     if (ns.engine == "remote") != bool(ns.upstream):
         p.error("--engine remote needs --upstream URL" if ns.engine == "remote" else
                 "--upstream is for --engine remote")

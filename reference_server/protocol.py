@@ -59,8 +59,8 @@ class StreamOptions(_Strict):
     continuous_usage_stats: StrictBool = False
 
 
-# Hard schema bounds; the server's configured limits (max n, max logprobs) are checked in
-# ``check_limits`` because they are settings, not part of the API.
+# Hard schema bounds; the server's configured limits (max n, max logprobs, sequences per
+# request) are checked in ``check_limits`` because they are settings, not part of the API.
 Temperature = Field(default=None, ge=0.0, le=2.0)
 TopP = Field(default=None, gt=0.0, le=1.0)
 Penalty = Field(default=None, ge=-2.0, le=2.0)
@@ -128,6 +128,10 @@ class ChatCompletionRequest(_SamplingFields):
     def num_logprobs(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    @property
+    def num_prompts(self) -> int:
+        return 1          # the whole conversation is one prompt
+
 
 class CompletionRequest(_SamplingFields):
     prompt: Union[str, list[str], list[StrictInt]]
@@ -146,6 +150,13 @@ class CompletionRequest(_SamplingFields):
     @property
     def num_logprobs(self) -> int | None:
         return self.logprobs
+
+    @property
+    def num_prompts(self) -> int:
+        """A string or one list of token ids is one prompt; a list of strings (or of token-id
+        lists) is one prompt per item, each of which the engine runs ``n`` times."""
+        p = self.prompt
+        return 1 if isinstance(p, str) or isinstance(p[0], int) else len(p)
 
 
 # ---- what an in-process engine implements -----------------------------------------------
@@ -274,6 +285,7 @@ class ModelList(BaseModel):
 class RequestLimits(BaseModel):
     max_n: int
     max_logprobs: int
+    max_sequences_per_request: int     # prompts x n
 
 
 def check_limits(req: ChatCompletionRequest | CompletionRequest, limits: RequestLimits
@@ -281,6 +293,14 @@ def check_limits(req: ChatCompletionRequest | CompletionRequest, limits: Request
     """Return (param, message) for the first configured limit the request breaks, or None."""
     if req.n is not None and req.n > limits.max_n:
         return "n", f"n must be at most {limits.max_n} on this server, got {req.n}"
+    prompts, n = req.num_prompts, req.n or 1
+    cap = limits.max_sequences_per_request
+    if prompts * n > cap:
+        # the prompt list alone is too long, or n multiplies it past the cap
+        return ("prompt" if prompts > cap else "n",
+                f"this request would start {prompts * n} sequences ({prompts} prompt"
+                f"{'s' if prompts != 1 else ''} x n={n}); this server starts at most {cap} "
+                f"per request")
     k = req.top_logprobs if isinstance(req, ChatCompletionRequest) else req.logprobs
     if k is not None and k > limits.max_logprobs:
         name = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"

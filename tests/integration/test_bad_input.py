@@ -5,6 +5,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
+from conftest import launch, stop, wait_ready
+
 pytestmark = pytest.mark.engine
 
 M = "smollm2-135m"
@@ -199,3 +201,73 @@ def test_engine_keeps_serving_after_requests_that_once_broke_it(server):
     assert httpx.get(server.base_url + "/health").status_code == 200
     r = _post(server, "/v1/chat/completions", {"model": M, "messages": MSG, "max_tokens": 3})
     assert r.status_code == 200, r.text
+
+
+# ---- one request cannot stall an engine: prompts x n is capped ---------------------------
+
+def _limits(server) -> dict:
+    return httpx.get(server.base_url + "/server_info", headers=server.headers,
+                     timeout=30).json()["limits"]
+
+
+def _assert_too_many_sequences(r: httpx.Response, param: str, cap: int) -> None:
+    _assert_openai_error(r, 400)
+    err = r.json()["error"]
+    # the server's own refusal (it states the cap), not an engine's
+    assert err["param"] == param and f"at most {cap} per request" in err["message"], err
+
+
+def test_too_many_sequences_are_refused_before_the_engine(server):
+    """A completion with 10,000 prompts once kept SGLang busy for minutes while every other
+    request timed out. Prompts x n over ``--max-sequences-per-request`` is a 400 naming the
+    param, from the server itself, whatever the engine; one list of token ids is one prompt."""
+    limits = _limits(server)
+    cap, max_n = limits["max_sequences_per_request"], limits["max_n"]
+    assert cap == 64 and cap // max_n + 1 <= cap      # the default; the "n" case needs it
+    many = {"model": M, "prompt": ["hi"] * 10_000, "max_tokens": 1}
+    _assert_too_many_sequences(_post(server, "/v1/completions", many), "prompt", cap)
+    r = _post(server, "/v1/completions", {**many, "stream": True})
+    _assert_too_many_sequences(r, "prompt", cap)
+    assert r.headers["content-type"].startswith("application/json")
+    # few enough prompts, but n multiplies them past the cap (9 x 8 = 72 > 64)
+    r = _post(server, "/v1/completions", {"model": M, "prompt": ["hi"] * (cap // max_n + 1),
+                                          "n": max_n, "max_tokens": 1})
+    _assert_too_many_sequences(r, "n", cap)
+    # 9 token ids are one prompt: 1 x 8 sequences, served (72 if each id counted)
+    r = _post(server, "/v1/completions", {"model": M, "prompt": list(range(100, 100 + max_n + 1)),
+                                          "n": max_n, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == max_n
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_a_prompt_list_at_the_sequence_cap_is_served(request, engine):
+    # the engines that take a list of prompts run one at the cap: 8 prompts x n=8 = 64
+    server = request.getfixturevalue(f"{engine}_server")
+    limits = _limits(server)
+    cap, max_n = limits["max_sequences_per_request"], limits["max_n"]
+    r = _post(server, "/v1/completions", {"model": M, "prompt": ["hi"] * (cap // max_n),
+                                          "n": max_n, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    assert len(r.json()["choices"]) == cap
+
+
+def test_the_sequence_cap_is_a_server_setting():
+    # a teaching-engine server of its own, capped at 4 sequences: n=4 is served, n=5 (within
+    # --max-n 8) and 5 prompts are refused by the server, before the engine
+    from reference_server.models import resolve_model
+    resolve_model(M)
+    server = wait_ready(launch("mini", "--max-sequences-per-request", "4"))
+    try:
+        assert _limits(server)["max_sequences_per_request"] == 4
+        ok = _post(server, "/v1/completions", {"model": M, "prompt": "hi", "n": 4,
+                                               "max_tokens": 1})
+        assert ok.status_code == 200, ok.text
+        assert len(ok.json()["choices"]) == 4
+        r = _post(server, "/v1/chat/completions", {"model": M, "messages": MSG, "n": 5,
+                                                   "max_tokens": 1})
+        _assert_too_many_sequences(r, "n", 4)
+        r = _post(server, "/v1/completions", {"model": M, "prompt": ["hi"] * 5, "max_tokens": 1})
+        _assert_too_many_sequences(r, "prompt", 4)
+    finally:
+        stop(server)

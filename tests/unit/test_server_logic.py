@@ -16,7 +16,7 @@ from reference_server.models import ModelError, resolve_model
 from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
                                        RequestLimits, check_limits, unsupported_fields)
 
-LIMITS = RequestLimits(max_n=4, max_logprobs=5)
+LIMITS = RequestLimits(max_n=4, max_logprobs=5, max_sequences_per_request=6)
 
 
 def chat(**kw) -> ChatCompletionRequest:
@@ -49,6 +49,41 @@ def test_limits():
     assert check_limits(chat(n=4, logprobs=True, top_logprobs=5), LIMITS) is None
     comp = CompletionRequest.model_validate({"model": "m", "prompt": "x", "logprobs": 6})
     assert check_limits(comp, LIMITS)[0] == "logprobs"
+
+
+def completion(prompt, **kw) -> CompletionRequest:
+    return CompletionRequest.model_validate({"model": "m", "prompt": prompt, **kw})
+
+
+@pytest.mark.parametrize("prompt, count", [
+    ("one", 1), ([5, 6, 7], 1),                  # a list of token ids is ONE prompt
+    (["a"], 1), (["a", "b", "c"], 3), (["x"] * 10_000, 10_000),
+])
+def test_prompts_are_counted(prompt, count):
+    assert completion(prompt).num_prompts == count
+    assert chat().num_prompts == 1                # a conversation is one prompt
+
+
+def test_sequences_per_request_are_capped():
+    # LIMITS: at most 6 sequences (prompts x n), n at most 4
+    assert check_limits(completion(["x"] * 10_000), LIMITS)[0] == "prompt"
+    assert check_limits(completion(["x"] * 7), LIMITS)[0] == "prompt"
+    param, message = check_limits(completion(["a", "b"], n=4), LIMITS)   # 8 > 6: n's doing
+    assert param == "n" and "8 sequences" in message and "at most 6" in message
+    assert check_limits(completion(["x"] * 6), LIMITS) is None             # at the cap
+    assert check_limits(completion(["a", "b", "c"], n=2), LIMITS) is None  # 3 x 2 = 6
+    assert check_limits(completion(list(range(50)), n=4), LIMITS) is None  # one id prompt x 4
+    tight = LIMITS.model_copy(update={"max_sequences_per_request": 3})
+    assert check_limits(chat(n=4), tight)[0] == "n"        # under max_n, over the cap
+    assert check_limits(chat(n=3), tight) is None
+    assert check_limits(completion([1, 2, 3, 4], n=3), tight) is None
+
+
+def test_sequences_cap_is_a_setting():
+    assert ServerConfig().max_sequences_per_request == 64
+    assert parse_args(["--max-sequences-per-request", "9"]).max_sequences_per_request == 9
+    with pytest.raises(SystemExit):
+        parse_args(["--max-sequences-per-request", "0"])
 
 
 def test_config_passes_engine_args_through():
