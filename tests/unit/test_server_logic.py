@@ -405,29 +405,43 @@ def test_a_refusal_by_the_engine_comes_before_the_stream_starts():
     assert e.value.status_code == 400
 
 
-def test_vllm_serves_float16_for_bfloat16_on_an_amx_cpu_unless_told_otherwise():
-    from reference_server.engines.vllm import served_dtype
-    assert served_dtype("bfloat16", "cpu", [], amx=True) == "float16"
-    assert served_dtype("auto", "cpu", [], amx=True, model_dtype="bfloat16") == "float16"
-    assert served_dtype("bfloat16", "cpu", [], amx=False) == "bfloat16"
-    assert served_dtype("bfloat16", "cuda", [], amx=True) == "bfloat16"
-    assert served_dtype("float32", "cpu", [], amx=True) == "float32"
-    assert served_dtype("bfloat16", "cpu", ["--dtype", "bfloat16"], amx=True) == "bfloat16"
-    assert served_dtype("bfloat16", "cpu", ["--dtype=bfloat16"], amx=True) == "bfloat16"
-    assert served_dtype("auto", "cpu", [], amx=True) == "auto"     # hub id: vLLM resolves it
+def test_vllm_runs_compiled_in_bfloat16_on_an_amx_cpu_and_eager_elsewhere():
+    # compiled is vLLM's default; eager elsewhere on a CPU keeps a start a third as long
+    from reference_server.engines.vllm import runs_eager, served_dtype
+    assert served_dtype("bfloat16", "cpu", []) == "bfloat16"
+    assert served_dtype("auto", "cpu", [], model_dtype="bfloat16") == "auto"
+    assert runs_eager("cpu", "bfloat16", amx=True, engine_args=[]) is False
+    assert runs_eager("cpu", "bfloat16", amx=True, engine_args=["--enforce-eager"]) is True
+    assert runs_eager("cpu", "bfloat16", amx=False, engine_args=[]) is True
+    assert runs_eager("cpu", "float32", amx=True, engine_args=[]) is True
+    assert runs_eager("cuda", "bfloat16", amx=True, engine_args=[]) is False
+
+
+def test_vllm_command_follows_the_eager_rule(monkeypatch, tmp_path):
+    from reference_server import dtypes
+    from reference_server.config import ServerConfig
+    from reference_server.engines.vllm import VLLMEngine
+    from reference_server.models import ModelSpec
+    (tmp_path / "config.json").write_text('{"torch_dtype": "bfloat16", "num_hidden_layers": 2, '
+                                          '"num_attention_heads": 2, "hidden_size": 8}')
+    model = ModelSpec("m", str(tmp_path), True)
+    monkeypatch.setattr(dtypes, "cpu_has_bf16", lambda: True)
+    for amx, eager in ((True, False), (False, True)):
+        monkeypatch.setattr(dtypes, "cpu_has_amx", lambda amx=amx: amx)
+        e = VLLMEngine(ServerConfig(engine="vllm", device="cpu"), model)
+        assert ("--enforce-eager" in e.command()) is eager
+        assert e.dtype == "bfloat16" and (e.compile_note is None) is eager
 
 
 def test_vllm_serves_float32_for_bfloat16_where_the_cpu_would_emulate_it():
     from reference_server.engines.vllm import DTYPE_NOTES, served_dtype
-    assert served_dtype("bfloat16", "cpu", [], amx=False, native_bf16=False) == "float32"
-    assert served_dtype("auto", "cpu", [], amx=False, model_dtype="bfloat16",
-                        native_bf16=False) == "float32"
-    assert served_dtype("bfloat16", "cpu", [], amx=False, native_bf16=True) == "bfloat16"
-    assert served_dtype("float16", "cpu", [], amx=False, native_bf16=False) == "float16"
-    assert served_dtype("bfloat16", "cuda", [], amx=False, native_bf16=False) == "bfloat16"
-    assert served_dtype("bfloat16", "cpu", ["--dtype", "bfloat16"], amx=False,
-                        native_bf16=False) == "bfloat16"
-    assert set(DTYPE_NOTES) == {"float16", "float32"}   # every substitute explains itself
+    assert served_dtype("bfloat16", "cpu", [], native_bf16=False) == "float32"
+    assert served_dtype("auto", "cpu", [], model_dtype="bfloat16", native_bf16=False) == "float32"
+    assert served_dtype("bfloat16", "cpu", [], native_bf16=True) == "bfloat16"
+    assert served_dtype("float16", "cpu", [], native_bf16=False) == "float16"
+    assert served_dtype("bfloat16", "cuda", [], native_bf16=False) == "bfloat16"
+    assert served_dtype("bfloat16", "cpu", ["--dtype", "bfloat16"], native_bf16=False) == "bfloat16"
+    assert set(DTYPE_NOTES) == {"float32"}   # every substitute explains itself
 
 
 def test_help_engine_lists_the_teaching_engines_knobs(capsys):
