@@ -27,9 +27,10 @@ What differs from vLLM, and why:
 On a CPU it runs SGLang's CPU engine (``SGLANG_USE_CPU_ENGINE=1``, the kernel library built
 by the setup script) as SGLang's CPU documentation does: its ``intel_amx`` attention backend
 with the radix cache on, on a Xeon with AMX, the CPUs that documentation targets. Elsewhere
-``intel_amx`` does not run, so it takes ``torch_native`` attention (which, on an AMX Xeon,
-answers wrongly once a short prompt comes from the radix cache: ``docs/repro/``), and every
-figure carries ``SUPPORT_NOTE``: SGLang's CPU engine has no float32 and emulates bf16 there.
+``intel_amx`` does not run, so it takes ``torch_native`` attention, and every figure
+carries ``SUPPORT_NOTE``: SGLang's CPU engine has no float32. (This server once turned the
+radix cache off on AMX because ``torch_native`` flipped a near tie once a short prompt was
+cached: not a bug, ``docs/near_ties.md``.)
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ log = logging.getLogger("reference_server")
 # Where `scripts/setup.sh --with-sglang` puts SGLang's environment (WORKSHOP_SGLANG_VENV moves it).
 DEFAULT_VENV = ".venv-sglang"
 CPU_MAX_RUNNING = 32      # the CPU recipe's setting (shared/SGLANG_CPU.md)
-SUPPORT_NOTE = ("outside SGLang's supported CPUs: its CPU engine targets Xeons with AMX and has "
-                "no float32, so on this CPU it runs torch_native attention and emulates bfloat16")
+SUPPORT_NOTE = ("outside SGLang's supported CPUs: its CPU engine targets Xeons with AMX (its "
+                "intel_amx attention) and has no float32, so here it runs torch_native attention "
+                "in bfloat16, emulated where the CPU lacks native bf16")
 
 
 def cpu_attention(amx: bool) -> str:

@@ -177,8 +177,8 @@ class VLLMEngine(ProxyEngine):
         try:
             bf16 = dtypes.canonical(self.dtype) == "bfloat16"
         except ValueError:
-            return "CPU attention"
-        return "CPU attention, AMX kernel" if self.amx and bf16 else "CPU attention, vector kernel"
+            return "CPU_ATTN"
+        return "CPU_ATTN (AMX)" if self.amx and bf16 else "CPU_ATTN (vector)"
 
     @property
     def max_running(self) -> int:

@@ -16,7 +16,14 @@ pytestmark = pytest.mark.engine
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
-AMX_NOTE = "vLLM on an AMX CPU must serve float16 (README Troubleshooting)"
+
+def judged(answer: str, max_tokens: int):
+    """The correctness gate's verdict on an answer to QUESTION: "agree" with Hugging Face
+    float32, a "near tie" (the model's own second choice: docs/near_ties.md), or "wrong"."""
+    from reference_server.models import resolve_model
+    from workshop.bench.verify import Probe, compare, reference_for
+    probe = Probe("short", tuple((m["role"], m["content"]) for m in QUESTION))
+    return compare(reference_for(resolve_model("smollm2-135m").path), probe, answer, max_tokens)
 
 
 def test_health_ready_and_models(server):
@@ -43,8 +50,10 @@ def test_server_info_describes_engine(server):
 def test_chat_greedy_answer_and_usage(server):
     r = server.openai().chat.completions.create(model=server.model, messages=QUESTION,
                                                 max_tokens=20, temperature=0)
-    assert "Paris" in r.choices[0].message.content, AMX_NOTE
-    assert r.choices[0].finish_reason == "stop"
+    check = judged(r.choices[0].message.content, 20)
+    assert check.verdict in ("agree", "near tie"), check.line()
+    if check.verdict == "agree":     # the reference's answer ends within 20 tokens
+        assert r.choices[0].finish_reason == "stop"
     assert r.usage.prompt_tokens > 5
     assert 0 < r.usage.completion_tokens <= 20
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
@@ -70,8 +79,10 @@ def test_chat_stream_with_usage(server):
         for c in chunk.choices:
             text += c.delta.content or ""
             finish = c.finish_reason or finish
-    assert "Paris" in text, AMX_NOTE
-    assert finish == "stop"
+    check = judged(text, 16)
+    assert check.verdict in ("agree", "near tie"), check.line()
+    if check.verdict == "agree":
+        assert finish == "stop"
     assert usage is not None and usage.completion_tokens > 0
 
 
