@@ -72,3 +72,39 @@ def test_sweep_command_over_rates_and_concurrencies(mock_url, tmp_path, capsys):
     back = SweepResult.load(tmp_path / "open")
     assert back.mode == "rate" and back.loads == [20.0, 40.0]
     assert back.points[1].config["request_rate"] == 40.0 and back.points[1].config["concurrency"] is None
+
+
+def test_sweep_empties_the_prefix_cache_before_every_point_unless_told_not_to(mock_url, tmp_path, capsys):
+    from workshop.bench import SweepResult
+    base = ["sweep", "--base-url", mock_url, "--model", "mock", "--request-rates", "20,40", "--num-requests", "4",
+            "--input-len", "8", "--output-len", "2", "--warmup", "0", "--no-progress", "--no-verify"]
+    assert main(base + ["--output-dir", str(tmp_path / "reset")]) == 0
+    sw = SweepResult.load(tmp_path / "reset")
+    assert sw.config["reset_cache"] is True
+    assert [p.config.get("prefix_cache_reset") for p in sw.points] == ["/reset_prefix_cache"] * 2
+    assert main(base + ["--no-reset-cache", "--output-dir", str(tmp_path / "kept")]) == 0
+    sw = SweepResult.load(tmp_path / "kept")
+    assert sw.config["reset_cache"] is False and all("prefix_cache_reset" not in p.config for p in sw.points)
+    # `bench run` keeps its opt-in --reset-cache
+    from workshop.bench.cli import add_subcommands
+    import argparse
+    parser = argparse.ArgumentParser()
+    add_subcommands(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["bench", "run"]).reset_cache is False
+    assert parser.parse_args(["bench", "sweep"]).reset_cache is True
+
+
+def test_a_sweep_says_how_long_each_point_and_the_rest_should_take(mock_url):
+    from workshop.bench import sweep_load
+    from workshop.bench.sweep import _TimeLeft
+    lines = []
+    sweep_load(mock_url, "mock", "random", request_rates=[20, 40], num_requests=4, warmup=0, progress=True,
+               log=lines.append, input_len=8, output_len=2, environment=False)
+    assert [ln.split(",")[0] for ln in lines] == ["sweep: point 1 of 2", "sweep: point 2 of 2"], lines
+    assert all("left in the sweep" in ln for ln in lines) and "so far" in lines[1], lines
+    # the estimate: each open-loop point lasts (sessions - 1) / rate plus the last drain measured
+    left = _TimeLeft(1.0)
+    left.drain_s = 2.0
+    line = left.line("rate", [1.0, 2.0], [11, 21], 3)
+    assert line == "sweep: point 2 of 3, 1 req/s, 11 requests, about 12 s; about 24 s left in the sweep", line
+    assert "min left" in _TimeLeft(1.0).line("rate", [0.1], [100], 1)

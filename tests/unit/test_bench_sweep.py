@@ -294,3 +294,107 @@ def test_no_knee_is_claimed_from_points_too_short_to_judge(tmp_path):
     note = sessions.knee_note()
     assert note.startswith("knee: 1 sessions/s asked, ") and " req/s offered at least" in note, note
     assert "at 2 sessions/s to judge" in note and sessions.knee_offered == 6 * sw.knee_offered, note
+
+
+# --------------------------------------------------------------------------- a server that admits everything
+#
+# vLLM admits every request at once: an overload shows as more requests running and slower
+# tokens, never as waiting requests or a rising TTFT (issue 35: a sweep offered up to 0.51 req/s,
+# achieved 0.30, and called every point "keeps up"). A token-step model of such a server: every
+# step gives each request in flight one token and lasts 75 ms + 4 ms per request, until the
+# machine's compute is spent (85 tokens/s in all); answers are ShareGPT-like (median 200 tokens).
+
+from workshop.bench.saturation import Z, closed_loop_throughput  # noqa: E402
+
+
+def _admit_all(outs, *, arrivals=None, concurrency=None, tokens_per_s=85.0, base_s=0.075, per_request_s=0.004):
+    """Records of a server that admits every request (open loop at ``arrivals``, or a closed loop
+    of ``concurrency``): each step, a token for every request in flight."""
+    n = len(outs)
+    left, start, first, end = list(outs), [None] * n, [None] * n, [None] * n
+    t, nxt, active = 0.0, 0, []
+    while nxt < n or active:
+        if arrivals is None:
+            while nxt < n and len(active) < concurrency:
+                start[nxt] = t
+                active.append(nxt)
+                nxt += 1
+        else:
+            if not active:
+                t = max(t, arrivals[nxt])
+            while nxt < n and arrivals[nxt] <= t:
+                start[nxt] = arrivals[nxt]
+                active.append(nxt)
+                nxt += 1
+        t += max(base_s + per_request_s * len(active), len(active) / tokens_per_s)
+        for j in active:
+            left[j] -= 1
+            first[j] = first[j] or t
+            if not left[j]:
+                end[j] = t
+        active = [j for j in active if left[j]]
+    return [RequestRecord(index=k, session=k, scheduled=start[k], sent=start[k], first_token=first[k], end=end[k],
+                          chunk_times=[first[k], end[k]], output_tokens=outs[k], max_tokens=outs[k])
+            for k in range(n)]
+
+
+def _admit_all_sweep(rates, probe_concurrency=20, **server):
+    """The sweep as ``sweep_load`` runs it with 40 requests a point: a synchronous probe (10), a
+    throughput probe (60 at 20 in flight: its maximum is the ceiling), then the rates."""
+    rng = np.random.default_rng(0)
+    outs = [int(min(1500, max(8, x))) for x in rng.lognormal(math.log(200), 0.8, 60)]
+    base = Baseline.from_records(_admit_all(outs[:10], concurrency=1, **server), "synchronous probe")
+    ceiling = closed_loop_throughput(_admit_all(outs, concurrency=probe_concurrency, **server), base.session_p90_s)
+    no_queue = {"t": [0.5 * i for i in range(600)], "waiting": [0.0] * 600}   # what vLLM's /metrics says
+    points = []
+    for rate in rates:
+        recs = _admit_all(outs[:40], arrivals=arrival_times(40, rate, 1.0, seed=0), **server)
+        res = BenchResult(config={"request_rate": rate}, summary=summarize(recs), records=recs)
+        res.summary["server"] = {"series": no_queue}
+        res.summary["saturation"] = judge(recs, no_queue, base, 0.9, ceiling).to_dict()
+        points.append(res)
+    cfg = {"requests_per_session": 1.0, "tolerance": 0.9, "min_gain": 0.1, "max_throughput_rate": ceiling,
+           "baseline": vars(base)}
+    return SweepResult("rate", list(rates), points, _knee("rate", list(rates), points, None, None, 0.9, 0.1), cfg), base
+
+
+def test_overload_without_a_queue_is_seen_in_the_work_in_flight():
+    sw, base = _admit_all_sweep([0.12, 0.51])
+    low, high = (p.summary["saturation"] for p in sw.points)
+    note = sw.knee_note() + "\n" + sw.table()
+    # the measured pattern: the probe's maximum ~0.34/s; offered ~0.51, achieved ~0.30; nothing
+    # waits, TTFT stays flat, the requests in flight pile up and every token slows down
+    assert 0.3 < sw.config["max_throughput_rate"] < 0.37, note
+    win = high["window"]
+    assert 0.45 < win["offered_rate"] < 0.56 and 0.25 < win["achieved_rate"] < 0.35, note
+    assert high["queue_grows"] is False and high["ttft_grows"] is False, high
+    assert high["in_flight_end"] > high["in_flight_start"] + 5, high
+    assert sw.points[1].summary["tpot_ms"]["median"] > 1.2 * sw.points[0].summary["tpot_ms"]["median"]
+    # only one or two noises deep, as a run of 40 long answers is: not beyond Z = 2.5
+    assert high["shortfall"] < Z * high["shortfall_noise"], high
+    # above the probe's maximum the point has to show that it kept up, and it did not
+    assert high["above_ceiling"] and high["overloaded"], high
+    assert high["falls_behind"] and high["in_flight_grows"], high
+    assert any(r.startswith("work in flight grows") for r in high["reasons"]), high
+    # the light point keeps up, and the knee is there, not "higher than the highest load tried"
+    assert not low["overloaded"] and judged(low) and not low["above_ceiling"], low
+    assert low["kept_up"].startswith("achieved ") and "in flight steady" in low["kept_up"], low
+    assert sw.knee_index == 0 and "no point tried was overloaded" not in note, note
+    assert "at 0.51: throughput falls behind" in note and sw.table().count("| overloaded |") == 1, note
+
+
+def test_a_point_that_keeps_up_above_the_probe_maximum_says_how():
+    # A server whose batches are nearly free (1 ms per request per step, compute never spent),
+    # probed with 2 in flight: far from its limit, so points above the probe's maximum can keep
+    # up; they must show it, and the verdict and knee note say how.
+    sw, _ = _admit_all_sweep([0.2, 0.3], probe_concurrency=2, tokens_per_s=1e9, per_request_s=0.001)
+    sat = [p.summary["saturation"] for p in sw.points]
+    note = sw.knee_note() + "\n" + sw.table()
+    assert all(s["above_ceiling"] and not s["overloaded"] and judged(s) for s in sat), note
+    kept = sat[-1]["kept_up"]
+    assert kept.startswith("achieved ") and " offered " in kept and "throughput probe sustained" in kept, kept
+    assert sw.knee_index == 1 and f"at the knee: {kept}" in sw.knee_note(), note
+    assert f"keeps up ({kept})" in sw.table(), note
+    # the stored points read the same when judged again by today's rule
+    again = sw.rejudged()
+    assert again.knee_index == 1 and again.points[1].summary["saturation"]["kept_up"] == kept

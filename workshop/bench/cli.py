@@ -214,6 +214,10 @@ def add_subcommands(subparsers: Any) -> None:
     p.add_argument("--max-concurrency", type=int, help="cap on sessions in flight during a rate sweep (default none)")
     p.add_argument("--tolerance", type=float, default=0.9, help="achieved/offered ratio that still counts as tracking")
     p.add_argument("--stop-after-knee", action="store_true")
+    p.add_argument("--no-reset-cache", dest="reset_cache", action="store_false",
+                   help="keep the server's prefix cache from one point to the next (default: emptied before "
+                        "every run, so no point hits what the previous one left behind)")
+    p.set_defaults(reset_cache=True)
     p.add_argument("--no-verify", action="store_true",
                    help="skip the correctness gate (`workshop bench verify`) that runs before the sweep")
     p.set_defaults(func=cmd_sweep)

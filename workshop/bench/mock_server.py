@@ -33,6 +33,7 @@ class MockServer:
         self.first_token_delay_s = first_token_delay_s
         self.max_concurrency = max_concurrency
         self.requests = 0
+        self.cache_resets = 0
         self.prompt_tokens = 0
         self.running = 0
         self.waiting = 0
@@ -83,6 +84,10 @@ class MockServer:
             self._simple(writer, 200, b'{"object":"list","data":[{"id":"mock","object":"model","owned_by":"mock"}]}')
             return
         if method == "GET" and path == "/health":
+            self._simple(writer, 200, b"{}")
+            return
+        if method == "POST" and path == "/reset_prefix_cache":   # as vLLM's: the harness empties it per run
+            self.cache_resets += 1
             self._simple(writer, 200, b"{}")
             return
         if method == "GET" and path == "/metrics":

@@ -12,15 +12,24 @@ the system, so
 
     achieved = session ends in the window / window,   offered = arrivals in the window / window.
 
-A server that keeps up has achieved ~= offered; one that does not piles requests up. The
-difference (arrivals - ends in the window) of a stable server is noise of about
-sqrt(2 x mean number in the system) (a Poisson number in the system, at both ends) plus one
-(the last arrival, still in the system when the window closes), so a shortfall counts only
-when it is larger than ``Z`` = 2.5 times that, and the achieved rate is below ``tolerance``
-(0.9) x offered.
+A server that keeps up has achieved ~= offered; one that does not piles requests up. By flow
+balance, arrivals - ends in the window is the growth of the number in the system across it; for
+a server that keeps up it is noise, with a standard deviation of sqrt(2 x rate x mean(min(S, w)))
+(S a session's length, w the window: exact for independent sessions, and at most sqrt(2 x
+arrivals) however long the sessions grow) plus one (the last arrival, still in the system when
+the window closes). The noise is taken from the offered rate and the sessions' lengths, not from
+the number in the system, which an overload inflates: the old estimate, sqrt(2 x mean in the
+system), grew with the very backlog it was meant to detect. A shortfall counts when the achieved
+rate is below ``tolerance`` (0.9) x offered and the shortfall exceeds ``z`` times that noise.
 
-Queueing is judged as well, from evidence that does not depend on the window's length:
+Overload shows in other ways as well, and each is a sign of its own:
 
+- the work in flight grows (``in_flight_grows``): the requests on their way and not finished
+  (the client's own records, so every server shows it, whether it queues requests or, as vLLM
+  does, admits them all and slows every token), sampled across the steady window; its
+  least-squares trend times the window's length exceeds ``z`` times the noise above, computed
+  over requests. A server that admits everything at once shows overload here, never as waiting
+  requests or a rising TTFT;
 - the server's own waiting queue (``vllm:num_requests_waiting``, sampled every 0.5 s) grows
   over the window: its mean over the second half exceeds the first half's by more than
   max(2, Z x sqrt(mean waiting)) (a stable queue fluctuates by about the square root of its
@@ -34,13 +43,24 @@ Queueing is judged as well, from evidence that does not depend on the window's l
   (a stall that sent the arrivals it held back as one burst). A steady few milliseconds of
   lag, the operating system's scheduling noise, does not change the load.
 
+``z`` is ``Z`` (2.5) unless the sweep measured a limit below the point: when the offered rate
+exceeds ``ceiling`` (the maximum throughput of the sweep's closed-loop probe), the point achieved
+no more than that maximum, and its window is long enough to judge (below), a shortfall or a
+growth counts beyond one noise (``Z_ABOVE_CEILING``). With tens of requests per point and long
+answers, a real overload is often only one or two noises deep, and there the sweep's own
+measurement says to expect one: such a point must show that it kept up. A point that achieved
+more than the probe's maximum has shown that maximum is no limit, and is judged as any other.
+Above the maximum, a point that keeps up says how (``kept_up``: "achieved 0.5 of 0.51/s
+offered (at least 0.9 x), in flight steady (...), above the 0.34/s the throughput probe
+sustained").
+
 A point can be too short to judge: the shortfall can never exceed its noise when the window
 holds no more arrivals than ``Z`` x the noise (arrivals - ends is at most the arrivals), and
 a verdict of "keeps up" claims that throughput tracked the offered load, which only that test
-checks (the queue and TTFT signs can add overload, never rule it out). Such a point, with no
+checks (the other signs can add overload, never rule it out). Such a point, with no
 sign of overload, is **not judged** (``judged``): neither kept up nor overloaded. With four
 requests per point (notebook 10's quick plan) the window holds two or three arrivals against
-a threshold of at least 2.5 x (sqrt(2) + 1) ~= 6.
+a threshold of at least 2.5 x (sqrt(2) + 1) ~= 6. The bar is ``Z``'s above the ceiling too.
 
 Sessions (not requests) are the unit of arrival: for multi-turn workloads the rates are
 sessions per second, as ``request_rate`` is.
@@ -59,6 +79,8 @@ from .metrics import RequestRecord
 WARMUP_FRACTION = 0.1   # the window never starts earlier than this fraction of the arrival span
 MAX_WARMUP_FRACTION = 0.6  # ... nor later: a shorter window is flagged ``short`` instead
 Z = 2.5                 # a shortfall or a queue's growth must exceed Z x its noise in a stable system
+Z_ABOVE_CEILING = 1.0   # ... or one noise, where the load exceeds the throughput probe's maximum and
+                        # the point achieved no more than it
 
 
 @dataclass
@@ -202,10 +224,46 @@ def _halves(series: dict[str, list] | None, key: str, ta: float, tb: float) -> t
     return float(np.mean(first)), float(np.mean(second)), float(max(v for _, v in pts))
 
 
+def stable_noise(rate: float, lengths: Sequence[float], window_s: float) -> float:
+    """Standard deviation, plus one, of arrivals - ends over a window of ``window_s`` for a
+    server that keeps up: sqrt(2 x rate x mean(min(length, window))) (independent sessions of
+    the given lengths arriving at ``rate``; at least sqrt(2)) + 1 (the last arrival)."""
+    held = float(np.mean(np.minimum(lengths, window_s))) if len(lengths) else 0.0
+    return math.sqrt(2 * max(rate * held, 1.0)) + 1
+
+
+def in_flight(records: Sequence[RequestRecord], times: Sequence[float]) -> np.ndarray:
+    """The work in flight at each of ``times``: measured requests on their way and not finished
+    (from its arrival, so a request the client's concurrency cap held back counts too, to its
+    end; a failed request without an end counts until it was sent)."""
+    rs = [r for r in records if not r.warmup]
+    start = np.sort([_arrival(r) for r in rs])
+    stop = np.sort([max(_arrival(r), r.end if r.end is not None else r.sent) for r in rs])
+    t = np.asarray(times, dtype=float)
+    return (np.searchsorted(start, t, side="right") - np.searchsorted(stop, t, side="right")).astype(float)
+
+
+def _in_flight_trend(records: Sequence[RequestRecord], ta: float, tb: float,
+                     samples: int = 101) -> tuple[float, float, float, float] | None:
+    """(fitted in flight at ``ta``, at ``tb``, growth = trend x window, its noise): the
+    least-squares line through the work in flight sampled across [ta, tb]."""
+    w = tb - ta
+    rs = [r for r in records if not r.warmup]
+    if w <= 0 or len(rs) < 3:
+        return None
+    ts = np.linspace(ta, tb, samples)
+    slope, at_a = np.polyfit(ts - ta, in_flight(rs, ts), 1)
+    arrived = [_arrival(r) for r in rs]
+    lengths = [max(0.0, (r.end if r.end is not None else r.sent) - a) for r, a in zip(rs, arrived)]
+    rate = sum(1 for a in arrived if ta < a <= tb) / w
+    return float(at_a), float(at_a + slope * w), float(slope * w), stable_noise(rate, lengths, w)
+
+
 @dataclass
 class Verdict:
-    """Whether one point kept up, and the evidence. ``overloaded`` is any of the three server
-    signs; ``client_limited`` means the client could not offer the load (lag)."""
+    """Whether one point kept up, and the evidence. ``overloaded`` is any of the four server
+    signs; ``client_limited`` means the client could not offer the load (lag). ``kept_up``:
+    for a point that kept up, how (achieved of offered, the work in flight)."""
 
     overloaded: bool
     client_limited: bool
@@ -223,31 +281,63 @@ class Verdict:
     window: dict[str, Any] | None
     baseline: dict[str, Any] | None
     tolerance: float
+    in_flight_grows: bool | None = None    # None: no steady window
+    in_flight_start: float | None = None   # the least-squares line at the window's start and end
+    in_flight_end: float | None = None
+    in_flight_growth: float | None = None  # end - start
+    in_flight_noise: float | None = None
+    ceiling: float | None = None           # the throughput probe's maximum (sessions/s), if any
+    above_ceiling: bool = False
+    z: float = Z                           # a shortfall or a growth counts beyond z x its noise
+    kept_up: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
 def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = None,
-          baseline: Baseline | None = None, tolerance: float = 0.9) -> Verdict:
-    """The verdict on one open-loop run (see the module docstring for each test)."""
+          baseline: Baseline | None = None, tolerance: float = 0.9,
+          ceiling: float | None = None) -> Verdict:
+    """The verdict on one open-loop run (see the module docstring for each test). ``ceiling``:
+    the maximum throughput (sessions/s) the sweep's closed-loop probe measured; a point offered
+    more and achieving no more has its shortfall or growth of the work in flight count beyond
+    one noise (``Z_ABOVE_CEILING``), not ``Z``."""
     if baseline is None:
         baseline = Baseline.from_records(records, "first sessions", first=5)
     win = steady_window(records, baseline.session_p90_s if baseline else 0.0)
     reasons: list[str] = []
     ratio = shortfall = noise = growth = None
     falls = False
-    q_grows = t_grows = None
+    q_grows = t_grows = f_grows = None
     w1 = w2 = wpeak = None
+    trend = None
+    above = False
+    z = Z
     if win is not None:
         ratio = win["achieved_rate"] / win["offered_rate"] if win["offered_rate"] > 0 else None
         shortfall = win["arrivals"] - win["completions"]
-        noise = math.sqrt(2 * max(win["mean_in_system"], 1.0)) + 1
-        falls = ratio is not None and ratio < tolerance and shortfall > Z * noise
+        lengths = [e - a for a, e, _ in sessions(records)]
+        noise = stable_noise(win["offered_rate"], lengths, win["seconds"])
+        above = bool(ceiling and win["offered_rate"] > ceiling)
+        # Offered more than the probe's maximum and achieved no more than it: the probe's maximum
+        # stands, and the bar drops to one noise (for a point long enough to judge at all: a
+        # window too short for a shortfall to show stays not judged, as below the maximum).
+        if above and win["achieved_rate"] <= ceiling and _could_fall_behind(win, noise):
+            z = Z_ABOVE_CEILING
+        falls = ratio is not None and ratio < tolerance and shortfall > z * noise
         if falls:
             reasons.append(f"throughput falls behind: {win['achieved_rate']:.3g} of {win['offered_rate']:.3g}/s "
                            f"offered over the steady window ({shortfall} more arrivals than completions, "
                            f"noise {noise:.1f})")
+        trend = _in_flight_trend(records, win["start_s"], win["end_s"])
+        if trend is not None:
+            f_grows = trend[2] > z * trend[3]
+            if f_grows:
+                reasons.append(f"work in flight grows: {trend[0]:.1f} -> {trend[1]:.1f} requests across the steady "
+                               f"window (least-squares trend, noise {trend[3]:.1f})")
+        if (falls or f_grows) and z < Z:
+            reasons.append(f"offered above the {ceiling:.3g}/s the throughput probe sustained, and achieved no "
+                           f"more: a shortfall or a growth counts beyond {z:g} x noise, not {Z:g}")
         h = _halves(series, "waiting", win["start_s"], win["end_s"])
         if h is not None:
             w1, w2, wpeak = h
@@ -261,18 +351,36 @@ def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = Non
             if t_grows:
                 reasons.append(f"TTFT grows by {growth:.3g} s across the window (more than one unloaded "
                                f"session, {baseline.session_median_s:.3g} s)")
+    overloaded = bool(falls or f_grows or q_grows or t_grows)
     client = _client_limited(records, win)
     if client:
         reasons.append(client)
-    if not (falls or q_grows or t_grows) and not _could_fall_behind(win, noise):
+    kept = None
+    if not overloaded and not _could_fall_behind(win, noise):
         reasons.append("not judged: too few arrivals in the steady window for a shortfall to show "
                        + (f"({win['arrivals']}, noise {noise:.1f}: a shortfall counts beyond {Z * noise:.1f})"
                           if win else "(no steady window: fewer than 3 sessions)"))
-    return Verdict(overloaded=bool(falls or q_grows or t_grows), client_limited=bool(client), reasons=reasons,
+    elif not overloaded and win is not None:
+        within = ratio is not None and ratio < tolerance
+        kept = (f"achieved {win['achieved_rate']:.3g} of {win['offered_rate']:.3g}/s offered "
+                + (f"(shortfall {shortfall} within {z:g} x noise {noise:.1f})" if within
+                   else f"(at least {tolerance:g} x)"))
+        if trend is not None:
+            a, b, g, n = trend
+            kept += (f", in flight steady ({a:.1f} -> {b:.1f}, noise {n:.1f})" if g <= n
+                     else f", in flight {a:.1f} -> {b:.1f} (within {z:g} x noise {n:.1f})")
+        if above:
+            kept += (f", above the {ceiling:.3g}/s the throughput probe sustained"
+                     + ("" if z < Z else " (achieved more: the probe's maximum is no limit)"))
+    return Verdict(overloaded=overloaded, client_limited=bool(client), reasons=reasons,
                    falls_behind=falls, queue_grows=q_grows, ttft_grows=t_grows, throughput_ratio=ratio,
                    shortfall=shortfall, shortfall_noise=noise, ttft_growth_s=growth, waiting_first_half=w1,
                    waiting_second_half=w2, waiting_peak=wpeak, window=win,
-                   baseline=asdict(baseline) if baseline else None, tolerance=tolerance)
+                   baseline=asdict(baseline) if baseline else None, tolerance=tolerance,
+                   in_flight_grows=f_grows, in_flight_start=trend[0] if trend else None,
+                   in_flight_end=trend[1] if trend else None, in_flight_growth=trend[2] if trend else None,
+                   in_flight_noise=trend[3] if trend else None, ceiling=ceiling, above_ceiling=above, z=z,
+                   kept_up=kept)
 
 
 def _could_fall_behind(win: dict[str, Any] | None, noise: float | None) -> bool:

@@ -3,8 +3,11 @@
 The knee is the highest offered load at which the server still keeps up, at that load and
 at every lower one. Each open-loop point is judged by ``saturation.judge`` over its steady
 window (warm-up and drain left out, as GuideLLM does): throughput must track the offered
-load beyond the noise of a stable queue, the server's waiting queue must not grow, TTFT
-must not grow across the window; the p99 TTFT / ITL objectives must hold; and the client
+load beyond the noise of a stable system, the work in flight (the client's own count of
+requests not finished) must not grow, nor the server's waiting queue, nor TTFT, across the
+window; above the maximum the throughput probe measured, a shortfall or a growth counts
+beyond one noise instead of 2.5 (the point must show it kept up, and its verdict says how);
+the p99 TTFT / ITL objectives must hold; and the client
 must have offered the load (schedule lag: a point where it could not is left out, neither
 the knee nor a failure). A point too short for its throughput test to fail, with no sign of
 overload (``saturation.judged``), is left out the same way: no knee is claimed from it.
@@ -21,9 +24,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -138,6 +142,32 @@ class SweepResult:
         return SweepResult(self.mode, self.loads, self.points, k,
                            {**cfg, "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms}, self.probes)
 
+    def rejudged(self, tolerance: float | None = None) -> "SweepResult":
+        """The same sweep with every open-loop point judged again from its stored records by
+        today's rule (``saturation.judge``, with the sweep's baseline and, when its loads came
+        from the probes, the throughput probe's maximum as the ceiling), and its knee with them.
+        A folder keeps the verdicts of the rule it was written with; this is how an old one
+        reads now. Nothing is run again; the points are copies."""
+        import copy
+        if self.mode != "rate":
+            return self
+        cfg = dict(self.config or {})
+        tol = cfg.get("tolerance", 0.9) if tolerance is None else tolerance
+        b = cfg.get("baseline")
+        base = Baseline(**b) if b else None
+        points = []
+        for p in self.points:
+            q = copy.copy(p)
+            q.summary = dict(p.summary)
+            if base is None:
+                base = Baseline.from_records(p.records, "first sessions of the lightest point", first=5)
+            _rejudge(q, base, tol, cfg.get("max_throughput_rate"))
+            points.append(q)
+        cfg["tolerance"] = tol
+        k = _knee(self.mode, self.loads, points, cfg.get("slo_ttft_ms"), cfg.get("slo_itl_ms"), tol,
+                  cfg.get("min_gain", 0.1))
+        return SweepResult(self.mode, self.loads, points, k, cfg, self.probes)
+
     def overloaded(self) -> list[bool | None]:
         """Each point's verdict (None for closed-loop points)."""
         return [(p.summary.get("saturation") or {}).get("overloaded") for p in self.points]
@@ -183,22 +213,25 @@ class SweepResult:
         unit = self.load_unit
         at = f"{self.loads[k]:.3g} {unit}" + (f" asked, {self.knee_offered:.3g} req/s offered"
                                               if self.mode == "rate" else "")
+        sat = self.points[k].summary.get("saturation") or {}
+        # above the throughput probe's maximum, a point that keeps up says how
+        how = f"; at the knee: {sat['kept_up']}" if sat.get("above_ceiling") and sat.get("kept_up") else ""
         if k == len(self.loads) - 1:
             return (f"knee: {at} or more (no point tried was overloaded; "
-                    f"the server's limit is higher than the highest load tried)")
+                    f"the server's limit is higher than the highest load tried{how})")
         if k + 1 in out:
             above = {kind: ", ".join(f"{self.loads[i]:.3g}" for i in out if i > k and self._left_out(i) == kind)
                      for kind in ("client-bound", "not judged")}
             why = ([f"the client could not offer {above['client-bound']} {unit}: run again on a quieter machine"]
                    if above["client-bound"] else [])
             why += [f"not enough requests at {above['not judged']} {unit} to judge them"] if above["not judged"] else []
-            return f"knee: {at} at least (" + "; ".join(why) + ")"
+            return f"knee: {at} at least (" + "; ".join(why) + how + ")"
         nxt = self.points[k + 1].summary
         why = (nxt.get("saturation") or {}).get("reasons") or []
         slo = self.config.get("slo_ttft_ms"), self.config.get("slo_itl_ms")
         if not why and any(slo):
             why = self._broken_objectives(k + 1) or ["an objective fails (p99 TTFT / ITL)"]
-        return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why) or "no gain") + ")"
+        return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why) or "no gain") + how + ")"
 
     def _broken_objectives(self, i: int) -> list[str]:
         """The p99 objectives point ``i`` breaks, as "p99 TTFT 2,300 ms over the 1,000 ms objective"."""
@@ -223,7 +256,9 @@ class SweepResult:
                 sat = s.get("saturation") or {}
                 verdict = ("client-bound" if sat.get("client_limited") else
                            "overloaded" if sat.get("overloaded") else "-" if not sat else
-                           "keeps up" if judged(sat) else "not judged (too few requests)")
+                           "not judged (too few requests)" if not judged(sat) else
+                           f"keeps up ({sat['kept_up']})" if sat.get("above_ceiling") and sat.get("kept_up")
+                           else "keeps up")
                 row += f" {_fmt((s.get('server') or {}).get('peak_waiting'), 0)} | {verdict} |"
             rows.append(row)
         return "\n".join(rows)
@@ -280,7 +315,8 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
                min_gain: float = 0.1, seed: int = 0, warmup: int = 2, progress: bool = True,
                output_dir: str | None = None, stop_after_knee: bool = False, duration_s: float | None = None,
                sweep_points: int = 6, overshoot: float = 1.5, probe_requests: int = 10,
-               probe_concurrency: int | None = None, client_retries: int = 1, **kwargs: Any) -> SweepResult:
+               probe_concurrency: int | None = None, client_retries: int = 1,
+               log: Callable[[str], None] | None = None, **kwargs: Any) -> SweepResult:
     """Run the same workload at increasing load and locate the knee.
 
     Open loop over ``request_rates`` (req/s; session arrivals/s for multi-turn workloads) or
@@ -295,8 +331,11 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     ``num_requests`` with the same seed, so its realised rate is the same fraction of the
     asked one at every point. A point where the client could not offer the load (its machine
     stalled) is run again up to ``client_retries`` times. ``stop_after_knee`` stops at the
-    first point past the knee.
-    Other keyword arguments go to ``run_benchmark`` / the workload.
+    first point past the knee. With ``progress``, each run shows its bar and each point
+    starts with a line (``log``, default ``print``) that says how long it and the rest of the
+    sweep should take (``_TimeLeft``).
+    Other keyword arguments go to ``run_benchmark`` / the workload (``reset_cache=True``:
+    empty the server's prefix cache before every run, as the showdown and ``bench sweep`` do).
     """
     from .run import run_benchmark
     if request_rates is not None and concurrencies is not None:
@@ -324,17 +363,25 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     per_session = sum(s.expected_requests() for s in base.sessions) / max(len(base.sessions), 1)
     first_warmup = [warmup]
 
+    left = _TimeLeft(per_session)
+
     def point(n_requests: int, **load: Any) -> BenchResult:
         wl = build(n_requests)
+        t0 = time.monotonic()
         res = run_benchmark(base_url, model, wl, num_requests=n_requests, burstiness=burstiness, seed=seed,
                             warmup=first_warmup[0], slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
                             progress=progress, **load, **kwargs)
         first_warmup[0] = 0
+        left.elapsed_s += time.monotonic() - t0
         return res
 
+    say = (log or print) if progress else (lambda _: None)
     probes: dict[str, BenchResult] = {}
     baseline: Baseline | None = None
+    ceiling: float | None = None
     if mode == "rate" and request_rates is None:
+        say(f"sweep: synchronous probe ({min(num_requests, probe_requests)} requests, one at a time), then a "
+            f"throughput probe, then {sweep_points} rates")
         probes["synchronous"] = point(min(num_requests, probe_requests), concurrency=1, request_rate=None)
         c = probe_concurrency or max_concurrency or max(2, num_requests // 2)
         baseline = Baseline.from_records(probes["synchronous"].records, "synchronous probe")
@@ -342,31 +389,39 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
         n = max(num_requests, 3 * c)
         if duration_s:  # enough for about duration_s even if c streams went c times as fast as one
             n = max(n, min(20 * c, math.ceil(c * sync_rate * duration_s * per_session)))
+        say(f"sweep: throughput probe ({n} requests, {c} at a time)")
         probes["throughput"] = point(n, concurrency=c, request_rate=None)
         max_rate = max(_closed_rate(probes["throughput"], baseline), sync_rate)
+        ceiling = max_rate
         request_rates = [float(r) for r in np.linspace(sync_rate, overshoot * max_rate, sweep_points + 1)[1:]]
         for kind, p in probes.items():
             p.config["probe"] = kind
     loads = sorted(request_rates if mode == "rate" else concurrencies)
+    sizes = [max(num_requests, math.ceil(math.ceil(l * duration_s) * per_session)) if mode == "rate" and duration_s
+             else num_requests for l in loads]
+    if baseline is not None:
+        left.drain_s = baseline.session_p90_s
     points: list[BenchResult] = []
     for i, load in enumerate(loads):
+        n = sizes[i]
+        say(left.line(mode, loads[i:], sizes[i:], len(loads)))
+        t0 = left.elapsed_s
         if mode == "rate":
-            sessions_wanted = math.ceil(load * duration_s) if duration_s else 0
-            n = max(num_requests, math.ceil(sessions_wanted * per_session))
             res = point(n, concurrency=max_concurrency, request_rate=load)
             if baseline is None:  # no probe: the lightest point's first sessions met an idle server
                 baseline = Baseline.from_records(res.records, "first sessions of the lightest point", first=5)
-            _rejudge(res, baseline, tolerance)
+            _rejudge(res, baseline, tolerance, ceiling)
             for _ in range(client_retries):
                 if not res.summary["saturation"]["client_limited"]:
                     break
                 # The client (its machine) stalled: such a point says nothing about the server;
                 # a busy machine's stalls pass, so try once more.
                 res = point(n, concurrency=max_concurrency, request_rate=load)
-                _rejudge(res, baseline, tolerance)
+                _rejudge(res, baseline, tolerance, ceiling)
                 res.config["client_retry"] = True
         else:
             res = point(num_requests, concurrency=int(load), request_rate=None)
+        left.measured(res, left.elapsed_s - t0)
         points.append(res)
         knee = _knee(mode, loads[:i + 1], points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
         if stop_after_knee and knee is not None and knee < i:
@@ -380,7 +435,7 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
               "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms, "tolerance": tolerance, "min_gain": min_gain,
               "burstiness": burstiness, "max_concurrency": max_concurrency, "num_requests": num_requests,
               "duration_s": duration_s, "loads_from": "probes" if probes else "given",
-              "baseline": vars(baseline) if baseline else None}
+              "baseline": vars(baseline) if baseline else None, "reset_cache": bool(kwargs.get("reset_cache"))}
     if probes:
         config.update(sweep_points=sweep_points, overshoot=overshoot,
                       synchronous_rate=sync_rate, max_throughput_rate=max_rate,
@@ -404,10 +459,54 @@ def _closed_rate(p: BenchResult, baseline: Baseline | None) -> float:
     return rate
 
 
-def _rejudge(p: BenchResult, baseline: Baseline, tolerance: float) -> None:
-    """Judge an open-loop point against the sweep's baseline (replaces the run's own verdict)."""
+def _rejudge(p: BenchResult, baseline: Baseline, tolerance: float, ceiling: float | None = None) -> None:
+    """Judge an open-loop point against the sweep's baseline and the throughput probe's maximum
+    (``ceiling``, when the probes ran) (replaces the run's own verdict)."""
     series = (p.summary.get("server") or {}).get("series")
-    p.summary["saturation"] = judge(p.records, series, baseline, tolerance).to_dict()
+    p.summary["saturation"] = judge(p.records, series, baseline, tolerance, ceiling).to_dict()
+
+
+class _TimeLeft:
+    """How long the rest of a sweep should take, for the progress line before each point.
+
+    An open-loop point lasts about its arrival span, (sessions - 1) / rate, then its drain; the
+    drain is the last point's as measured (its length minus its arrival span), or the unloaded
+    p90 session before any. A closed-loop point lasts as long as the last one took. The
+    estimate is a schedule, not a promise: an overloaded point drains longer.
+    """
+
+    def __init__(self, per_session: float):
+        self.per_session = max(per_session, 1.0)
+        self.drain_s = 0.0
+        self.last_s: float | None = None
+        self.elapsed_s = 0.0
+
+    def point_s(self, mode: str, load: float, n: int) -> float | None:
+        if mode != "rate":
+            return self.last_s
+        return max(n / self.per_session - 1, 0) / load + self.drain_s if load > 0 else None
+
+    def measured(self, res: BenchResult, seconds: float) -> None:
+        """After a point that took ``seconds`` (``elapsed_s`` counts every run, probes too)."""
+        self.last_s = seconds
+        span = res.summary.get("arrival_span_s")
+        if span is not None and res.summary.get("duration_s") is not None:
+            self.drain_s = max(res.summary["duration_s"] - span, 0.0)
+
+    def line(self, mode: str, loads: Sequence[float], sizes: Sequence[int], total: int) -> str:
+        each = [self.point_s(mode, l, n) for l, n in zip(loads, sizes)]
+        i = total - len(loads) + 1
+        unit = "req/s" if mode == "rate" and self.per_session == 1 else "sessions/s" if mode == "rate" else "concurrent"
+        out = f"sweep: point {i} of {total}, {loads[0]:.3g} {unit}, {sizes[0]} requests"
+        if each[0] is not None:
+            out += f", about {_duration(each[0])}"
+        if all(e is not None for e in each):
+            out += f"; about {_duration(sum(each))} left in the sweep"
+        return out + (f" ({_duration(self.elapsed_s)} so far)" if self.elapsed_s else "")
+
+
+def _duration(s: float) -> str:
+    return f"{s:.0f} s" if s < 90 else f"{s / 60:.1f} min" if s < 5400 else f"{s / 3600:.1f} h"
 
 
 def _steady(p: BenchResult, key: str, default: float | None) -> float | None:
