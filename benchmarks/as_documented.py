@@ -16,8 +16,9 @@ the bare one.
 Bare means the engine's own OpenAI server with the flags its documentation gives for a CPU:
 vLLM-CPU in bf16 at its default (compiled) with the server's KV budget; SGLang's CPU recipe
 (``intel_amx`` attention on a CPU with AMX, radix cache on, the CPU settings of
-``shared/SGLANG_CPU.md``, ``--sleep-on-idle`` so that an idle server leaves the cores to the
-one measured). The served side runs with the showdown's arguments for the engine (its request
+``shared/SGLANG_CPU.md`` but the served side's ``--mem-fraction-static`` rule, since the
+recipe's 0.05 leaves no room for the KV cache beside another server, and ``--sleep-on-idle``
+so that an idle server leaves the cores to the one measured). The served side runs with the showdown's arguments for the engine (its request
 cap, ``showdown.MAX_RUNNING``), and both sides get the same KV budget and request cap.
 """
 
@@ -53,11 +54,14 @@ def bare_command(engine: str, model_path: str, port: int) -> tuple[list[str], di
         env["VLLM_CPU_KVCACHE_SPACE"] = str(KV_GIB)
         return ([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model_path,
                  "--dtype", "bfloat16", "--max-num-seqs", str(MAX_RUNNING), *common], env)
+    import psutil
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     tokens = S.kv_tokens_for(KV_GIB, kv_bytes_per_token(read_arch(model_path), "bfloat16"))
+    # the recipe's 0.05 fails when other servers hold memory: the served side's rule instead
+    fraction = S.cpu_mem_fraction(KV_GIB * 2**30, S.weight_bytes(model_path), psutil.virtual_memory().available)
     return ([S.default_python(), "-m", "sglang.launch_server", "--model-path", model_path, "--device", "cpu",
              "--attention-backend", S.cpu_attention(dtypes.cpu_has_amx()), "--disable-overlap-schedule",
-             "--mem-fraction-static", "0.05", "--max-total-tokens", str(tokens),
+             "--mem-fraction-static", str(fraction), "--max-total-tokens", str(tokens),
              "--max-running-requests", str(MAX_RUNNING), "--enable-metrics", "--enable-cache-report",
              "--sleep-on-idle", *common], env)
 

@@ -60,9 +60,9 @@ def _(mo):
        can do;
     3. **open-loop points**: Poisson arrivals at rates from the synchronous rate to 1.5 x the
        maximum. Each point is judged over its *steady window* (after the warm-up, before the
-       drain): an engine keeps up when it completes what arrives and its queue and time to first
-       token (TTFT) do not grow. The knee is the last point that keeps up and meets the
-       objectives (p99 TTFT and p99 inter-token latency, ITL).
+       drain): an engine keeps up when it completes what arrives and neither its queue, nor the
+       requests it has in flight, nor its time to first token (TTFT) grow. The knee is the last
+       point that keeps up and meets the objectives (p99 TTFT and p99 inter-token latency, ITL).
 
     The results go to a folder under `results/` that notebook 11 turns into a decision chart.
     The same run, larger, is one command: `python benchmarks/showdown.py`.

@@ -97,12 +97,14 @@ def gate_first(args: argparse.Namespace) -> bool:
     """The correctness gate before a sweep (``--no-verify`` skips it): False when the server
     answered wrongly, so its speed is not measured. A checkpoint that is not on this machine
     cannot be checked: said, and the sweep goes on."""
+    from reference_server.models import ModelError
+
     from .verify import save, verify_server
     if args.no_verify:
         return True
     try:
         gate = verify_server(args.base_url, args.model, api_key=args.api_key)
-    except ValueError as e:
+    except (ModelError, ValueError) as e:
         print(f"correctness gate skipped: {e}")
         return True
     print("correctness gate: " + gate.summary())

@@ -51,6 +51,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
+from reference_server.engines.sglang import CPU_MAX_RUNNING
+
 FORMAT = 1
 WORKLOADS = ("sharegpt", "agentic", "shared-prefix")
 
@@ -73,9 +75,9 @@ class Contender:
     note: str = ""
 
 
-# One cap on requests run at once for every CPU contender that takes one: SGLang's CPU recipe's
-# (reference_server.engines.sglang.CPU_MAX_RUNNING), given to vLLM and the teaching engine too.
-MAX_RUNNING = 32
+# One cap on requests run at once for every CPU contender that takes one: SGLang's CPU recipe's,
+# given to vLLM and the teaching engine too.
+MAX_RUNNING = CPU_MAX_RUNNING
 # The CPU field: both production engines, the teaching engine with each prefix cache, and the
 # naive baseline.
 CPU_FIELD = (
