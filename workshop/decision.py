@@ -329,14 +329,13 @@ def setup_of(server_info: dict[str, Any], gate: dict[str, Any] | None = None,
     """One engine's effective configuration, from its ``/server_info`` (None: not reported)."""
     si = server_info or {}
     extra = si.get("extra") or {}
-    cache = si.get("prefix_cache") or ("on" if si.get("prefix_caching") else None)
     compiled = si.get("compiled")
     return {
         "answers": answers_of(gate),
         "dtype": si.get("dtype"),
         # runs from before the field: SGLang's own setting, where the server repeated it
         "attention": si.get("attention") or (extra.get("sglang") or {}).get("attention_backend"),
-        "prefix cache": (cache or "on") if si.get("prefix_caching") else ("off" if si else None),
+        "prefix cache": (si.get("prefix_cache") or "on") if si.get("prefix_caching") else ("off" if si else None),
         "compiled": None if compiled is None else ("compiled" if compiled else "eager"),
         "max running": (si.get("limits") or {}).get("max_running"),
         "KV tokens": si.get("kv_capacity_tokens"),

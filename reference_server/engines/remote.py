@@ -39,7 +39,8 @@ log = logging.getLogger("reference_server")
 DEFAULT_MAX_RUNNING = 256   # vLLM's default on a GPU, when the remote server does not say
 # What /server_info may repeat from a remote reference server's own (no address, no arguments).
 INFO_FIELDS = ("engine", "engine_version", "server_version", "dtype", "device", "max_model_len",
-               "kv_capacity_tokens", "kv_bytes_per_token", "block_size", "prefix_caching")
+               "kv_capacity_tokens", "kv_bytes_per_token", "block_size", "prefix_caching",
+               "attention", "prefix_cache", "compiled")
 
 
 def split_upstream(url: str) -> tuple[str, str]:
@@ -151,6 +152,7 @@ class RemoteEngine(ProxyEngine):
             kv_capacity_tokens=r.get("kv_capacity_tokens"),
             kv_bytes_per_token=r.get("kv_bytes_per_token"), block_size=r.get("block_size"),
             prefix_caching=bool(r.get("prefix_caching", False)),
+            attention=r.get("attention"), prefix_cache=r.get("prefix_cache"), compiled=r.get("compiled"),
             extra={"remote": {"engine": r.get("engine", "unknown"),
                               "server_version": r.get("server_version"),
                               "model": self.remote_model}})

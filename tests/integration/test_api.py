@@ -45,6 +45,10 @@ def test_server_info_describes_engine(server):
         info["dtype"], "bfloat16")
     assert info["kv_capacity_tokens"] >= 2048
     assert isinstance(info["prefix_caching"], bool)
+    # what a comparison shows beside the numbers (the remote server repeats its upstream's)
+    assert info["attention"] and isinstance(info["compiled"], bool)
+    assert bool(info["prefix_cache"]) == info["prefix_caching"]
+    assert info["limits"]["max_running"] >= 1
 
 
 def test_chat_greedy_answer_and_usage(server):

@@ -481,3 +481,32 @@ def test_the_committed_reference_run_is_a_full_cpu_field_and_its_chart_is_drawn_
     assert decision_chart.write_report([ref], tmp_path) == 0
     assert _section((tmp_path / "decision.md").read_text(), "Winners") == \
         _section((ref / "decision.md").read_text(), "Winners")
+
+
+# --------------------------------------------------------------------------- what ran
+
+def test_what_ran_is_read_from_server_info_and_differences_that_can_favour_one_are_listed():
+    vllm = {"dtype": "bfloat16", "attention": "CPU_ATTN (AMX)", "prefix_caching": True,
+            "prefix_cache": "hashed blocks of 128 tokens", "compiled": True, "kv_capacity_tokens": 46_592,
+            "limits": {"max_running": 32}, "extra": {}}
+    sglang = {"dtype": "bfloat16", "prefix_caching": True, "prefix_cache": "radix tree, page 1",
+              "compiled": False, "kv_capacity_tokens": 46_603, "limits": {"max_running": 32},
+              "extra": {"sglang": {"attention_backend": "torch_native"},
+                        "support_note": "outside SGLang's supported CPUs: ..."}}
+    gate = {"passed": False, "checks": []}
+    a = decision.setup_of(vllm, {"passed": True}, {"cpu_features": ["amx_bf16", "avx2"]})
+    b = decision.setup_of(sglang, gate)
+    assert a == {"answers": "right", "dtype": "bfloat16", "attention": "CPU_ATTN (AMX)",
+                 "prefix cache": "hashed blocks of 128 tokens", "compiled": "compiled", "max running": 32,
+                 "KV tokens": 46_592, "CPU": "amx_bf16, avx2", "notes": []}
+    assert b["attention"] == "torch_native" and b["answers"] == "wrong answers"   # from SGLang's own field
+    assert decision.setup_of({"prefix_caching": False, "extra": {}})["prefix cache"] == "off"
+    assert decision.setup_of({})["answers"] == "not checked"
+    label = decision.setup_label(b)
+    assert "outside its supported CPUs" in label and label.endswith("WRONG ANSWERS")
+    diffs = decision.setup_differences({"vllm": a, "sglang": b})
+    assert diffs == ["compiled: vllm compiled, sglang eager", "sglang: outside SGLang's supported CPUs: ..."]
+    # caches of two designs are both on; a cap and a pool 10 % apart are differences
+    c = {**a, "max running": 64, "KV tokens": 60_000}
+    assert decision.setup_differences({"vllm": a, "other": c}) == [
+        "max running: vllm 32, other 64", "KV tokens: vllm 46,592, other 60,000"]
