@@ -11,11 +11,12 @@ child loads ``ChildMiddleware`` with vLLM's documented ``--middleware`` option: 
 the child's key on every path, and it is how our ``/reset_prefix_cache`` reaches the engine.
 
 On a CPU, vLLM runs in the model's own dtype where the CPU computes it natively, and on a CPU
-with AMX tiles in bfloat16 it runs as its documentation does, compiled (no ``--enforce-eager``):
-there it answers as Hugging Face float32 does, near ties aside (``workshop bench verify``), and
-serves faster than eager, at the price of a longer start (the compile; figures in
-``docs/benchmarking.md``). Elsewhere on a CPU it stays eager, so a start takes a third as
-long (the test fleet runs the gate there too). ``-- --enforce-eager`` forces eager mode.
+with AMX tiles in bfloat16 it runs as its documentation does, compiled (its default, no
+``--enforce-eager``): there it answers as Hugging Face float32 does, near ties aside
+(``workshop bench verify``), and through this server it serves what vLLM's own server does
+(``benchmarks/reference_results/as_documented-amx/``), at the price of a longer start (the
+compile). Elsewhere on a CPU it stays eager, so a start takes a third as long (the test fleet
+runs the gate there too). ``-- --enforce-eager`` forces eager mode.
 (This server once served float16 on AMX because bf16's answer to "What is the capital of
 France?" began "L'Étoile": a near tie of the model itself, 0.1 logits in float32, not a
 kernel bug: ``docs/near_ties.md``.)
@@ -48,9 +49,9 @@ DTYPE_NOTES = {
                 "would emulate them (prefill about 5x slower than float32, measured); serving "
                 "float32 instead. Force bfloat16 with `-- --dtype bfloat16`"),
 }
-COMPILED_NOTE = ("serving vLLM-CPU compiled, its default, on this CPU with AMX (faster than eager "
-                 "in bf16, docs/benchmarking.md); start-up takes longer (the compile). Force eager "
-                 "mode with `-- --enforce-eager`")
+COMPILED_NOTE = ("serving vLLM-CPU compiled on this CPU with AMX, as its documentation does (its "
+                 "default); start-up takes longer (the compile). Force eager mode with "
+                 "`-- --enforce-eager`")
 
 
 def served_dtype(dtype: str, device: str, engine_args: list[str],
@@ -170,10 +171,10 @@ class VLLMEngine(ProxyEngine):
 
     @property
     def attention(self) -> str | None:
-        """vLLM-CPU's attention kernel family by its own rule (AMX tiles for bfloat16 where the
-        CPU has them); on a GPU vLLM picks its backend itself and logs it."""
+        """vLLM-CPU's attention kernel by its own rule (AMX tiles for bfloat16 where the CPU has
+        them); on a GPU vLLM picks its backend itself and logs it."""
         if self.device != "cpu":
-            return None
+            return "vLLM's choice for the GPU (its log names it)"
         try:
             bf16 = dtypes.canonical(self.dtype) == "bfloat16"
         except ValueError:
