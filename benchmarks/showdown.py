@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown workload(s) {sorted(unknown)}; choose from {', '.join(showdown.WORKLOADS)}")
     field = showdown.default_field(gpu=True if args.gpu else None)
     if args.engines:
-        known = {c.label: c for c in (*showdown.CPU_FIELD, *showdown.GPU_FIELD)}
+        known = showdown.known_contenders(gpu=True if args.gpu else None)
         wanted = [e for e in args.engines.split(",") if e]
         missing = [e for e in wanted if e not in known]
         if missing:

@@ -218,7 +218,7 @@ def _(
 ):
     from dataclasses import replace
 
-    _known = {c.label: c for c in (*showdown.CPU_FIELD, *showdown.GPU_FIELD)}
+    _known = showdown.known_contenders()
     chosen = [_known[x.strip()] for x in engines_text.value.split(",") if x.strip() in _known]
     plan = replace(showdown.Plan.quick() if plan_choice.value == "quick" else showdown.Plan.full(),
                    slo_ttft_ms=float(slo_ttft.value) or None, slo_itl_ms=float(slo_itl.value) or None,

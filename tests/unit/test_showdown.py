@@ -126,3 +126,11 @@ def test_a_showdown_over_http_ranks_engines_by_capacity(mock_engine, tmp_path):
     assert sweeps["fast"].knee_offered > 2 * sweeps["slow"].knee_offered, note
     assert sweeps["slow"].knee_offered <= 1.3 * 10, note
     assert show.root == tmp_path / "sd" and time.monotonic() - t0 < 240
+
+
+def test_a_label_names_this_machines_contender():
+    # "vllm" is in both fields; on a CPU the CPU field's request cap must not be lost
+    cpu = showdown.known_contenders(gpu=False)
+    assert cpu["vllm"].server_args == ("--", "--max-num-seqs", str(showdown.MAX_RUNNING))
+    assert "mini-radix" in cpu and "vllm-tuned" in cpu
+    assert showdown.known_contenders(gpu=True)["vllm"].server_args == ()

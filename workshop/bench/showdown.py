@@ -186,6 +186,16 @@ def default_field(gpu: bool | None = None, running: Iterable[str] = ()) -> tuple
     return field_
 
 
+def known_contenders(gpu: bool | None = None) -> dict[str, Contender]:
+    """Every contender by label. The two fields share labels ("vllm", "sglang") with other
+    arguments: this machine's field wins (the GPU field on a GPU, else the CPU field)."""
+    if gpu is None:
+        from workshop.session import gpu_name
+        gpu = gpu_name() is not None
+    other, here = (CPU_FIELD, GPU_FIELD) if gpu else (GPU_FIELD, CPU_FIELD)
+    return {c.label: c for c in (*other, *here)}
+
+
 OBJECTIVES = (("ttft_ms", "TTFT"), ("itl_ms", "ITL"))
 # What each derived objective is a multiple of: unloaded p99s of one engine, added. An ITL
 # objective of a few unloaded gaps would fail at any load where two requests overlap, however
@@ -490,7 +500,7 @@ def find_roots(*places: str | Path) -> list[Path]:
 
 
 __all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "MAX_RUNNING", "WRONG_ANSWERS",
-           "cpu_features", "default_field",
+           "cpu_features", "default_field", "known_contenders",
            "run_showdown", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine",
            "OBJECTIVES", "DERIVED_FROM", "unloaded_latency", "derive_objectives", "objectives_entry",
            "objectives_text"]
