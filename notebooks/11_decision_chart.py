@@ -506,6 +506,60 @@ def _(showdown, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    ### The committed reference runs: two CPUs, two stages
+
+    The project keeps a full showdown from two kinds of CPU. On a Xeon with AMX both production
+    engines run the kernels their CPU documentation describes: vLLM's AMX attention in bf16 and
+    SGLang's `intel_amx` backend. On an EPYC with AVX2 only, SGLang's CPU engine runs outside
+    the CPUs it supports (no AMX, no float32), so its numbers there say more about that than
+    about SGLang. Whether each run is a **fair stage** for vLLM against SGLang is computed
+    below from what ran: both answers checked and right, neither outside its supported
+    hardware, and equal limits (dtype, prefix cache on, requests at once, KV tokens). Compiled
+    or eager and the attention kernel may differ: each is the engine's own documented choice.
+    """)
+    return
+
+
+@app.cell
+def _(decision, ui):
+    reference_stage_runs = {_name: decision.load(_path) for _name, _path in decision.reference_stages().items()}
+    ui.table([{"stage": _name, "run": _r.newest.describe(), **decision.stage_fairness(_r)}
+              for _name, _r in reference_stage_runs.items()]) if reference_stage_runs else ui.md(
+        "This installation has no committed reference run.")
+    return (reference_stage_runs,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    The same question on both stages: who wins each workload under each constraint, and does
+    the winner change with the CPU?
+    """)
+    return
+
+
+@app.cell
+def _(decision, reference_stage_runs, ui):
+    stage_rows = decision.compare_stages(reference_stage_runs) if len(reference_stage_runs) > 1 else []
+    ui.table(stage_rows) if stage_rows else ui.md("Only one reference stage is installed: nothing to set side by side.")
+    return (stage_rows,)
+
+
+@app.cell
+def _(decision, reference_stage_runs, stage_rows, ui):
+    _fair = [_n for _n, _r in reference_stage_runs.items() if decision.stage_fairness(_r)["fair"]]
+    _changed = [f"{_row['workload']} / {_row['constraint']}" for _row in stage_rows if _row["same winner"] == "no"]
+    ui.md((f"**Fair stage for vLLM against SGLang: {', '.join(_fair)}.** " if _fair else
+           "**Neither stage is fair for vLLM against SGLang** (see the table above). ")
+          + (f"The winner changes with the CPU in {len(_changed)} of {len(stage_rows)} cells: "
+             + ", ".join(_changed) + "." if _changed else
+             "The winner is the same on both CPUs in every cell." if stage_rows else ""))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     ## 6. Not measured here: operational needs and engines you cannot run
 
     Everything in this section comes from the engines' own documents

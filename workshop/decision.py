@@ -102,6 +102,18 @@ def reference_run() -> Path | None:
     return root / REFERENCE_RUN if (root / REFERENCE_RUN / "showdown.json").exists() else None
 
 
+# The committed full showdowns, by the CPU they ran on (notebook 11 sets them side by side).
+REFERENCE_STAGES = {"Xeon with AMX": Path("benchmarks") / "reference_results" / "showdown-amx",
+                    "EPYC with AVX2 only": REFERENCE_RUN}
+PRODUCTION = ("vllm", "sglang")
+
+
+def reference_stages() -> dict[str, Path]:
+    """The committed reference runs this checkout has, by stage name."""
+    root = Path(__file__).resolve().parents[1]
+    return {name: root / p for name, p in REFERENCE_STAGES.items() if (root / p / "showdown.json").exists()}
+
+
 def choose_roots() -> tuple[list[Path], str]:
     """The folders a notebook should draw from, and whose they are: ``"yours"`` (found in
     ``default_places``), ``"reference"`` (none found: the committed example run) or ``"none"``."""
@@ -388,12 +400,13 @@ def _check_line(c: dict[str, Any]) -> str:
 COMPARED_SETUP = ("dtype", "prefix cache", "compiled", "max running")
 
 
-def setup_differences(setups: dict[str, dict[str, Any]]) -> list[str]:
-    """How the set-ups of the engines compared differ where it can favour one: dtype, prefix
-    cache on/off, compiled or eager, requests run at once, KV tokens (beyond 10 %), and the
-    engines' own notes (e.g. run outside their supported hardware)."""
+def setup_differences(setups: dict[str, dict[str, Any]],
+                      fields: Sequence[str] = COMPARED_SETUP) -> list[str]:
+    """How the set-ups of the engines compared differ where it can favour one: ``fields``
+    (dtype, prefix cache on/off, compiled or eager, requests run at once), KV tokens (beyond
+    10 %), and the engines' own notes (e.g. run outside their supported hardware)."""
     out = []
-    for key in COMPARED_SETUP:
+    for key in fields:
         values = {e: s.get(key) for e, s in setups.items() if s.get(key) is not None}
         if key == "prefix cache":
             values = {e: ("off" if v == "off" else "on") for e, v in values.items()}
@@ -404,6 +417,39 @@ def setup_differences(setups: dict[str, dict[str, Any]]) -> list[str]:
         out.append("KV tokens: " + ", ".join(f"{e} {v:,}" for e, v in kv.items()))
     out += [f"{e}: {n}" for e, s in setups.items() for n in s.get("notes") or [] if "outside" in n]
     return out
+
+
+def stage_fairness(results: "Results", engines: Sequence[str] = PRODUCTION) -> dict[str, Any]:
+    """Is this run a fair stage for ``engines``: every one's answers checked and right, none run
+    outside its supported hardware, and equal limits (dtype, prefix cache on, requests at once,
+    KV tokens)? Compiled or eager and the attention kernel are each engine's own documented
+    choice, so they may differ. The facts, and ``fair`` (True, False)."""
+    setups = {e: r.setup for (e, _), r in results.runs.items() if e in engines}
+    answers = {e: s["answers"] for e, s in setups.items()}
+    outside = [e for e, s in setups.items() if any("outside" in n for n in s["notes"])]
+    limits = tuple(f for f in COMPARED_SETUP if f != "compiled")
+    differ = [d for d in setup_differences(setups, limits) if ": outside" not in d]
+    return {"engines": ", ".join(setups) or "-",
+            "answers": "; ".join(f"{e} {a}" for e, a in answers.items()) or "-",
+            "outside supported hardware": ", ".join(outside) or "none",
+            "set-ups differ": "; ".join(differ) or "no",
+            "fair": bool(setups) and all(a == "right" for a in answers.values()) and not outside and not differ}
+
+
+def compare_stages(stages: dict[str, "Results"]) -> list[dict[str, Any]]:
+    """Per workload and constraint, each stage's verdict and whether the winner is the same."""
+    verdicts = {name: {(v.workload, v.constraint): v for v in decisions(knee_table(r))}
+                for name, r in stages.items()}
+    keys = list(dict.fromkeys(k for vs in verdicts.values() for k in vs))
+    rows = []
+    for w, c in keys:
+        got = {name: vs.get((w, c)) for name, vs in verdicts.items()}
+        winners = {name: (v.winner or ("tie: " + ", ".join(v.tied) if v.tied else None)) if v else None
+                   for name, v in got.items()}
+        rows.append({"workload": w, "constraint": CONSTRAINTS[c][0],
+                     **{name: (v.label if v else "not run") for name, v in got.items()},
+                     "same winner": "yes" if len(set(winners.values())) == 1 else "no"})
+    return rows
 
 
 # ---------------------------------------------------------------------------------------------

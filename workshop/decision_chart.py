@@ -147,7 +147,8 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                            linestyle="--", linewidth=1.0)
             if r["output_tps"] is None:
                 why = (("not judged" if r["not_judged"] else "no knee") if r["status"].startswith("ok") else
-                       WRONG_ANSWERS if r["status"].startswith(WRONG_ANSWERS) else "run failed")
+                       WRONG_ANSWERS if r["status"].startswith(WRONG_ANSWERS) else
+                       "not run" if r["status"].startswith("not run") else "run failed")
                 bar_ax.text(x, ymax * 0.03, why, rotation=90, ha="center", va="bottom", fontsize=8,
                             color=colors[e])
                 continue

@@ -510,3 +510,46 @@ def test_what_ran_is_read_from_server_info_and_differences_that_can_favour_one_a
     c = {**a, "max running": 64, "KV tokens": 60_000}
     assert decision.setup_differences({"vllm": a, "other": c}) == [
         "max running: vllm 32, other 64", "KV tokens: vllm 46,592, other 60,000"]
+
+
+def test_two_stages_side_by_side_and_which_is_fair(tmp_path):
+    runs = {(e, "w"): make_sweep([1, 2, 3], k) for e, k in (("vllm", 2), ("sglang", 0))}
+    fair_root = make_root(tmp_path / "amx", runs)
+    unfair_root = make_root(tmp_path / "avx2", {("vllm", "w"): make_sweep([1, 2, 3], 0),
+                                                ("sglang", "w"): make_sweep([1, 2, 3], 2)})
+    for root, gate, note, cap in ((fair_root, True, None, 32), (unfair_root, None, "outside SGLang's ...", 128)):
+        m = json.loads((root / "showdown.json").read_text())
+        for e, entry in m["engines"].items():
+            entry["server_info"].update({"dtype": "bfloat16", "prefix_caching": True, "compiled": False,
+                                         "limits": {"max_running": cap if e == "vllm" else 32},
+                                         "extra": {"support_note": note} if note and e == "sglang" else {}})
+            if gate:
+                entry["gate"] = {"passed": True, "counts": {}, "checks": []}
+        (root / "showdown.json").write_text(json.dumps(m))
+    stages = {"amx": decision.load(fair_root), "avx2": decision.load(unfair_root)}
+    fair, unfair = (decision.stage_fairness(r) for r in stages.values())
+    assert fair["fair"] is True and fair["set-ups differ"] == "no" and fair["outside supported hardware"] == "none"
+    assert unfair["fair"] is False and unfair["outside supported hardware"] == "sglang"
+    assert unfair["set-ups differ"] == "max running: vllm 128, sglang 32"
+    assert "not checked" in unfair["answers"]
+    rows = {r["constraint"]: r for r in decision.compare_stages(stages)}
+    assert rows["throughput"]["amx"].startswith("vllm") and rows["throughput"]["avx2"].startswith("sglang")
+    assert rows["throughput"]["same winner"] == "no"
+
+
+def test_the_committed_amx_run_is_a_full_cpu_field_whose_answers_were_checked(tmp_path):
+    """Notebook 11 sets this run beside the AVX2 one as the fair stage for vLLM against SGLang."""
+    from workshop.bench import showdown
+    stages = decision.reference_stages()
+    assert set(stages) == set(decision.REFERENCE_STAGES)
+    results = decision.load(stages["Xeon with AMX"])
+    assert [r.mode for r in results.roots] == ["full"]
+    assert "amx_bf16" in results.newest.manifest["machine"]["cpu_features"]
+    # every CPU contender but the baseline, which the session's time did not reach (README)
+    ran = {e for (e, _), run in results.runs.items() if run.ok}
+    assert ran == {c.label for c in showdown.CPU_FIELD} - {"hf"}
+    assert all(run.gate["passed"] for run in results.runs.values() if run.ok)
+    assert decision.stage_fairness(results)["fair"] is True
+    assert decision_chart.write_report([stages["Xeon with AMX"]], tmp_path) == 0
+    assert _section((tmp_path / "decision.md").read_text(), "Winners") == \
+        _section((stages["Xeon with AMX"] / "decision.md").read_text(), "Winners")
