@@ -350,8 +350,7 @@ def _(showdown_results, ui):
                        "gap (logits)": _c["gap"], "reference's top two": " / ".join(map(repr, _c["reference_top2"])),
                        "got": (_c["got"] or "")[:60]}
                       for _e in showdown_results.engines
-                      for _c in ((showdown_results.runs[next(k for k in showdown_results.runs if k[0] == _e)].gate
-                                  or {}).get("checks") or [])
+                      for _c in ((showdown_results.first_run(_e).gate or {}).get("checks") or [])
                       if _c["verdict"] not in ("agree",)]
     ui.table(departure_rows, floatfmt=".3f") if departure_rows else ui.md(
         "Every answer of every contender matched the reference token for token.")

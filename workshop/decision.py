@@ -236,8 +236,12 @@ class Results:
         """The objectives of the newest root (what its knees and goodput were judged with)."""
         return self.newest.slo if self.newest else {"ttft_ms": None, "itl_ms": None}
 
+    def first_run(self, engine: str) -> Run | None:
+        """Any one run of ``engine`` (what is the same across its workloads: kind, gate, set-up)."""
+        return next((r for r in self.runs.values() if r.engine == engine), None)
+
     def kind(self, engine: str) -> str:
-        run = next((r for r in self.runs.values() if r.engine == engine), None)
+        run = self.first_run(engine)
         return run.kind if run else engine.split("-")[0]
 
     def sweeps(self) -> dict[str, dict[str, SweepResult]]:
@@ -377,7 +381,7 @@ def setup_rows(results: "Results") -> list[dict[str, Any]]:
     """One row per engine: whether it answered right (the gate) and what ran."""
     out = []
     for e in results.engines:
-        run = next(r for r in results.runs.values() if r.engine == e)
+        run = results.first_run(e)
         gate = run.gate or {}
         n = gate.get("counts") or {}
         failed = gate.get("checks") and [c for c in gate["checks"] if c.get("verdict") in ("wrong", "error")]

@@ -95,11 +95,11 @@ class VLLMEngine(ProxyEngine):
                                   native_bf16=dtypes.cpu_has_bf16())
         self.dtype_note = DTYPE_NOTES.get(self.dtype) if self.dtype != config.dtype else None
         self.amx = self.device == "cpu" and dtypes.cpu_has_amx()
-        try:
-            resolved = dtypes.canonical(self.dtype, model_dtype)
+        try:    # "auto" means the checkpoint's own; a hub id not read yet stays "auto"
+            self.resolved_dtype = dtypes.canonical(self.dtype, model_dtype)
         except ValueError:
-            resolved = self.dtype
-        self.eager = runs_eager(self.device, resolved, self.amx, config.engine_args)
+            self.resolved_dtype = self.dtype
+        self.eager = runs_eager(self.device, self.resolved_dtype, self.amx, config.engine_args)
         self.compile_note = COMPILED_NOTE if self.device == "cpu" and not self.eager else None
         for note in (self.dtype_note, self.compile_note):
             if note:
@@ -175,10 +175,9 @@ class VLLMEngine(ProxyEngine):
         them); on a GPU vLLM picks its backend itself and logs it."""
         if self.device != "cpu":
             return "vLLM's choice for the GPU (its log names it)"
-        try:
-            bf16 = dtypes.canonical(self.dtype) == "bfloat16"
-        except ValueError:
+        if self.resolved_dtype == dtypes.AUTO:     # a hub id's dtype: vLLM resolves it
             return "CPU_ATTN"
+        bf16 = self.resolved_dtype == "bfloat16"
         return "CPU_ATTN (AMX)" if self.amx and bf16 else "CPU_ATTN (vector)"
 
     @property
