@@ -520,11 +520,11 @@ def _(mo):
 
 @app.cell
 def _(fa, kvcache, session, sweep, ui):
-    from workshop import roofline, roofline_measure
+    from workshop import roofline, roofline_measure, sanity
 
     max_prompt = int(session.info.get("max_model_len") or 2048) - 16
     prefill_lengths = [n for n in sweep([128, 256, 512, 1024, 1536], [128, 512]) if n <= max_prompt]
-    prefill_results = [roofline_measure.serve_prefill(session, _n, repeats=sweep(3, 1))
+    prefill_results = [roofline_measure.cold_prefill(session, _n, repeats=sweep(3, 1))
                        for _n in ui.progress(prefill_lengths, title="prefill sweep")]
     served_cfg = kvcache.served_model_config(str(session.info.get("model_path") or session.model),
                                              name=session.model)
@@ -532,7 +532,14 @@ def _(fa, kvcache, session, sweep, ui):
         _r["attention share of FLOPs"] = fa.attention_share(served_cfg, _r["prompt tokens"])
         _r["TTFT per token (ms)"] = _r["TTFT ms (median)"] / _r["prompt tokens"]
     ui.table(prefill_results)
-    return max_prompt, prefill_results, roofline, roofline_measure, served_cfg
+    return (
+        max_prompt,
+        prefill_results,
+        roofline,
+        roofline_measure,
+        sanity,
+        served_cfg,
+    )
 
 
 @app.cell(hide_code=True)
@@ -559,7 +566,7 @@ def _():
 
 @app.cell
 def _(exercise_prompt, my_ttft_ms, roofline_measure, session, sweep, ui):
-    exercise_prefill = roofline_measure.serve_prefill(session, exercise_prompt, repeats=sweep(3, 1))
+    exercise_prefill = roofline_measure.cold_prefill(session, exercise_prompt, repeats=sweep(3, 1))
     ui.compare(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
                f"TTFT for a {exercise_prompt:,}-token prompt", "ms")
     return (exercise_prefill,)
@@ -573,36 +580,51 @@ def _(exercise_prefill, fa, prefill_results, served_cfg, session):
 
 
 @app.cell
-def _(fa, long_cfg, prefill_all, roofline, served_cfg, ui):
+def _(fa, long_cfg, prefill_all, roofline, sanity, served_cfg, ui):
     _short, _long = prefill_all[0], prefill_all[-1]
+    prefill_violations = (
+        sanity.completed_some("the prefill sweep", sum(r["completed"] for r in prefill_all),
+                              len(prefill_all))
+        + sanity.grows_with("time to first token (ms) against prompt tokens",
+                            [r["prompt tokens"] for r in prefill_all],
+                            [r["TTFT ms (median)"] for r in prefill_all]))
     _measured = _long["TTFT ms (median)"] / _short["TTFT ms (median)"]
     _predicted = (roofline.prefill_flops(served_cfg, _long["prompt tokens"])
                   / roofline.prefill_flops(served_cfg, _short["prompt tokens"]))
     _share = fa.attention_share(served_cfg, _long["prompt tokens"])
     _long_share = fa.attention_share(long_cfg, 131_072)
-    if _measured > 1.2 * _predicted:
+    # A straight line through (FLOPs, TTFT): its slope is the time per FLOP, its intercept the
+    # part of every request the FLOP count does not explain.
+    _fit = fa.fixed_cost_fit(prefill_all, served_cfg)
+    if _measured > (1 + sanity.MEASUREMENT_ERROR) * _predicted:
         _reading = ("steeper than the FLOP count: something besides arithmetic grows with the "
-                    "prompt here (memory traffic and cache misses, or other work competing for the "
-                    "same cores; re-run to see whether it is stable)")
-    elif _measured < 0.8 * _predicted:
-        _reading = ("flatter than the FLOP count: fixed costs per request (HTTP, tokenising, "
-                    "scheduling, one decode step) weigh more on the short prompt")
+                    "prompt here. This run cannot tell what; re-run to see whether it is stable")
+    elif _measured < (1 - sanity.MEASUREMENT_ERROR) * _predicted and _fit and _fit[1] > 0:
+        _reading = (f"flatter than the FLOP count. A straight line through the points puts "
+                    f"**{_fit[1]:,.0f} ms** of every request outside the arithmetic (its value at "
+                    f"zero FLOPs), which weighs more on the short prompt")
+    elif _measured < (1 - sanity.MEASUREMENT_ERROR) * _predicted:
+        _reading = ("flatter than the FLOP count, and a straight line through the points finds no "
+                    "fixed cost to explain it: this run cannot conclude")
     else:
         _reading = "close to the FLOP count"
-    ui.md(
-        f"From {_short['prompt tokens']:,} to {_long['prompt tokens']:,} tokens the time to first "
-        f"token grew **{_measured:.1f}x**; the FLOP count (weights + attention) predicts "
-        f"{_predicted:.1f}x, so the measurement is {_reading}. Attention is "
-        f"**{_share:.0%}** of this model's prefill FLOPs at {_long['prompt tokens']:,} tokens: "
-        + ("at these lengths the weights' matmuls dominate prefill, and how attention is computed "
-           "matters for memory more than for time. " if _share < 0.5 else
-           "attention already dominates prefill at these lengths. ")
-        + f"For {long_cfg.name} at 131,072 tokens the same count gives **{_long_share:.0%}**: at "
-        f"long context attention is most of the prefill, and reading and writing its N² scores "
-        f"through slow memory would make it slower still. That is where FlashAttention-style "
-        f"kernels matter most: long prompts, prefill, and memory that must hold the KV cache "
-        f"instead of score matrices."
-    )
+    if prefill_violations:
+        ui.md(sanity.report(prefill_violations))
+    else:
+        ui.md(
+            f"From {_short['prompt tokens']:,} to {_long['prompt tokens']:,} tokens the time to first "
+            f"token grew **{_measured:.1f}x**; the FLOP count (weights + attention) predicts "
+            f"{_predicted:.1f}x, so the measurement is {_reading}. Attention is "
+            f"**{_share:.0%}** of this model's prefill FLOPs at {_long['prompt tokens']:,} tokens: "
+            + ("at these lengths the weights' matmuls dominate prefill, and how attention is computed "
+               "matters for memory more than for time. " if _share < 0.5 else
+               "attention already dominates prefill at these lengths. ")
+            + f"For {long_cfg.name} at 131,072 tokens the same count gives **{_long_share:.0%}**: at "
+            f"long context attention is most of the prefill, and reading and writing its N² scores "
+            f"through slow memory would make it slower still. That is where FlashAttention-style "
+            f"kernels matter most: long prompts, prefill, and memory that must hold the KV cache "
+            f"instead of score matrices."
+        )
     return
 
 

@@ -248,6 +248,20 @@ def attention_share(cfg, prompt_tokens: int) -> float:
                                                                          logits=False)
 
 
+def fixed_cost_fit(rows: Sequence[dict], cfg) -> tuple[float, float] | None:
+    """Least-squares line of TTFT (ms) against prefill FLOPs over ``rows``: (ms per GFLOP,
+    ms at zero FLOPs), or None with fewer than two prompt lengths. The intercept is the part
+    of every request the FLOP count does not explain (HTTP, tokenizing, scheduling, one step)."""
+    pts = [(prefill_flops(cfg, r["prompt tokens"]) / 1e9, r["TTFT ms (median)"]) for r in rows
+           if r["TTFT ms (median)"] == r["TTFT ms (median)"]]
+    if len({x for x, _ in pts}) < 2:
+        return None
+    mx = sum(x for x, _ in pts) / len(pts)
+    my = sum(y for _, y in pts) / len(pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return slope, my - slope * mx
+
+
 def prefill_figure(rows: Sequence[dict], engine: str, cfg):
     """TTFT against prompt length, next to what the FLOP count predicts from the first point."""
     from workshop.plots import figure
@@ -268,5 +282,5 @@ __all__ = [
     "sdpa", "sdpa_kernel", "naive_io_bytes", "tiled_io_bytes", "tile_fast_memory_bytes",
     "largest_tile", "cpu_caches", "peak_extra_bytes", "best_time_s", "memory_rows",
     "timing_rows", "traffic_rows", "memory_figure", "traffic_figure", "timing_figure",
-    "attention_share", "prefill_figure",
+    "attention_share", "fixed_cost_fit", "prefill_figure",
 ]

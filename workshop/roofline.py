@@ -12,8 +12,9 @@ sequence's KV cache, so its intensity grows with B; a prefill of T prompt tokens
 weights once for all T tokens, so its intensity is about T FLOP/byte at bf16. Engines compute
 logits only for the last prompt token, so a prefill does the LM head's matmul once, not T times.
 
-The compute roof is the best FLOP/s the machine reaches with the kernel an engine uses for its
-linear layers (``x @ W.T``, ``torch.nn.functional.linear``), over the dtypes it offers. The
+The compute roof is the best FLOP/s the machine reaches with the kernels engines use for their
+linear layers (``x @ W.T``: ``torch.nn.functional.linear`` and oneDNN's packed matmul), over the
+dtypes it offers. The
 kernel matters: on a CPU without bf16 instructions (AVX2 only) PyTorch's bf16 ``a @ b`` took
 0.5 GFLOP/s where bf16 ``F.linear`` on the same matrices took 3.6 and float32 7.5-145
 (measured 2026-12-01 on the course's 2-core machine), so a roof timed with bf16 ``a @ b`` sat
@@ -33,6 +34,7 @@ import numpy as np
 from reference_server.kv import kv_bytes_per_sequence
 from reference_server.model_config import ModelArch
 from workshop.kvcache import WEIGHT_BYTES
+from workshop.sanity import MEASUREMENT_ERROR, Violation, within
 
 
 @dataclass(frozen=True)
@@ -161,9 +163,6 @@ def decode_bound_tokens_per_s(cfg: ModelArch, machine: Machine, batch: int = 1,
                  / flops_per_token(cfg, context))
 
 
-# Measured points are medians of a few requests on a shared machine, the roof the best of a
-# few runs; 20 % covers the run-to-run spread seen on the course's 2-core machine.
-MEASUREMENT_ERROR = 0.20
 
 
 def roof_ratio(machine: Machine, point: Point, dtype: str | None = None) -> float:
@@ -183,9 +182,18 @@ def above_roof(machine: Machine, points: Sequence[Point], dtype: str | None = No
     return [(p, r) for p, r in ratios if r > 1 + error]
 
 
+def roof_violations(machine: Machine, points: Sequence[Point], dtype: str | None = None,
+                    error: float = MEASUREMENT_ERROR) -> list[Violation]:
+    """``above_roof`` as sanity-gate violations (``workshop.sanity``), with the numbers."""
+    return [v for p in points
+            for v in within(p.label, p.flops / 1e9, p.flops / 1e9 / roof_ratio(machine, p, dtype),
+                            "GFLOP/s", f"above the {dtype or 'best'} roof",
+                            ("cache", "busy", "kernel", "count"), error)]
+
+
 __all__ = [
     "Machine", "attainable_flops", "ridge_intensity", "lm_head_params", "flops_per_token",
     "prefill_flops", "Point", "weights_read_per_step", "weight_bytes_read", "decode_intensity",
     "prefill_intensity", "decode_point", "prefill_point", "decode_bound_tokens_per_s",
-    "MEASUREMENT_ERROR", "roof_ratio", "above_roof",
+    "MEASUREMENT_ERROR", "roof_ratio", "above_roof", "roof_violations",
 ]

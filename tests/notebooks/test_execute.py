@@ -105,7 +105,17 @@ def run_jupyter(name: str, env: dict[str, str], monkeypatch, tag: str = "") -> N
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])]
     assert not [o for o in outputs if o.output_type == "error"]
     assert any("image/png" in o.get("data", {}) for o in outputs), "no plot was drawn"
+    shown = "\n".join(str(o.get("data", {}).get("text/markdown", "")) + str(o.get("text", ""))
+                      for o in outputs)
+    assert not implausible(shown), f"{name}: a sanity gate failed: {implausible(shown)}"
     print(f"{name}.ipynb{tag} executed in {elapsed:.0f} s")
+
+
+def implausible(text: str) -> list[str]:
+    """The lines a sanity gate printed (``workshop.sanity.MARK``): a measurement that breaks
+    physics fails the notebook's test."""
+    from workshop.sanity import MARK
+    return [line.strip()[:300] for line in text.splitlines() if MARK in line]
 
 
 def run_marimo(name: str, env: dict[str, str], tag: str = "") -> None:
@@ -118,6 +128,8 @@ def run_marimo(name: str, env: dict[str, str], tag: str = "") -> None:
     elapsed = time.monotonic() - start
     assert r.returncode == 0, f"marimo export failed ({elapsed:.0f} s):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
     assert html.exists() and html.stat().st_size > 10_000
+    found = implausible(html.read_text(errors="replace"))
+    assert not found, f"{name}: a sanity gate failed: {found}"
     print(f"{name}.py{tag} executed in {elapsed:.0f} s")
 
 

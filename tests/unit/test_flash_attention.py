@@ -112,3 +112,17 @@ def test_attention_share_counts_by_hand():
     big_head = read_arch({"num_hidden_layers": 1, "num_attention_heads": 2, "hidden_size": 8,
                           "vocab_size": 10}, params=180)
     assert fa.attention_share(big_head, 50) == pytest.approx(fa.attention_share(cfg, 50))
+
+
+def test_fixed_cost_fit_recovers_the_intercept_of_a_line():
+    from workshop.kvcache import load_model
+    from workshop.roofline import prefill_flops
+    cfg = load_model("smollm2-135m")
+    # 40 ms per request plus 3 ms per GFLOP, exactly
+    rows = [{"prompt tokens": n, "TTFT ms (median)": 40 + 3 * prefill_flops(cfg, n) / 1e9}
+            for n in (128, 512, 1024)]
+    slope, intercept = fa.fixed_cost_fit(rows, cfg)
+    assert slope == pytest.approx(3) and intercept == pytest.approx(40)
+    assert fa.fixed_cost_fit(rows[:1], cfg) is None
+    assert fa.fixed_cost_fit(rows[:1] + [{"prompt tokens": 512, "TTFT ms (median)": float("nan")}],
+                             cfg) is None
