@@ -248,7 +248,7 @@ def _(Cluster, layers, num_models, num_workers, slots, stop_all, sweep, ui):
                             layers=layers.value, ack_wait=sweep(3.0, 2.0))
     model_mb = max(cluster.sizes.values()) / 2**20
     ui.table([{"worker": w, "pid": p.pid, "slots": p.spec.slots, "pinned": ", ".join(p.spec.pinned),
-               "budget MB": p.spec.budget / 2**20}
+               "budget MiB": p.spec.budget / 2**20}
               for w, p in cluster.workers.items()])
     return cluster, model_mb
 
@@ -257,7 +257,7 @@ def _(Cluster, layers, num_models, num_workers, slots, stop_all, sweep, ui):
 def _(cluster, layers, model_mb, num_models, slots, ui):
     ui.md(f"NATS server {cluster.nats.version} at `{cluster.nats.url}` (JetStream store in "
           f"`{cluster.nats.store_dir}`), {len(cluster.workers)} workers, {num_models.value} models "
-          f"of {layers.value} layers, each **{model_mb:.0f} MB** resident (weights in float32 plus "
+          f"of {layers.value} layers, each **{model_mb:.0f} MiB** resident (weights in float32 plus "
           f"a KV pool for {slots.value} requests). Logs: `{cluster.log_dir}`.")
     return
 
@@ -487,9 +487,10 @@ def _(
            "Round-robin pushing kept the tail lower here, against what the design predicts. "
            if p99_ratio < 0.9 else
            "The two tails were within 10 % of each other: no clear winner at this load. ")
-        + ("(With under 100 requests per point a p99 is the slowest request, and on a machine "
-           "shared with other work that is noisy: run more requests per point before believing "
-           "a difference.) " if _pull["requests"] < 100 else "")
+        + ("(With under 100 requests per point a p99 lies between the two slowest requests "
+           "(interpolated, as the benchmark harness does), and on a machine shared with other "
+           "work that is noisy: run more requests per point before believing a difference.) "
+           if _pull["requests"] < 100 else "")
         + (f"Of the {len(top_rows)} routes, the lowest p99 at that load was **{_best}**'s "
            f"({top_rows[_best]['p99 s']:.2f} s). " if len(top_rows) > 2 else "")
         + f"Short requests alone: p99 {_pull['p99 short s']:.2f} s pulled, "
@@ -646,10 +647,12 @@ def _(qx, ui, zipf_live):
     zipf_hits = [r for r in zipf_records if r["hit"]]
     zipf_activity = zipf_live.point.activity
     zipf_p99 = qx.percentile([r["latency_s"] for r in zipf_records], 99)
-    zipf_p99_record = next((r for r in zipf_records if r["latency_s"] == zipf_p99), None)
+    # The p99 is interpolated: the request that bounds it from above is the one it points at.
+    zipf_p99_record = min((r for r in zipf_records if r["latency_s"] >= zipf_p99),
+                          key=lambda r: r["latency_s"], default=None)
     ui.table([{"worker": w, "requests": a["served"], "model loads": a["loads"],
-               "peak resident MB": a["peak_bytes"] / 2**20, "budget MB": a["budget"] / 2**20,
-               "process RSS MB": a["rss_bytes"] / 2**20} for w, a in zipf_activity.items()])
+               "peak resident MiB": a["peak_bytes"] / 2**20, "budget MiB": a["budget"] / 2**20,
+               "process RSS MiB": a["rss_bytes"] / 2**20} for w, a in zipf_activity.items()])
     return (
         zipf_activity,
         zipf_hits,
@@ -696,16 +699,16 @@ def _(
            if zipf_misses and zipf_hits else "")
         + f"p99 latency: {zipf_p99:.2f} s. "
         + (f"{len(zipf_misses) / len(zipf_records):.0%} of requests missed. " if zipf_records else "")
-        + (("The request at the p99 was a miss: with more than 1 % of requests missing the tail "
+        + (("The request at (or just above) the p99 was a miss: with more than 1 % of requests missing the tail "
             "is set by load time, and only a higher hit rate (more budget, more pinning, or "
             "sending a model's requests to the workers that already hold it) moves it. ")
            if zipf_p99_record is not None and not zipf_p99_record["hit"] else
-           ("The request at the p99 was a hit: it waited behind another model's load on its "
+           ("The request at (or just above) the p99 was a hit: it waited behind another model's load on its "
             "worker (a worker loads a model in its own loop, so everything it holds waits), or "
             "behind other requests. ") if zipf_p99_record is not None else "")
         + ("Every worker stayed within its budget: the most resident at once was "
-           f"{max(a['peak_bytes'] for a in zipf_activity.values()) / 2**20:.0f} MB of "
-           f"{zipf_budget * model_mb:.0f} MB allowed. "
+           f"{max(a['peak_bytes'] for a in zipf_activity.values()) / 2**20:.0f} MiB of "
+           f"{zipf_budget * model_mb:.0f} MiB allowed. "
            if all(a["peak_bytes"] <= a["budget"] for a in zipf_activity.values()) else
            "**A worker exceeded its budget**: the policy or the worker is broken. ")
         + "A process's RSS is larger than its models: the Python interpreter, PyTorch and "

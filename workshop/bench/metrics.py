@@ -80,8 +80,30 @@ class RequestRecord:
         return 0.0 if self.admitted is None else self.admitted - self.scheduled
 
 
+def percentile(values: Iterable[float], q: float) -> float:
+    """The project's one percentile: the ``q``-th, interpolated linearly between the two
+    nearest ranks (numpy's default "linear" method, the one vLLM's benchmark uses).
+
+    Infinite values are allowed (a caller may count a request that never came back as
+    infinitely slow): a rank that draws any weight from an infinite value is infinite,
+    where numpy would give nan. An empty input gives nan.
+    """
+    arr = np.sort(np.asarray(list(values), dtype=float))
+    if arr.size == 0:
+        return float("nan")
+    rank = q / 100 * (arr.size - 1)
+    lo, hi = int(np.floor(rank)), int(np.ceil(rank))
+    frac = rank - lo
+    if frac == 0 or arr[lo] == arr[hi]:
+        return float(arr[lo])
+    if np.isinf(arr[hi]):
+        return float(arr[hi])
+    return float(np.percentile(arr, q))
+
+
 def stats(values: Iterable[float], scale: float = 1.0) -> dict[str, float | None]:
-    """mean, median, p90, p95, p99 (numpy's linear interpolation, like vLLM), times ``scale``.
+    """mean, median, p90, p95, p99 (``percentile``: linear interpolation, like vLLM), times
+    ``scale``.
 
     An empty input gives ``None`` everywhere rather than a misleading 0.
     """
@@ -91,10 +113,10 @@ def stats(values: Iterable[float], scale: float = 1.0) -> dict[str, float | None
     if arr.size == 0:
         return out
     out["mean"] = float(arr.mean())
-    out["median"] = float(np.percentile(arr, 50))
+    out["median"] = percentile(arr, 50)
     for p in PERCENTILES:
         if p != 50:
-            out[f"p{p}"] = float(np.percentile(arr, p))
+            out[f"p{p}"] = percentile(arr, p)
     return out
 
 

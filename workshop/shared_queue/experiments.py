@@ -19,6 +19,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from workshop.bench import metrics
 from workshop.bench.sweep import find_knee
 from workshop.shared_queue import wire
 from workshop.shared_queue.cluster import Cluster
@@ -58,9 +59,9 @@ def poisson_offsets(n: int, rate: float, rng: np.random.Generator) -> list[float
 
 
 def percentile(values: Sequence[float | None], q: float) -> float:
-    """``q``-th percentile; a request that never came back counts as infinitely slow."""
-    v = [math.inf if x is None else x for x in values]
-    return float(np.percentile(v, q, method="higher")) if v else math.nan
+    """The harness's ``q``-th percentile (``workshop.bench.metrics.percentile``, interpolated),
+    where a request that never came back (None) counts as infinitely slow."""
+    return metrics.percentile([math.inf if x is None else x for x in values], q)
 
 
 # -- what the workers did -------------------------------------------------------------------------
