@@ -442,7 +442,8 @@ def _(client, max_tokens, probe, prompt, session, ui, workshop):
         for _ in ui.progress(range(workshop.session.sweep(8, 3)), title="repeating the request")
     ]
     repeat_summary = probe.summarize(repeat_runs)
-    ui.table([{"run": _i + 1, "TTFT (ms)": _r.ttft * 1000, "output tokens": _r.tokens,
+    ui.table([{"run": _i + 1, "TTFT (ms)": _r.ttft * 1000, "prompt tokens": _r.prompt_tokens,
+               "of them cached": _r.cached_tokens, "output tokens": _r.tokens,
                "decode tokens/s": _r.decode_tokens_per_s, "total time (s)": _r.end}
               for _i, _r in enumerate(repeat_runs)], floatfmt=".1f")
     return repeat_runs, repeat_summary
@@ -450,14 +451,26 @@ def _(client, max_tokens, probe, prompt, session, ui, workshop):
 
 @app.cell
 def _(repeat_runs, repeat_summary, ui):
+    _cached_runs = sum(1 for _r in repeat_runs if _r.cached_tokens)
+    _max_cached = max((_r.cached_tokens or 0) for _r in repeat_runs)
+    _unreported = all(_r.cached_tokens is None for _r in repeat_runs)
     ui.md(
         f"Over {len(repeat_runs)} runs the time to first token ranged from "
         f"{repeat_summary['ttft_ms_min']:.0f} to {repeat_summary['ttft_ms_max']:.0f} ms "
         f"(median {repeat_summary['ttft_ms_median']:.0f} ms) and the decode speed from "
         f"{repeat_summary['decode_tok_s_min']:.1f} to {repeat_summary['decode_tok_s_max']:.1f} "
         f"tokens/s. At the median speed a 300-token answer takes about "
-        f"{300 / repeat_summary['decode_tok_s_median']:.0f} s to stream. Notebook 1 asks what "
-        "happens to these numbers when prompts get long and when many users arrive at once."
+        f"{300 / repeat_summary['decode_tok_s_median']:.0f} s to stream. "
+        + (f"The same prompt sent again is not the same work: {_cached_runs} of the "
+           f"{len(repeat_runs)} runs found up to {_max_cached} of their "
+           f"{repeat_runs[0].prompt_tokens} prompt tokens in the server's prefix cache (the "
+           "*of them cached* column), so their time to first token skipped that part of the "
+           "prefill. Notebook 8 is about that cache; timings that must be cold send new prompts."
+           if _cached_runs else
+           "No run reported prompt tokens served from a prefix cache"
+           + (" (this server does not report them)." if _unreported else "."))
+        + " Notebook 1 asks what happens to these numbers when prompts get long and when many "
+        "users arrive at once."
     )
     return
 

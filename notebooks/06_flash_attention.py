@@ -524,7 +524,7 @@ def _(fa, kvcache, session, sweep, ui):
 
     max_prompt = int(session.info.get("max_model_len") or 2048) - 16
     prefill_lengths = [n for n in sweep([128, 256, 512, 1024, 1536], [128, 512]) if n <= max_prompt]
-    prefill_results = [roofline_measure.cold_prefill(session, _n, repeats=sweep(3, 1))
+    prefill_results = [roofline_measure.cold_prefill(session, _n, repeats=sweep(3, 2))
                        for _n in ui.progress(prefill_lengths, title="prefill sweep")]
     served_cfg = kvcache.served_model_config(str(session.info.get("model_path") or session.model),
                                              name=session.model)
@@ -566,7 +566,7 @@ def _():
 
 @app.cell
 def _(exercise_prompt, my_ttft_ms, roofline_measure, session, sweep, ui):
-    exercise_prefill = roofline_measure.cold_prefill(session, exercise_prompt, repeats=sweep(3, 1))
+    exercise_prefill = roofline_measure.cold_prefill(session, exercise_prompt, repeats=sweep(3, 2))
     ui.compare(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
                f"TTFT for a {exercise_prompt:,}-token prompt", "ms")
     return (exercise_prefill,)
@@ -608,23 +608,20 @@ def _(fa, long_cfg, prefill_all, roofline, sanity, served_cfg, ui):
                     "fixed cost to explain it: this run cannot conclude")
     else:
         _reading = "close to the FLOP count"
-    if prefill_violations:
-        ui.md(sanity.report(prefill_violations))
-    else:
-        ui.md(
-            f"From {_short['prompt tokens']:,} to {_long['prompt tokens']:,} tokens the time to first "
-            f"token grew **{_measured:.1f}x**; the FLOP count (weights + attention) predicts "
-            f"{_predicted:.1f}x, so the measurement is {_reading}. Attention is "
-            f"**{_share:.0%}** of this model's prefill FLOPs at {_long['prompt tokens']:,} tokens: "
-            + ("at these lengths the weights' matmuls dominate prefill, and how attention is computed "
-               "matters for memory more than for time. " if _share < 0.5 else
-               "attention already dominates prefill at these lengths. ")
-            + f"For {long_cfg.name} at 131,072 tokens the same count gives **{_long_share:.0%}**: at "
-            f"long context attention is most of the prefill, and reading and writing its N² scores "
-            f"through slow memory would make it slower still. That is where FlashAttention-style "
-            f"kernels matter most: long prompts, prefill, and memory that must hold the KV cache "
-            f"instead of score matrices."
-        )
+    ui.md(sanity.report(prefill_violations) if prefill_violations else (
+        f"From {_short['prompt tokens']:,} to {_long['prompt tokens']:,} tokens the time to first "
+        f"token grew **{_measured:.1f}x**; the FLOP count (weights + attention) predicts "
+        f"{_predicted:.1f}x, so the measurement is {_reading}. Attention is "
+        f"**{_share:.0%}** of this model's prefill FLOPs at {_long['prompt tokens']:,} tokens: "
+        + ("at these lengths the weights' matmuls dominate prefill, and how attention is computed "
+           "matters for memory more than for time. " if _share < 0.5 else
+           "attention already dominates prefill at these lengths. ")
+        + f"For {long_cfg.name} at 131,072 tokens the same count gives **{_long_share:.0%}**: at "
+        f"long context attention is most of the prefill, and reading and writing its N² scores "
+        f"through slow memory would make it slower still. That is where FlashAttention-style "
+        f"kernels matter most: long prompts, prefill, and memory that must hold the KV cache "
+        f"instead of score matrices."
+    ))
     return
 
 

@@ -338,8 +338,9 @@ def _(mo):
     We load checkpoints of several sizes cold (some of the bundled model's tensors, up to all of
     them) in each format (two of them in quick mode), keep the fastest of the repeats (a shared
     machine only ever adds time), and fit the line: the intercept is the fixed cost, one over
-    the slope the bandwidth. A negative intercept would be noise, not a loader that gives time
-    back: the fit then sets it to 0.
+    the slope the bandwidth. No load takes negative time, so the fit is least squares under that
+    constraint: where the free line would cross below zero, the fixed cost is 0 and the line
+    goes through the origin.
     """)
     return
 
@@ -425,8 +426,9 @@ def _(cs, exercise_big, exercise_big_bytes, load_fits, ui):
           f"load took {exercise_big['seconds']:.2f} s ({_off:+.0%}). "
           + ("Within 25 %: on this machine the straight line holds beyond the sizes it was fitted on."
              if abs(_off) <= 0.25 else
-             "More than 25 % off: the line does not extrapolate well here (a shared machine's noise, "
-             "or a cost that is not linear in size, such as memory pressure); re-run to see which."))
+             "More than 25 % off: in this run the line does not extrapolate to this size. One run "
+             "cannot tell a cost that is not linear in size (memory pressure, say) from a disturbed "
+             "measurement: re-run, and if the gap stays, the line is the wrong model here."))
     return
 
 

@@ -394,8 +394,9 @@ class LoadFit:
 
 def fit_load_time(sizes: Sequence[float], seconds: Sequence[float]) -> LoadFit:
     """The straight line through (bytes, seconds): intercept = fixed cost, 1 / slope =
-    bandwidth. A negative intercept (noise: no load takes negative time) is clamped to 0 and
-    the slope refitted through the origin. Needs two sizes at least."""
+    bandwidth. No load takes negative time: where the free line's intercept is negative, the
+    line is refitted through the origin (least squares with ``fixed_s >= 0``). Needs two sizes
+    at least."""
     x, y = np.asarray(sizes, float), np.asarray(seconds, float)
     if len(set(x.tolist())) < 2:
         raise ValueError("a fit needs loads of at least two different sizes")

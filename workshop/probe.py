@@ -23,6 +23,7 @@ class StreamTiming:
     end: float = 0.0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    cached_tokens: int | None = None     # prompt tokens the server found in its prefix cache
     finish_reason: str | None = None
 
     @property
@@ -69,6 +70,9 @@ def stream_chat(client: Any, model: str, messages: list[dict], max_tokens: int =
         if chunk.usage is not None:
             t.prompt_tokens = chunk.usage.prompt_tokens
             t.completion_tokens = chunk.usage.completion_tokens
+            details = getattr(chunk.usage, "prompt_tokens_details", None)
+            if details is not None and getattr(details, "cached_tokens", None) is not None:
+                t.cached_tokens = int(details.cached_tokens)
         for choice in chunk.choices:
             piece = choice.delta.content or ""
             if piece:

@@ -55,6 +55,19 @@ class Machine:
         return dict(self.ceilings).get(dtype, self.flops) if dtype else self.flops
 
 
+def best_of(*machines: Machine) -> Machine:
+    """One machine measured several times: the best bandwidth and the best ceiling per dtype.
+    A disturbed measurement only ever comes out low, so the best is the least disturbed."""
+    first = machines[0]
+    ceilings: dict[str, float] = {}
+    for m in machines:
+        for dt, f in m.ceilings:
+            ceilings[dt] = max(f, ceilings.get(dt, 0.0))
+    return Machine(first.name, max(m.bandwidth for m in machines),
+                   max(m.flops for m in machines),
+                   f"{first.source}; best of {len(machines)} measurements", tuple(ceilings.items()))
+
+
 def attainable_flops(intensity: float | np.ndarray, peak_flops: float,
                      bandwidth: float) -> float | np.ndarray:
     """The roof: ``min(peak, bandwidth * intensity)``."""
@@ -192,7 +205,7 @@ def roof_violations(machine: Machine, points: Sequence[Point], dtype: str | None
 
 
 __all__ = [
-    "Machine", "attainable_flops", "ridge_intensity", "lm_head_params", "flops_per_token",
+    "Machine", "best_of", "attainable_flops", "ridge_intensity", "lm_head_params", "flops_per_token",
     "prefill_flops", "Point", "weights_read_per_step", "weight_bytes_read", "decode_intensity",
     "prefill_intensity", "decode_point", "prefill_point", "decode_bound_tokens_per_s",
     "MEASUREMENT_ERROR", "roof_ratio", "above_roof", "roof_violations",

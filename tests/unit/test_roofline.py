@@ -223,3 +223,13 @@ def test_moe_reads_more_experts_as_batch_grows():
     assert reads[-1] == pytest.approx(cfg.params, rel=1e-3)
     dense = load_model("llama-3.1-8b")
     assert rl.weights_read_per_step(dense, 64) == dense.params
+
+
+def test_best_of_keeps_the_least_disturbed_measurement_per_quantity():
+    a = rl.Machine("cpu", 10e9, 300e9, "measured", (("bfloat16", 300e9), ("float32", 100e9)))
+    b = rl.Machine("cpu", 24e9, 250e9, "measured", (("bfloat16", 250e9), ("float32", 120e9)))
+    m = rl.best_of(a, b)
+    assert m.bandwidth == 24e9 and m.flops == 300e9
+    assert m.ceiling("bfloat16") == 300e9 and m.ceiling("float32") == 120e9
+    assert rl.best_of(a) == rl.Machine("cpu", 10e9, 300e9, "measured; best of 1 measurements",
+                                       a.ceilings)
