@@ -26,24 +26,33 @@ from workshop.roofline import prefill_flops, weights_read_per_step
 @dataclass(frozen=True)
 class GPU:
     name: str
-    memory_bytes: int
+    memory_bytes: int               # usable memory as the driver reports it (gpu_memory_bytes)
     bandwidth_bytes_s: float
     flops: float                    # dense bf16 (or fp16 where there is no bf16) FLOP/s
     price_usd_hour: float | None
     spec_source: str
     price_source: str
+    memory_source: str = ""
+    reserved_price_usd_hour: float | None = None   # a one-year commitment, where catalogued
+    reserved_price_source: str = ""
 
 
 def gpu_memory_bytes(g: dict) -> int:
-    """Total device memory of one ``gpus.json`` entry, in bytes.
+    """The memory of one ``gpus.json`` entry, in bytes: the one place the catalogue's memory
+    figure becomes bytes.
 
-    ``memory_mib`` (what nvidia-smi reports as memory.total) wins where the data has it.
-    Otherwise the datasheet's ``memory_gb`` is taken as decimal GB (10^9 bytes), as
-    vendors quote it: an estimate, since the usable total differs by part.
+    "Memory" here is the **usable memory as the driver reports it**: nvidia-smi's
+    ``memory.total`` (rocm-smi's VRAM total on AMD), the figure an engine's memory fraction
+    (vLLM's ``gpu_memory_utilization``) is taken of. The catalogue keeps it as ``memory_mib``
+    (MiB, 2^20 bytes, the unit the driver prints) next to the datasheet's ``memory_gb``. The
+    datasheet figure is not converted: its "GB" of memory is a binary size of the chips
+    (80 GB = 80 GiB), and the driver reports less (ECC on GDDR6 parts, the driver's own
+    reservation), so neither 10^9 nor 2^30 bytes per "GB" gives the usable total.
     """
-    if g.get("memory_mib"):
-        return int(g["memory_mib"]) * 2**20
-    return int(g["memory_gb"] * 1e9)
+    if not g.get("memory_mib"):
+        raise ValueError(f"gpus.json entry {g.get('name')!r} has no memory_mib (the total the "
+                         "driver reports); add it with its memory_source")
+    return int(g["memory_mib"]) * 2**20
 
 
 def load_gpus() -> dict[str, GPU]:
@@ -58,6 +67,9 @@ def load_gpus() -> dict[str, GPU]:
             price_usd_hour=g.get("price_usd_hour"),
             spec_source=g["spec_source"],
             price_source=g.get("price_source", ""),
+            memory_source=g.get("memory_source", ""),
+            reserved_price_usd_hour=g.get("reserved_price_usd_hour"),
+            reserved_price_source=g.get("reserved_price_source", ""),
         )
     return out
 

@@ -325,6 +325,7 @@ slo_tpot_ms = ui.slider(5, 200, 50, 5, "TPOT target (ms per output token)")
 slo_tpot_ms
 
 # %%
+import inspect
 import math
 
 slo_gpu = gpu_catalogue[calc_gpu.value]
@@ -474,11 +475,9 @@ slo_prompt_len
 ttft_target_s = slo_ttft_ms.value / 1000
 ttft_prompt = int(slo_prompt_len.value)
 ttft_deployment = {k: v for k, v in calc_deployment.items() if k != "context"}
-# The closed form above, written out: F(L), then the prompts whose FLOPs fit in the target.
-ttft_flops_per_prompt = (2 * ttft_prompt * calc_cfg.active_params
-                         + 2 * ttft_prompt**2 * calc_cfg.num_layers * calc_cfg.num_heads
-                         * calc_cfg.head_dim
-                         - 2 * (ttft_prompt - 1) * roofline.lm_head_params(calc_cfg))
+# F(L) is roofline.prefill_flops (source below): a count of the work from the config, not a
+# measurement, and nothing here measures a GPU's FLOPs to check it against.
+ttft_flops_per_prompt = roofline.prefill_flops(calc_cfg, ttft_prompt)
 ttft_peak = slo_gpu.flops * int(calc_num_gpus.value)
 ttft_closed_form = math.floor(ttft_target_s * ttft_peak / ttft_flops_per_prompt)
 
@@ -494,12 +493,12 @@ ui.table([{"": "closed form (compute-bound)", "prompts": ttft_closed_form},
           {"": f"a stream: per step within {slo_ttft_ms.value / 2:g} ms", "prompts": ttft.stream}])
 
 # %%
-if ttft_flops_per_prompt != roofline.prefill_flops(calc_cfg, ttft_prompt):
-    _formula = (f"(The formula above gives {ttft_flops_per_prompt:.4g} FLOPs per prompt, "
-                f"`roofline.prefill_flops` {roofline.prefill_flops(calc_cfg, ttft_prompt):.4g}: "
-                "they should agree; report it.) ")
-else:
-    _formula = ""
+ui.md("$F(L)$ as the course computes it (`workshop/roofline.py`), "
+      f"{ttft_flops_per_prompt:.4g} FLOPs for one prompt of {ttft_prompt:,} tokens here:\n\n"
+      "```python\n" + inspect.getsource(roofline.flops_per_token)
+      + "\n\n" + inspect.getsource(roofline.prefill_flops) + "```")
+
+# %%
 if ttft.together == 0:
     _one = capacity.prefill_step(calc_cfg, slo_gpu, 1, ttft_prompt, **ttft_deployment)
     _why = ("The prompt is longer than the model's context." if ttft.limited_by.startswith(
@@ -516,8 +515,7 @@ else:
     _why = (f"The full formula allows {ttft.max_prompts_latency:,} prompts against the closed "
             f"form's {ttft_closed_form:,}.")
 ui.md(
-    _formula
-    + f"At a {slo_ttft_ms.value} ms target, {calc_cfg.name} on {int(calc_num_gpus.value)} x "
+    f"At a {slo_ttft_ms.value} ms target, {calc_cfg.name} on {int(calc_num_gpus.value)} x "
     f"{slo_gpu.name} prefills **{ttft.together:,} prompt{'' if ttft.together == 1 else 's'} "
     f"of {ttft_prompt:,} tokens together**, limited by **{ttft.limited_by}**. {_why}"
     + (f" For a stream of requests, steps of {ttft.stream:,} "
@@ -592,12 +590,16 @@ ui.md(_reading)
 #
 # Peak figures are the vendors' dense (no 2:4 sparsity) bf16 tensor numbers and peak memory
 # bandwidth; prices are one provider's on-demand list price on the date shown and move by 2x
-# or more between providers and months.
+# or more between providers and months. Memory is the usable total the driver reports
+# (nvidia-smi's `memory.total`, in MiB), not the datasheet's "80 GB": that figure counts the
+# chips in binary units, and the driver keeps some of them (ECC on GDDR6 parts takes 1/16).
 
 # %%
-ui.table([{"GPU": g.name, "memory (GiB)": round(g.memory_bytes / 2**30),
+ui.table([{"GPU": g.name, "memory (MiB, driver)": g.memory_bytes // 2**20,
+           "memory (GiB)": round(g.memory_bytes / 2**30, 1),
            "bandwidth (GB/s)": round(g.bandwidth_bytes_s / 1e9),
            "bf16 TFLOP/s": round(g.flops / 1e12), "spec source": g.spec_source,
+           "memory source": g.memory_source,
            "$/hour": g.price_usd_hour, "price source": g.price_source}
           for g in gpu_catalogue.values()])
 

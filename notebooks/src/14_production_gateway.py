@@ -454,19 +454,28 @@ peak_hours = ui.slider(1.0, 24.0, 4.0, 0.5, "hours a day at the peak")
 peak_hours
 
 # %% [markdown]
-# Prices per GPU-hour are yours to set. The defaults are one example: an H100 at
-# **$4.99/h on demand and about $3.20/h on a one-year commitment**, from
-# [computingpower.org, "On-Demand vs Reserved vs Spot"](https://computingpower.org/providers/pricing-models-explained)
-# (reviewed 2026-04-30). Prices vary by provider, region, commitment and month by a factor
-# of two or more (`workshop/data/gpus.json` lists on-demand prices of other GPUs, each with
-# its source and date).
+# Prices per GPU-hour are yours to set. The defaults come from the course's one GPU
+# catalogue, `workshop/data/gpus.json` (the one notebook 2 prices with): an H100's on-demand
+# and one-year-commitment prices, each with its source and date, shown below. Prices vary by
+# provider, region, commitment and month by a factor of two or more.
 
 # %%
-price_on_demand = ui.slider(0.1, 12.0, 4.99, 0.01, "on-demand $ per GPU-hour")
+from workshop import capacity
+
+price_gpu = capacity.load_gpus()["H100-SXM"]
+ui.md(f"{price_gpu.name}: **${price_gpu.price_usd_hour:.2f}/h on demand** "
+      f"({price_gpu.price_source}) and **${price_gpu.reserved_price_usd_hour:.2f}/h on a "
+      f"one-year commitment** ({price_gpu.reserved_price_source}). The two come from different "
+      "sources; set your own below.")
+
+# %%
+price_on_demand = ui.slider(0.1, 12.0, price_gpu.price_usd_hour, 0.01,
+                            "on-demand $ per GPU-hour")
 price_on_demand
 
 # %%
-price_reserved = ui.slider(0.1, 12.0, 3.20, 0.01, "reserved $ per GPU-hour (paid every hour)")
+price_reserved = ui.slider(0.1, 12.0, price_gpu.reserved_price_usd_hour, 0.01,
+                           "reserved $ per GPU-hour (paid every hour)")
 price_reserved
 
 # %% [markdown]
@@ -476,8 +485,6 @@ price_reserved
 # reserved hours count):
 
 # %%
-from workshop import capacity
-
 ui.md("```python\n" + inspect.getsource(capacity.fleet_plan) + "```")
 
 # %% [markdown]
