@@ -397,7 +397,16 @@ def cascade_figure(rows: Sequence[dict], title: str):
     return fig
 
 
+def decimals_to_tell_apart(a: float, b: float, at_least: int = 3, at_most: int = 15) -> int:
+    """Decimals that show ``a`` and ``b`` as different numbers when they differ (``at_least``
+    when they are equal or already differ there): two different hit rates must not print alike."""
+    for d in range(at_least, at_most + 1):
+        if a == b or f"{a:.{d}f}" != f"{b:.{d}f}":
+            return d
+    return at_most
+
+
 __all__ = ["ReplayResult", "replay", "match_rows", "radix_text", "workload_tokens", "pool_sweep",
            "blocks_needed", "bench_row", "run_kinds", "sequential_run", "sequential_row",
            "kinds_figure", "per_request_figure", "pool_figure", "cascade_figure", "CACHE_COLORS",
-           "common_prefix"]
+           "common_prefix", "decimals_to_tell_apart"]

@@ -294,6 +294,10 @@ _tput_sp = _hash_sp["output tok/s"] / _none_sp["output tok/s"]
 _same_sp, _same_ag = (abs(_row[("hash", w)]["hit rate (/metrics)"]
                           - _row[("radix", w)]["hit rate (/metrics)"]) < 1e-9 for w in (_w_sp, _w_ag))
 _same = _same_sp and _same_ag
+# Enough decimals that two different hit rates never print as the same number.
+_d_sp, _d_ag = (prefix_caching.decimals_to_tell_apart(_row[("hash", w)]["hit rate (/metrics)"],
+                                                      _row[("radix", w)]["hit rate (/metrics)"])
+                for w in (_w_sp, _w_ag))
 _ag_prompt_tokens = {k: sorted(r.prompt_tokens for r in kinds_raw[(k, _w_ag)].records)
                      for k in ("hash", "radix")}
 kinds_same_tokens, ttft_gain_shared = _same_sp, _speed_sp     # for the summary at the end
@@ -315,10 +319,10 @@ ui.md(
        f"{_radix_sp['median TTFT (ms)']:.0f} ms) is mostly run-to-run variation on this "
        "machine, not the data structure. " if _same else
        f"Hash and radix found {'the same' if _same_sp else 'different'} amounts on the "
-       f"shared-prefix workload ({_hash_sp['hit rate (/metrics)']:.3f} vs "
-       f"{_radix_sp['hit rate (/metrics)']:.3f}) and {'the same' if _same_ag else 'different'} "
-       f"ones on the agentic workload ({_hash_ag['hit rate (/metrics)']:.3f} vs "
-       f"{_radix_ag['hit rate (/metrics)']:.3f}). "
+       f"shared-prefix workload ({_hash_sp['hit rate (/metrics)']:.{_d_sp}f} vs "
+       f"{_radix_sp['hit rate (/metrics)']:.{_d_sp}f}) and {'the same' if _same_ag else 'different'} "
+       f"ones on the agentic workload ({_hash_ag['hit rate (/metrics)']:.{_d_ag}f} vs "
+       f"{_radix_ag['hit rate (/metrics)']:.{_d_ag}f}). "
        + ("" if _same_ag or _ag_prompt_tokens["hash"] == _ag_prompt_tokens["radix"] else
           f"The two servers were not sent the same agentic prompts ({sum(_ag_prompt_tokens['hash'])} "
           f"vs {sum(_ag_prompt_tokens['radix'])} prompt tokens in all): each turn resends the "

@@ -210,3 +210,15 @@ def test_workload_tokens_cuts_and_pads_replies(monkeypatch):
     toks = pc.workload_tokens(W.Workload("fake", [], tokenizer=W.Tokenizer()))
     assert [len(o) for _, o in toks] == [5, 5]
     assert [len(p) for p, _ in toks] == [3, 3]
+
+
+def test_two_different_hit_rates_never_print_alike():
+    # Notebook 8 once printed "different ones (0.753 vs 0.753)".
+    a, b = 0.7531, 0.7534
+    d = pc.decimals_to_tell_apart(a, b)
+    assert f"{a:.{d}f}" != f"{b:.{d}f}" and d == 4
+    assert pc.decimals_to_tell_apart(0.5, 0.25) == 3          # already apart at 3
+    assert pc.decimals_to_tell_apart(0.753, 0.753) == 3       # equal: nothing to tell apart
+    x, y = 0.1234567890123, 0.1234567890124
+    d = pc.decimals_to_tell_apart(x, y)
+    assert f"{x:.{d}f}" != f"{y:.{d}f}"
