@@ -2,11 +2,13 @@
 
 ``evaluate_variant`` loads a fresh bf16 copy, applies a scheme from ``quantization``, and
 measures it with ``model_quality`` and ``model_memory``; ``decode_tokens_per_s`` times greedy
-generation in this process.
+generation in this process, ``SPEED_REPEATS`` times per variant, and ``speed_verdict`` compares
+two variants' speeds only beyond the spread of those repeats.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from typing import Callable, Sequence
 
@@ -35,6 +37,29 @@ def decode_tokens_per_s(model: nn.Module, tokenizer, prompt: str = QUESTIONS[0],
     model.generate(ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, **kwargs)
     total = time.perf_counter() - t0
     return (new_tokens - 1) / (total - first) if total > first else float("nan")
+
+
+SPEED_REPEATS = 3      # decode timings per variant: their spread is this run's noise
+
+
+def decode_speed_runs(model: nn.Module, tokenizer, new_tokens: int = 32,
+                      repeats: int = SPEED_REPEATS) -> list[float]:
+    """``decode_tokens_per_s`` ``repeats`` times; the runs that measured a speed (no nan)."""
+    runs = [decode_tokens_per_s(model, tokenizer, new_tokens=new_tokens) for _ in range(repeats)]
+    return [r for r in runs if r == r]
+
+
+def speed_verdict(row: dict, reference: dict) -> str:
+    """How ``row``'s decode speed compares with ``reference``'s, from their repeated runs:
+    "faster" or "slower" only when the ranges (min to max) do not overlap, "within the spread"
+    when they do, "not measured" when either has fewer than two runs."""
+    if row.get("speed runs", 0) < 2 or reference.get("speed runs", 0) < 2:
+        return "not measured"
+    if row["decode tok/s (min)"] > reference["decode tok/s (max)"]:
+        return "faster"
+    if row["decode tok/s (max)"] < reference["decode tok/s (min)"]:
+        return "slower"
+    return "within the spread"
 
 
 def load_bf16(path: str) -> nn.Module:
@@ -78,7 +103,7 @@ def evaluate_variant(name: str, make: Callable[[nn.Module], nn.Module], path: st
     if reference is None:
         reference = greedy_answers(model, tokenizer, questions, new_tokens)
     agreement = forced_greedy_agreement(model, tokenizer, questions, reference)
-    speed = decode_tokens_per_s(model, tokenizer, new_tokens=speed_tokens)
+    speeds = decode_speed_runs(model, tokenizer, new_tokens=speed_tokens)
     del model
     release_memory()
     rss_after = rss_bytes()
@@ -90,10 +115,14 @@ def evaluate_variant(name: str, make: Callable[[nn.Module], nn.Module], path: st
         "perplexity": ppl,
         "answers identical": f"{agreement.exact:.0%}",
         "tokens before divergence": f"{agreement.prefix:.0%}",
-        "decode tok/s (batch 1)": speed,
+        "decode tok/s (batch 1)": statistics.median(speeds) if speeds else float("nan"),
+        "decode tok/s (min)": min(speeds, default=float("nan")),
+        "decode tok/s (max)": max(speeds, default=float("nan")),
+        "speed runs": len(speeds),
     }, [list(a) for a in reference]
 
 
 __all__ = [
-    "decode_tokens_per_s", "load_bf16", "evaluate_variant",
+    "decode_tokens_per_s", "decode_speed_runs", "speed_verdict", "SPEED_REPEATS", "load_bf16",
+    "evaluate_variant",
 ]

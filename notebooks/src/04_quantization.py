@@ -229,6 +229,7 @@ _int4 = next(r for r in quality_rows if r["variant"].startswith("int4 group 64")
 _grid = next(r for r in quality_rows if "Q4_1" in r["variant"])
 _lib = next(r for r in quality_rows if "library" in r["variant"])
 _int4_speedup = _int4["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
+_int4_verdict = quantization_measure.speed_verdict(_int4, _ref)
 ui.md(
     f"Held-out text: {len(heldout)} ShareGPT repl{'ies' if len(heldout) != 1 else 'y'}; "
     "first answer of the reference: "
@@ -244,13 +245,18 @@ ui.md(
        f" ({_grid['perplexity'] / _ref['perplexity'] - 1:+.1%} against bf16). ")
     + f"Our `QuantLinear` int4 decoded at "
     f"{_int4['decode tok/s (batch 1)']:.1f} tokens/s against {_ref['decode tok/s (batch 1)']:.1f} "
-    f"for bf16 ({_int4_speedup:.2f}x)"
-    + (": in this run, rebuilding the weights at every step cost more time than the smaller "
-       "reads saved. " if _int4_speedup < 1 else
-       ": this run measured it faster. `QuantLinear` does more work per step than bf16 (it "
-       "reads the packed weights, then writes and reads a rebuilt bf16 copy), so treat a win "
-       "here as noise (a busy machine, or the few tokens timed in quick mode) and re-run the "
-       "cell. ")
+    f"for bf16 ({_int4_speedup:.2f}x; medians of {quantization_measure.SPEED_REPEATS} runs each, "
+    f"ranges {_int4['decode tok/s (min)']:.1f}-{_int4['decode tok/s (max)']:.1f} and "
+    f"{_ref['decode tok/s (min)']:.1f}-{_ref['decode tok/s (max)']:.1f})"
+    + {"slower": ": slower beyond the spread of the repeated runs; rebuilding the weights at "
+                 "every step cost more time than the smaller reads saved. ",
+       "faster": ": faster beyond the spread of the repeated runs, although `QuantLinear` does "
+                 "more work per step than bf16 (it reads the packed weights, then writes and "
+                 "reads a rebuilt bf16 copy): on this machine the smaller reads saved more than "
+                 "the rebuild cost. ",
+       "within the spread": ": the ranges of the repeated runs overlap, so this run cannot "
+                            "tell the two speeds apart. ",
+       "not measured": ": too few runs measured a speed to compare them. "}[_int4_verdict]
     + f"PyTorch's "
     f"W8A8 int8 ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s "
     f"({_lib['decode tok/s (batch 1)'] / _ref['decode tok/s (batch 1)']:.2f}x bf16) with "
@@ -294,6 +300,10 @@ ui.md(
 _ref = quality_rows[0]
 _grid = next(r for r in quality_rows if "Q4_1" in r["variant"])
 _grid_speedup = _grid["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
+_grid_verdict = {"faster": "faster beyond the spread", "slower": "slower beyond the spread",
+                 "within the spread": "no difference beyond the spread",
+                 "not measured": "too few speeds measured for a verdict"}[
+    quantization_measure.speed_verdict(_grid, _ref)]
 ui.md(
     "**Against the GGUF.** llama.cpp's Q4_1 stores 5 bits per weight (4, plus a 16-bit scale "
     "and a 16-bit minimum per 32) and computes on the packed blocks directly: its dot product "
@@ -303,7 +313,7 @@ ui.md(
     "group-32 min/max variant uses the same grid with a bf16 scale and minimum, the same 5 bits "
     f"per weight; its perplexity was {_grid['perplexity']:.2f} against {_ref['perplexity']:.2f} "
     f"for bf16, and in PyTorch eager mode it decoded at {_grid_speedup:.2f}x bf16's speed in "
-    f"this run ({'slower' if _grid_speedup < 1 else 'not slower'}). We do not run llama.cpp "
+    f"this run ({_grid_verdict} of the repeated runs). We do not run llama.cpp "
     "here (it is not part of the course's environment), so no speed comparison with it is "
     "claimed."
 )
@@ -341,23 +351,29 @@ ui.table([quality_rows[0], try_row])
 # %%
 _ref = quality_rows[0]
 _speed = try_row["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
+_try_verdict = {"faster": "faster beyond the spread", "slower": "slower beyond the spread",
+                "within the spread": "no difference beyond the spread",
+                "not measured": "too few speeds measured for a verdict"}[
+    quantization_measure.speed_verdict(try_row, _ref)]
 ui.md(
     f"**{try_row['variant']}**: {try_row['weights (MiB)']:.0f} MiB of weights "
     f"({try_row['weights (MiB)'] / _ref['weights (MiB)']:.0%} of bf16), perplexity "
     f"{try_row['perplexity']:.2f} ({try_row['perplexity'] / _ref['perplexity'] - 1:+.1%} "
     f"against bf16), {try_row['answers identical']} of the answers unchanged, and decode at "
-    f"{_speed:.2f}x bf16's speed in this run ({'faster' if _speed > 1 else 'slower'})."
+    f"{_speed:.2f}x bf16's speed in this run ({_try_verdict} of the repeated runs)."
 )
 
 # %% [markdown]
 # ## 4. Quantizing the KV cache
 #
 # Weights are read once per step for the whole batch; the KV cache is per user. Storing it in
-# 8 bits (vLLM: `--kv-cache-dtype fp8`, which the CPU backend supports) halves the bytes per
-# token, so the same memory holds twice the tokens. The capacity below is **computed** from the
+# 8 bits (vLLM: `--kv-cache-dtype fp8`, which the CPU backend supports) takes 1 byte per number
+# instead of the 2 of a 16-bit cache (4 of float32), so the same memory holds 2x (4x) the
+# tokens. The first row is the KV dtype this server stores, as it reports it. The capacity below is **computed** from the
 # running engine's KV budget with the formula that notebook 2 checked against that engine.
 
 # %%
+from reference_server import dtypes
 from workshop import kvcache
 
 served_cfg = kvcache.load_model("smollm2-135m")
@@ -365,10 +381,16 @@ engine_cache = kvcache.engine_cache_config(session.metrics_text())
 kv_budget = int(engine_cache.get("kv_cache_memory_bytes", "0") or 0) if engine_cache.get(
     "kv_cache_memory_bytes", "None") != "None" else 0
 kv_block = int(engine_cache.get("block_size") or session.info.get("block_size") or 16)
+# The KV dtype this server stores ("auto": the dtype it serves in, then the checkpoint's own).
+served_kv_short = dtypes.resolve(
+    session.info.get("kv_cache_dtype") or engine_cache.get("cache_dtype") or "auto",
+    str(session.info.get("dtype") or "auto").replace("torch.", ""),
+    served_cfg.torch_dtype).short
 kv_rows = []
-for _dtype in ("bf16", "fp8"):
+for _dtype in dict.fromkeys((served_kv_short, "fp8")):
     _per_token = kvcache.kv_bytes_per_token(served_cfg, _dtype)
-    kv_rows.append({"KV dtype": _dtype, "bytes per token": int(_per_token),
+    kv_rows.append({"KV dtype": _dtype + (" (this server)" if _dtype == served_kv_short else ""),
+                    "bytes per token": int(_per_token),
                     "capacity (tokens, computed)": (kvcache.engine_capacity_tokens(
                         kv_budget, _per_token, kv_block) if kv_budget else None),
                     "2,048-token users that fit": (kvcache.engine_capacity_tokens(
@@ -391,20 +413,21 @@ if (not workshop.session.quick() and session.is_local
                                     server_args=["--", "--kv-cache-dtype", "fp8"])
     try:
         _answers = {}
-        for _label, _s in (("bf16", session), ("fp8", _fp8)):
+        for _label, _s in (("this", session), ("fp8", _fp8)):
             _client = _s.openai()
             _answers[_label] = [_client.chat.completions.create(
                 model=_s.model, messages=[{"role": "user", "content": _q}], temperature=0,
                 max_tokens=32).choices[0].message.content for _q in questions]
-        _same = sum(a == b for a, b in zip(_answers["bf16"], _answers["fp8"]))
+        _same = sum(a == b for a, b in zip(_answers["this"], _answers["fp8"]))
         fp8_rows.append({"server": "fp8 KV cache (measured)",
                          "capacity (tokens)": _fp8.info.get("kv_capacity_tokens"),
-                         "greedy answers identical to the bf16-KV server": f"{_same}/{len(questions)}"})
+                         f"greedy answers identical to the {served_kv_short}-KV server":
+                             f"{_same}/{len(questions)}"})
     finally:
         _fp8.stop()
-    fp8_rows.append({"server": "this server (measured)",
+    fp8_rows.append({"server": f"this server, {served_kv_short} KV cache (measured)",
                      "capacity (tokens)": session.info.get("kv_capacity_tokens"),
-                     "greedy answers identical to the bf16-KV server": "-"})
+                     f"greedy answers identical to the {served_kv_short}-KV server": "-"})
 ui.table(fp8_rows) if fp8_rows else ui.md(
     "_Skipped (quick mode or a remote server): the capacities above are computed, not measured._")
 
@@ -416,13 +439,16 @@ _ref = quality_rows[0]
 _int4 = next(r for r in quality_rows if r["variant"].startswith("int4 group 64"))
 _ours = [r for r in quality_rows if "(ours" in r["variant"]]
 _speeds = [r["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"] for r in _ours]
+_verdicts = [quantization_measure.speed_verdict(r, _ref) for r in _ours]
 ui.md(
     f"* Weight quantization shrinks memory, though not in proportion to bits when some tensors "
     f"stay in bf16: here int4 (group 64) took the weights from {_ref['weights (MiB)']:.0f} to "
     f"{_int4['weights (MiB)']:.0f} MiB ({_ref['weights (MiB)'] / _int4['weights (MiB)']:.1f}x "
     f"smaller, not 4x; the embedding stayed bf16). Whether it is *faster* depends on kernels "
     f"that compute on the packed form: our variants, which rebuild the weights at every step, "
-    f"decoded at {min(_speeds):.2f}x to {max(_speeds):.2f}x bf16's speed in this run. "
+    f"decoded at {min(_speeds):.2f}x to {max(_speeds):.2f}x bf16's speed in this run "
+    f"({_verdicts.count('faster')} faster and {_verdicts.count('slower')} slower than bf16 "
+    f"beyond the spread of repeated runs, of {len(_verdicts)}). "
     f"Measure; do not assume.\n"
     + ("* Quality loss depends on the grid and on where the weights came from. Here the "
        "\"bf16\" weights sat on a 4-bit grid already (section 2), which flatters every 4-bit "

@@ -316,3 +316,25 @@ def test_one_definition_of_common_prefix():
     from workshop import prefix_caching
     assert QL.common_prefix is prefix_caching.common_prefix
     assert QL.common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and QL.common_prefix([], [1]) == 0
+
+
+def test_speed_verdict_needs_the_difference_to_beat_the_spread():
+    # Notebook 4 once called an int4 win "noise" before measuring; the verdict now comes
+    # from the ranges of repeated runs.
+    from workshop.quantization_measure import speed_verdict
+
+    def row(lo, hi, n=3):
+        return {"decode tok/s (min)": lo, "decode tok/s (max)": hi, "speed runs": n}
+
+    ref = row(100.0, 110.0)
+    assert speed_verdict(row(111.0, 120.0), ref) == "faster"
+    assert speed_verdict(row(80.0, 99.0), ref) == "slower"
+    assert speed_verdict(row(105.0, 130.0), ref) == "within the spread"
+    assert speed_verdict(row(150.0, 150.0, n=1), ref) == "not measured"
+
+
+def test_decode_speed_runs_repeats_and_drops_unmeasured(monkeypatch):
+    from workshop import quantization_measure as qm
+    speeds = iter([10.0, float("nan"), 12.0])
+    monkeypatch.setattr(qm, "decode_tokens_per_s", lambda *a, **k: next(speeds))
+    assert qm.decode_speed_runs(None, None, repeats=3) == [10.0, 12.0]
