@@ -135,10 +135,13 @@ prediction_mla_vs_gqa = None    # your guess: e.g. 10
 # %%
 dsv3 = kvcache.load_model("deepseek-v3")
 gqa_model = kvcache.load_model(gqa_choice.value)
-mla_bytes = dsv3.num_layers * (dsv3.kv_lora_rank + dsv3.qk_rope_head_dim) * 2       # bf16
+mla_bytes = kvcache.kv_bytes_per_token(dsv3, "bf16")      # the formula, on the catalogue's config
+# By hand, from the papers rather than the config file: MLA caches d_c + d_h^R = 4 d_h + d_h / 2
+# = 9/2 d_h numbers per layer (DeepSeek-V2, table 1); DeepSeek-V3 has d_h = 128 and 61 layers
+# (arXiv:2412.19437, section 4.2); 2 bytes each in bf16.
+mla_bytes_by_hand = 9 / 2 * 128 * 61 * 2
 mha_equivalent = kvcache.kv_bytes_per_token(av.variant_arch(dsv3, "mha"), "bf16")
 gqa_bytes = kvcache.kv_bytes_per_token(gqa_model, "bf16")
-assert mla_bytes == kvcache.kv_bytes_per_token(dsv3, "bf16")    # the shared formula agrees
 ui.compare(prediction_mla_vs_gqa, gqa_bytes / mla_bytes,
            f"{gqa_model.name} cache per token / DeepSeek-V3's", "x", how="computed")
 
@@ -147,7 +150,13 @@ _per_layer_gqa = 2 * gqa_model.num_kv_heads * gqa_model.head_dim
 _mha_wide = (dsv3.num_layers * dsv3.num_heads
              * (dsv3.head_dim + dsv3.qk_rope_head_dim + dsv3.head_dim) * 2)
 ui.md(
-    f"* **Against MHA with the same heads** ({dsv3.num_heads} heads x {dsv3.head_dim}, keys and "
+    f"* **The formula against a count by hand.** `kv_bytes_per_token` on the catalogue's "
+    f"DeepSeek-V3 config gives {mla_bytes:,.0f} bytes per token; the papers' figures (9/2 x 128 "
+    f"numbers per layer, 61 layers, 2 bytes) give {mla_bytes_by_hand:,.0f}"
+    + (": they agree.\n" if mla_bytes == mla_bytes_by_hand else
+       ": they differ, so the config in the catalogue or the formula does not match the "
+       "papers; report it.\n")
+    + f"* **Against MHA with the same heads** ({dsv3.num_heads} heads x {dsv3.head_dim}, keys and "
     f"values, {dsv3.num_layers} layers): {mha_equivalent:,.0f} bytes per token against MLA's "
     f"{mla_bytes:,.0f}, **{mha_equivalent / mla_bytes:.1f}x** less. This is where a figure of "
     f"about 57x comes from. (Counting DeepSeek's real per-head widths, keys of "
