@@ -63,7 +63,8 @@ class ServerState:
         self.start_error: str | None = None
         self.started = asyncio.Event()
         self.fatal = asyncio.Event()          # set when start-up failed: __main__ exits
-        self.metrics = ServerMetrics()
+        self.metrics = ServerMetrics(restarts=lambda: self.engine.restarts if self.engine else 0)
+        self.engine_started = False           # it served once: /server_info can describe it
         self.limits = RequestLimits(
             max_n=config.max_n, max_logprobs=config.max_logprobs,
             max_sequences_per_request=config.max_sequences_per_request)
@@ -96,6 +97,7 @@ class ServerState:
             if loads_model(self.config.engine):    # a remote engine's --model is a choice
                 self.model_names.add(self.config.model)
             self.metrics.engine_up.set(1)
+            self.engine_started = True
             log.info("engine %s ready: model %s on %s", info.engine, info.model, info.device)
         except Exception as exc:  # reported on /health and by the exit code, never hidden
             self.start_error = f"{type(exc).__name__}: {exc}"
@@ -162,6 +164,10 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     async def health():
         # Alive while loading; unhealthy only once start-up failed or the engine died.
         problem = state.engine_problem() if state.started.is_set() else None
+        process = state.engine.supervision() if problem and state.engine_started else None
+        if process and process["state"] == "restarting":
+            # alive, mending itself: a liveness check must not replace this server for that
+            return {"status": "restarting", "engine_process": process}
         return problem or {"status": "ok"}
 
     @app.get("/ready")
@@ -171,9 +177,14 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
     @app.get("/server_info")
     async def server_info():
         problem = state.engine_problem()
-        if problem:
+        # An engine that served once is still described while it restarts or after the
+        # server gave up on it, with what became of its process ("engine_process").
+        process = state.engine.supervision() if state.engine_started else None
+        if problem and process is None:
             return problem
         info = state.engine.info().to_dict()
+        if process is not None:
+            info["engine_process"] = process
         info["server_version"] = __version__
         info["limits"] = {"max_body_bytes": config.max_body_bytes, "max_n": config.max_n,
                           "max_logprobs": config.max_logprobs,

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -89,12 +89,28 @@ class EngineMetrics:
         return generate_latest(self.registry).decode()
 
 
-class ServerMetrics:
-    """The HTTP layer's own view: requests by endpoint and status, in flight, errors."""
+class _RestartsCollector:
+    """The engine's own count of restarts, read at scrape time: one count, never two that
+    could disagree."""
 
-    def __init__(self) -> None:
+    def __init__(self, count: Callable[[], int]) -> None:
+        self.count = count
+
+    def collect(self):
+        c = CounterMetricFamily(P.SERVER_ENGINE_RESTARTS,
+                                "Engine processes started again after one died or hung.")
+        c.add_metric([], float(self.count()))
+        yield c
+
+
+class ServerMetrics:
+    """The HTTP layer's own view: requests by endpoint and status, in flight, errors, and
+    the engine's restarts (``restarts``: how to read their count)."""
+
+    def __init__(self, restarts: Callable[[], int] = lambda: 0) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        r.register(_RestartsCollector(restarts))
         self.requests = Counter(P.SERVER_REQUESTS, "HTTP requests answered.",
                                 ["endpoint", "status"], registry=r)
         self.in_flight = Gauge(P.SERVER_IN_FLIGHT,

@@ -57,6 +57,7 @@ SERVER_IN_FLIGHT = "reference_server_requests_in_flight"
 SERVER_CLIENT_DISCONNECTS = "reference_server_client_disconnects_total"
 SERVER_STREAM_FAILURES = "reference_server_stream_failures_total"
 SERVER_ENGINE_UP = "reference_server_engine_up"
+SERVER_ENGINE_RESTARTS = "reference_server_engine_restarts_total"   # new engine processes after a death
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ class EngineDied(RuntimeError):
 
     type = "engine_died"
     status_code = 503
+    headers: dict[str, str] | None = None
 
     def body(self) -> dict:
         return error_body(str(self), self.type)
@@ -65,6 +66,17 @@ class EngineHung(EngineDied):
     """The engine process is alive but stopped answering its liveness probe."""
 
     type = "engine_unresponsive"
+
+
+class EngineRestarting(EngineDied):
+    """The engine's process died (or hung) and a new one is starting: come back later, at the
+    time ``Retry-After`` says."""
+
+    type = "engine_restarting"
+
+    def __init__(self, message: str, retry_after: int) -> None:
+        super().__init__(message)
+        self.headers = {"Retry-After": str(retry_after)}
 
 
 @dataclass
@@ -116,9 +128,12 @@ class Engine(abc.ABC):
     * ``max_running`` is how many requests the engine runs at once; the server admits at
       most that many plus ``--max-queued-requests`` more.
     * ``stop()`` releases everything (child processes, memory) and is safe to call twice.
+    * ``supervision()`` says what became of the engine's process (an engine that restarts
+      its own: ``ProxyEngine``); ``restarts`` counts the new processes it started.
     """
 
     name: str = "abstract"
+    restarts: int = 0
 
     @abc.abstractmethod
     async def start(self) -> None: ...
@@ -148,6 +163,11 @@ class Engine(abc.ABC):
 
     def check(self) -> None:
         """Raise ``EngineDied`` if the engine is no longer alive. Default: nothing to check."""
+
+    def supervision(self) -> dict | None:
+        """``state`` (serving, restarting, gave up, ...), ``restarts`` and ``last_death`` of
+        an engine that supervises a process of its own; None for one that does not."""
+        return None
 
     @property
     def max_running(self) -> int:

@@ -6,6 +6,9 @@ packages, so each may live in its own virtual environment (``--engine-python``);
 crash in the engine must not take the HTTP layer down with it, so the server can say what
 happened instead of vanishing.
 
+A child that dies, or stays hung, is restarted: a few times, each after a longer wait, then
+the server gives up and says so (``_restart_child``; the README's "Restarts" section).
+
 The child is behind our trust boundary: it listens on loopback only and requires a random
 key that only this process knows (``child_key``), so no local process can go around the
 server's own key. Every call to it has a read timeout, and a liveness probe notices a child
@@ -18,6 +21,7 @@ import abc
 import asyncio
 import json
 import logging
+import math
 import os
 import secrets
 import signal
@@ -31,13 +35,19 @@ import aiohttp
 
 from reference_server.config import redact_args
 from reference_server.launch import free_port
-from reference_server.engines.base import Engine, EngineDied, EngineError, EngineHung
+from reference_server.engines.base import (Engine, EngineDied, EngineError, EngineHung,
+                                           EngineRestarting)
 
 # The folder holding reference_server/: a child engine imports our hooks from it, even when
 # it runs in another virtual environment (--engine-python).
 PROJECT_ROOT = str(Path(__file__).resolve().parents[2])
 
 log = logging.getLogger("reference_server")
+
+
+# What ``ProxyEngine.state`` says of the child.
+STARTING, SERVING, RESTARTING, GAVE_UP, STOPPED = (
+    "starting", "serving", "restarting", "gave up", "stopped")
 
 
 def _die_with_parent() -> None:
@@ -87,6 +97,18 @@ class ProxyEngine(Engine):
     reserved_args: dict[str, str] = {"--host": _WHERE, "--port": _WHERE, "--api-key": _KEY}
     # Why a liveness failure happens, for the 503 that reports it.
     hung_hint = "its process is running: hung or overloaded"
+    # The wait before each restart of a child that died; one entry per try, () for none.
+    # The first comes almost at once (a one-off crash should cost one start, no more); the
+    # later ones give a passing cause (a neighbour's memory peak) time to pass; a child that
+    # dies three times in a row will die a fourth.
+    restart_delays: tuple[float, ...] = (1.0, 10.0, 30.0)
+    # A child that served this long before it died starts a fresh count of tries: a death an
+    # hour is an incident each time, a death within minutes of every start is a crash loop.
+    stable_after = 600.0
+    # Hung this long (from its first missed probe), the child is killed and restarted: a
+    # stopped or deadlocked one never comes back by itself, its requests were already cut,
+    # and a merely busy engine answers again well within it.
+    hang_restart_after = 60.0
 
     def __init__(self, config, model) -> None:
         reserved = reserved_in(config.engine_args, self.reserved_args)
@@ -115,6 +137,14 @@ class ProxyEngine(Engine):
         self._open: set[aiohttp.ClientResponse] = set()   # upstream answers being relayed
         self._sending: set[asyncio.Task] = set()    # requests waiting for the child's headers
         self._probe_timeout = aiohttp.ClientTimeout(total=config.upstream_probe_timeout)
+        self.state = STARTING
+        self.restarts = 0                             # new children started after a death
+        self.last_death: str | None = None            # what happened to the last one that died
+        self._tries = 0                               # restarts since it last served stable_after
+        self._serving_since: float | None = None
+        self._start_took: float | None = None         # seconds the last good start took
+        self._back_at: float | None = None            # when a restarting child should serve
+        self._restart: asyncio.Task | None = None
 
     def target(self) -> tuple[str, str | None]:
         """Where the engine listens and the key it requires: a child of ours, on a free
@@ -136,14 +166,37 @@ class ProxyEngine(Engine):
         return self._ready and self._exit_code is None
 
     def check(self) -> None:
+        if self.state == GAVE_UP:
+            raise EngineDied(
+                f"{self.name} engine {self.last_death}; the server gave up on it after "
+                f"{self._tries} restart(s) in a row (see its log for the engine's last words): "
+                "restart the server")
+        if self.state == RESTARTING:
+            raise EngineRestarting(
+                f"{self.name} engine {self.last_death}; the server is restarting it (try "
+                f"{self._tries} of {len(self.restart_delays)}): retry after the time "
+                "Retry-After gives", self.retry_after())
         if self._exit_code is not None and not self._stopping:
-            raise EngineDied(f"{self.name} engine process exited with code {self._exit_code}; "
+            raise EngineDied(f"{self.name} engine process {_exit_words(self._exit_code)}; "
                              "see the server log above for its last words")
         if self._hung:
             raise EngineHung(
                 f"{self.name} engine has not answered its health check for "
                 f"{time.monotonic() - self._hung_since:.0f} s ({self.hung_hint}); "
                 "requests are refused until it answers again")
+
+    def retry_after(self) -> int:
+        """Seconds until a restarting child should serve: its wait plus as long as its last
+        good start took."""
+        left = (self._back_at or 0.0) - time.monotonic()
+        return math.ceil(left) if left >= 1 else 5    # later than the last start: ask again soon
+
+    def supervision(self) -> dict | None:
+        if self._proc is None:
+            return None                               # no child of ours (a remote engine)
+        state = "hung" if self._hung and self.state == SERVING else self.state
+        return {"state": state, "restarts": self.restarts,
+                "restart_limit": len(self.restart_delays), "last_death": self.last_death}
 
     def spawn(self) -> subprocess.Popen | None:
         """Start the engine's process (None: there is none to start)."""
@@ -153,6 +206,8 @@ class ProxyEngine(Engine):
                                 preexec_fn=_die_with_parent)
 
     async def start(self) -> None:
+        """Start the child and return once it serves; also how a restart starts a new one."""
+        t0 = time.monotonic()
         self._proc = self.spawn()
         # aiohttp rather than httpx: its C HTTP parser costs less CPU per relayed chunk, and
         # on a small CPU every cycle the proxy spends is taken from the engine. No pool
@@ -166,7 +221,7 @@ class ProxyEngine(Engine):
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
                 self._exit_code = self._proc.returncode
-                raise EngineDied(f"{self.name} engine exited with code {self._exit_code} "
+                raise EngineDied(f"{self.name} engine {_exit_words(self._exit_code)} "
                                  "while starting; see its log above")
             try:
                 if await self.serving():
@@ -175,12 +230,15 @@ class ProxyEngine(Engine):
                 pass
             await asyncio.sleep(0.5)
         else:
-            await self.stop()
+            await self._end_child()
             raise EngineDied(f"{self.name} engine not ready after {self.config.engine_start_timeout} s")
         await self.on_ready()
         self._ready = True
+        self._start_took = time.monotonic() - t0
+        self._serving_since = time.monotonic()
+        self.state = SERVING
         if self._proc is not None:
-            self._watch = asyncio.create_task(self._watch_process())
+            self._watch = asyncio.create_task(self._watch_process(self._proc))
         self._probe = asyncio.create_task(self._liveness())
 
     async def serving(self) -> bool:
@@ -192,11 +250,87 @@ class ProxyEngine(Engine):
     async def on_ready(self) -> None:
         """Hook: read whatever ``info`` needs from the running engine."""
 
-    async def _watch_process(self) -> None:
-        code = await asyncio.to_thread(self._proc.wait)
+    async def _watch_process(self, proc: subprocess.Popen) -> None:
+        code = await asyncio.to_thread(proc.wait)
+        if proc is not self._proc:
+            return
         self._exit_code = code
         if not self._stopping:
-            log.error("%s engine process died with exit code %s", self.name, code)
+            self._died(f"process {_exit_words(code)}")
+
+    def _died(self, reason: str) -> None:
+        """The child died (or was killed for hanging): fail what it was serving, then restart
+        it in the background, or give up once it has had its tries."""
+        if self._stopping or (self._restart is not None and not self._restart.done()):
+            return
+        self._ready = False
+        self.last_death = reason
+        log.error("%s engine %s", self.name, reason)
+        if self._serving_since is not None and time.monotonic() - self._serving_since >= self.stable_after:
+            self._tries = 0
+        self._serving_since = None
+        self.state = RESTARTING if self._tries < len(self.restart_delays) else GAVE_UP
+        self._cut_in_flight()
+        self._restart = asyncio.create_task(self._restart_child())
+
+    async def _restart_child(self) -> None:
+        while True:
+            await self._end_child()
+            if self._tries >= len(self.restart_delays):
+                self.state = GAVE_UP
+                log.error("%s engine: gave up after %d restart(s) in a row; restart the server",
+                          self.name, self._tries)
+                return
+            delay = self.restart_delays[self._tries]
+            self._tries += 1
+            self.state = RESTARTING
+            self._back_at = time.monotonic() + delay + (self._start_took or 0.0)
+            log.warning("%s engine: restarting it in %.0f s (try %d of %d)", self.name, delay,
+                        self._tries, len(self.restart_delays))
+            await asyncio.sleep(delay)
+            self.restarts += 1
+            self._exit_code, self._hung, self._hung_since = None, False, None
+            # a new port: nothing left of the old child can hold it
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            try:
+                await self.start()
+            except Exception as exc:    # it died, or never answered, while starting
+                self.last_death = f"did not start again: {exc}"
+                log.error("%s engine %s", self.name, self.last_death)
+                continue
+            log.warning("%s engine serves again (restart %d, try %d of %d)", self.name,
+                        self.restarts, self._tries, len(self.restart_delays))
+            return
+
+    async def _end_child(self) -> None:
+        """Kill the child's whole process group and wait until it is gone: its engine workers
+        may outlive it, holding the model's memory that a new child needs."""
+        if self._probe is not None and self._probe is not asyncio.current_task():
+            self._probe.cancel()
+            await asyncio.gather(self._probe, return_exceptions=True)
+        proc = self._proc
+        if proc is not None:
+            _signal_group(proc.pid, signal.SIGKILL)
+            await asyncio.to_thread(proc.wait)
+            deadline = time.monotonic() + 30
+            while _group_alive(proc.pid) and time.monotonic() < deadline:
+                _signal_group(proc.pid, signal.SIGKILL)
+                await asyncio.sleep(0.2)
+        if self._watch is not None:
+            await asyncio.gather(self._watch, return_exceptions=True)
+        if self._client is not None:
+            await self._client.close()
+            self._client = None
+
+    def _cut_in_flight(self) -> None:
+        """Fail the requests in flight now instead of at the read timeout: those being
+        relayed, and those still waiting for the child's headers (a non-streamed vLLM
+        request gets none until its answer is complete)."""
+        for resp in list(self._open):
+            resp.close()
+        for task in list(self._sending):
+            task.cancel()
 
     async def _liveness(self) -> None:
         """Probe ``health_path`` forever; after ``liveness_failures`` misses in a row the
@@ -223,17 +357,21 @@ class ProxyEngine(Engine):
                 self._hung = True
                 log.error("%s engine does not answer its health check (%d probes): %s",
                           self.name, fails, self.hung_hint)
-                # Requests in flight fail now instead of at the read timeout: those being
-                # relayed, and those still waiting for the child's headers (a non-streamed
-                # vLLM request gets none until its answer is complete).
-                for resp in list(self._open):
-                    resp.close()
-                for task in list(self._sending):
-                    task.cancel()
+                self._cut_in_flight()
+            hung_for = time.monotonic() - (self._hung_since or time.monotonic())
+            if (self._hung and self._proc is not None and self.restart_delays
+                    and hung_for >= self.hang_restart_after and self._exit_code is None):
+                self._died(f"did not answer its health check for {hung_for:.0f} s (hung): "
+                           "killed it")
+                return
 
     async def stop(self) -> None:
         self._stopping = True
         self._ready = False
+        self.state = STOPPED
+        if self._restart is not None:
+            self._restart.cancel()
+            await asyncio.gather(self._restart, return_exceptions=True)
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
@@ -290,11 +428,11 @@ class ProxyEngine(Engine):
         finally:
             self._sending.discard(post)
         if post.cancelled():             # by the liveness probe: the child is hung
-            raise self._upstream_error(ConnectionAbortedError("cut: the engine is hung"))
+            raise await self._upstream_error(ConnectionAbortedError("cut: the engine is hung"))
         try:
             resp = post.result()
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
-            raise self._upstream_error(exc) from exc
+            raise await self._upstream_error(exc) from exc
         if resp.status != 200:
             content = await resp.read()
             resp.release()
@@ -305,7 +443,7 @@ class ProxyEngine(Engine):
                 result = await resp.json()
             except (aiohttp.ClientError, asyncio.TimeoutError, ValueError) as exc:
                 resp.close()
-                raise self._upstream_error(exc) from exc
+                raise await self._upstream_error(exc) from exc
             except BaseException:
                 self.abandon(resp, body)   # the client left mid-answer
                 raise
@@ -327,7 +465,7 @@ class ProxyEngine(Engine):
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self._open.discard(resp)
             resp.close()
-            raise self._upstream_error(exc) from exc
+            raise await self._upstream_error(exc) from exc
         except BaseException:
             self._open.discard(resp)
             self.abandon(resp, body)
@@ -338,10 +476,28 @@ class ProxyEngine(Engine):
             raise _stream_error(first)
         return _Relay(self, resp, first, chunks, body)
 
-    def _upstream_error(self, exc: BaseException) -> EngineError | EngineDied:
+    async def _upstream_error(self, exc: BaseException) -> EngineError | EngineDied:
         """What to tell the client when the child failed to answer."""
+        code = None
+        if self._proc is not None and not isinstance(exc, asyncio.TimeoutError):
+            # A lost connection is often the child dying: its sockets close a moment before
+            # it is seen to have exited. Wait that moment, so the client learns why.
+            deadline = time.monotonic() + 1.0
+            while (self.state == SERVING and self._exit_code is None and not self._hung
+                   and not self._stopping and time.monotonic() < deadline
+                   and (code := _exit_status(self._proc.pid)) is None):
+                await asyncio.sleep(0.02)
+        if code is not None and self.state == SERVING and not self._stopping:
+            # it died under this request, before the watcher could say so
+            return EngineDied(f"{self.name} engine process {_exit_words(code)} while serving "
+                              "this request; /health says what the server does about it")
         try:
             self.check()
+        except EngineRestarting as restarting:
+            # this request died with the child and is not retried; a new one may be, later
+            died = EngineDied(str(restarting))
+            died.headers = restarting.headers
+            return died
         except EngineDied as died:
             return died
         if isinstance(exc, asyncio.TimeoutError):
@@ -416,7 +572,7 @@ class _Relay:
             raise
         except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             self._finish(clean=False)
-            raise self.engine._upstream_error(exc) from exc
+            raise await self.engine._upstream_error(exc) from exc
         if not self.failed:
             self._scan(chunk)
         return chunk
@@ -442,6 +598,58 @@ class _Relay:
             self.engine.abandon(self.resp, self.body)
         else:
             self.resp.close()
+
+
+def _exit_words(code: int) -> str:
+    """How a process ended, as the log and the 503 say it."""
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name} (exit code {code})"
+        except ValueError:
+            pass
+    return f"exited with code {code}"
+
+
+def _exit_status(pid: int) -> int | None:
+    """A child's exit code (negative: the signal that killed it) once it has ended, without
+    reaping it (the watcher does); None while it runs. ``Popen.poll`` cannot say while
+    another thread waits on it."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:         # already reaped: the watcher knows and says (check)
+        return None
+    if info is None or info.si_pid == 0:
+        return None
+    return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether a process of group ``pgid`` still runs (zombies, waiting for init to reap
+    them, hold no memory and do not count)."""
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    try:
+        pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return True                   # no /proc: trust kill(0)
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":   # state, ppid, pgrp, ...
+            return True
+    return False
 
 
 def _drop(post: asyncio.Task) -> None:

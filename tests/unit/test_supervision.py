@@ -1,9 +1,9 @@
-"""A child engine that dies or hangs is reported (503 with the reason), never hidden; the
-HTTP layer counts and reports every failure.
+"""A child engine that dies or hangs is reported (503 with the reason), never hidden, and
+restarted a bounded number of times; the HTTP layer counts and reports every failure.
 
 The child here is a real process serving real HTTP: a tiny stand-in for an engine server
-that answers /health and then exits (or, stopped with SIGSTOP, hangs), so the supervision
-code runs exactly as with vLLM. The HTTP-layer tests at the end use a scripted in-process
+that answers /health and then exits (or, stopped with SIGSTOP, hangs; or is SIGKILLed by
+the test), so the supervision code runs exactly as with vLLM. The HTTP-layer tests at the end use a scripted in-process
 engine: what they check is the server's own logic.
 """
 
@@ -25,14 +25,25 @@ from reference_server.engines.proxy import ProxyEngine
 from reference_server.models import ModelSpec
 
 CHILD = """
-import http.server, json, sys, threading, os, time
+import http.server, json, subprocess, sys, threading, os, time
+# an engine worker of its own, as vLLM's engine core: in the child's process group
+worker = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+          if sys.argv[3:] == ["worker"] else None)
 class H(http.server.BaseHTTPRequestHandler):
     def do_GET(self):
-        body = json.dumps({"auth": self.headers.get("Authorization")}).encode()
+        body = json.dumps({"auth": self.headers.get("Authorization"),
+                           "worker": worker and worker.pid}).encode()
         self.send_response(200); self.send_header("Content-Type", "application/json")
         self.end_headers(); self.wfile.write(body)
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if body.get("prompt") == "ping":      # a request the engine answers
+            answer = json.dumps({"object": "text_completion", "pid": os.getpid(),
+                                 "choices": [{"index": 0, "text": "pong"}]}).encode()
+            self.send_response(200); self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(answer)))
+            self.end_headers(); self.wfile.write(answer)
+            return
         if body.get("prompt") != "fail mid-stream":
             time.sleep(60)      # a request the engine never answers
             return
@@ -54,13 +65,16 @@ srv.serve_forever()
 class DyingEngine(ProxyEngine):
     name = "dying"
 
-    def __init__(self, lifetime: float, **config):
+    def __init__(self, lifetime: float, restart_delays=(), worker=False, **config):
         super().__init__(ServerConfig(engine_start_timeout=30, **config),
                          ModelSpec("m", "m", False))
         self.lifetime = lifetime
+        self.worker = worker
+        self.restart_delays = restart_delays      # none unless a test is about restarts
 
     def command(self):
-        return [sys.executable, "-c", CHILD, str(self.port), str(self.lifetime)]
+        return ([sys.executable, "-c", CHILD, str(self.port), str(self.lifetime)]
+                + (["worker"] if self.worker else []))
 
     def info(self):
         return EngineInfo("dying", "0", "m", "m", "none", "cpu", 16, None, None, None, False)
@@ -95,6 +109,7 @@ def test_crash_during_start_raises():
 
 
 def test_server_reports_dead_engine_as_503():
+    """Without restarts left (here: none at all), a dead engine is a 503 for good."""
     from fastapi.testclient import TestClient
 
     from reference_server.app import create_app
@@ -169,6 +184,163 @@ def test_hung_child_is_reported_then_recovers():
         while client.get("/health").status_code != 200 and time.monotonic() - t0 < 10:
             time.sleep(0.1)
         assert client.get("/health").status_code == 200
+
+
+# ---- restarts: a child that died (or stayed hung) is started again, a bounded number of times
+
+def _until(condition, timeout: float = 30.0, what: str = "condition"):
+    t0 = time.monotonic()
+    while not (result := condition()):
+        assert time.monotonic() - t0 < timeout, f"{what} not met in {timeout} s"
+        time.sleep(0.05)
+    return result
+
+
+def _ready(client):
+    _until(lambda: client.get("/ready").status_code == 200, what="ready")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"    # a zombie holds nothing
+    except FileNotFoundError:
+        return True
+
+
+def test_killed_child_is_restarted_and_serves_again():
+    from fastapi.testclient import TestClient
+
+    from reference_server.app import create_app
+
+    engine = DyingEngine(lifetime=600, restart_delays=(1.5, 1.5, 1.5), worker=True)
+    app = create_app(engine.config, engine=engine)
+    with TestClient(app) as client:
+        _ready(client)
+        ping = {"model": "m", "prompt": "hi"}
+        first = client.post("/v1/completions", json={**ping, "prompt": "ping"}).json()["pid"]
+        worker = asyncio.run_coroutine_threadsafe(engine.get_json("/w"),
+                                                  engine._probe.get_loop()).result(10)["worker"]
+        in_flight = concurrent.futures.ThreadPoolExecutor(1).submit(
+            client.post, "/v1/completions", json=ping)
+        _until(lambda: engine._sending, what="request sent to the child")
+        os.kill(first, signal.SIGKILL)
+        # the request in flight dies with its child, and says so
+        r = in_flight.result(timeout=15)
+        assert r.status_code == 503 and r.json()["error"]["type"] == "engine_died"
+        assert "killed by SIGKILL" in r.json()["error"]["message"]
+        # while it restarts: not ready, new requests refused with a time to come back
+        _until(lambda: engine.state == "restarting", what="restarting")
+        for method, path in (("GET", "/ready"), ("POST", "/v1/completions")):
+            r = client.request(method, path, json=ping if method == "POST" else None)
+            assert r.status_code == 503, r.text
+            assert r.json()["error"]["type"] == "engine_restarting"
+            assert "killed by SIGKILL" in r.json()["error"]["message"]
+            assert int(r.headers["retry-after"]) >= 1
+        health = client.get("/health")
+        assert health.status_code == 200 and health.json()["status"] == "restarting"
+        info = client.get("/server_info").json()
+        assert info["engine"] == "dying"
+        assert info["engine_process"]["state"] == "restarting"
+        assert "killed by SIGKILL" in info["engine_process"]["last_death"]
+        # its engine worker, orphaned by the kill, is gone before a new child starts
+        _until(lambda: _gone(worker), timeout=10, what="the old worker killed")
+        _ready(client)
+        again = client.post("/v1/completions", json={**ping, "prompt": "ping"})
+        assert again.status_code == 200 and again.json()["pid"] != first
+        assert client.get("/health").json() == {"status": "ok"}
+        info = client.get("/server_info").json()["engine_process"]
+        assert info["state"] == "serving" and info["restarts"] == 1 and info["restart_limit"] == 3
+        assert _metric(client, "reference_server_engine_restarts_total") == 1
+        assert _metric(client, "reference_server_engine_up") == 1
+
+
+def test_child_that_keeps_dying_is_given_up_on():
+    from fastapi.testclient import TestClient
+
+    from reference_server.app import create_app
+
+    engine = DyingEngine(lifetime=1.0, restart_delays=(0.1, 0.1))
+    app = create_app(engine.config, engine=engine)
+    with TestClient(app) as client:
+        _ready(client)
+        _until(lambda: engine.state == "gave up", what="given up")
+        for path in ("/health", "/ready"):
+            r = client.get(path)
+            assert r.status_code == 503 and r.json()["error"]["type"] == "engine_died"
+            assert "gave up on it after 2 restart(s)" in r.json()["error"]["message"]
+            assert "exited with code 3" in r.json()["error"]["message"]
+        r = client.post("/v1/completions", json={"model": "m", "prompt": "ping"})
+        assert r.status_code == 503 and "retry-after" not in r.headers   # it will not come back
+        info = client.get("/server_info").json()["engine_process"]
+        assert info == {"state": "gave up", "restarts": 2, "restart_limit": 2,
+                        "last_death": "process exited with code 3"}
+        assert _metric(client, "reference_server_engine_restarts_total") == 2
+        assert _metric(client, "reference_server_engine_up") == 0
+
+
+def test_a_restart_that_fails_to_start_counts_as_a_try():
+    async def run():
+        engine = DyingEngine(lifetime=600, restart_delays=(0.1, 0.1))
+        await engine.start()
+        engine.command = lambda: [sys.executable, "-c", "import sys; sys.exit(7)"]
+        os.kill(engine._proc.pid, signal.SIGKILL)
+        t0 = time.monotonic()
+        while engine.state != "gave up" and time.monotonic() - t0 < 20:
+            await asyncio.sleep(0.05)
+        try:
+            assert engine.supervision()["restarts"] == 2
+            assert "did not start again" in engine.last_death and "code 7" in engine.last_death
+            with pytest.raises(EngineDied, match="gave up"):
+                engine.check()
+        finally:
+            await engine.stop()
+    asyncio.run(run())
+
+
+def test_tries_start_again_after_the_child_served_a_while():
+    """Each death of a child that had served ``stable_after`` is a new incident: restarted
+    again and again, where a crash loop would have had its one try."""
+    async def run():
+        engine = DyingEngine(lifetime=1.0, restart_delays=(0.1,))
+        engine.stable_after = 0.5          # it serves 1 s between deaths
+        await engine.start()
+        t0 = time.monotonic()
+        while engine.restarts < 3 and time.monotonic() - t0 < 30:
+            assert engine.state != "gave up"
+            await asyncio.sleep(0.05)
+        await engine.stop()
+        return engine.restarts
+    assert asyncio.run(run()) >= 3
+
+
+def test_child_hung_too_long_is_killed_and_restarted():
+    from fastapi.testclient import TestClient
+
+    from reference_server.app import create_app
+
+    engine = DyingEngine(lifetime=600, restart_delays=(0.1,), liveness_interval=0.2,
+                         liveness_failures=2, upstream_probe_timeout=0.5)
+    engine.hang_restart_after = 2.0
+    app = create_app(engine.config, engine=engine)
+    with TestClient(app) as client:
+        _ready(client)
+        hung = engine._proc.pid
+        os.kill(hung, signal.SIGSTOP)
+        try:
+            r = _until(lambda: (r := client.get("/health")).status_code == 503 and r,
+                       what="hung reported")
+            assert r.json()["error"]["type"] == "engine_unresponsive"
+            assert client.get("/server_info").json()["engine_process"]["state"] == "hung"
+            _until(lambda: engine.restarts == 1, timeout=15, what="restarted")
+            assert _gone(hung)
+        finally:
+            if not _gone(hung):
+                os.kill(hung, signal.SIGCONT)
+        _ready(client)
+        info = client.get("/server_info").json()["engine_process"]
+        assert info["state"] == "serving" and info["restarts"] == 1
+        assert "did not answer its health check" in info["last_death"]
 
 
 def test_upstream_read_timeout_fails_the_request():
