@@ -109,12 +109,18 @@ def _(session):
     from workshop import capacity, kvcache, roofline, roofline_measure, roofline_plots, sanity, ui
     from workshop.session import sweep
 
-    if str(session.info.get("device", "cpu")).startswith("cuda"):
-        machine = roofline_measure.measure_cuda_machine()   # the server runs on this GPU: measure it
-    else:
-        machine = roofline_measure.measure_machine("this CPU", mib=sweep(512, 256),
-                                                   sizes=sweep((512, 1024, 2048), (512, 1024)),
-                                                   repeats=sweep(5, 3))
+    on_gpu = str(session.info.get("device", "cpu")).startswith("cuda")
+
+
+    def measure_roof():
+        if on_gpu:
+            return roofline_measure.measure_cuda_machine()   # the server runs on this GPU
+        return roofline_measure.measure_machine("this CPU", mib=sweep(512, 256),
+                                                sizes=sweep((512, 1024, 2048), (512, 1024)),
+                                                repeats=5)
+
+
+    machine = measure_roof()
     ui.md(
         f"**{machine.name}**: memory bandwidth **{machine.bandwidth / 1e9:,.1f} GB/s**, peak "
         f"**{machine.flops / 1e9:,.1f} GFLOP/s** ("
@@ -129,6 +135,7 @@ def _(session):
         dtypes,
         kvcache,
         machine,
+        measure_roof,
         roofline,
         roofline_measure,
         roofline_plots,
@@ -302,7 +309,7 @@ def _(roofline_measure, session, sweep, ui):
     serve_decode_rows = [roofline_measure.serve_decode(session, _b, decode_input, decode_output)
                          for _b in ui.progress(decode_batches, title="decode sweep")]
     prefill_lengths = sweep([128, 512, 1024, 1536], [128, 512])
-    serve_prefill_rows = [roofline_measure.cold_prefill(session, _t, repeats=sweep(3, 1))
+    serve_prefill_rows = [roofline_measure.cold_prefill(session, _t, repeats=sweep(3, 2))
                           for _t in ui.progress(prefill_lengths, title="prefill sweep")]
     ui.table(serve_decode_rows)
     return decode_input, decode_output, serve_decode_rows, serve_prefill_rows
@@ -317,6 +324,7 @@ def _(serve_prefill_rows, ui):
 @app.cell
 def _(
     machine,
+    measure_roof,
     model_cfg,
     roofline,
     roofline_plots,
@@ -332,9 +340,12 @@ def _(
         + [roofline.prefill_point(model_cfg, r["prompt tokens"], r["prefill tok/s"],
                                   weight_dtype=served_short)
            for r in serve_prefill_rows])
-    roofline_plots.roofline_figure(f"{session.model} on {machine.name}: measured on the live server",
-                                   [machine], {machine.name: measured_points}, (0.3, 3000))
-    return (measured_points,)
+    # The roof again, now the server has worked: another process disturbing a measurement only
+    # ever makes it lower, so the roof is the best this machine showed in the run.
+    roof = roofline.best_of(machine, measure_roof())
+    roofline_plots.roofline_figure(f"{session.model} on {roof.name}: measured on the live server",
+                                   [roof], {roof.name: measured_points}, (0.3, 3000))
+    return measured_points, roof
 
 
 @app.cell(hide_code=True)
@@ -356,6 +367,7 @@ def _(mo):
 def _(
     machine,
     measured_points,
+    roof,
     roofline,
     sanity,
     serve_prefill_rows,
@@ -364,14 +376,18 @@ def _(
 ):
     roof_check = [{"point": _p.label, "attained (GFLOP/s)": _p.flops / 1e9,
                    f"{served_dtype} roof there (GFLOP/s)": _p.flops / 1e9
-                   / roofline.roof_ratio(machine, _p, served_dtype),
-                   "attained / roof": roofline.roof_ratio(machine, _p, served_dtype)}
+                   / roofline.roof_ratio(roof, _p, served_dtype),
+                   "attained / roof": roofline.roof_ratio(roof, _p, served_dtype)}
                   for _p in measured_points]
-    roof_violations = (roofline.roof_violations(machine, measured_points, served_dtype)
+    roof_violations = (roofline.roof_violations(roof, measured_points, served_dtype)
                        + sanity.completed_some("the prefill sweep",
                                                sum(r["completed"] for r in serve_prefill_rows),
                                                len(serve_prefill_rows)))
-    ui.md(ui.markdown_table(roof_check) + "\n\n" + (
+    ui.md(f"Roof: the best of section 1's measurement and one taken after the server's points: "
+          f"**{roof.bandwidth / 1e9:,.1f} GB/s** (then {machine.bandwidth / 1e9:,.1f}), "
+          f"**{roof.ceiling(served_dtype) / 1e9:,.1f} GFLOP/s** in {served_dtype} "
+          f"(then {machine.ceiling(served_dtype) / 1e9:,.1f}).\n\n"
+          + ui.markdown_table(roof_check) + "\n\n" + (
         f"**Every point is under its roof** (within {sanity.MEASUREMENT_ERROR:.0%}); "
         f"{sum(r['cached (dropped)'] for r in serve_prefill_rows)} prefill request(s) reported "
         "cached prompt tokens and were left out."
@@ -381,8 +397,8 @@ def _(
 
 @app.cell
 def _(
-    machine,
     model_cfg,
+    roof,
     roof_violations,
     roofline,
     sanity,
@@ -394,7 +410,7 @@ def _(
     _b1 = serve_decode_rows[0]
     _bmax = serve_decode_rows[-1]
     _best_prefill = max(serve_prefill_rows, key=lambda r: r["prefill tok/s"])
-    _b1_bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1, _b1["context"],
+    _b1_bound = roofline.decode_bound_tokens_per_s(model_cfg, roof, 1, _b1["context"],
                                                    weight_dtype=served_short)
     ui.md(sanity.WITHHELD if roof_violations else
         f"**Batch 1** decoded at {_b1['tok/s total']:,.1f} tokens/s; the bandwidth bound "
@@ -425,8 +441,8 @@ def _(mo):
 
 @app.cell
 def _(
-    machine,
     model_cfg,
+    roof,
     roof_violations,
     roofline,
     sanity,
@@ -434,7 +450,7 @@ def _(
     served_short,
     ui,
 ):
-    _bound = roofline.decode_bound_tokens_per_s(model_cfg, machine, 1,
+    _bound = roofline.decode_bound_tokens_per_s(model_cfg, roof, 1,
                                                 serve_decode_rows[0]["context"],
                                                 weight_dtype=served_short)
     _frac = serve_decode_rows[0]["tok/s total"] / _bound
@@ -475,7 +491,7 @@ def _(kvcache, ui):
 
 
 @app.cell
-def _(capacity, gpu_model_choice, kvcache, machine, roofline, roofline_plots):
+def _(capacity, gpu_model_choice, kvcache, roof, roofline, roofline_plots):
     gpu_catalogue = capacity.load_gpus()
     gpu_names = ["L4", "A100-80GB", "H100-SXM", "MI300X"]
     gpu_machines = [roofline.Machine(n, gpu_catalogue[n].bandwidth_bytes_s, gpu_catalogue[n].flops,
@@ -494,7 +510,7 @@ def _(capacity, gpu_model_choice, kvcache, machine, roofline, roofline_plots):
         gpu_points[_m.name] = _pts
     roofline_plots.roofline_figure(
         f"{gpu_cfg.name}, bf16, 1,024-token context: predicted (datasheet roofs)",
-        gpu_machines + [machine], gpu_points, (0.3, 3000))
+        gpu_machines + [roof], gpu_points, (0.3, 3000))
     return gpu_cfg, gpu_machines
 
 
