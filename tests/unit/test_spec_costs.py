@@ -1,0 +1,77 @@
+"""Notebook 09's cost measurement and its gates: the self-draft's share of the work computed
+from the shapes (hand-checked on SmolLM2-135M's), interleaved timing, and the checks that flag
+a draft dearer than its share (the reference run's c = 1.52 for 8 of 30 layers), a verify
+forward dearer than its tokens, and a speed-up larger than the tokens per forward."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from workshop import sanity
+from workshop import spec_decoding as sd
+
+# SmolLM2-135M's config.json
+SMOL = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
+                       num_kv_heads=3, head_dim=64, vocab_size=49152)
+
+
+def test_forward_flops_hand_computed():
+    # per layer: 2 x (576 x (576 + 2 x 192) + 576 x 576 + 3 x 576 x 1536) = 7,077,888;
+    # attention at 100 tokens: 4 x 9 x 64 x 100 = 230,400; logits: 2 x 576 x 49152 = 56,623,104
+    assert sd.forward_flops(SMOL, 30, 100) == 30 * (7_077_888 + 230_400) + 56_623_104
+    assert sd.forward_flops(SMOL, 30, 100, tokens=5) == 5 * sd.forward_flops(SMOL, 30, 100)
+
+
+def test_draft_share_counts_the_output_layer():
+    share = sd.draft_share(SMOL, 8, 100)
+    assert share == pytest.approx((8 * 7_308_288 + 56_623_104) / (30 * 7_308_288 + 56_623_104))
+    assert 0.41 < share < 0.42          # well above 8 / 30 = 0.27: the head is a fifth of it
+    assert sd.draft_share(SMOL, 30, 100) == 1.0
+
+
+def test_reference_runs_costs_are_flagged():
+    # slides/reference_run/09: c = 1.52 for 8 of 30 layers; 3 tokens verified at 5.07x, 5 at 4.05x
+    v = sd.cost_violations("self-draft", 1.52, sd.draft_share(SMOL, 8, 100), {2: 5.07, 4: 4.05})
+    checks = [x.check for x in v]
+    assert checks.count("a part costs more than its share") == 2      # the draft, 3 tokens
+    assert "shorter for more work" in checks                           # 5 tokens faster than 3
+    assert sanity.MARK in sanity.report(v)
+
+
+def test_quiet_machines_costs_pass():
+    # a quiet run of the same notebook (2-core AMX Xeon): c = 0.413, 1.16x and 1.59x
+    assert sd.cost_violations("self-draft", 0.413, sd.draft_share(SMOL, 8, 100),
+                              {2: 1.16, 4: 1.59}) == []
+
+
+def test_sweep_violations_bound_is_tokens_per_forward():
+    base = {"k": 0, "tokens": 24, "target forwards": 24, "measured speed-up": 1.0}
+    ok = {"k": 2, "tokens": 24, "target forwards": 12, "measured speed-up": 1.9}
+    fast = {"k": 2, "tokens": 24, "target forwards": 12, "measured speed-up": 3.67}
+    assert sd.sweep_violations([base, ok]) == []
+    (v,) = sd.sweep_violations([base, fast])
+    assert "k = 2" in v.what and "3.67" in v.what
+
+
+def test_interleaved_times_take_each_ones_best_in_turn():
+    calls = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
+    times = sd.interleaved_times(fns, rounds=3)
+    assert calls == ["a", "b"] + ["a", "b"] * 3        # a warm-up each, then turns
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+
+
+def test_sweep_rounds_keep_the_fastest_run(monkeypatch):
+    seconds = iter([1.0, 4.0, 5.0, 2.0])               # k=0, k=2, k=0, k=2
+    now = [0.0]
+
+    def decode(k):
+        now[0] += next(seconds)
+        return [1, 2, 3, 4], [(k, k)] * (2 if k else 4)
+
+    monkeypatch.setattr(sd.time, "perf_counter", lambda: now[0])
+    rows = sd.draft_length_sweep(decode, [2], c=0.0, rounds=2)
+    assert [r["seconds"] for r in rows] == [1.0, 2.0]          # neither the first nor the last
+    assert rows[1]["measured speed-up"] == pytest.approx(0.5)
