@@ -46,6 +46,9 @@ class Timed:
     end: float = 0.0
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    # usage.prompt_tokens_details.cached_tokens: prompt tokens the server's prefix cache served
+    # (None where the server does not report it)
+    cached_tokens: int | None = None
     error: str | None = None
 
 
@@ -62,6 +65,9 @@ def stream_completion(client: Any, model: str, prompt: str, max_tokens: int,
             if chunk.usage is not None:
                 t.prompt_tokens = chunk.usage.prompt_tokens
                 t.completion_tokens = chunk.usage.completion_tokens
+                details = getattr(chunk.usage, "prompt_tokens_details", None)
+                if details is not None and getattr(details, "cached_tokens", None) is not None:
+                    t.cached_tokens = int(details.cached_tokens)
             if t.ttft is None and chunk.choices and chunk.choices[0].text:
                 t.ttft = time.perf_counter() - start
     except Exception as e:   # reported in the table, not raised: one failure must not hide the rest

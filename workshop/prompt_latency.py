@@ -1,21 +1,43 @@
 """Time to first token against prompt length: the prefill is paid before any output appears.
 
 ``ttft_slope`` is arithmetic (unit-tested); ``ttft_sweep`` times single requests on a live
-server, one prompt length after another, with nothing else running.
+server, one prompt length after another, with nothing else running. A request is timed cold:
+the prefix cache is emptied before it, and one whose usage still reports prompt tokens served
+from the cache keeps its row (``cached tokens``) but is left out of every figure (``cold``).
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from typing import Any, Callable, Sequence
 
 from workshop.live_requests import PromptMaker, reset_prefix_cache, stream_completion
 
 
+def cold(rows: list[dict]) -> list[dict]:
+    """The rows of requests that completed with a first token and no cached prompt tokens."""
+    return [r for r in rows if not r["error"] and not r.get("cached tokens")
+            and not math.isnan(r["TTFT (ms)"])]
+
+
+def cached_count(rows: list[dict]) -> int:
+    """How many requests reported prompt tokens served from the prefix cache (left out)."""
+    return sum(1 for r in rows if not r["error"] and r.get("cached tokens"))
+
+
+def median_by_length(rows: list[dict]) -> list[tuple[int, float]]:
+    """(prompt tokens, median TTFT ms) of the cold requests, one per length, shortest first."""
+    by: dict[int, list[float]] = {}
+    for r in cold(rows):
+        by.setdefault(r["prompt tokens"], []).append(r["TTFT (ms)"])
+    return [(n, statistics.median(by[n])) for n in sorted(by)]
+
+
 def ttft_slope(rows: list[dict]) -> tuple[float, float] | None:
-    """Least-squares line through (prompt tokens, TTFT ms): (ms per 1000 tokens, ms at 0)."""
-    ok = [(r["prompt tokens"], r["TTFT (ms)"]) for r in rows
-          if not r["error"] and not math.isnan(r["TTFT (ms)"])]
+    """Least-squares line through (prompt tokens, TTFT ms) of the cold requests:
+    (ms per 1000 tokens, ms at 0)."""
+    ok = [(r["prompt tokens"], r["TTFT (ms)"]) for r in cold(rows)]
     if len({x for x, _ in ok}) < 2:
         return None
     n = len(ok)
@@ -28,7 +50,7 @@ def ttft_slope(rows: list[dict]) -> tuple[float, float] | None:
 def plot_ttft(rows: list[dict], max_model_len: int | None = None):
     from workshop.plots import figure
 
-    ok = [r for r in rows if not r["error"]]
+    ok = cold(rows)
     fig, ax = figure("Time to first token grows with the prompt",
                      "prompt length (tokens)", "time to first token (ms)")
     ax.plot([r["prompt tokens"] for r in ok], [r["TTFT (ms)"] for r in ok], "o-",
@@ -44,7 +66,8 @@ def plot_ttft(rows: list[dict], max_model_len: int | None = None):
 
 def ttft_sweep(session: Any, maker: PromptMaker, lengths: Sequence[int], repeats: int = 1,
                progress: Callable = lambda x, **_: x) -> list[dict]:
-    """TTFT of single requests (nothing else running) as the prompt grows."""
+    """TTFT of single requests (nothing else running) as the prompt grows, one row per
+    request; ``cached tokens`` is what its usage reported served from the prefix cache."""
     client = session.openai()
     rows = []
     plan = [n for n in lengths for _ in range(repeats)]
@@ -55,8 +78,8 @@ def ttft_sweep(session: Any, maker: PromptMaker, lengths: Sequence[int], repeats
         r = stream_completion(client, session.model, maker.make(n), 4)
         rows.append({"prompt tokens": r.prompt_tokens or n,
                      "TTFT (ms)": r.ttft * 1000 if r.ttft is not None else float("nan"),
-                     "error": r.error or ""})
+                     "cached tokens": r.cached_tokens, "error": r.error or ""})
     return rows
 
 
-__all__ = ["ttft_slope", "plot_ttft", "ttft_sweep"]
+__all__ = ["cold", "cached_count", "median_by_length", "ttft_slope", "plot_ttft", "ttft_sweep"]
