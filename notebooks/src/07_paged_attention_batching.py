@@ -465,8 +465,8 @@ ui.md(
     f"{_cont['median TTFT (ms)']:,.0f} ms: "
     + ("a new request waits for the whole batch in front of it to finish."
        if _stat["median TTFT (ms)"] > _cont["median TTFT (ms)"] else
-       "in this run the static server did not make new requests wait longer, which the "
-       "timeline above says it should; with so few requests one batch can cover them all.")
+       "in this run the static server did not make new requests wait longer, against what "
+       "the timeline above shows step by step; this run does not measure why.")
 )
 
 # %% [markdown]
@@ -550,6 +550,7 @@ ui.md(
 # %%
 import time
 
+from workshop import sanity
 from workshop.metrics import MetricsSampler
 
 vllm_n = workshop.session.sweep(48, 6)
@@ -575,20 +576,36 @@ _bs = int(session.info.get("block_size") or 0)
 # The block arithmetic needs a paged pool: the Hugging Face baseline grows one sequence's
 # cache on demand and reports no block size.
 _pred = kv_usage.predicted_usage([64 + vllm_out - 1] * vllm_n, _bs, _cap) if _cap and _bs else None
+vllm_completed = sum(_r.error is None for _r in vllm_results)
+vllm_errors = sorted({_r.error for _r in vllm_results if _r.error})
+# A burst that completed drew the gauges off zero while it ran, or the samples say nothing.
+vllm_violations = (
+    sanity.completed_some(f"the burst to {session.engine_name}", vllm_completed, vllm_n)
+    + sanity.nonzero("the running-requests gauge during the burst",
+                     vllm_samples.values[kv_usage.RUNNING])
+    + sanity.nonzero("the KV-usage gauge during the burst", vllm_samples.values[kv_usage.KV_USAGE]))
+_waited = vllm_samples.peak(kv_usage.WAITING)
 ui.md(
+    (sanity.report(vllm_violations) + "\n\n" + sanity.WITHHELD
+     + (f"\n\nThe failed requests said: `{' / '.join(vllm_errors)[:600]}`" if vllm_errors else "")
+     + f"\n\n{vllm_completed} of {vllm_n} requests completed; {len(vllm_samples.times)} "
+       f"gauge samples, {vllm_samples.errors} failed polls.")
+    if vllm_violations else
     f"The server's engine ({session.engine_name}) ran up to "
     f"**{vllm_samples.peak(kv_usage.RUNNING):.0f}** requests at once, with up "
-    f"to {vllm_samples.peak(kv_usage.WAITING):.0f} waiting, and its KV usage peaked at "
+    f"to {_waited:.0f} waiting, and its KV usage peaked at "
     f"**{100 * vllm_samples.peak(kv_usage.KV_USAGE):.1f}%** of "
     + (f"{_cap:,} tokens in blocks of {_bs}" if _bs else
        f"{_cap:,} tokens (no blocks: this engine reports no block size)" if _cap else "its cache")
     + (f" (if all {vllm_n} held their full 64 + {vllm_out} tokens at once: "
        f"{100 * _pred:.1f}%, by the block arithmetic of notebook 1)." if _pred is not None else ".")
-    + f" {sum(_r.error is None for _r in vllm_results)} of {vllm_n} requests completed "
+    + f" {vllm_completed} of {vllm_n} requests completed "
     f"({len(vllm_samples.times)} samples). "
-    + ("Nobody waited: the pool is far larger than the burst, so every request was admitted "
-       "at once. Raise the burst (`vllm_n`, `vllm_out`) until the waiting line rises."
-       if vllm_samples.peak(kv_usage.WAITING) == 0 else
+    + ((f"No sample caught a request waiting: the pool would have held all {vllm_n} at once "
+        f"({100 * _pred:.1f}% of it). " if _pred is not None and _pred < 1 else
+        "No sample caught a request waiting. ")
+       + "Raise the burst (`vllm_n`, `vllm_out`) until the waiting line rises."
+       if _waited == 0 else
        "Requests waited: the engine admits only what its limits allow per step (sequences, "
        "free KV blocks, tokens per step), the rest queue.")
     # source: decode_log_interval in sglang/srt/server_args.py (0.5.18)
