@@ -317,10 +317,9 @@ ui.md(
        "requests, and a knee is only resolved to a few load steps. Treat its margins as the shape "
        "of an answer, not the answer. " if _mode == "quick" else "")
     + ("" if _gpu else
-       "A 135M-parameter model on a few CPU cores is not a 70B model on an H100. On a CPU the "
-       "forward pass is compute-bound even at small batches, so batching buys less than on a GPU, "
-       "and the engines' GPU kernels (FlashAttention, CUDA graphs, FP8) do not run at all: the CPU "
-       "builds exercise their schedulers, KV managers and prefix caches, not their kernels. ")
+       "A 135M-parameter model on a few CPU cores is not a 70B model on an H100: the engines' "
+       "GPU kernels (FlashAttention, CUDA graphs, FP8) do not run at all, and the CPU builds "
+       "exercise their schedulers, KV managers and prefix caches, not their kernels. ")
     + "What is expected to carry over: **which design wins on which workload**: prefix caching "
       "on the shared-prefix and agentic workloads (the saving is prefill the engine does not "
       "redo, on any hardware), continuous batching over one-request-at-a-time serving, and the "
