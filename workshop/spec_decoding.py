@@ -135,10 +135,15 @@ def interleaved_times(fns: dict[str, Callable[[], object]], rounds: int = 3) -> 
 def cost_violations(label: str, c: float, share: float,
                     verify_costs: dict[int, float]) -> list[sanity.Violation]:
     """What the measured costs (relative to one one-token forward) may not do: a self-draft
-    cost more than its share of the work (``share``, from ``draft_share``); a verify forward of
-    k + 1 tokens cost more than k + 1 one-token forwards (it does that work or less: the
-    weights are read once); a forward of more tokens take less time than one of fewer."""
+    cost more than its share of the work (``share``, from ``draft_share``), or markedly less
+    (it runs the same kernels on a part of the same work, and per-call costs only raise its
+    share); a verify forward of k + 1 tokens cost more than k + 1 one-token forwards (it does
+    that work or less: the weights are read once); a forward of more tokens take less time than
+    one of fewer."""
     out = sanity.part_within_whole(label, c, share)
+    out += sanity.within(f"the share of the work done by {label}, against its measured cost {c:.3g}",
+                         share, c, "of the whole", "a part costs less than its share",
+                         ("busy", "few"))
     for k, cost in sorted(verify_costs.items()):
         out += sanity.within(f"a verify forward of {k + 1} tokens", cost, k + 1,
                              "one-token forwards", "a part costs more than its share",

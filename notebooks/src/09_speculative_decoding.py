@@ -113,8 +113,9 @@ ui.md("```python\n" + inspect.getsource(accept_greedy) + "```")
 # and is right whenever the answer copies the prompt. *Self-draft* (LayerSkip-style, Elhoushi
 # et al. 2024, [arXiv:2404.16710](https://arxiv.org/abs/2404.16710)): run only the first
 # `draft layers` of the same model, then its final norm and output layer. It shares the
-# model's KV cache for those layers, costs about `draft layers / layers` of a full forward per
-# draft token, and is right when the early layers already know the answer. The engine's
+# model's KV cache for those layers, costs per draft token its layers plus the output layer
+# (section 2 computes that share and measures it), and is right when the early layers already
+# know the answer. The engine's
 # n-gram proposer:
 
 # %%
@@ -265,7 +266,8 @@ sd.formula_figure([0.0, 0.5, 0.7, 0.8, 0.9], c=0.1, k_max=10)
 # machine's other work than about the model. Then the measurements are checked against what
 # the arithmetic allows (`spec_decoding.cost_violations`): the self-draft does its layers plus
 # the output layer, a share of the full forward's FLOPs computed from the model's shapes
-# (`spec_decoding.draft_share`), and may not cost more than that share; a verify forward of
+# (`spec_decoding.draft_share`), and may cost neither markedly more nor markedly less than
+# that share (the same kernels run a part of the same work); a verify forward of
 # k + 1 tokens does at most k + 1 one-token forwards' work, and a forward of more tokens does
 # not take less time than one of fewer.
 

@@ -40,6 +40,13 @@ def test_reference_runs_costs_are_flagged():
     assert sanity.MARK in sanity.report(v)
 
 
+def test_a_draft_far_cheaper_than_its_share_is_flagged():
+    # a run on a loaded machine (decode 688 ms against 38 ms quiet) timed c = 0.15 for 0.42
+    (v,) = sd.cost_violations("self-draft", 0.15, sd.draft_share(SMOL, 8, 100), {})
+    assert v.check == "a part costs less than its share" and "0.15" in v.what
+    assert sd.cost_violations("self-draft", 0.36, 0.42, {}) == []          # within the error
+
+
 def test_quiet_machines_costs_pass():
     # a quiet run of the same notebook (2-core AMX Xeon): c = 0.413, 1.16x and 1.59x
     assert sd.cost_violations("self-draft", 0.413, sd.draft_share(SMOL, 8, 100),
