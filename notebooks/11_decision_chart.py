@@ -476,11 +476,13 @@ def _(mo):
 
 
 @app.cell
-def _(showdown, ui):
+def _(chosen_workloads, showdown, ui, verdicts):
     _machine = showdown.newest.machine if showdown.newest else "no machine"
     _model = showdown.newest.manifest.get("model", "?") if showdown.newest else "?"
     _mode = showdown.newest.mode if showdown.newest else "?"
     _gpu = bool(showdown.newest and (showdown.newest.manifest.get("machine") or {}).get("gpu"))
+    _shifted = [_w for _w in chosen_workloads
+                if len({_v.winner for _v in verdicts if _v.workload == _w and _v.outcome == "win"}) > 1]
     ui.md(
         f"These numbers come from **{_model}** on **{_machine}**, in a **{_mode}** run. "
         + ("A quick run sends a handful of requests per load point: its p99s are the few slowest "
@@ -492,8 +494,11 @@ def _(showdown, ui):
            "exercise their schedulers, KV managers and prefix caches, not their kernels. ")
         + "What is expected to carry over: **which design wins on which workload**: prefix caching "
           "on the shared-prefix and agentic workloads (the saving is prefill the engine does not "
-          "redo, on any hardware), continuous batching over one-request-at-a-time serving, and the "
-          "fact that the ranking changes with the constraint. What is not: the absolute numbers, the "
+          "redo, on any hardware), continuous batching over one-request-at-a-time serving"
+        + (f", and that the winner depends on the constraint (in this run it changed with the "
+           f"constraint on {', '.join(_shifted)}). " if _shifted else
+           " (in this run no workload's winner changed with the constraint). ")
+        + "What is not: the absolute numbers, the "
           "size of each margin (a GPU shifts the balance between prefill, decode and scheduler "
           "overhead: vLLM's own 2024 profiling of Llama 3 8B on one H100 found only 38 % of the time "
           "on the GPU, the rest in its HTTP server and scheduler, "
