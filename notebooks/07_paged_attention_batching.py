@@ -546,6 +546,11 @@ def _(batch_outputs, statistics, timeline_runs, ui):
     _with_prefill = [r.seconds for r in _all if any(k == "prefill" for _, _, k in r.scheduled)]
     _decode_only = [r.seconds for r in _all if all(k == "decode" for _, _, k in r.scheduled)]
     _ratio = statistics.mean(_with_prefill) / statistics.mean(_decode_only) if _decode_only else 1.0
+    # Each run's time as its step counts predict it at the mean cost of each kind of step.
+    _mean_p = statistics.mean(_with_prefill) if _with_prefill else 0.0
+    _mean_d = statistics.mean(_decode_only) if _decode_only else 0.0
+    _pred_s, _pred_c = (sum(_mean_d if all(k == "decode" for _, _, k in r.scheduled) else _mean_p
+                            for r in _run) for _run in (_s, _c))
     ui.md(
         f"Both runs produced the same {_tokens} tokens. The static batcher needed "
         f"**{len(_s)} steps**, the continuous one **{len(_c)}**: seats freed by short answers "
@@ -559,7 +564,10 @@ def _(batch_outputs, statistics, timeline_runs, ui):
         f"average, and the continuous run has one such step per request that joins (the static "
         f"one, one per batch)"
         + ("." if _time_c < _time_s else
-           ", so on this machine the extra prefill steps ate the steps saved.")
+           f": at the mean cost of each kind of step, the step counts predict {_pred_c:.2f} s vs "
+           f"{_pred_s:.2f} s, "
+           + ("so the extra prefill steps ate the steps saved." if _pred_c >= _pred_s else
+              "so the step counts do not explain it: this run cannot say what did."))
     )
     return
 
@@ -710,7 +718,7 @@ def _(chunk_budget, chunk_long, chunk_rows, ui):
         f"pieces of at most {int(chunk_budget.value)} tokens, their longest gap was "
         f"**{_ch[_gap_key]:,.0f} ms** "
         + (f"({_nc[_gap_key] / _ch[_gap_key]:.1f}x shorter)" if _ch[_gap_key] < _nc[_gap_key]
-           else "(no shorter: on this machine the per-step overhead outweighs the split)")
+           else "(no shorter, in this run)")
         + f", while the long prompt's first token took {_ch[_ttft_key]:,.0f} ms instead of "
         f"{_nc[_ttft_key]:,.0f} ms"
         + (" (no later, in this run)."
@@ -994,7 +1002,10 @@ def _(gather_agree, gather_ms, gather_speedup, gather_threads, ui):
            + ("the gain here comes from the threads (PyTorch's CPU `index_select` splits the rows "
               "of a table's first axis over them), more than from the larger pieces. "
               if _block_scaling > 1.2 and _slot_scaling < 1.1 else
-              "on this machine the two reads scale alike, so what differs is the pieces' size. ")
+              "the two reads scaled alike (within 20 %), so the threads do not make the difference. "
+              if abs(_block_scaling / _slot_scaling - 1) <= 0.2 else
+              "the reads scaled differently, and this run does not separate the threads' part from "
+              "the pieces' size. ")
            if _n > 1 else "This machine has one core, so threads play no part here. ")
         + f"Either way, {gather_ms['scattered', 'block by block', _n]:.1f} ms of every decode step goes "
         f"to copying keys and values that a kernel reading the blocks in place would not copy; "
