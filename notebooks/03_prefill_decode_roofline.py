@@ -105,6 +105,8 @@ def _(mo):
 
 @app.cell
 def _(session):
+    import numpy as np
+
     from reference_server import dtypes
     from workshop import capacity, kvcache, roofline, roofline_measure, roofline_plots, sanity, ui
     from workshop.session import sweep
@@ -136,6 +138,7 @@ def _(session):
         kvcache,
         machine,
         measure_roof,
+        np,
         roofline,
         roofline_measure,
         roofline_plots,
@@ -290,6 +293,23 @@ def _(
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    **Exercise 1 (predict, then measure).** Section 4 is about to time the server decoding one
+    request alone. How many tokens per second will it make? You have the bandwidth bound
+    (section 2) and the KV-cached step measured in this process (section 3); the server adds an
+    HTTP stream, a scheduler and sampling to every step. Write your number before running on.
+    """)
+    return
+
+
+@app.cell
+def _():
+    predict_batch1_tok_s = None      # your prediction in tokens/s, e.g. 20.0
+    return (predict_batch1_tok_s,)
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     ## 4. Measure the live server
 
     Now the engine itself, through the course's benchmark harness. **Decode**: B requests start
@@ -312,12 +332,53 @@ def _(roofline_measure, session, sweep, ui):
     serve_prefill_rows = [roofline_measure.cold_prefill(session, _t, repeats=sweep(3, 2))
                           for _t in ui.progress(prefill_lengths, title="prefill sweep")]
     ui.table(serve_decode_rows)
-    return decode_input, decode_output, serve_decode_rows, serve_prefill_rows
+    return (
+        decode_batches,
+        decode_input,
+        decode_output,
+        serve_decode_rows,
+        serve_prefill_rows,
+    )
 
 
 @app.cell
 def _(serve_prefill_rows, ui):
     ui.table(serve_prefill_rows)
+    return
+
+
+@app.cell
+def _(decode_rows, predict_batch1_tok_s, serve_decode_rows, ui):
+    served_b1 = serve_decode_rows[0]["tok/s total"]
+    inprocess_b1 = 1e3 / decode_rows[0]["KV-cached step (ms)"]
+    ui.compare(predict_batch1_tok_s, served_b1, "batch-1 decode rate through the server", "tokens/s")
+    return inprocess_b1, served_b1
+
+
+@app.cell
+def _(
+    bound_b1,
+    decode_rows,
+    inprocess_b1,
+    kvcache,
+    leaf_modules,
+    machine,
+    served_b1,
+    ui,
+    weight_bytes,
+):
+    ui.worked_answer(
+        f"The roof bounds batch-1 decode at **{bound_b1:,.0f} tokens/s**: every token streams "
+        f"{kvcache.human_bytes(weight_bytes)} of weights at {machine.bandwidth / 1e9:,.1f} GB/s. "
+        f"Section 3 timed the same model's KV-cached step in this process at "
+        f"{decode_rows[0]['KV-cached step (ms)']:.1f} ms, which makes **{inprocess_b1:,.1f} "
+        f"tokens/s** the closer forecast: the fixed cost of running {leaf_modules} modules is paid "
+        f"every step, whatever the bandwidth. The server made **{served_b1:,.1f} tokens/s**, "
+        f"{served_b1 / inprocess_b1:.2f}x the in-process rate ("
+        + ("its step costs less than eager Hugging Face's, serving stack included" if
+           served_b1 > inprocess_b1 else "the serving stack costs more than it saves")
+        + f") and {served_b1 / bound_b1:.0%} of the bound."
+    )
     return
 
 
@@ -382,7 +443,10 @@ def _(
     roof_violations = (roofline.roof_violations(roof, measured_points, served_dtype)
                        + sanity.completed_some("the prefill sweep",
                                                sum(r["completed"] for r in serve_prefill_rows),
-                                               len(serve_prefill_rows)))
+                                               len(serve_prefill_rows))
+                       + sanity.grows_with("time to first token (ms) against prompt tokens",
+                                           [r["prompt tokens"] for r in serve_prefill_rows],
+                                           [r["TTFT ms (median)"] for r in serve_prefill_rows]))
     ui.md(f"Roof: the best of section 1's measurement and one taken after the server's points: "
           f"**{roof.bandwidth / 1e9:,.1f} GB/s** (then {machine.bandwidth / 1e9:,.1f}), "
           f"**{roof.ceiling(served_dtype) / 1e9:,.1f} GFLOP/s** in {served_dtype} "
@@ -554,41 +618,89 @@ def _(mo):
     mo.md(r"""
     ## Predict, then measure
 
-    Write a number in each prediction cell, then run the cell after it: it measures live and
-    compares. Use the tables above (the decode sweep, the prefill rate) to reason.
-
-    **1.** The decode sweep measured some batch sizes. How many tokens per second **in total**
-    will the server make with **8** requests decoding together?
+    **Exercise 2 (predict, then measure).** The decode sweep stopped at the batch printed below.
+    How many tokens per second **in total** will the server make with **twice** that many
+    requests decoding together? Reason from how the step time (TPOT) grew across the sweep.
     """)
     return
 
 
 @app.cell
+def _(decode_batches, ui):
+    exercise_batch = 2 * decode_batches[-1]
+    ui.md(f"Twice the sweep's largest batch: **{exercise_batch} requests** at once.")
+    return (exercise_batch,)
+
+
+@app.cell
 def _():
-    predict_batch8_tok_s = None      # your prediction, e.g. 120.0
-    return (predict_batch8_tok_s,)
+    predict_batch_tok_s = None       # your prediction in tokens/s (all requests), e.g. 120.0
+    return (predict_batch_tok_s,)
 
 
 @app.cell
 def _(
     decode_input,
     decode_output,
-    predict_batch8_tok_s,
+    exercise_batch,
+    predict_batch_tok_s,
     roofline_measure,
     session,
     ui,
 ):
-    exercise_batch8 = roofline_measure.serve_decode(session, 8, decode_input, decode_output)
-    ui.compare(predict_batch8_tok_s, exercise_batch8["tok/s total"],
-               "decode rate at batch 8 (all requests)", "tokens/s")
+    exercise_decode = roofline_measure.serve_decode(session, exercise_batch, decode_input,
+                                                    decode_output)
+    ui.compare(predict_batch_tok_s, exercise_decode["tok/s total"],
+               f"decode rate at batch {exercise_batch} (all requests)", "tokens/s")
+    return (exercise_decode,)
+
+
+@app.cell
+def _(
+    exercise_batch,
+    exercise_decode,
+    model_cfg,
+    np,
+    roof,
+    roofline,
+    sanity,
+    serve_decode_rows,
+    served_short,
+    ui,
+):
+    # A step costs a fixed part plus a part per sequence in it: fit step = fixed + per x batch.
+    _per, _fixed = np.polyfit([r["batch"] for r in serve_decode_rows],
+                              [r["TPOT ms (median)"] for r in serve_decode_rows], 1)
+    _step = _fixed + _per * exercise_batch
+    _line_rate = exercise_batch * 1e3 / _step
+    _bound = roofline.decode_bound_tokens_per_s(model_cfg, roof, exercise_batch,
+                                                serve_decode_rows[0]["context"],
+                                                weight_dtype=served_short)
+    _got = exercise_decode["tok/s total"]
+    ui.worked_answer(
+        f"A decode step serves every request in the batch at once, so its time (TPOT) is the "
+        f"whole step. A straight line through the sweep's step times, **{_fixed:.1f} ms + "
+        f"{_per:.2f} ms per request**"
+        + ("" if _fixed >= 0 and _per >= 0 else
+           " (a negative part is impossible: the sweep's points were disturbed, re-run it)")
+        + f", predicts {_step:.1f} ms at {exercise_batch} requests: "
+        f"{exercise_batch} x 1000 / {_step:.1f} = **{_line_rate:,.0f} tokens/s**. The roof allows "
+        f"at most {_bound:,.0f} at that batch. Measured: **{_got:,.0f} tokens/s**, "
+        f"{_got / _line_rate:.2f}x the line's forecast"
+        + (": the line held beyond the sweep." if abs(_got / _line_rate - 1) <= sanity.MEASUREMENT_ERROR
+           else f": beyond the sweep the step time did not follow the line "
+                f"({exercise_decode['TPOT ms (median)']:.1f} ms measured against {_step:.1f}), so "
+                "the per-request cost changes with the batch here; a sweep with more points "
+                "(full mode) fits it better.")
+    )
     return
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **2.** From the prefill rate measured above: how long (ms) will the first token of a
-    **768-token** prompt take, one request alone?
+    **Exercise 3 (predict, then measure).** From the prefill sweep above: how long (ms) will the
+    first token of a **768-token** prompt take, one request alone, cold?
     """)
     return
 
@@ -604,6 +716,29 @@ def _(predict_ttft_768_ms, roofline_measure, session, sweep, ui):
     exercise_prefill = roofline_measure.cold_prefill(session, 768, repeats=sweep(2, 1))
     ui.compare(predict_ttft_768_ms, exercise_prefill["TTFT ms (median)"],
                "time to first token, 768-token prompt", "ms")
+    return (exercise_prefill,)
+
+
+@app.cell
+def _(exercise_prefill, model_cfg, np, roofline, serve_prefill_rows, ui):
+    _per_token, _fixed_ms = np.polyfit([r["prompt tokens"] for r in serve_prefill_rows],
+                                       [r["TTFT ms (median)"] for r in serve_prefill_rows], 1)
+    _line_ms = _fixed_ms + _per_token * 768
+    _best = max(serve_prefill_rows, key=lambda r: r["prefill tok/s"])
+    _got_ms = exercise_prefill["TTFT ms (median)"]
+    ui.worked_answer(
+        f"Dividing by the best prefill rate alone, 768 / {_best['prefill tok/s']:,.0f} tokens/s = "
+        f"{768e3 / _best['prefill tok/s']:.0f} ms, treats the whole TTFT as proportional to the "
+        f"prompt. A straight line through the sweep separates the parts: **{_fixed_ms:.0f} ms + "
+        f"{_per_token:.2f} ms per token**, so {_line_ms:.0f} ms at 768 tokens"
+        + (". " if _fixed_ms >= 0 else
+           f" - but no request has a negative fixed part, so this run's sweep points were disturbed "
+           f"and the line is not to be trusted; re-run the sweep. ")
+        + f"Attention adds a "
+        f"little more per token as the prompt grows ({roofline.prefill_flops(model_cfg, 768) / 768 / (roofline.prefill_flops(model_cfg, _best['prompt tokens']) / _best['prompt tokens']):.2f}x "
+        f"the FLOPs per token of the {_best['prompt tokens']}-token prompt). Measured: "
+        f"**{_got_ms:.0f} ms**, {_got_ms / _line_ms:.2f}x the line."
+    )
     return
 
 

@@ -91,7 +91,7 @@ FIGURES: dict[str, list[FigureSpec]] = {
     "03_prefill_decode_roofline": [
         FigureSpec("roofline_measured", r"measured_points\}", r"measured on the live server",
                    "this machine's roofline with prefill and decode measured on the live server"),
-        FigureSpec("roofline_gpu", r"gpu_machines \+ \[machine\]", r"predicted \(datasheet roofs\)",
+        FigureSpec("roofline_gpu", r"gpu_machines \+ \[roof\]", r"predicted \(datasheet roofs\)",
                    "the same roofline predicted for common GPUs (datasheet roofs)"),
     ],
     "04_quantization": [

@@ -130,6 +130,18 @@ def md(text: str) -> Any:
     return Markdown(text)
 
 
+WORKED_ANSWER = "Worked answer"
+
+
+def worked_answer(text: str) -> Any:
+    """An exercise's worked answer (markdown computed in this run), collapsed until opened:
+    a marimo accordion, an HTML ``<details>`` block in Jupyter and Colab."""
+    if frontend() == "marimo":
+        import marimo as mo
+        return mo.accordion({WORKED_ANSWER: mo.md(text)})
+    return Markdown(f"<details><summary><b>{WORKED_ANSWER}</b></summary>\n\n{text}\n\n</details>")
+
+
 def table(rows: Sequence[dict[str, Any]], floatfmt: str = ".3g") -> Any:
     """Render a list of dicts (same keys) as a markdown table."""
     return md(markdown_table(rows, floatfmt))

@@ -20,3 +20,9 @@ def test_compare_names_a_computed_answer_as_computed():
     text = ui.compare_text(10, 17, "largest batch", "users", how="computed")
     assert text.startswith("**computed largest batch: 17 users**") and "computed value" in text
     assert "measure" not in text
+
+
+def test_a_worked_answer_is_collapsed_until_opened():
+    shown = ui.worked_answer("**3 x 4 = 12**").text
+    assert shown.startswith("<details><summary><b>Worked answer</b></summary>")
+    assert "**3 x 4 = 12**" in shown and shown.rstrip().endswith("</details>")
