@@ -4,8 +4,9 @@ speculative decoding together.
 ``step()`` is schedule -> run -> postprocess: the scheduler picks sequences and token counts
 (``scheduler.py``), a proposer may add draft tokens (``spec_decode.py``), one forward runs
 every new token of every scheduled sequence (``model_runner.py``), and ``_postprocess`` turns
-the logits into tokens, one sequence at a time, in named parts: spec verification, sampling,
-appending and finishing, logprobs, prefix-cache offers, then one ``StepRecord`` for the step.
+the logits into tokens, one sequence at a time, in named parts: spec verification, sampling
+(one batched call for every row that is not plain greedy), appending and finishing,
+logprobs, prefix-cache offers, then one ``StepRecord`` for the step.
 
 Contract: one request never harms another. ``add_request`` rejects what cannot run
 (ValueError: empty prompt, token ids outside the vocabulary, too long for the model or the
@@ -30,7 +31,7 @@ from mini_engine.block_manager import BlockManager
 from mini_engine.config import EngineConfig
 from mini_engine.model_runner import ModelRunner
 from mini_engine.prefix_cache import make_prefix_cache
-from mini_engine.sampler import TokenLogprob, logprob_of, sample_row
+from mini_engine.sampler import TokenLogprob, logprob_of, sample
 from mini_engine.scheduler import ScheduledSeq, SchedulerOutput, make_scheduler
 from mini_engine.sequence import SamplingParams, SeqStatus, Sequence
 from mini_engine.spec_decode import (NgramProposer, SelfDraftProposer, SpecStats,
@@ -103,6 +104,7 @@ class LLMEngine:
         if lo < 0 or hi >= vocab:
             raise ValueError(f"prompt token id {lo if lo < 0 else hi} is outside the "
                              f"vocabulary [0, {vocab})")
+        params.validate(vocab)
         if len(prompt_token_ids) >= self.max_model_len:
             raise ValueError(f"prompt of {len(prompt_token_ids)} tokens does not fit "
                              f"max_model_len={self.max_model_len}")
@@ -210,6 +212,7 @@ class LLMEngine:
     def _postprocess(self, batch: SchedulerOutput, drafts: list[list[int]], chunks: list[Chunk],
                      logits: torch.Tensor, started: float) -> list[RequestOutput]:
         argmax = logits.argmax(-1).tolist()     # one batched argmax: greedy rows and verification
+        sampled = self._sample(batch, drafts, chunks, logits)    # every other row, batched
         spec_before = (self.spec_stats.num_accepted_tokens, self.spec_stats.num_draft_tokens)
         outputs, record, row = [], [], 0
         for s, d, c in zip(batch.scheduled, drafts, chunks):
@@ -224,7 +227,9 @@ class LLMEngine:
             rows, top = logits[row:row + c.num_logits], argmax[row:row + c.num_logits]
             row += c.num_logits
             try:
-                new = self._verify(seq, d, top) if d else [self._sample(seq, rows[0], top[0])]
+                new = self._verify(seq, d, top) if d else [sampled.get(seq.seq_id, top[0])]
+                if isinstance(new[0], Exception):
+                    raise new[0]
                 outputs.append(self._emit(seq, new, rows))
             except Exception as exc:            # this request fails; the batch goes on
                 outputs.append(self._fail(seq, exc))
@@ -239,8 +244,29 @@ class LLMEngine:
         return new
 
     @staticmethod
-    def _sample(seq: Sequence, logits: torch.Tensor, argmax: int) -> int:
-        return argmax if seq.params.greedy else sample_row(logits, seq.params, seq.generator)
+    def _sample(batch: SchedulerOutput, drafts: list[list[int]], chunks: list[Chunk],
+                logits: torch.Tensor) -> dict[int, int | Exception]:
+        """Tokens (by ``seq_id``) of the sequences that need the sampler: those that end
+        their chunk without drafts and are not plain greedy (that is the batched argmax).
+        One batched call; if it raises, row by row, so only the culprit fails."""
+        seqs, rows, row = [], [], 0
+        for s, d, c in zip(batch.scheduled, drafts, chunks):
+            if c.num_logits and not d and not s.seq.params.plain_greedy:
+                seqs.append(s.seq)
+                rows.append(row)
+            row += c.num_logits
+        if not seqs:
+            return {}
+        try:
+            return dict(zip((q.seq_id for q in seqs), sample(logits[rows], seqs)))
+        except Exception:
+            out: dict[int, int | Exception] = {}
+            for q, r in zip(seqs, rows):
+                try:
+                    out[q.seq_id] = sample(logits[r:r + 1], [q])[0]
+                except Exception as exc:
+                    out[q.seq_id] = exc
+            return out
 
     def _emit(self, seq: Sequence, new: list[int], rows: torch.Tensor) -> RequestOutput:
         emitted = self._append(seq, new)

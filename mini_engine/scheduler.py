@@ -79,7 +79,8 @@ class Scheduler:
         seq.status = SeqStatus.FINISHED
 
     def _lookahead(self, seq: Sequence) -> int:
-        if not self.num_lookahead or not seq.params.greedy or seq.is_prefilling:
+        # drafts are verified against the raw argmax: a bias or penalty must not speculate
+        if not self.num_lookahead or not seq.params.plain_greedy or seq.is_prefilling:
             return 0
         room = min(seq.params.max_tokens - seq.num_output_tokens,
                    self.max_model_len - seq.num_tokens) - 1

@@ -33,10 +33,47 @@ class SamplingParams:
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     logprobs: int | None = None     # None: none; k >= 0: chosen token plus top k
+    # vLLM's meanings, applied by mini_engine.sampler (its docstring has the order)
+    top_k: int = 0                  # keep the k most likely tokens; 0 or -1: all
+    min_p: float = 0.0              # drop tokens less likely than min_p x the most likely
+    presence_penalty: float = 0.0   # subtracted once from every token already output
+    frequency_penalty: float = 0.0  # subtracted per occurrence in the output so far
+    repetition_penalty: float = 1.0  # divides (positive) logits of prompt and output tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added to its logit
 
     @property
     def greedy(self) -> bool:
         return self.temperature < SAMPLING_EPS
+
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or \
+            self.repetition_penalty != 1.0
+
+    @property
+    def changes_logits(self) -> bool:
+        """A bias or a penalty moves the model's logits, so even greedy may pick another token."""
+        return bool(self.logit_bias) or self.penalized
+
+    @property
+    def plain_greedy(self) -> bool:
+        """The token is the argmax of the model's own logits: the batched argmax gives it, and
+        speculative drafts can be verified against that argmax."""
+        return self.greedy and not self.changes_logits
+
+    def validate(self, vocab_size: int) -> None:
+        """ValueError naming the first parameter the engine cannot apply (the server refuses
+        these earlier, with a 400; this guards offline use)."""
+        if self.top_k < -1:
+            raise ValueError(f"top_k must be -1 or 0 (all tokens) or at least 1, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not self.repetition_penalty > 0.0:
+            raise ValueError(f"repetition_penalty must be above 0, got {self.repetition_penalty}")
+        bad = [t for t in self.logit_bias if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"logit_bias token id {bad[0]} is outside the vocabulary "
+                             f"[0, {vocab_size})")
 
 
 class SeqStatus(enum.Enum):

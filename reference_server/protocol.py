@@ -6,10 +6,15 @@ values are refused with a clear 400 by the server itself, whatever the engine wo
 done with them. Unknown extra fields pass the schema so a proxied engine can answer its own
 extensions (vLLM's ``min_tokens``, ...); an in-process engine refuses every field it does not
 implement (``unsupported_fields``), so nothing is accepted and silently ignored.
+
+The sampling fields vLLM, SGLang and the in-process engines all implement (``top_k``,
+``min_p``, the three penalties, ``logit_bias``) have one range here for every engine, the
+narrowest of theirs (``mini_engine/sampler.py`` says where their meanings differ).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any, Generic, Literal, TypeVar, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
@@ -64,6 +69,10 @@ class StreamOptions(_Strict):
 Temperature = Field(default=None, ge=0.0, le=2.0)
 TopP = Field(default=None, gt=0.0, le=1.0)
 Penalty = Field(default=None, ge=-2.0, le=2.0)
+# SGLang's range: vLLM takes any r > 0, SGLang only (0, 2]
+RepetitionPenalty = Field(default=None, gt=0.0, le=2.0)
+MinP = Field(default=None, ge=0.0, le=1.0)
+LOGIT_BIAS_LIMIT = 100.0     # OpenAI's range; vLLM clamps to it, we refuse outside it
 
 
 class _SamplingFields(BaseModel):
@@ -84,15 +93,47 @@ class _SamplingFields(BaseModel):
     ignore_eos: StrictBool | None = None
     stop_token_ids: list[StrictInt] | None = None
     user: str | None = None
+    top_k: StrictInt | None = Field(default=None, ge=-1)   # 0 or -1: every token (vLLM)
+    min_p: float | None = MinP
+    repetition_penalty: float | None = RepetitionPenalty
+    logit_bias: dict[str, float] | None = None             # token id (a string) -> bias
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty",
-                     mode="before")
+                     "min_p", "repetition_penalty", mode="before")
     @classmethod
     def _number(cls, v):
         # strict mode would refuse an int like 1 for a float field; JSON has one number type
         if isinstance(v, bool):
             raise ValueError("must be a number")
         return float(v) if isinstance(v, int) else v
+
+    @field_validator("top_k")
+    @classmethod
+    def _top_k(cls, v):
+        # SGLang refuses 0 and takes -1 for "all tokens"; vLLM takes both
+        return -1 if v == 0 else v
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _logit_bias(cls, v):
+        if not isinstance(v, dict):
+            return v
+        out = {}
+        for key, bias in v.items():
+            if not isinstance(key, str) or not re.fullmatch(r"\s*-?[0-9]+\s*", key):
+                raise ValueError(f"keys must be token ids, got {key!r}")
+            if isinstance(bias, bool) or not isinstance(bias, (int, float)) \
+                    or not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"bias of token {key} must be a number in "
+                                 f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], got {bias!r}")
+            out[key] = float(bias)
+        return out
+
+    @property
+    def logit_bias_ids(self) -> dict[int, float]:
+        """``logit_bias`` with integer token ids (negative ones included: the engine says
+        they are outside its vocabulary)."""
+        return {int(k): b for k, b in (self.logit_bias or {}).items()}
 
     @field_validator("stop")
     @classmethod
@@ -165,15 +206,16 @@ class CompletionRequest(_SamplingFields):
 # answers"): an end-user id for the provider's abuse monitoring, which never reaches the
 # model, so ignoring it is all a server without such monitoring can do with it.
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "stream",
-           "stream_options", "ignore_eos", "stop_token_ids", "user", "logprobs"}
+           "stream_options", "ignore_eos", "stop_token_ids", "user", "logprobs",
+           "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
+           "logit_bias"}
 LOCAL_FIELDS = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
     "complete": _COMMON | {"prompt"},
 }
 # Values that ask for nothing: a client library that always sends them is not refused.
 _NEUTRAL: dict[str, tuple] = {
-    "presence_penalty": (0, 0.0), "frequency_penalty": (0, 0.0), "echo": (False,),
-    "logit_bias": ({},), "response_format": ({"type": "text"},), "best_of": (1,),
+    "echo": (False,), "response_format": ({"type": "text"},), "best_of": (1,),
     "parallel_tool_calls": (False,), "tools": ([],), "tool_choice": ("none",),
 }
 

@@ -13,7 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
-from mini_engine.sampler import logprob_of, sample_row
+from mini_engine.sampler import Row, logprob_of, sample
 from reference_server import dtypes
 from reference_server.engines.base import EngineInfo
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
@@ -137,6 +137,7 @@ class HFEngine(LocalEngine):
             else:
                 gen.seed()
             stop = set(params.stop_token_ids)
+            history = Row(params, gen, list(prompt), len(prompt))   # what penalties count
             with torch.inference_mode():
                 out = self.model(input_ids=torch.tensor([prompt], device=self.device),
                                  use_cache=True)
@@ -145,7 +146,8 @@ class HFEngine(LocalEngine):
                     if cancel.is_set():
                         return
                     logits = out.logits[0, -1].float()
-                    token = sample_row(logits, params, gen)
+                    token = sample(logits.unsqueeze(0), [history])[0]
+                    history.token_ids.append(token)
                     finish = ("stop" if token in stop else
                               "length" if i + 1 == params.max_tokens else None)
                     lps = (None if params.logprobs is None else

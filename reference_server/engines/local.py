@@ -81,6 +81,11 @@ def torch_thread(name: str) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 
 
+def _given(value, default):
+    """A request field's value, or ``default`` where the client sent null or nothing."""
+    return default if value is None else value
+
+
 class LocalEngine(Engine):
     """An engine running in this process. Subclasses set ``tokenizer``, ``max_model_len``,
     ``vocab_size`` and ``model_name`` in ``start`` and implement ``generate`` and ``stats``."""
@@ -170,12 +175,22 @@ class LocalEngine(Engine):
         eos = self.tokenizer.eos_token_id
         stop_ids = [eos] if eos is not None and not request.ignore_eos else []
         temperature = 1.0 if request.temperature is None else request.temperature
+        bias = request.logit_bias_ids
+        vocab = self.vocab_size
+        outside = [t for t in bias if t < 0 or vocab is not None and t >= vocab]
+        if outside:
+            raise EngineError(400, f"logit_bias: token id {outside[0]} is out of vocabulary (this "
+                              f"model has {vocab} token ids)", param="logit_bias")
         return SamplingParams(
             max_tokens=max_tokens,
             temperature=0.0 if temperature < SAMPLING_EPS else temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
+            top_p=_given(request.top_p, 1.0),
             seed=request.seed, ignore_eos=bool(request.ignore_eos),
-            stop_token_ids=stop_ids + list(request.stop_token_ids or []), logprobs=logprobs)
+            stop_token_ids=stop_ids + list(request.stop_token_ids or []), logprobs=logprobs,
+            top_k=max(_given(request.top_k, 0), 0), min_p=_given(request.min_p, 0.0),
+            presence_penalty=_given(request.presence_penalty, 0.0),
+            frequency_penalty=_given(request.frequency_penalty, 0.0),
+            repetition_penalty=_given(request.repetition_penalty, 1.0), logit_bias=bias)
 
     async def _serve(self, request, prompt_ids: list[int], logprobs: int | None, chat: bool):
         params = self._sampling_params(request, len(prompt_ids), logprobs)

@@ -237,14 +237,16 @@ def test_adapter_reports_an_engine_error_in_one_of_n_choices():
 
 
 def test_adapter_refuses_unimplemented_parameters_by_name():
-    for extra, name in [({"logit_bias": {"1": 5}}, "logit_bias"), ({"echo": True}, "echo"),
-                        ({"presence_penalty": 1}, "presence_penalty"), ({"foo": 1}, "foo"),
+    for extra, name in [({"echo": True}, "echo"), ({"foo": 1}, "foo"),
                         ({"response_format": {"type": "json_object"}}, "response_format")]:
         with pytest.raises(EngineError) as e:
             _complete(ScriptedEngine("x"), **extra)
         assert e.value.status_code == 400 and e.value.param == name
-    # neutral values ask for nothing
-    _complete(ScriptedEngine("x"), presence_penalty=0, logit_bias={}, echo=False)
+    # neutral values ask for nothing; penalties and logit_bias are implemented (issue 39,
+    # tests/unit/test_sampler_params.py)
+    _complete(ScriptedEngine("x"), presence_penalty=0, logit_bias={}, echo=False,
+              repetition_penalty=1.0)
+    _complete(ScriptedEngine("x"), presence_penalty=1, logit_bias={"1": 5})
     assert unsupported_fields(chat(top_logprobs=2, logprobs=True, max_completion_tokens=3),
                               "chat") == []
 
