@@ -279,10 +279,17 @@ def _(fa, my_naive_peak_mib, naive_attention, ui):
 def _(exercise_n, exercise_peak_mib, ui):
     _matrix_mib = exercise_n**2 * 4 / 2**20
     _matrices = exercise_peak_mib / _matrix_mib
-    ui.md(f"One {exercise_n:,} x {exercise_n:,} fp32 matrix is {_matrix_mib:,.0f} MiB; the measured "
-          f"peak is {_matrices:.1f} of them"
-          + (", because NumPy materialises temporaries too (the scaled scores, scores − max, their "
-             "exponential)." if _matrices >= 1.5 else "."))
+    ui.worked_answer(
+        f"Naive attention materialises the scores S = QK^T: N x N numbers, {exercise_n:,}² x 4 "
+        f"bytes = **{_matrix_mib:,.0f} MiB** for one float32 matrix; Q, K and V were allocated "
+        f"before the call, and the output is as small as they are (N x d, "
+        f"{exercise_n * 64 * 4 / 2**20:.0f} MiB). So the answer is at least {_matrix_mib:,.0f} "
+        f"MiB. Measured: "
+        f"**{exercise_peak_mib:,.0f} MiB**, {_matrices:.1f} matrices"
+        + (": NumPy holds temporaries of the same size at once (the scaled scores, scores minus "
+           "their row maximum, their exponential) before the softmax's result replaces them."
+           if _matrices >= 1.5 else ", so no second N x N temporary was alive at the peak.")
+    )
     return
 
 
@@ -444,10 +451,24 @@ def _(
 
 
 @app.cell
-def _(exercise_ratio, exercise_times_ms, ui):
-    ui.md(f"Naive {exercise_times_ms['naive']:.1f} ms, tiled {exercise_times_ms['tiled']:.1f} ms: "
-          + ("the tiled NumPy version was faster here." if exercise_ratio < 1 else
-             "the tiled NumPy version was slower here."))
+def _(exercise_ratio, exercise_times_ms, fa, tile_size, ui):
+    _naive_mib = fa.naive_io_bytes(2048, 64) / 2**20
+    _tiled_mib = fa.tiled_io_bytes(2048, 64, tile_size.value, causal=True) / 2**20
+    _tiles = sum(1 for _i in range(0, 2048, tile_size.value) for _j in range(0, _i + tile_size.value,
+                                                                                tile_size.value))
+    ui.worked_answer(
+        f"Two effects pull opposite ways. Memory traffic (section 4's count): the naive version "
+        f"moves {_naive_mib:,.0f} MiB to and from slow memory at N = 2,048, the tiled one "
+        f"{_tiled_mib:,.1f} MiB, {_naive_mib / _tiled_mib:.0f}x less. Overhead: the tiled loop is "
+        f"{_tiles:,} Python iterations over (query tile, key tile) pairs at tile "
+        f"{tile_size.value}, each a handful of NumPy calls on small arrays, where the naive "
+        f"version makes a few calls on big ones. Measured: naive "
+        f"{exercise_times_ms['naive']:.1f} ms, tiled {exercise_times_ms['tiled']:.1f} ms "
+        f"(ratio {exercise_ratio:.2f}): "
+        + ("the saved traffic outweighed the per-tile overhead here." if exercise_ratio < 1 else
+           "the per-tile overhead outweighed the saved traffic here; a larger tile means fewer "
+           "iterations (try the slider).")
+    )
     return
 
 
@@ -570,6 +591,36 @@ def _(exercise_prompt, my_ttft_ms, roofline_measure, session, sweep, ui):
     ui.compare(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
                f"TTFT for a {exercise_prompt:,}-token prompt", "ms")
     return (exercise_prefill,)
+
+
+@app.cell
+def _(
+    exercise_prefill,
+    exercise_prompt,
+    fa,
+    prefill_results,
+    roofline,
+    served_cfg,
+    ui,
+):
+    _fit_sweep = fa.fixed_cost_fit(prefill_results, served_cfg)
+    _got = exercise_prefill["TTFT ms (median)"]
+    _flops = roofline.prefill_flops(served_cfg, exercise_prompt) / 1e9
+    ui.worked_answer(
+        "TTFT is a fixed part plus time proportional to the prefill's FLOPs (weights and "
+        "attention, `roofline.prefill_flops`). "
+        + (f"A straight line through the sweep above, **{_fit_sweep[1]:.0f} ms + "
+           f"{_fit_sweep[0]:.2f} ms per GFLOP**, and the exercise prompt's {_flops:,.1f} GFLOP give "
+           f"**{_fit_sweep[1] + _fit_sweep[0] * _flops:.0f} ms**"
+           + ("" if _fit_sweep[1] >= 0 else
+              " (its fixed part is negative, which no request can have: the sweep's points were "
+              "disturbed, re-run it)")
+           + f". Measured: **{_got:.0f} ms**, "
+           f"{_got / (_fit_sweep[1] + _fit_sweep[0] * _flops):.2f}x the line."
+           if _fit_sweep else
+           f"The sweep has too few lengths to fit a line; measured: **{_got:.0f} ms**.")
+    )
+    return
 
 
 @app.cell

@@ -337,7 +337,8 @@ class SGLangEngine(ProxyEngine):
         return env
 
     async def start(self) -> None:
-        self._check_installed()
+        # A subprocess that imports SGLang: off the event loop, which serves /health meanwhile.
+        await asyncio.to_thread(self._check_installed)
         self._config_dir = tempfile.mkdtemp(prefix="sglang-key-")     # mode 0700
         path = os.path.join(self._config_dir, "key.yaml")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
