@@ -168,11 +168,19 @@ ui.compare(my_cold_torch_load_s, exercise_cold["seconds"],
 
 # %%
 _read_only = cache_check["first read (s)"]
-ui.md(f"Reading the file alone took {_read_only:.2f} s cold; `torch.load` took "
-      f"{exercise_cold['seconds']:.2f} s, **{exercise_cold['seconds'] / _read_only:.1f}x** that "
-      f"({exercise_cold['cached before']:.0%} of the file was cached when it began). The rest is "
-      "what a loader does besides reading: unpickling the records, allocating new memory for "
-      "every tensor and copying into it, and our checksum.")
+_file_gb = paths["torch.load"].stat().st_size / 1e9
+_cold_read_s = _file_gb / cache_check["first read GB/s"]
+_checksum_s = _file_gb / cache_check["second read GB/s"]
+ui.worked_answer(
+    f"The file is {_file_gb * 1e3:,.0f} MB. At the first read's {cache_check['first read GB/s']:.2f} "
+    f"GB/s, reading it takes {_cold_read_s:.2f} s; the checksum then reads every byte again, from "
+    f"memory, at about the second read's {cache_check['second read GB/s']:.2f} GB/s: "
+    f"{_checksum_s:.2f} s. Forecast: **{_cold_read_s + _checksum_s:.2f} s**. Measured: "
+    f"**{exercise_cold['seconds']:.2f} s**, {exercise_cold['seconds'] / (_cold_read_s + _checksum_s):.1f}x "
+    f"the forecast ({exercise_cold['cached before']:.0%} of the file was cached when it began). "
+    "What the forecast leaves out is what a loader does besides reading: unpickling the "
+    "records, allocating memory for every tensor and copying into it."
+)
 
 # %% [markdown]
 # ## 3. Four formats, cold and warm
@@ -290,7 +298,9 @@ cs.fit_figure(size_rows, load_fits, extra=(exercise_big_bytes, exercise_big["sec
 # %%
 _line = load_fits["packed"].fixed_s + exercise_big_bytes / load_fits["packed"].bandwidth
 _off = exercise_big["seconds"] / _line - 1
-ui.md(f"The packed line predicted {_line:.2f} s for {exercise_big_bytes / cs.MiB:,.0f} MiB; the "
+ui.worked_answer(f"The line says `fixed + size / bandwidth`: {load_fits['packed'].fixed_s * 1e3:.0f} ms + "
+      f"{exercise_big_bytes / 1e9:,.3f} GB / {load_fits['packed'].bandwidth / 1e9:,.2f} GB/s. "
+      f"The packed line predicted {_line:.2f} s for {exercise_big_bytes / cs.MiB:,.0f} MiB; the "
       f"load took {exercise_big['seconds']:.2f} s ({_off:+.0%}). "
       + ("Within 25 %: on this machine the straight line holds beyond the sizes it was fitted on."
          if abs(_off) <= 0.25 else
@@ -401,6 +411,24 @@ migration_rows = cs.migration_sweep(source_engine, destination_engine, migration
 _longest = max((r for r in migration_rows if r["method"] == "kv"), key=lambda r: r["tokens"])
 ui.compare(my_kv_mib, _longest["wire bytes"] / cs.MiB,
            f"MiB sent to move a {_longest['tokens']}-token request by KV copy", "MiB")
+
+# %%
+kv_cfg = source_engine.runner.cfg
+kv_longest = max((r for r in migration_rows if r["method"] == "kv"),
+                 key=lambda r: r["tokens"])
+_kv_formula = (2 * kv_cfg.num_layers * kv_cfg.num_kv_heads * kv_cfg.head_dim
+               * source_engine.runner.model.dtype.itemsize * (kv_longest["tokens"] - 1))
+ui.worked_answer(
+    f"Every token already processed has a key and a value in each layer: 2 x "
+    f"{kv_cfg.num_layers} layers x {kv_cfg.num_kv_heads} KV heads x {kv_cfg.head_dim} numbers x "
+    f"{source_engine.runner.model.dtype.itemsize} bytes = "
+    f"{_kv_formula / (kv_longest['tokens'] - 1):,.0f} bytes per token. The request holds "
+    f"{kv_longest['tokens']} tokens and the last one's KV is not sent, so "
+    f"{kv_longest['tokens'] - 1} x that = **{_kv_formula / cs.MiB:,.2f} MiB**, plus the "
+    f"request's {kv_longest['tokens']} token ids at 4 bytes each. Sent: "
+    f"**{kv_longest['wire bytes'] / cs.MiB:,.2f} MiB**, "
+    f"{kv_longest['wire bytes'] - _kv_formula - 4 * kv_longest['tokens']:+,} bytes from that count."
+)
 
 # %%
 ui.table([{**r, "wire at the link (s)": cs.network_seconds(r["wire bytes"], link_gbps.value),
