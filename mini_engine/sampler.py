@@ -17,16 +17,20 @@ in vLLM's order (``vllm/v1/sample/sampler.py``):
    stay, as in vLLM; 0 or -1 keeps all), keep the smallest set of most likely tokens whose
    mass reaches ``top_p`` (renormalized after the two before), and draw.
 
-Where engines differ (see also ``docs/``'s comparison of engines):
+Where engines differ:
 
-* The repetition penalty counts prompt tokens, the presence and frequency penalties output
-  tokens only: in vLLM, SGLang and here. Hugging Face's ``RepetitionPenaltyLogitsProcessor``
-  applies to every token of ``input_ids`` (prompt and output) too, but once per token id.
-* vLLM and SGLang apply the penalties before the temperature; Hugging Face's ``generate``
-  applies the repetition penalty first, then temperature, then top-k, then top-p, and has
-  no presence or frequency penalty. SGLang's ``repetition_penalty`` is limited to (0, 2]
-  and its ``top_k`` takes -1 but not 0 for "all": the server refuses the first outside that
-  range for every engine and passes 0 on as -1.
+* Which tokens count. Presence and frequency penalties count output tokens only, everywhere.
+  The repetition penalty counts prompt and output tokens in vLLM and here; SGLang (0.5.x,
+  ``srt/sampling/penaltylib/repetition_penalty.py``) counts output tokens only, so its
+  answers differ from ours once a prompt token is a candidate. Hugging Face's
+  ``RepetitionPenaltyLogitsProcessor`` counts every token of ``input_ids`` (prompt and
+  output), as vLLM does.
+* Order. vLLM, SGLang and this sampler apply bias and penalties before the temperature;
+  Hugging Face's ``generate`` applies the repetition penalty, then temperature, top-k,
+  top-p, and has no presence or frequency penalty.
+* Ranges. vLLM takes any ``repetition_penalty`` > 0, SGLang (0, 2]; SGLang takes -1 but not
+  0 for "every token" in ``top_k``. The server refuses values outside the narrower range for
+  every engine and passes ``top_k`` 0 on as -1 (``reference_server/protocol.py``).
 * Logprobs are always those of the model's raw logits (vLLM's default
   ``logprobs_mode="raw_logprobs"``), before bias, penalties and temperature.
 

@@ -56,12 +56,10 @@ COMPLETION_CASES = {
     "huge negative seed": {"model": M, "prompt": "hi", "max_tokens": 2, "seed": -2**70},
 }
 # OpenAI parameters the in-process engines do not implement: refused by name, never ignored.
-# (vLLM implements them and answers for itself.)
+# (vLLM implements them and answers for itself. The penalties, top_k, min_p and logit_bias
+# every engine implements: tests/integration/test_sampling_fields.py.)
 UNSUPPORTED = {
-    "logit_bias": {"logit_bias": {"5": 10}},
     "response_format": {"response_format": {"type": "json_object"}},
-    "presence_penalty": {"presence_penalty": 0.5},
-    "frequency_penalty": {"frequency_penalty": 0.5},
     "echo": {"echo": True},
     "frobnicate": {"frobnicate": 1},          # not an OpenAI parameter at all
 }
@@ -162,7 +160,8 @@ def test_neutral_values_of_unimplemented_parameters_are_accepted(server):
     # client libraries that always send them must keep working
     r = _post(server, "/v1/completions", {"model": M, "prompt": "hi", "max_tokens": 2,
                                           "presence_penalty": 0, "frequency_penalty": 0.0,
-                                          "logit_bias": {}, "echo": False})
+                                          "repetition_penalty": 1.0, "logit_bias": {},
+                                          "echo": False})
     assert r.status_code == 200, r.text
 
 
