@@ -32,10 +32,12 @@
 # 4. works out what a sliding window does to capacity.
 # %%
 # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
-# installed from its repository with what this runtime lacks (vLLM on a GPU, vLLM's CPU
-# build otherwise). Then connect; re-running this cell reuses the server it started.
+# installed from its repository with what this runtime lacks (vLLM too, its CPU build without
+# a GPU, unless WORKSHOP_BASE_URL names a server). Then connect; re-running this cell reuses
+# the server it started.
 import importlib as _il
 import importlib.util as _ilu
+import os as _os
 import pathlib as _pl
 import subprocess as _sp
 import sys as _sys
@@ -49,7 +51,8 @@ if _ilu.find_spec("workshop") is None:
         # pip where the runtime has it (Colab), uv where it does not (molab).
         _pip = ([_sys.executable, "-m", "pip", "install"] if _ilu.find_spec("pip")
                 else ["uv", "pip", "install", "--python", _sys.executable])
-        _sp.run([*_pip, "-q", "--no-deps",
+        # WORKSHOP_INSTALL_SOURCE: any other pip requirement or wheel (the tests' local build)
+        _sp.run([*_pip, "-q", "--no-deps", _os.environ.get("WORKSHOP_INSTALL_SOURCE") or
                  "llm-inference-workshop @ git+https://github.com/{{github_repo}}"], check=True)
         _il.invalidate_caches()
         import workshop.session
@@ -58,7 +61,6 @@ if _ilu.find_spec("workshop") is None:
 import workshop.session
 
 session = workshop.session.connect()
-
 
 # %% [markdown]
 # ## 1. What each design caches, for real models
