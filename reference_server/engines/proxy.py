@@ -232,11 +232,12 @@ class ProxyEngine(Engine):
         else:
             await self._end_child()
             raise EngineDied(f"{self.name} engine not ready after {self.config.engine_start_timeout} s")
+        # Serving from here: on_ready reads the child through the same checked calls requests use.
+        self.state = SERVING
         await self.on_ready()
         self._ready = True
         self._start_took = time.monotonic() - t0
         self._serving_since = time.monotonic()
-        self.state = SERVING
         if self._proc is not None:
             self._watch = asyncio.create_task(self._watch_process(self._proc))
         self._probe = asyncio.create_task(self._liveness())
@@ -296,6 +297,7 @@ class ProxyEngine(Engine):
             try:
                 await self.start()
             except Exception as exc:    # it died, or never answered, while starting
+                self.state, self._ready = RESTARTING, False
                 self.last_death = f"did not start again: {exc}"
                 log.error("%s engine %s", self.name, self.last_death)
                 continue

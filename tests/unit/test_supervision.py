@@ -76,6 +76,9 @@ class DyingEngine(ProxyEngine):
         return ([sys.executable, "-c", CHILD, str(self.port), str(self.lifetime)]
                 + (["worker"] if self.worker else []))
 
+    async def on_ready(self):
+        self.check()        # as vLLM's reads /metrics and SGLang's /server_info: through check()
+
     def info(self):
         return EngineInfo("dying", "0", "m", "m", "none", "cpu", 16, None, None, None, False)
 
