@@ -73,7 +73,7 @@ def test_top_k_one_and_min_p_one_are_greedy(server):
 def test_neutral_values_are_accepted_and_change_nothing(server):
     greedy = _text(server, temperature=0)
     assert _text(server, temperature=0, **NEUTRAL) == greedy
-    assert _text(server, temperature=0, **NEUTRAL, top_k=0) == greedy
+    assert _text(server, temperature=0, **{**NEUTRAL, "top_k": 0}) == greedy
     r = _post(server, "/v1/chat/completions", {"messages": MSG, "max_tokens": 4, **NEUTRAL})
     assert r.status_code == 200, r.text
 
