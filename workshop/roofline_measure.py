@@ -70,7 +70,8 @@ def measure_machine(name: str = "this machine", mib: int = 256,
                      for dt in dtypes)
     best = max(ceilings, key=lambda c: c[1])
     return Machine(name, measure_read_bandwidth(mib, repeats), best[1],
-                   f"measured (best of F.linear and oneDNN packed, of {', '.join(dtypes)}: {best[0]}; "
+                   f"measured (best of F.linear and oneDNN packed, of {', '.join(dtypes)}: "
+                   f"{best[0]}; "
                    f"float32 sum of {mib} MiB)", ceilings)
 
 

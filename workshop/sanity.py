@@ -37,7 +37,7 @@ CAUSES = {
 
 @dataclass(frozen=True)
 class Violation:
-    check: str                    # which law: "compute roof", "cold prefill", ...
+    check: str                    # which law: "above the roof", "nothing completed", ...
     what: str                     # the measurement and the bound, with numbers
     causes: tuple[str, ...]       # keys of CAUSES, most likely first
 
@@ -69,8 +69,8 @@ def part_within_whole(label: str, part_cost: float, share_of_work: float,
                       error: float = MEASUREMENT_ERROR) -> list[Violation]:
     """A part (a draft model of k of L layers) costs at most its share of the work, relative to
     the whole (both as fractions of the full model's cost), plus the error."""
-    return within(label, part_cost, share_of_work, "of the whole", "a part costs more than its share",
-                  ("busy", "few", "count"), error)
+    return within(label, part_cost, share_of_work, "of the whole",
+                  "a part costs more than its share", ("busy", "few", "count"), error)
 
 
 def cold(label: str, cached_tokens: Iterable[int | None]) -> list[Violation]:
