@@ -397,7 +397,7 @@ def _(mo):
     **Measuring c and the verify cost.** We time one forward of the full model for one token at
     the demo's context, one self-draft forward (its first layers) and one n-gram proposal, and a
     verify forward of k + 1 tokens. They are timed interleaved, each once per round and the best
-    of the rounds kept (`spec_decoding.interleaved_times`): timed one after the other, each would
+    of the rounds kept (`timing.interleaved_times`): timed one after the other, each would
     meet a different moment of a shared machine, and their ratios would say more about the
     machine's other work than about the model. Then the measurements are checked against what
     the arithmetic allows (`spec_decoding.cost_violations`): the self-draft does its layers plus
@@ -422,12 +422,12 @@ def _(
     sweep,
     ui,
 ):
-    from workshop import sanity
+    from workshop import sanity, timing
 
     sweep_ks = sweep([1, 2, 3, 4, 6, 8], [2, 4])
     _ctx = len(demo_prompt) + len(demo_plain) - 1
     _history = list(demo_prompt) + list(demo_plain)
-    _times = sd.interleaved_times(
+    _times = timing.interleaved_times(
         {"decode": lambda: forward(_ctx, [demo_plain[-1]], 1),
          "self-draft": lambda: forward(_ctx, [demo_plain[-1]], 1, num_layers=draft_layers.value),
          "n-gram": lambda: ngram.propose_one(_history, 4),

@@ -18,12 +18,14 @@ Shapes: one attention head, ``q``, ``k``, ``v`` of shape ``[N, d]`` (float32 Num
 
 from __future__ import annotations
 
+import math
 import tracemalloc
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from workshop.prompt_latency import line_fit
 from workshop.roofline import flops_per_token, prefill_flops
 from workshop.timing import best_time_s
 
@@ -252,14 +254,8 @@ def fixed_cost_fit(rows: Sequence[dict], cfg) -> tuple[float, float] | None:
     """Least-squares line of TTFT (ms) against prefill FLOPs over ``rows``: (ms per GFLOP,
     ms at zero FLOPs), or None with fewer than two prompt lengths. The intercept is the part
     of every request the FLOP count does not explain (HTTP, tokenizing, scheduling, one step)."""
-    pts = [(prefill_flops(cfg, r["prompt tokens"]) / 1e9, r["TTFT ms (median)"]) for r in rows
-           if r["TTFT ms (median)"] == r["TTFT ms (median)"]]
-    if len({x for x, _ in pts}) < 2:
-        return None
-    mx = sum(x for x, _ in pts) / len(pts)
-    my = sum(y for _, y in pts) / len(pts)
-    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-    return slope, my - slope * mx
+    return line_fit([(prefill_flops(cfg, r["prompt tokens"]) / 1e9, r["TTFT ms (median)"])
+                     for r in rows if not math.isnan(r["TTFT ms (median)"])])
 
 
 def prefill_figure(rows: Sequence[dict], engine: str, cfg):

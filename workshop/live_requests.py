@@ -38,6 +38,14 @@ class PromptMaker:
         return exact_filler(self.tok, self.rng, n_tokens)
 
 
+def cached_tokens_of(usage: Any) -> int | None:
+    """``usage.prompt_tokens_details.cached_tokens`` of an ``openai`` usage object: prompt
+    tokens the server's prefix cache served (None where the server does not report it)."""
+    details = getattr(usage, "prompt_tokens_details", None)
+    cached = getattr(details, "cached_tokens", None)
+    return None if cached is None else int(cached)
+
+
 @dataclass
 class Timed:
     """One streamed completion. Times are seconds after it was sent."""
@@ -65,9 +73,7 @@ def stream_completion(client: Any, model: str, prompt: str, max_tokens: int,
             if chunk.usage is not None:
                 t.prompt_tokens = chunk.usage.prompt_tokens
                 t.completion_tokens = chunk.usage.completion_tokens
-                details = getattr(chunk.usage, "prompt_tokens_details", None)
-                if details is not None and getattr(details, "cached_tokens", None) is not None:
-                    t.cached_tokens = int(details.cached_tokens)
+                t.cached_tokens = cached_tokens_of(chunk.usage)
             if t.ttft is None and chunk.choices and chunk.choices[0].text:
                 t.ttft = time.perf_counter() - start
     except Exception as e:   # reported in the table, not raised: one failure must not hide the rest

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from workshop.live_requests import cached_tokens_of
+
 
 @dataclass
 class StreamTiming:
@@ -70,9 +72,7 @@ def stream_chat(client: Any, model: str, messages: list[dict], max_tokens: int =
         if chunk.usage is not None:
             t.prompt_tokens = chunk.usage.prompt_tokens
             t.completion_tokens = chunk.usage.completion_tokens
-            details = getattr(chunk.usage, "prompt_tokens_details", None)
-            if details is not None and getattr(details, "cached_tokens", None) is not None:
-                t.cached_tokens = int(details.cached_tokens)
+            t.cached_tokens = cached_tokens_of(chunk.usage)
         for choice in chunk.choices:
             piece = choice.delta.content or ""
             if piece:

@@ -34,17 +34,24 @@ def median_by_length(rows: list[dict]) -> list[tuple[int, float]]:
     return [(n, statistics.median(by[n])) for n in sorted(by)]
 
 
+def line_fit(points: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least-squares line through (x, y) points: (slope, intercept), or None with fewer than
+    two different x."""
+    if len({x for x, _ in points}) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    slope = (sum((x - mx) * (y - my) for x, y in points)
+             / sum((x - mx) ** 2 for x, _ in points))
+    return slope, my - slope * mx
+
+
 def ttft_slope(rows: list[dict]) -> tuple[float, float] | None:
     """Least-squares line through (prompt tokens, TTFT ms) of the cold requests:
     (ms per 1000 tokens, ms at 0)."""
-    ok = [(r["prompt tokens"], r["TTFT (ms)"]) for r in cold(rows)]
-    if len({x for x, _ in ok}) < 2:
-        return None
-    n = len(ok)
-    mx = sum(x for x, _ in ok) / n
-    my = sum(y for _, y in ok) / n
-    slope = sum((x - mx) * (y - my) for x, y in ok) / sum((x - mx) ** 2 for x, _ in ok)
-    return slope * 1000, my - slope * mx
+    fit = line_fit([(r["prompt tokens"], r["TTFT (ms)"]) for r in cold(rows)])
+    return None if fit is None else (fit[0] * 1000, fit[1])
 
 
 def plot_ttft(rows: list[dict], max_model_len: int | None = None):
@@ -82,4 +89,4 @@ def ttft_sweep(session: Any, maker: PromptMaker, lengths: Sequence[int], repeats
     return rows
 
 
-__all__ = ["cold", "cached_count", "median_by_length", "ttft_slope", "plot_ttft", "ttft_sweep"]
+__all__ = ["cold", "cached_count", "median_by_length", "line_fit", "ttft_slope", "plot_ttft", "ttft_sweep"]

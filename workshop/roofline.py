@@ -178,10 +178,14 @@ def decode_bound_tokens_per_s(cfg: ModelArch, machine: Machine, batch: int = 1,
 
 
 
+def roof_at(machine: Machine, point: Point, dtype: str | None = None) -> float:
+    """Attainable FLOP/s at the point's intensity, under the ``dtype`` ceiling."""
+    return float(attainable_flops(point.intensity, machine.ceiling(dtype), machine.bandwidth))
+
+
 def roof_ratio(machine: Machine, point: Point, dtype: str | None = None) -> float:
     """Attained / attainable at the point's intensity, under the ``dtype`` ceiling."""
-    return point.flops / float(attainable_flops(point.intensity, machine.ceiling(dtype),
-                                                machine.bandwidth))
+    return point.flops / roof_at(machine, point, dtype)
 
 
 def above_roof(machine: Machine, points: Sequence[Point], dtype: str | None = None,
@@ -199,14 +203,14 @@ def roof_violations(machine: Machine, points: Sequence[Point], dtype: str | None
                     error: float = MEASUREMENT_ERROR) -> list[Violation]:
     """``above_roof`` as sanity-gate violations (``workshop.sanity``), with the numbers."""
     return [v for p in points
-            for v in within(p.label, p.flops / 1e9, p.flops / 1e9 / roof_ratio(machine, p, dtype),
+            for v in within(p.label, p.flops / 1e9, roof_at(machine, p, dtype) / 1e9,
                             "GFLOP/s", f"above the {dtype or 'best'} roof",
                             ("cache", "busy", "kernel", "count"), error)]
 
 
 __all__ = [
-    "Machine", "best_of", "attainable_flops", "ridge_intensity", "lm_head_params", "flops_per_token",
-    "prefill_flops", "Point", "weights_read_per_step", "weight_bytes_read", "decode_intensity",
+    "Machine", "best_of", "attainable_flops", "ridge_intensity", "lm_head_params",
+    "flops_per_token", "prefill_flops", "Point", "weights_read_per_step", "weight_bytes_read", "decode_intensity",
     "prefill_intensity", "decode_point", "prefill_point", "decode_bound_tokens_per_s",
-    "MEASUREMENT_ERROR", "roof_ratio", "above_roof", "roof_violations",
+    "MEASUREMENT_ERROR", "roof_at", "roof_ratio", "above_roof", "roof_violations",
 ]

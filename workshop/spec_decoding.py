@@ -18,7 +18,7 @@ measured with:
 * **acceptance** counted two ways from ``(drafted, accepted)`` pairs, one per verify step:
   vLLM's acceptance rate (accepted / drafted tokens) and the per-token probability ``alpha``
   that the formula needs (a draft token is only compared when every earlier one was accepted);
-* **costs** timed interleaved (``interleaved_times``: every candidate once per round, so a
+* **costs** timed interleaved (``timing.interleaved_times``: every candidate once per round, so a
   burst of other work on a shared machine slows all of them, not one), the share of a forward's
   work that a self-draft does (``draft_share``, from the architecture), and the physical checks
   on both (``cost_violations``, ``sweep_violations``);
@@ -112,24 +112,6 @@ def draft_share(cfg: Any, draft_layers: int, context: int) -> float:
     """The share of a full one-token forward's FLOPs that a self-draft forward of the first
     ``draft_layers`` layers does: its layers plus the output layer it runs too."""
     return forward_flops(cfg, draft_layers, context) / forward_flops(cfg, cfg.num_layers, context)
-
-
-def interleaved_times(fns: dict[str, Callable[[], object]], rounds: int = 3) -> dict[str, float]:
-    """The best time of each of ``fns`` over ``rounds`` rounds, every round calling each once in
-    turn, after one warm-up call each. Timed one after another (each its own best of a few),
-    two candidates meet different moments of a shared machine, and a burst of other work during
-    one of them makes a ratio of the two anything; interleaved, the burst slows all of them."""
-    from workshop.timing import keep_freed_memory
-    keep_freed_memory()                    # as ``timing.best_time_s``: no page faults timed
-    for fn in fns.values():
-        fn()                               # warm up: page faults, thread pool, caches
-    best = {name: float("inf") for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            best[name] = min(best[name], time.perf_counter() - t0)
-    return best
 
 
 def cost_violations(label: str, c: float, share: float,

@@ -273,8 +273,8 @@ roofline_plots.roofline_figure(f"{session.model} on {roof.name}: measured on the
 
 # %%
 roof_check = [{"point": _p.label, "attained (GFLOP/s)": _p.flops / 1e9,
-               f"{served_dtype} roof there (GFLOP/s)": _p.flops / 1e9
-               / roofline.roof_ratio(roof, _p, served_dtype),
+               f"{served_dtype} roof there (GFLOP/s)":
+                   roofline.roof_at(roof, _p, served_dtype) / 1e9,
                "attained / roof": roofline.roof_ratio(roof, _p, served_dtype)}
               for _p in measured_points]
 roof_violations = (roofline.roof_violations(roof, measured_points, served_dtype)
@@ -466,6 +466,9 @@ _per_token, _fixed_ms = np.polyfit([r["prompt tokens"] for r in serve_prefill_ro
 _line_ms = _fixed_ms + _per_token * 768
 _best = max(serve_prefill_rows, key=lambda r: r["prefill tok/s"])
 _got_ms = exercise_prefill["TTFT ms (median)"]
+# FLOPs per prompt token at 768 against the sweep's best prompt: attention grows with the prompt
+_flops_ratio = ((roofline.prefill_flops(model_cfg, 768) / 768)
+                / (roofline.prefill_flops(model_cfg, _best["prompt tokens"]) / _best["prompt tokens"]))
 ui.worked_answer(
     f"Dividing by the best prefill rate alone, 768 / {_best['prefill tok/s']:,.0f} tokens/s = "
     f"{768e3 / _best['prefill tok/s']:.0f} ms, treats the whole TTFT as proportional to the "
@@ -475,7 +478,7 @@ ui.worked_answer(
        f" - but no request has a negative fixed part, so this run's sweep points were disturbed "
        f"and the line is not to be trusted; re-run the sweep. ")
     + f"Attention adds a "
-    f"little more per token as the prompt grows ({roofline.prefill_flops(model_cfg, 768) / 768 / (roofline.prefill_flops(model_cfg, _best['prompt tokens']) / _best['prompt tokens']):.2f}x "
+    f"little more per token as the prompt grows ({_flops_ratio:.2f}x "
     f"the FLOPs per token of the {_best['prompt tokens']}-token prompt). Measured: "
     f"**{_got_ms:.0f} ms**, {_got_ms / _line_ms:.2f}x the line."
 )

@@ -11,6 +11,7 @@ import pytest
 
 from workshop import sanity
 from workshop import spec_decoding as sd
+from workshop.timing import interleaved_times
 
 # SmolLM2-135M's config.json
 SMOL = SimpleNamespace(hidden_size=576, intermediate_size=1536, num_layers=30, num_heads=9,
@@ -65,7 +66,7 @@ def test_sweep_violations_bound_is_tokens_per_forward():
 def test_interleaved_times_take_each_ones_best_in_turn():
     calls = []
     fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b")}
-    times = sd.interleaved_times(fns, rounds=3)
+    times = interleaved_times(fns, rounds=3)
     assert calls == ["a", "b"] + ["a", "b"] * 3        # a warm-up each, then turns
     assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
 
