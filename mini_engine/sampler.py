@@ -1,9 +1,10 @@
-"""From logits to tokens: logit bias, penalties, greedy, temperature, min-p, top-k, top-p,
-per-request seeds, logprobs.
+"""From logits to tokens: a grammar's mask, logit bias, penalties, greedy, temperature, min-p,
+top-k, top-p, per-request seeds, logprobs.
 
 ``sample`` takes one row of logits per sequence and applies each request's own parameters,
 in vLLM's order (``vllm/v1/sample/sampler.py``):
 
+0. A grammar (structured output, ``mini_engine.grammar``): tokens it does not allow get -inf.
 1. ``logit_bias``: the bias is added to the token's logit (vLLM clamps biases to [-100, 100];
    the server refuses values outside that range instead).
 2. Penalties (``vllm/model_executor/layers/utils.py``, ``apply_penalties``):
@@ -48,10 +49,11 @@ temperature below ``SAMPLING_EPS`` is greedy, as in vLLM.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 
+from mini_engine.grammar import apply_grammar
 from mini_engine.sequence import SamplingParams
 
 
@@ -68,6 +70,7 @@ class Sampled(Protocol):
     generator: torch.Generator | None
     token_ids: list[int]            # prompt, then the output so far
     num_prompt_tokens: int
+    grammar: Any                    # its structured-output matcher, or None
 
 
 @dataclass
@@ -77,6 +80,7 @@ class Row:
     generator: torch.Generator | None = None
     token_ids: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
+    grammar: Any = None
 
 
 def sample(logits: torch.Tensor, seqs: list[Sampled]) -> list[int]:
@@ -86,6 +90,7 @@ def sample(logits: torch.Tensor, seqs: list[Sampled]) -> list[int]:
     if all(p.plain_greedy for p in params):
         return logits.argmax(-1).tolist()
     logits = logits.float().clone()        # the caller still needs the raw rows (logprobs)
+    apply_grammar(logits, [s.grammar for s in seqs])
     apply_logit_bias(logits, params)
     apply_penalties(logits, seqs)
     tokens = logits.argmax(-1)             # the greedy rows' answer

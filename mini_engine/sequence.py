@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from mini_engine.grammar import Grammar, advance
+
 
 SAMPLING_EPS = 1e-5   # vLLM's: a temperature below it is greedy (dividing by it would overflow)
 
@@ -40,6 +42,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output so far
     repetition_penalty: float = 1.0  # divides (positive) logits of prompt and output tokens
     logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added to its logit
+    grammar: Grammar | None = None  # structured output (mini_engine.grammar): masks the logits
 
     @property
     def greedy(self) -> bool:
@@ -52,8 +55,9 @@ class SamplingParams:
 
     @property
     def changes_logits(self) -> bool:
-        """A bias or a penalty moves the model's logits, so even greedy may pick another token."""
-        return bool(self.logit_bias) or self.penalized
+        """A bias, a penalty or a grammar moves the model's logits, so even greedy may pick
+        another token."""
+        return bool(self.logit_bias) or self.penalized or self.grammar is not None
 
     @property
     def plain_greedy(self) -> bool:
@@ -109,6 +113,7 @@ class Sequence:
         self.generator: torch.Generator | None = None
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
+        self.grammar = params.grammar.matcher() if params.grammar is not None else None
 
     @property
     def num_tokens(self) -> int:
@@ -140,7 +145,9 @@ class Sequence:
         sequence."""
         self.token_ids.append(token_id)
         p = self.params
-        if not p.ignore_eos and token_id in p.stop_token_ids:
+        if self.grammar is not None and advance(self.grammar, token_id):
+            self.finish_reason = "stop"        # the structured answer is complete
+        elif not p.ignore_eos and token_id in p.stop_token_ids:
             self.finish_reason = "stop"
         elif self.num_output_tokens >= p.max_tokens or self.num_tokens >= max_model_len:
             self.finish_reason = "length"

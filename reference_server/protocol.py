@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 from typing import Any, Generic, Literal, TypeVar, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator,
+                      model_validator)
 
 # ---- errors ----------------------------------------------------------------------------
 
@@ -64,6 +65,41 @@ class StreamOptions(_Strict):
     continuous_usage_stats: StrictBool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
+
+    name: str = Field(min_length=1, max_length=64)
+    description: str | None = None
+    # "schema" would shadow a BaseModel attribute; the JSON name is "schema", as OpenAI's
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's ``response_format``; ``structural_tag`` (a vLLM and SGLang extension, more
+    fields) is passed on to them, and refused by the in-process engines."""
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self):
+        if self.type != "json_schema":
+            return self
+        if self.json_schema is None or self.json_schema.schema_ is None:
+            raise ValueError('type "json_schema" needs json_schema.schema, a JSON schema object')
+        # One answer for every engine: a schema that is not a JSON schema is a 400 here,
+        # whatever each engine's grammar library would have said.
+        import jsonschema
+        schema = self.json_schema.schema_
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"json_schema.schema is not a valid JSON schema: {exc.message}") from None
+        return self
+
+
 # Hard schema bounds; the server's configured limits (max n, max logprobs, sequences per
 # request) are checked in ``check_limits`` because they are settings, not part of the API.
 Temperature = Field(default=None, ge=0.0, le=2.0)
@@ -97,6 +133,7 @@ class _SamplingFields(BaseModel):
     min_p: float | None = MinP
     repetition_penalty: float | None = RepetitionPenalty
     logit_bias: dict[str, float] | None = None             # token id (a string) -> bias
+    response_format: ResponseFormat | None = None
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty",
                      "min_p", "repetition_penalty", mode="before")
@@ -208,14 +245,14 @@ class CompletionRequest(_SamplingFields):
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "stream",
            "stream_options", "ignore_eos", "stop_token_ids", "user", "logprobs",
            "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-           "logit_bias"}
+           "logit_bias", "response_format"}
 LOCAL_FIELDS = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
     "complete": _COMMON | {"prompt"},
 }
 # Values that ask for nothing: a client library that always sends them is not refused.
 _NEUTRAL: dict[str, tuple] = {
-    "echo": (False,), "response_format": ({"type": "text"},), "best_of": (1,),
+    "echo": (False,), "best_of": (1,),
     "parallel_tool_calls": (False,), "tools": ([],), "tool_choice": ("none",),
 }
 

@@ -13,6 +13,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator, Callable
 
+from mini_engine.grammar import advance
 from mini_engine.sampler import Row, logprob_of, sample
 from reference_server import dtypes
 from reference_server.engines.base import EngineInfo
@@ -137,7 +138,8 @@ class HFEngine(LocalEngine):
             else:
                 gen.seed()
             stop = set(params.stop_token_ids)
-            history = Row(params, gen, list(prompt), len(prompt))   # what penalties count
+            grammar = params.grammar.matcher() if params.grammar is not None else None
+            history = Row(params, gen, list(prompt), len(prompt), grammar)  # penalties count it
             with torch.inference_mode():
                 out = self.model(input_ids=torch.tensor([prompt], device=self.device),
                                  use_cache=True)
@@ -148,7 +150,8 @@ class HFEngine(LocalEngine):
                     logits = out.logits[0, -1].float()
                     token = sample(logits.unsqueeze(0), [history])[0]
                     history.token_ids.append(token)
-                    finish = ("stop" if token in stop else
+                    done = grammar is not None and advance(grammar, token)
+                    finish = ("stop" if done or token in stop else
                               "length" if i + 1 == params.max_tokens else None)
                     lps = (None if params.logprobs is None else
                            [logprob_of(logits, token, params.logprobs)])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator
 
 # One sampler for every in-process engine: the teaching engine's parameters and logprob type
-# (the HF baseline samples with mini_engine.sampler too).
+# (the HF baseline samples with mini_engine.sampler too), and its grammars.
+from mini_engine.grammar import Grammar, GrammarCompiler, GrammarError
 from mini_engine.sampler import TokenLogprob
 from mini_engine.sequence import SamplingParams
 from reference_server.engines.base import Engine, EngineDied, EngineError, engine_fault
@@ -97,6 +99,8 @@ class LocalEngine(Engine):
 
     def __init__(self) -> None:
         self.metrics = EngineMetrics()
+        self._grammars: GrammarCompiler | None = None
+        self._grammar_lock = threading.Lock()
 
     @abc.abstractmethod
     def generate(self, request_id: str, prompt_token_ids: list[int],
@@ -194,6 +198,8 @@ class LocalEngine(Engine):
 
     async def _serve(self, request, prompt_ids: list[int], logprobs: int | None, chat: bool):
         params = self._sampling_params(request, len(prompt_ids), logprobs)
+        if request.response_format is not None:
+            params.grammar = await asyncio.to_thread(self._grammar, request.response_format)
         rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
         created = int(time.time())
         stops = request.stop_list
@@ -204,6 +210,19 @@ class LocalEngine(Engine):
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
             return await _Primed.start(_stream(streams, shape, len(prompt_ids), include_usage))
         return await _collect(streams, shape, len(prompt_ids))
+
+    def _grammar(self, response_format) -> Grammar | None:
+        """The compiled grammar of a response format (a 400 if it cannot be compiled). The
+        compiler reads the whole vocabulary once (a fraction of a second), at first use."""
+        with self._grammar_lock:
+            if self._grammars is None:
+                eos = self.tokenizer.eos_token_id
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size or len(self.tokenizer),
+                                                 [eos] if eos is not None else [])
+        try:
+            return self._grammars.compile(response_format.model_dump(by_alias=True))
+        except GrammarError as exc:
+            raise EngineError(400, str(exc), param="response_format") from exc
 
     async def _run_one(self, request_id: str, prompt_ids: list[int], params: SamplingParams,
                        stops: list[str]) -> AsyncIterator[SeqDelta]:

@@ -404,7 +404,7 @@ class ProxyEngine(Engine):
 
     def request_body(self, request) -> dict:
         """The JSON body sent to the child for a validated ``request``."""
-        body = request.model_dump(exclude_unset=True)
+        body = request.model_dump(exclude_unset=True, by_alias=True)
         body["model"] = self.served_name
         return body
 

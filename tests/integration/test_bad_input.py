@@ -59,7 +59,7 @@ COMPLETION_CASES = {
 # (vLLM implements them and answers for itself. The penalties, top_k, min_p and logit_bias
 # every engine implements: tests/integration/test_sampling_fields.py.)
 UNSUPPORTED = {
-    "response_format": {"response_format": {"type": "json_object"}},
+    "tools": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
     "echo": {"echo": True},
     "frobnicate": {"frobnicate": 1},          # not an OpenAI parameter at all
 }

@@ -238,7 +238,7 @@ def test_adapter_reports_an_engine_error_in_one_of_n_choices():
 
 def test_adapter_refuses_unimplemented_parameters_by_name():
     for extra, name in [({"echo": True}, "echo"), ({"foo": 1}, "foo"),
-                        ({"response_format": {"type": "json_object"}}, "response_format")]:
+                        ({"tools": [{"type": "function"}]}, "tools")]:
         with pytest.raises(EngineError) as e:
             _complete(ScriptedEngine("x"), **extra)
         assert e.value.status_code == 400 and e.value.param == name
