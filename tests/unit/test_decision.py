@@ -452,9 +452,10 @@ def test_cited_file_every_cell_and_figure_has_a_source_and_date():
 def test_feature_rows_and_needs():
     rows = decision.feature_rows(["vllm", "mini"], measured=["vllm"])
     assert [r["engine"] for r in rows][0] == "vLLM" and rows[0]["here"] == "measured"
-    assert rows[1]["structured output"] == "no" and rows[1]["prefix caching"] == "yes"
+    assert rows[1]["structured output"] == "yes" and rows[1]["multi lora"] == "no"
+    assert rows[1]["prefix caching"] == "yes"
     missing = decision.supporting(["structured_output", "multi_lora"], ["vllm", "mini", "nonesuch"])
-    assert missing == {"vllm": [], "mini": ["structured_output", "multi_lora"],
+    assert missing == {"vllm": [], "mini": ["multi_lora"],
                        "nonesuch": ["structured_output", "multi_lora"]}
     assert all(r["source"].startswith("[") for r in decision.figure_rows())
 
