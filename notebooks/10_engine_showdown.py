@@ -34,35 +34,35 @@ def _(mo):
     [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/10_engine_showdown.ipynb)
     [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/10_engine_showdown.py)
 
-    Notebooks 1 to 9 took an engine apart one mechanism at a time. This one puts whole engines
-    side by side, the way you would before choosing one: the same model, the same requests, the
-    same client, one engine on the machine at a time. The field on a CPU is
+    Notebooks 1 to 9 took an engine apart one mechanism at a time. This one runs whole engines
+    side by side, as you would before choosing one: the same model, the same requests, the same
+    client, one engine on the machine at a time.
 
-    * **vLLM** (its CPU build) and **SGLang** (its CPU build, from its own environment: see the
-      README's SGLang section), each behind the course's reference server;
-    * the course's **teaching engine** twice, once with hash-chained prefix blocks (vLLM's
-      design) and once with a radix tree (SGLang's), so the two cache designs are compared with
-      everything else equal;
-    * the **Hugging Face baseline**, one request at a time and no prefix cache: the floor.
+    | contender | what it is |
+    |---|---|
+    | **vLLM**, **SGLang** | their CPU builds behind the course's reference server (SGLang from its own environment: README, SGLang section) |
+    | **mini-hash**, **mini-radix** | the course's teaching engine, with hash-chained prefix blocks (vLLM's design) or a radix tree (SGLang's), all else equal |
+    | **hf** | Hugging Face `transformers`, one request at a time, no prefix cache: the floor |
 
     On a GPU the field is vLLM and SGLang, each at its defaults and "tuned" with the flags their
     documentation points to for these workloads.
 
-    Three workloads: **ShareGPT** (real first turns of chats, independent of each other), an
-    **agentic** one (agents that share a long system prompt with tool schemas, resend their
-    growing history every turn and fork sub-agents), and **shared-prefix** (groups of users
-    behind the same system prompt). Each engine is swept to its **knee**, the highest load it
-    keeps up with, by the harness's method (`workshop bench sweep`, `docs/benchmarking.md`):
+    | workload | what it sends |
+    |---|---|
+    | **ShareGPT** | real first turns of chats, independent of each other |
+    | **agentic** | agents behind one long system prompt with tool schemas, resending their growing history every turn, forking sub-agents |
+    | **shared-prefix** | groups of users behind the same system prompt |
 
-    1. a **synchronous probe** (one request at a time) gives the unloaded speed and how long an
-       unloaded session takes;
-    2. a **throughput probe** (many requests at once, closed loop) gives the most the engine
-       can do;
-    3. **open-loop points**: Poisson arrivals at rates from the synchronous rate to 1.5 x the
-       maximum. Each point is judged over its *steady window* (after the warm-up, before the
-       drain): an engine keeps up when it completes what arrives and neither its queue, nor the
-       requests it has in flight, nor its time to first token (TTFT) grow. The knee is the last
-       point that keeps up and meets the objectives (p99 TTFT and p99 inter-token latency, ITL).
+    Each engine is swept to its **knee**, the highest load it keeps up with, as `workshop bench
+    sweep` does (`docs/benchmarking.md`):
+
+    1. a **synchronous probe**, one request at a time: the unloaded speed;
+    2. a **throughput probe**, many requests at once: the most the engine can do;
+    3. **open-loop points**, Poisson arrivals from the synchronous rate to 1.5x the maximum. A
+       point keeps up when, over its steady window, the engine completes what arrives and
+       neither its queue, its requests in flight nor its time to first token (TTFT) grow. The
+       knee is the last point that keeps up and meets the objectives (p99 TTFT and p99
+       inter-token latency, ITL).
 
     The results go to a folder under `results/` that notebook 11 turns into a decision chart.
     The same run, larger, is one command: `python benchmarks/showdown.py`.
@@ -111,9 +111,9 @@ def _(mo):
     ## 1. The field on this machine
 
     Which contenders this machine can run, and with which server arguments. SGLang appears only
-    where its environment is installed (`bash scripts/setup.sh --with-sglang`). The engine the
-    first cell connected to, and the baseline when the course's shared one is running, are used
-    as they are; the others are started here, one at a time, and stopped after their runs.
+    where its environment is installed (`bash scripts/setup.sh --with-sglang`). Engines already
+    running are used as they are; the others are started here one at a time and stopped after
+    their runs.
     """)
     return
 
@@ -138,21 +138,20 @@ def _(session, workshop):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    Pick the contenders and the plan. The **quick** plan (what CI runs) has one workload
-    (shared-prefix), short prompts and answers and two load points per engine, and by default,
-    on a CPU, the two teaching-engine contenders, which start in seconds, and the engine already
-    running (add `hf` for the baseline): a few minutes. Four requests per point are too few to
-    judge a knee: section 5 draws such points hollow and no knee is claimed from them; the
-    comparisons fall back to each engine's capacity and its lightest load. The **full** plan is
-    the one `benchmarks/showdown.py` runs: three workloads, two probes and three load points, 24
-    requests (or 20 agent sessions of six requests) per point; on 2 AVX2 cores (2026-12-03) vLLM
-    took 27 minutes, SGLang 64, each teaching-engine variant about 23 and the baseline 32 (that
-    run is `benchmarks/reference_results/showdown-cpu/`, which notebook 11 falls back to).
+    Pick the contenders, the plan and the objectives.
 
-    The **objectives** (p99 TTFT and p99 ITL) are yours to state. Left at 0, an objective is
-    derived from the run itself once every contender has run: the factor below times the best
-    contender's unloaded latency (its synchronous probe), as section 4 computes. In Jupyter,
-    re-run the cells below after changing a control; marimo re-runs them.
+    | plan | workloads | requests per point | load points | contenders by default | time here |
+    |---|---|---|---|---|---|
+    | **quick** (CI) | shared-prefix | 4 | 2 | the two teaching engines and the engine already running | a few minutes |
+    | **full** (`benchmarks/showdown.py`) | all three | 24 (agentic: 20 sessions of 6) | 3 | all | vLLM 27 min, SGLang 64, each teaching engine 23, hf 32 (2 AVX2 cores, 2026-12-03) |
+
+    Four requests per point are too few to judge a knee: section 5 draws such points hollow,
+    and the comparisons fall back to each engine's capacity and its lightest load. The full run
+    above is committed as `benchmarks/reference_results/showdown-cpu/`.
+
+    The **objectives** are yours to state. Left at 0, an objective is derived from the run (the
+    factor below times the best unloaded latency, section 4). In Jupyter, re-run the cells below
+    after changing a control; marimo re-runs them.
     """)
     return
 
@@ -240,10 +239,9 @@ def _(mo):
     mo.md(r"""
     ## 2. The workloads, before any engine sees them
 
-    What each workload asks for, computed from the requests themselves: sessions, requests,
-    prompt and output tokens, and the **prefix reuse**: the fraction of prompt tokens that a
-    perfect, unbounded prefix cache could skip because an earlier request (its prompt or its
-    answer) began the same way. It is the ceiling of every engine's cache hit rate below.
+    Computed from the requests themselves. **Prefix reuse** is the fraction of prompt tokens a
+    perfect, unbounded prefix cache could skip, because an earlier request (its prompt or its
+    answer) began the same way: the ceiling of every engine's cache hit rate below.
     """)
     return
 
@@ -251,35 +249,49 @@ def _(mo):
 @app.cell
 def _(plan, session, ui):
     from workshop.bench.tokenizer import Tokenizer
-    from workshop.bench.workloads import build_workload, describe
+    from workshop.bench.workloads import build_workload, describe, prefix_reuse_ratio
+    from workshop.bench.workloads import plan as planned_requests
 
     _tok = Tokenizer.load(session.model)
     workload_rows = []
+    workload_sequences = {}   # workload -> (prompt ids, reply ids) of each request, in send order
     for _w in plan.workloads:
-        _d = describe(build_workload(_w, _tok, num_requests=plan.num_requests, seed=plan.seed, **plan.kwargs_for(_w)))
+        _wl = build_workload(_w, _tok, num_requests=plan.num_requests, seed=plan.seed, **plan.kwargs_for(_w))
+        _d = describe(_wl)
+        workload_sequences[_w] = [(_tok.prompt_ids(_s.request), _tok.encode(_s.reply))
+                                  for _s in planned_requests(_wl)]
         workload_rows.append({"workload": _w, "sessions": _d["sessions"], "requests": _d.get("requests"),
                               "mean prompt (tok)": _d["prompt_tokens_mean"],
                               "mean output (tok)": _d["output_tokens_mean"],
                               "prefix reuse": _d.get("prefix_reuse_ratio")})
     ui.table(workload_rows)
-    return (workload_rows,)
+    return prefix_reuse_ratio, workload_rows, workload_sequences
+
+
+@app.cell
+def _(ui, workload_rows):
+    _most = max(workload_rows, key=lambda r: r["prefix reuse"] or 0)
+    ui.md(f"**On {_most['workload']}, a perfect cache could skip {_most['prefix reuse']:.0%} of the "
+          f"prompt tokens** ({_most['prefix reuse'] * _most['mean prompt (tok)']:.0f} of "
+          f"{_most['mean prompt (tok)']:.0f} per request on average).")
+    return
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Exercise 1 (predict, then measure).** The two teaching-engine contenders differ only in
-    how they find a cached prefix: hashed blocks or a radix tree. On the **shared-prefix**
+    **Exercise 1 (predict, then measure).** The two teaching-engine contenders differ only
+    in how they find a cached prefix: hashed blocks or a radix tree. On the **shared-prefix**
     workload, what will the radix engine's **capacity** (the most output tokens/s it delivers at
     any load tried, its throughput probe included, objectives aside) be, as a multiple of the
-    hash engine's? (1.0 = the same.) Write it, run the showdown, and the cell after it compares.
+    hash engine's? (1.0 = the same.) Write it, run the showdown; section 6 compares.
     """)
     return
 
 
 @app.cell
 def _():
-    predict_radix_over_hash = None   # your prediction: radix capacity / hash capacity
+    predict_radix_over_hash = None   # your prediction: radix capacity / hash capacity, e.g. 1.0
     return (predict_radix_over_hash,)
 
 
@@ -290,17 +302,15 @@ def _(mo):
 
     Every contender in turn: start (unless already running), check its answers, sweep every
     workload, stop. The prefix cache is emptied before each load point, so no point profits from
-    the one before. Progress bars show each point's requests; each line after a contender's runs
-    says where its knee is and why.
+    the one before. After each contender a line says where its knee is and why.
 
-    **Answers first.** A benchmark counts tokens, not whether they are right, so a broken
-    configuration is as fast as a working one (a layer computed wrongly costs the same FLOPs)
-    and can top the table. Before any sweep, each contender answers a fixed set of chat prompts
-    greedily, and each answer is compared token by token with Hugging Face `transformers` in
-    float32 on the same checkpoint (`workshop bench verify`; `workshop/bench/verify.py`): short
-    prompts sent three times (the repeats come from the prefix cache, where a cache bug shows),
-    questions behind one long system prompt, and ShareGPT first turns. A contender that answers
-    wrongly is recorded and not swept.
+    **Answers first.** A benchmark counts tokens, not whether they are right: a layer computed
+    wrongly costs the same FLOPs, so a broken configuration can top the table. Before its sweep,
+    each contender answers a fixed set of chat prompts greedily (short prompts sent three times,
+    so the repeats come from the prefix cache; questions behind one long system prompt; ShareGPT
+    first turns), compared token by token with Hugging Face `transformers` in float32 on the
+    same checkpoint (`workshop bench verify`). A contender that answers wrongly is recorded and
+    not swept.
     """)
     return
 
@@ -319,9 +329,9 @@ def _(contenders, decision, plan, plan_choice, session, showdown, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    What ran, and whether it answered right: each contender's effective configuration as its
-    server reported it (`/server_info`), next to the gate's verdict. Every number below belongs
-    to the row of this table it came from.
+    What ran, and whether it answered right: each contender's configuration as its server
+    reported it (`/server_info`), next to the gate's verdict. Every number below belongs to a
+    row of this table.
     """)
     return
 
@@ -335,11 +345,10 @@ def _(decision, showdown_results, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    Where an answer departed from the reference, the table below says where and by how much.
-    Not every departure is an error. Two correct engines that add the same numbers in another
-    order (bf16 rounding, another kernel) can flip a **near tie**: a token the reference itself
-    scored almost as high as its own choice (within the gate's margin, in logits). A departure
-    far below the reference's choice is **wrong**.
+    Where an answer departed from the reference. Two correct engines that add the same numbers
+    in another order (bf16 rounding, another kernel) can flip a **near tie**: a token the
+    reference scored within the gate's margin (in logits) of its own choice. A departure far
+    below the reference's choice is **wrong**.
     """)
     return
 
@@ -364,9 +373,7 @@ def _(showdown_results, ui):
 def _(mo):
     mo.md(r"""
     Why the margin matters: the reference's own scores for the first token of its answer to
-    "What is the capital of France?", computed here. Where its top two are close, an engine in
-    another dtype may well begin with the second, and a check that only looks for "Paris" would
-    call a correct engine broken.
+    "What is the capital of France?", computed here.
     """)
     return
 
@@ -388,10 +395,11 @@ def _(session, ui, verify):
 @app.cell
 def _(first_token_gap, reference_answer, ui, verify):
     ui.md(f"The reference answers {reference_answer!r}; its top two first tokens are "
-          f"**{first_token_gap:.3f} logits** apart, against the gate's margin of "
-          f"{verify.TIE_MARGIN:g}: "
-          + ("a near tie, where the dtype decides." if first_token_gap <= verify.TIE_MARGIN
-             else "a clear choice: an engine that begins otherwise is wrong."))
+          f"**{first_token_gap:.3f} logits** apart, against the gate's margin of {verify.TIE_MARGIN:g}: "
+          + ("**a near tie**: an engine in another dtype may begin with the second token and still be "
+             "right, and a check that only looked for the reference's words would fail it."
+             if first_token_gap <= verify.TIE_MARGIN else
+             "**a clear choice**: an engine that begins otherwise is wrong."))
     return
 
 
@@ -417,14 +425,16 @@ def _(showdown, showdown_sweeps, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    An objective you did not state is derived from that table. For the TTFT objective, take
-    each engine's unloaded p99 TTFT; for the ITL objective, its unloaded p99 ITL **plus** its
-    p99 TTFT: a continuous batcher prefills a newcomer's prompt in the same step as everybody's
-    next token, so the longest gap of an answer that overlaps another request is about one
-    decode step plus one prefill, however light the load. On each workload keep the best
-    (lowest) engine's value, take the highest of those over the workloads, and multiply by the
-    factor you set. The cell below computes it from the table, next to what the run recorded
-    in `showdown.json`, which judged every knee and goodput below.
+    An objective you did not state is derived from that table, times the factor you set:
+
+    * **TTFT**: the unloaded p99 TTFT;
+    * **ITL**: the unloaded p99 ITL **plus** the p99 TTFT. A continuous batcher prefills a
+      newcomer's prompt in the same step as everybody's next token, so under any load the
+      longest gap of an answer is about one decode step plus one prefill.
+
+    On each workload take the best (lowest) engine's value, then the highest over the
+    workloads. Computed here, next to what the run recorded in `showdown.json` (which judged
+    every knee below):
     """)
     return
 
@@ -458,12 +468,10 @@ def _(mo):
     mo.md(r"""
     ## 5. The curves
 
-    Top row: the throughput each engine achieved against the load it was offered, both in
-    requests per second over each point's steady window (sessions per second times requests
-    per session for the agentic workload). On the dashed line an engine keeps up; where its
-    curve bends away it saturates. The star is its knee; a hollow point held too few requests for
-    a shortfall to show, so it is not judged either way. Bottom row: p99 TTFT at each load, on a
-    log scale, with the objective dotted: queueing shows up here before throughput flattens.
+    Top row: throughput achieved against load offered, in requests/s over each point's steady
+    window. On the dashed line an engine keeps up; where its curve bends away it saturates. A
+    star is a knee; a hollow point held too few requests to judge. Bottom row: p99 TTFT against
+    load (log scale), the objective dotted: queueing shows here before throughput flattens.
     """)
     return
 
@@ -479,9 +487,8 @@ def _(showdown_sweeps):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    And the p99 inter-token latency: how smooth the answer scrolls once it started. Batching
-    more sequences into each step makes every step slower, so ITL grows with load even while
-    throughput still rises.
+    The same loads against p99 ITL, how smoothly an answer scrolls once it started. A bigger
+    batch makes every step slower, so ITL grows with load even while throughput still rises.
     """)
     return
 
@@ -492,19 +499,33 @@ def _(plot_showdown, showdown_sweeps):
     return
 
 
+@app.cell
+def _(showdown_sweeps, ui):
+    ttft_growth = [{"workload": _w, "engine": _e,
+                    "p99 TTFT, lightest load (ms)": _sw.points[0].summary["ttft_ms"]["p99"],
+                    "p99 TTFT, heaviest load (ms)": _sw.points[-1].summary["ttft_ms"]["p99"]}
+                   for _w, _per in showdown_sweeps.items() for _e, _sw in _per.items() if _sw.points]
+    _g = max(ttft_growth, key=lambda r: r["p99 TTFT, heaviest load (ms)"] / r["p99 TTFT, lightest load (ms)"],
+             default=None)
+    ui.md(f"**From its lightest load to its heaviest, {_g['engine']}'s p99 TTFT on {_g['workload']} grew "
+          f"{_g['p99 TTFT, heaviest load (ms)'] / _g['p99 TTFT, lightest load (ms)']:.1f}x** "
+          f"({_g['p99 TTFT, lightest load (ms)']:,.0f} to {_g['p99 TTFT, heaviest load (ms)']:,.0f} ms), "
+          "the most of any engine here." if _g else "No engine completed a load point in this run.")
+    return
+
+
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
     ## 6. At the knee
 
-    One row per engine and workload, read at the knee point: the load it sustained, the output
-    tokens per second, the latency percentiles, the **goodput** (requests per second that met
-    both objectives), the prefix-cache hit rate the server reported and its peak KV-cache use;
-    and, knee or not, its **capacity**: the most output tokens per second it delivered at any
-    load tried (its throughput probe included), objectives aside.
-    A dash means the server does not report that figure (the baseline has no cache) or the
-    engine has no knee; the note says why. `workshop/decision.py` holds the rules (its
-    docstring); notebook 11 draws the decision chart from the same rows.
+    One row per engine and workload, read at its knee: the load it sustained, output tokens/s,
+    latency percentiles, **goodput** (requests/s that met both objectives), the server's prefix
+    hit rate and peak KV use; and, knee or not, its **capacity**: the most output tokens/s at
+    any load tried (throughput probe included), objectives aside. The rules are in
+    `workshop/decision.py`'s docstring; notebook 11 charts the same rows.
+
+    Three exercises read this table: the cell below computes it, and it is shown after them.
     """)
     return
 
@@ -512,12 +533,8 @@ def _(mo):
 @app.cell
 def _(decision, showdown_results, ui):
     knee_rows = decision.knee_table(showdown_results)
-    ui.table(decision.display_rows(knee_rows))
-    return (knee_rows,)
 
 
-@app.cell
-def _(knee_rows, predict_radix_over_hash, ui):
     def row_of(workload, engine):
         """The row of ``engine`` on ``workload`` (None when it did not run there)."""
         return next((r for r in knee_rows if r["workload"] == workload and r["engine"] == engine), None)
@@ -529,99 +546,240 @@ def _(knee_rows, predict_radix_over_hash, ui):
         return r["capacity_tps"] if r else None
 
 
+    def hit_rate_of(workload, engine):
+        """The mean prefix hit rate ``engine``'s server reported over its load points (None: none)."""
+        r = row_of(workload, engine)
+        rates = [p["prefix_hit_rate"] for p in (r["points"] if r else []) if p["prefix_hit_rate"] is not None]
+        return sum(rates) / len(rates) if rates else None
+
+
+    ui.md(f"{len(knee_rows)} rows computed.")
+    return capacity_of, hit_rate_of, knee_rows, row_of
+
+
+@app.cell
+def _(capacity_of, predict_radix_over_hash, ui):
     _r = capacity_of("shared-prefix", "mini-radix")
     _h = capacity_of("shared-prefix", "mini-hash")
     radix_over_hash = _r / _h if _r and _h else None
     (ui.compare(predict_radix_over_hash, radix_over_hash, "radix / hash capacity (output tok/s), shared-prefix")
      if radix_over_hash else ui.md("Exercise 1 needs both teaching-engine contenders to finish the shared-prefix "
                                    "workload (see the notes in the table)."))
-    return (row_of,)
+    return (radix_over_hash,)
 
 
-@app.cell(hide_code=True)
-def _(mo):
-    mo.md(r"""
-    Our radix tree matches **whole blocks**, like the hash chain (notebook 8), so on the same
-    requests both find the same cached tokens; what is left to differ is the cost of the lookup
-    and of eviction, small next to a model step. A ratio near 1 is what that predicts; SGLang's
-    own tree matches token by token (page size 1), which is where a radix cache can find more.
-    """)
+@app.cell
+def _(
+    capacity_of,
+    decision,
+    hit_rate_of,
+    plan,
+    radix_over_hash,
+    row_of,
+    ui,
+    workload_rows,
+):
+    _prompt = next((r["mean prompt (tok)"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
+    _output = next((r["mean output (tok)"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
+    _cache_rows = [{"engine": _e, "prefix hit rate": hit_rate_of("shared-prefix", _e),
+                    "prompt tokens computed per request": _prompt * (1 - (hit_rate_of("shared-prefix", _e) or 0)),
+                    "one-at-a-time tok/s": row_of("shared-prefix", _e)["synchronous_tps"],
+                    "capacity tok/s": capacity_of("shared-prefix", _e),
+                    "capacity at": row_of("shared-prefix", _e)["capacity_at"]}
+                   for _e in ("mini-hash", "mini-radix")] if radix_over_hash else []
+    # Work per request: the prompt tokens the cache did not skip, plus the output tokens.
+    expected_radix_over_hash = ((_cache_rows[0]["prompt tokens computed per request"] + _output)
+                                / (_cache_rows[1]["prompt tokens computed per request"] + _output)
+                                if _cache_rows else None)
+    _sync_ratio = (_cache_rows[1]["one-at-a-time tok/s"] / _cache_rows[0]["one-at-a-time tok/s"]
+                   if _cache_rows and all(r["one-at-a-time tok/s"] for r in _cache_rows) else None)
+    _off = radix_over_hash and abs(radix_over_hash / expected_radix_over_hash - 1) >= decision.TIE_WITHIN
+    ui.worked_answer(
+        "Our radix tree matches **whole blocks**, like the hash chain (notebook 8), so on the same "
+        "requests both find the same cached tokens, and both engines run the same model code. "
+        "Capacity is output tokens per second of work, and the work per request is the prompt "
+        "tokens the cache did not skip plus the output tokens:\n\n"
+        + ui.markdown_table(_cache_rows, floatfmt=".3g")
+        + f"\n\nExpected: ({_cache_rows[0]['prompt tokens computed per request']:.0f} + {_output:.0f}) / "
+          f"({_cache_rows[1]['prompt tokens computed per request']:.0f} + {_output:.0f}) = "
+          f"**{expected_radix_over_hash:.2f}** (hash's work over radix's). Measured: "
+          f"**{radix_over_hash:.2f}**. "
+        + (f"Outside the {decision.TIE_WITHIN:.0%} tie band: with the same cached tokens, the cache "
+           "design does not account for this gap. The same two engines one at a time differed by "
+           f"{_sync_ratio:.2f}x, and each capacity above is the best of one throughput probe and "
+           f"{plan.sweep_points} load points of {plan.num_requests} requests: re-run the full plan "
+           "before reading a winner into it."
+           if _off else
+           f"Inside the {decision.TIE_WITHIN:.0%} tie band, as the mechanism predicts: the lookup and "
+           "eviction cost little next to a model step. SGLang's own tree matches token by token "
+           "(page size 1), which is where a radix cache can find more than whole blocks.")
+        if radix_over_hash else "Both teaching-engine contenders must finish the shared-prefix workload.")
     return
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Exercise 2 (predict, then measure).** Every sweep starts with a synchronous probe: one
+    **Exercise 2 (predict, then measure).** Every sweep starts with a synchronous probe, one
     request at a time, which is how the baseline always serves. On the **shared-prefix**
     workload, how many times its own one-at-a-time output tokens/s will the contender with the
-    most capacity deliver at its capacity? That ratio is what batching buys that engine here.
+    most capacity deliver at its capacity? That ratio is what batching buys it here.
     """)
     return
 
 
 @app.cell
 def _():
-    predict_batching_gain = None   # your prediction: capacity / one-at-a-time output tok/s
+    predict_batching_gain = None   # your prediction: capacity / one-at-a-time output tok/s, e.g. 4
     return (predict_batching_gain,)
 
 
 @app.cell
 def _(knee_rows, predict_batching_gain, ui):
-    _caps = {r["engine"]: r for r in knee_rows
+    batching_rows = {r["engine"]: r for r in knee_rows
              if r["workload"] == "shared-prefix" and r["capacity_tps"] and r["synchronous_tps"]}
-    best_engine = max(_caps, key=lambda e: _caps[e]["capacity_tps"]) if _caps else None
-    batching_gain = (_caps[best_engine]["capacity_tps"] / _caps[best_engine]["synchronous_tps"]
+    best_engine = max(batching_rows, key=lambda e: batching_rows[e]["capacity_tps"]) if batching_rows else None
+    batching_gain = (batching_rows[best_engine]["capacity_tps"] / batching_rows[best_engine]["synchronous_tps"]
                      if best_engine else None)
     (ui.compare(predict_batching_gain, batching_gain,
                 f"{best_engine}'s capacity / its one-at-a-time output tok/s, shared-prefix")
      if batching_gain else ui.md("Exercise 2 needs a contender that finished the shared-prefix workload "
                                  "with its synchronous probe."))
+    return batching_gain, batching_rows, best_engine
+
+
+@app.cell
+def _(batching_gain, batching_rows, best_engine, showdown_sweeps, ui):
+    # Requests in flight (the client's mean) where the capacity was reached: the throughput probe
+    # or the open-loop point that delivered the most.
+    _best_row = batching_rows.get(best_engine)
+    _sweep = showdown_sweeps["shared-prefix"][best_engine] if best_engine else None
+    _at_probe = bool(_best_row) and _best_row["capacity_at"] == "throughput probe"
+    _at_point = next((_sweep.points[_i] for _i, _p in enumerate(_best_row["points"])
+                      if _p["output_tps"] == _best_row["capacity_tps"]), None) if _best_row and not _at_probe else None
+    _at = _sweep.probes["throughput"] if _at_probe else _at_point
+    batching_in_flight = (_at.summary.get("mean_concurrency") if _at is not None else None)
+    ui.worked_answer(
+        "One at a time, every decode step serves one sequence. A batcher serves every request in "
+        "flight in one step, and a decode step reads all the weights once whatever the batch "
+        "(notebook 3). If a step of N sequences cost what a step of one costs, batching would buy "
+        f"N. At its capacity ({_best_row['capacity_at']}) {best_engine} had **{batching_in_flight:.1f} "
+        f"requests in flight** on average: expected **at most {batching_in_flight:.1f}x**.\n\n"
+        f"Measured: {_best_row['synchronous_tps']:.1f} tok/s one at a time, "
+        f"{_best_row['capacity_tps']:.1f} tok/s at capacity, **{batching_gain:.2f}x**. "
+        + (f"So a step of {batching_in_flight:.1f} sequences took about "
+           f"{batching_in_flight / batching_gain:.2f}x as long as a step of one: on a CPU the "
+           "matmuls' arithmetic grows with the batch, and each newcomer's prefill joins a step."
+           if batching_gain <= batching_in_flight else
+           "More than the requests in flight: each request's own work was cheaper under load than "
+           "alone, which one step per batch does not explain.")
+        if batching_gain and batching_in_flight else
+        "Needs a contender with a capacity and a synchronous probe on shared-prefix.")
     return
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Exercise 3 (predict, then measure).** Look at the workload table in section 2: the
-    prefix reuse of the shared-prefix workload is the most any cache could find. What hit rate
-    will the engine you connected to in the first cell report on that workload, at its knee (or,
-    without one, at the lightest load tried)? If that engine is not among the contenders (you
-    took it out in section 1), the question is about the first contender.
+    **Exercise 3 (predict, then measure).** The workload table in section 2 gives the most any
+    cache could skip on **shared-prefix**. What hit rate will the engine you connected to in the
+    first cell report there, at its knee (or, without one, at its lightest load)? If that engine
+    is not among the contenders, the question is about the first contender. Its block size is in
+    section 3's table.
     """)
     return
 
 
 @app.cell
 def _():
-    predict_hit_rate = None   # your prediction, 0-1
+    predict_hit_rate = None   # your prediction, 0-1, e.g. 0.4
     return (predict_hit_rate,)
 
 
 @app.cell
-def _(contenders, predict_hit_rate, row_of, session, ui, workload_rows):
+def _(contenders, predict_hit_rate, row_of, session, ui):
     # The contender running the connected engine (for the teaching engine: its first label, hash),
     # else the first contender.
-    _label = next((c.label for c in contenders if c.engine == session.engine),
-                  contenders[0].label if contenders else None)
-    _row = row_of("shared-prefix", _label) if _label else None
-    _at, _hit = None, None
+    hit_label = next((c.label for c in contenders if c.engine == session.engine),
+                     contenders[0].label if contenders else None)
+    _row = row_of("shared-prefix", hit_label) if hit_label else None
+    hit_at, hit_measured = None, None
     if _row and _row["points"]:
-        _at, _hit = (("its knee", _row["prefix_hit_rate"]) if not _row["no_knee"] else
-                     (f"its lightest load ({_row['points'][0]['offered']:.3g} req/s; no knee)",
-                      _row["points"][0]["prefix_hit_rate"]))
-    shared_prefix_reuse = next((r["prefix reuse"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
-    (ui.compare(predict_hit_rate, _hit, f"{_label} prefix hit rate at {_at}, shared-prefix")
-     if _at and _hit is not None else
-     ui.md(f"{_label or session.engine_name} reported no prefix-cache hit rate on the shared-prefix workload "
+        hit_at, hit_measured = (("its knee", _row["prefix_hit_rate"]) if not _row["no_knee"] else
+                                (f"its lightest load ({_row['points'][0]['offered']:.3g} req/s; no knee)",
+                                 _row["points"][0]["prefix_hit_rate"]))
+    (ui.compare(predict_hit_rate, hit_measured, f"{hit_label} prefix hit rate at {hit_at}, shared-prefix")
+     if hit_at and hit_measured is not None else
+     ui.md(f"{hit_label or session.engine_name} reported no prefix-cache hit rate on the shared-prefix workload "
            "in this run (no cache, or not in the run)."))
-    return (shared_prefix_reuse,)
+    return hit_at, hit_label, hit_measured
 
 
 @app.cell
-def _(shared_prefix_reuse, ui):
-    ui.md(f"The workload's prefix reuse (the ceiling) was **{shared_prefix_reuse:.3f}**."
-          if shared_prefix_reuse is not None else "")
+def _(
+    hit_at,
+    hit_label,
+    hit_measured,
+    prefix_reuse_ratio,
+    showdown_results,
+    ui,
+    workload_sequences,
+):
+    from workshop import sanity
+
+    _seqs = workload_sequences.get("shared-prefix") or []
+    hit_block = ((showdown_results.first_run(hit_label).server_info.get("block_size") or 1)
+                 if hit_label in showdown_results.engines else 1)
+    reuse_tokens = prefix_reuse_ratio(_seqs)
+    reuse_blocks = prefix_reuse_ratio(_seqs, block=hit_block)
+    hit_violations = (sanity.within(f"{hit_label}'s prefix hit rate", hit_measured, reuse_tokens, "",
+                                    "above the workload's prefix reuse", ("count", "cache"))
+                      if hit_measured is not None else [])
+    _prompts = sum(len(_p) for _p, _ in _seqs)
+    _gap = (reuse_blocks - hit_measured) * _prompts if hit_measured is not None else 0
+    ui.md(sanity.report(hit_violations)) if hit_violations else ui.worked_answer(
+        f"The workload's prefix reuse (the ceiling) was **{reuse_tokens:.3f}**: a cache skips at most "
+        f"that share of the prompt tokens, and only if it matches token by token. {hit_label} stores whole blocks of "
+        f"**{hit_block} tokens**, so of each request's shared prefix it finds only the whole blocks: "
+        f"the part past the last block boundary is computed again. Over this workload's "
+        f"{len(_seqs)} requests ({_prompts:,} prompt tokens) that is **{reuse_blocks:.3f}** "
+        f"(`prefix_reuse_ratio(..., block={hit_block})`). Measured at {hit_at}: **{hit_measured:.3f}**. "
+        + ("The engine found every whole block it could."
+           if abs(_gap) < 1 else
+           f"{_gap:,.0f} prompt tokens fewer than whole blocks allow: requests that arrived while an "
+           "earlier one with the same prefix was still being prefilled found its blocks not yet "
+           "written, and computed them too." if _gap > 0 else
+           f"{-_gap:,.0f} prompt tokens more than whole blocks allow: the server counts something "
+           "other than this workload's prompts in its hit rate.")
+        if hit_measured is not None else f"{hit_label} reported no hit rate.")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    The whole table:
+    """)
+    return
+
+
+@app.cell
+def _(decision, knee_rows, ui):
+    ui.table(decision.display_rows(knee_rows))
+    return
+
+
+@app.cell
+def _(knee_rows, ui):
+    _tops = []
+    for _w in dict.fromkeys(r["workload"] for r in knee_rows):
+        _by = sorted([r for r in knee_rows if r["workload"] == _w and r["capacity_tps"]], key=lambda r: -r["capacity_tps"])
+        if _by:
+            _tops.append(f"{_w}: {_by[0]['engine']}, {_by[0]['capacity_tps']:.0f} tok/s"
+                         + (f", {_by[0]['capacity_tps'] / _by[1]['capacity_tps']:.2f}x {_by[1]['engine']}"
+                            if len(_by) > 1 else ""))
+    ui.md("**The most capacity** (output tok/s at any load tried): " + "; ".join(_tops) + "."
+          if _tops else "No engine delivered any output in this run.")
     return
 
 
@@ -630,59 +788,52 @@ def _(mo):
     mo.md(r"""
     ## 7. What this run shows, and what it does not
 
-    Computed from the table above (margins under 10 % count as ties: see `decision.TIE_WITHIN`):
+    Each workload's throughput verdict, from the table above (margins under 10 % are ties:
+    `decision.TIE_WITHIN`). Where no contender kept up within the objectives at any load, the
+    verdict ranks **capacity alone** and says so.
     """)
     return
 
 
 @app.cell
 def _(decision, knee_rows, ui):
-    _lines = []
-    for _w in dict.fromkeys(r["workload"] for r in knee_rows):
-        _v = decision.decide(knee_rows, _w, "throughput")
-        if _v.ignores_objectives:
-            _lines.append(f"* **{_w}**: no contender kept up within the objectives at any load, so this "
-                          "ranks **capacity alone** (the most output tokens/s at any load tried) and "
-                          "ignores the latency objectives: "
-                          + ", ".join(f"{_e} {_x:.3g} tok/s" for _e, _x in
-                                      sorted(_v.values.items(), key=lambda kv: -kv[1]))
-                          + (f"; {_v.winner} {_v.margin:.2f}x {_v.runner_up}." if _v.outcome == "win" else
-                             f"; a tie within the noise band between {', '.join(_v.tied)}." if _v.outcome == "tie"
-                             else "."))
-        elif _v.outcome == "win":
-            _lines.append(f"* **{_w}**: the most output tokens/s at the knee came from **{_v.winner}** "
-                          f"({_v.values[_v.winner]:.0f} tok/s), {_v.margin_text} the next best "
-                          f"({_v.runner_up}).")
-        elif _v.outcome == "tie":
-            _lines.append(f"* **{_w}**: a tie within the noise band between {', '.join(_v.tied)}.")
-        elif _v.outcome == "only":
-            _lines.append(f"* **{_w}**: only **{_v.winner}** had a knee.")
-        else:
-            _lines.append(f"* **{_w}**: no contender has a knee to compare:")
-        for _e, _why in _v.excluded.items():
-            _lines.append(f"  * {_e}: {_why}")
-    ui.md("\n".join(_lines) or "No contender finished a sweep in this run.")
+    run_verdicts = [decision.decide(knee_rows, _w, "throughput") for _w in dict.fromkeys(r["workload"] for r in knee_rows)]
+    ui.table([{_k: _row[_k] for _k in ("workload", "result", "values", "measured", "left out")}
+              for _row in decision.verdict_rows(run_verdicts)]) if run_verdicts else ui.md(
+        "No contender finished a sweep in this run.")
+    return (run_verdicts,)
+
+
+@app.cell
+def _(run_verdicts, ui):
+    _wins = [v for v in run_verdicts if v.outcome == "win"]
+    ui.md(("**" + "; ".join(f"{v.workload}: {v.winner}, {v.margin_text} {v.runner_up}"
+                            + (" (capacity, objectives ignored)" if v.ignores_objectives else "")
+                            for v in _wins) + ".**")
+          if _wins else "**No workload has a winner in this run**: "
+          + "; ".join(f"on {v.workload}, {len(v.excluded)} of {len(v.excluded) + len(v.values)} "
+                      "contenders left out" + (f", a tie between {', '.join(v.tied)}" if v.tied else "")
+                      for v in run_verdicts) + " (the table says why).")
     return
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    What it does **not** show. This is a 135M-parameter model on a laptop-class CPU; an
-    H100 serving an 8B or 70B model differs in ways that change the ranking:
+    What it does **not** show. This is a 135M-parameter model on a laptop-class CPU; an H100
+    serving an 8B or 70B model differs in ways that change the ranking:
 
     * **Kernels.** Here each engine runs its CPU kernels (vLLM's and SGLang's CPU attention,
       oneDNN matmuls; the teaching engine's plain PyTorch). On a GPU both production engines run
-      FlashAttention/FlashInfer-class kernels and CUDA graphs, and per-step overheads that
-      dominate a tiny model here shrink relative to the matmuls of a big one. Speed differences
-      measured here mostly say how good each CPU path is.
-    * **What carries over** is mechanism: batching versus one at a time (the baseline's gap
-      grows with model size), whether a prefix cache finds the shared prompt (hit rates are
-      properties of the workload and the cache design, not of the hardware), and how queueing
-      builds up past the knee.
-    * **Noise.** Two cores shared with the client: a point can fall behind because the client
-      was late (the sweep flags such points as client-limited and retries them once). Run the
-      full plan on a quiet machine before you believe a difference under about 10 %.
+      FlashAttention/FlashInfer-class kernels and CUDA graphs, and the per-step overheads that
+      dominate a tiny model here shrink next to a big one's matmuls. A speed difference here
+      mostly says how good each CPU path is.
+    * **What carries over** is mechanism: batching against one at a time (the baseline's gap
+      grows with model size), whether a prefix cache finds the shared prompt (a property of the
+      workload and the cache design, not of the hardware), and how queues build past the knee.
+    * **A shared machine.** Two cores shared with the client: a point can fall behind because
+      the client was late (the sweep flags such points as client-limited and retries them once).
+      Run the full plan on a quiet machine before you believe a difference under about 10 %.
     """)
     return
 
@@ -692,26 +843,22 @@ def _(mo):
     mo.md(r"""
     ## 8. Inside the teaching engine: what each speed switch buys here
 
-    Section 7's first caveat says a speed difference on a CPU mostly measures how good each
-    engine's CPU path is. For one engine you can take that path apart: the teaching engine keeps
-    a switch for each technique that made it faster, the same flags its server takes.
+    A speed difference on a CPU mostly measures how good each engine's CPU path is (section 7).
+    For one engine you can take that path apart: the teaching engine keeps a switch for each
+    technique that made it faster, the same flags its server takes.
 
-    * `--no-prepack`: the linear layers' weights stay as loaded, instead of being reordered once
-      into the blocked layout oneDNN's bf16/fp16 kernels read; left as loaded, oneDNN reorders
-      them at every call. Float32 is never packed.
-    * `--kv-read slot`: each sequence's keys and values are copied out of the pool token by token
-      instead of block by block (notebook 7, section 7).
-    * `--decode-attention sdpa`: PyTorch's SDPA kernel for every batch, where `auto` writes
-      attention out (two matmuls and a softmax) for big bf16/fp16 decode batches.
-    * `--no-cascade-attention`: each sequence reads the shared system prompt's keys itself,
-      instead of the batch reading them once (notebook 8, section 4).
+    | switch | what it turns off |
+    |---|---|
+    | `--no-prepack` | weights reordered once into oneDNN's blocked bf16/fp16 layout; left as loaded, oneDNN reorders them at every call (float32 is never packed) |
+    | `--kv-read slot` | reading each sequence's keys and values block by block; they are copied token by token instead (notebook 7, section 7) |
+    | `--decode-attention sdpa` | attention written out (two matmuls and a softmax) for big bf16/fp16 decode batches; PyTorch's SDPA kernel runs for every batch |
+    | `--no-cascade-attention` | the batch reading the shared system prompt's keys once; each sequence reads them itself (notebook 8, section 4) |
 
-    Below, one engine per variant (the defaults, then each switch off on its own) holds the same
-    batch: sequences behind one system prompt, the radix cache on, so they share its blocks. The
-    engines then take decode steps in turn, round-robin, so a slow moment of the machine falls
-    on all of them alike. This runs the bundled model in this process, in the dtype the
-    course's server computes in on this machine (bf16 where the CPU has native bf16, float32
-    otherwise: `reference_server.dtypes`); the dropdown changes it.
+    One engine per variant (the defaults, then each switch off on its own) holds the same batch:
+    sequences behind one system prompt, radix cache on, so they share its blocks. The engines
+    take decode steps in turn, round-robin, so a slow moment of the machine falls on all of them
+    alike. The bundled model runs in this process, in the dtype the course's server computes in
+    here (bf16 where the CPU has native bf16, float32 otherwise); the dropdown changes it.
     """)
     return
 
@@ -763,15 +910,14 @@ def _(mo):
     **Exercise 4 (predict, then measure).** At the settings above, take the switch whose
     technique matters most: how many times the defaults' time will a decode step take with it
     off? Some switches change nothing for some batches or dtypes (the table says which); those
-    variants run the defaults' code, and their ratios show how far two identical engines drift
-    apart on this machine.
+    variants run the defaults' code.
     """)
     return
 
 
 @app.cell
 def _():
-    predict_worst_ratio = None      # your prediction: the slowest variant's step time / the defaults'
+    predict_worst_ratio = None      # your prediction: the slowest variant's step time / the defaults', e.g. 1.5
     return (predict_worst_ratio,)
 
 
@@ -822,36 +968,83 @@ def _(predict_worst_ratio, switch_rows, ui):
                 f"step time without `{switch_worst['variant']}`'s technique / the defaults'", "x")
      if switch_worst else ui.md("No switch changes the code for this batch in this dtype: move the "
                                 "sliders (more sequences, a longer shared prompt, or bf16)."))
-    return (switch_applied,)
+    return switch_applied, switch_worst
 
 
 @app.cell
-def _(switch_applied, switch_rows, ui):
+def _(
+    switch_dtype,
+    switch_own,
+    switch_rounds,
+    switch_rows,
+    switch_seqs,
+    switch_shared,
+    switch_worst,
+    ui,
+):
+    from workshop import kvcache
+
+    # Bytes a decode step moves, by variant: every weight once (3 times without prepacking: the
+    # reorder reads and writes each weight before the matmul reads it), and the keys and values of
+    # each sequence's context (the shared prompt's once per batch with cascade attention).
+    _cfg = kvcache.load_model("smollm2-135m")
+    _dtype_bytes = 2 if switch_dtype.value == "bfloat16" else 4
+    _weights = _cfg.params * _dtype_bytes
+    _kv_token = kvcache.kv_bytes_per_token(_cfg, switch_dtype.value)
+    _b, _sh, _own = int(switch_seqs.value), int(switch_shared.value), int(switch_own.value) + int(switch_rounds.value) // 2
+    _applies = {r["variant"]: r["applies here"] for r in switch_rows}
+    _kv_each = _b * (_sh + _own) * _kv_token
+    _kv_cascade = (_sh + _b * _own) * _kv_token if _applies["--no-cascade-attention"] else _kv_each
+    switch_bytes = {"defaults": _weights + _kv_cascade,
+                    "--no-prepack": (3 if _applies["--no-prepack"] else 1) * _weights + _kv_cascade,
+                    "--kv-read slot": _weights + _kv_cascade,
+                    "--decode-attention sdpa": _weights + _kv_cascade,
+                    "--no-cascade-attention": _weights + _kv_each}
+    _byte_rows = [{"variant": r["variant"], "MB moved per step": switch_bytes[r["variant"]] / 1e6,
+                   "expected (bytes / defaults' bytes)": switch_bytes[r["variant"]] / switch_bytes["defaults"],
+                   "measured (time / defaults' time)": r["slower than defaults"]} for r in switch_rows]
+    switch_expected_worst = max(_byte_rows[1:], key=lambda r: r["expected (bytes / defaults' bytes)"])
+    _expected_worst_ratio = switch_expected_worst["expected (bytes / defaults' bytes)"]
+    _defaults_gbs = switch_bytes["defaults"] / (switch_rows[0]["ms per step"] / 1e3) / 1e9
+    ui.worked_answer(
+        "Notebook 3's roofline: a decode step of a small batch is bound by memory traffic. It reads "
+        "every weight once, and every sequence's keys and values. If its time were those bytes, "
+        "each variant's ratio would be its bytes over the defaults' bytes. At these settings "
+        f"({_weights / 1e6:,.0f} MB of {switch_dtype.value} weights, {_kv_token:,.0f} bytes of KV "
+        f"per token, {_b} sequences of {_sh} shared + {_own} own tokens halfway through the timed "
+        "steps):\n\n" + ui.markdown_table(_byte_rows, floatfmt=".3g")
+        + f"\n\nBy bytes, **`{switch_expected_worst['variant']}`** would matter most, "
+          f"**{_expected_worst_ratio:.2f}x**; `--kv-read slot` "
+          "and `--decode-attention sdpa` move the same bytes as the defaults (in more, smaller "
+          "copies, or through another kernel), so bytes predict 1.00x for them. "
+        + (f"Measured, `{switch_worst['variant']}` mattered most, **{switch_worst['slower than defaults']:.2f}x**. "
+           if switch_worst else "")
+        + f"The defaults moved {switch_bytes['defaults'] / 1e9:.2f} GB in "
+          f"{switch_rows[0]['ms per step']:.1f} ms, **{_defaults_gbs:.1f} GB/s**: where a measured "
+          "ratio departs from the bytes, a step here is not memory traffic alone (per-call "
+          "overheads of many small copies and kernels, arithmetic that grows with the batch).")
+    return
+
+
+@app.cell
+def _(switch_applied, switch_rows, switch_worst, ui):
     _same_code = [r for r in switch_rows[1:] if not r["applies here"]]
     _noise = [r["slower than defaults"] for r in _same_code]
     _slot = next(r for r in switch_rows if r["variant"] == "--kv-read slot")
-    _differ = [r["variant"] for r in switch_applied if not r["same tokens"]]
-    # A ratio counts only outside the noise: 5 %, or wider where this run's identical engines
-    # drifted further apart.
-    _hi, _lo = max([1.05, *_noise]), min([0.95, *_noise])
-    _lines = [
-        f"* `{r['variant']}`: **{r['slower than defaults']:.2f}x** the defaults' step time "
-        + ("(slower without it: the technique pays here)." if r["slower than defaults"] > _hi else
-           "(faster without it: at these settings the technique costs more than it saves on this "
-           "machine)." if r["slower than defaults"] < _lo else
-           f"(inside {_lo:.2f}-{_hi:.2f}x, this run's noise: no clear effect at these settings).")
-        for r in switch_applied]
-    ui.md("\n".join(_lines or ["No switch changes the code for this batch in this dtype."])
-          + ("\n\nVariants that ran the defaults' code here ("
-             + ", ".join(f"`{r['variant']}`" for r in _same_code)
-             + f") came out at {min(_noise):.2f}-{max(_noise):.2f}x: a difference inside that band "
-             "is this machine's noise, not a technique's." if _same_code else "")
-          + "\n\nReading the pool slot by slot copies the same numbers as block by block, so its "
-          + ("tokens matched the defaults' exactly (checked)." if _slot["same tokens"] else
-             "tokens should have matched the defaults' exactly, and **did not: a bug**.")
-          + (" Tokens that differed from the defaults': " + ", ".join(f"`{v}`" for v in _differ)
-             + " (these sum in another order, and in bf16 a near tie can flip)." if _differ else
-             " Every variant wrote the defaults' tokens."))
+    _differ = ", ".join(f"`{r['variant']}`" for r in switch_applied if not r["same tokens"])
+    _same_names = ", ".join(f"`{r['variant']}`" for r in _same_code)
+    ui.md((f"**Without `{switch_worst['variant']}`'s technique a decode step took "
+           f"{switch_worst['slower than defaults']:.2f}x the defaults' time**, the most of the "
+           f"{len(switch_applied)} switches that change the code here." if switch_worst else
+           "**No switch changes the code at these settings.**")
+          + (f" The variants that ran the defaults' code ({_same_names}) "
+             f"came out at {min(_noise):.2f}-{max(_noise):.2f}x: the spread of two identical engines "
+             "on this machine in this run." if _same_code else "")
+          + (" Slot-by-slot reads wrote the defaults' tokens exactly (checked)." if _slot["same tokens"] else
+             " **Slot-by-slot reads copy the same numbers, yet their tokens differed from the defaults': "
+             "a bug.**")
+          + (f" Tokens differed from the defaults' for {_differ}: these sum "
+             "in another order, and in bf16 a near tie can flip." if _differ else ""))
     return
 
 

@@ -34,25 +34,19 @@ def _(mo):
     [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/11_decision_chart.ipynb)
     [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/11_decision_chart.py)
 
-    Notebook 10 swept every engine to its knee on three workloads and wrote a **showdown
-    folder**. This notebook sends no load at all: it reads those folders and answers the question
-    people actually ask, *which engine should I use?*, in the only honest form, **for which
-    workload and under which constraint**:
+    Notebook 10 swept every engine to its knee and wrote a **showdown folder**. This notebook
+    sends no load: it reads those folders and answers *which engine should I use?* in the only
+    honest form, **for which workload and under which constraint**.
 
-    1. finds your showdown folders (`results/showdown-*`, and any folder named in
-       `WORKSHOP_SHOWDOWN_DIRS`), or, when there is none, the project's committed reference run,
-       and says which one you are looking at;
-    2. tabulates every engine at its knee: load, throughput, time to first token (TTFT), gaps
-       between tokens (ITL), goodput, prefix-cache hits, KV cache use;
-    3. names a winner, with its margin, for each workload and constraint, and draws the chart;
-       the objectives (SLO) and the engines compared are yours to change;
-    4. puts beside it what was **not measured here**: features such as structured output or
-       multi-LoRA, hardware support, engines you cannot run on this machine (TensorRT-LLM, NVIDIA
-       Dynamo, TGI, llama.cpp / Ollama) and the figures the engines publish about themselves,
-       each with its source and date.
+    | section | what it does |
+    |---|---|
+    | 1 | finds your showdown folders (`results/showdown-*`, and any in `WORKSHOP_SHOWDOWN_DIRS`), else the committed reference run, and says whose numbers you see |
+    | 2-4 | every engine at its knee, a winner with its margin per workload and constraint, the chart; the objectives and the engines compared are yours to change |
+    | 5 | what carries over to other hardware, and the two committed reference runs side by side |
+    | 6-7 | what was **not measured here**: features, hardware, engines you cannot run, the engines' own published figures, each with its source and date |
 
-    The helpers live in `workshop/decision.py` (its docstring states every rule used below) and
-    `workshop/decision_chart.py` (the figure).
+    The rules are in `workshop/decision.py` (its docstring); the figure in
+    `workshop/decision_chart.py`.
     """)
     return
 
@@ -97,11 +91,10 @@ def _(mo):
     mo.md(r"""
     ## 1. Whose numbers are these?
 
-    A showdown folder holds `showdown.json` (the command, the machine, the date, the engines with
-    their server arguments, the objectives) and one load sweep per engine and workload. Several
-    folders are merged: for each engine and workload the run that finished wins over one that
-    failed, and between two that finished the newer folder wins. Any subset of engines and
-    workloads works; a run that failed is shown with its reason.
+    A showdown folder holds `showdown.json` (the command, the machine, the date, the engines
+    with their server arguments, the objectives) and one load sweep per engine and workload.
+    Several folders are merged: per engine and workload a finished run wins over a failed one,
+    and between two finished ones the newer folder wins.
     """)
     return
 
@@ -113,44 +106,85 @@ def _():
     showdown_roots, showdown_source = decision.choose_roots()
     showdown = decision.load(*showdown_roots)
     _where = ", ".join(f"`{p}`" for p in decision.default_places())
-    if showdown_source == "yours":
-        _head = (f"**Your showdown data**: {len(showdown.roots)} folder(s) found in {_where}.")
-    elif showdown_source == "reference":
-        _head = ("## ⚠ These are not your measurements\n\nNo showdown folder of yours was found in "
-                 f"{_where}, so everything below is drawn from **the project's committed reference "
-                 "run**. Run notebook 10 (or `python benchmarks/showdown.py`) to draw it from your "
-                 "own machine.")
-    else:
-        _head = (f"## ⚠ No showdown data\n\nNo showdown folder was found in {_where}, and this "
-                 "installation has no reference run. Run notebook 10 or `python benchmarks/showdown.py` "
-                 "first; the sections on cited facts below still work.")
-    ui.md(_head + "\n\n" + "\n".join(f"- {r.describe()}; objectives: {r.objectives}" for r in showdown.roots)
-          + "".join(f"\n- ⚠ {w}" for w in showdown.warnings)
-          + "".join(f"\n- {old.engine} / {old.workload} from `{old.root.path.name}` ({old.status}) "
-                    f"replaced by the run in `{new.root.path.name}`" for old, new in showdown.replaced))
-    return decision, decision_chart, showdown, ui
+    ui.md({"yours": f"**Your showdown data**: {len(showdown.roots)} folder(s) found in {_where}.",
+           "reference": "## ⚠ These are not your measurements\n\nNo showdown folder of yours was found in "
+                        f"{_where}: everything below is drawn from **the project's committed reference run**. "
+                        "Run notebook 10 (or `python benchmarks/showdown.py`) to draw it from your machine.",
+           "none": f"## ⚠ No showdown data\n\nNo showdown folder was found in {_where}, and this installation "
+                   "has no reference run. Run notebook 10 or `python benchmarks/showdown.py` first; the cited "
+                   "facts in sections 6 and 7 still work."}[showdown_source])
+    return decision, decision_chart, showdown, showdown_source, ui
 
 
-@app.cell(hide_code=True)
-def _(mo):
-    mo.md(r"""
-    **Exercise 1 (predict, then compute).** Before looking at any table: on the workload below
-    (the one with the most engines that kept up at some load), by what factor do you expect the
-    fastest engine's throughput at its knee to beat the second fastest's? Think about what you
-    saw in notebooks 7 and 8: continuous batching, paged KV, prefix caching, a one-request-at-a-time
-    baseline.
-    """)
+@app.cell
+def _(showdown, ui):
+    ui.table([{"folder": r.path.name, "mode": r.mode, "model": r.manifest.get("model", "?"), "machine": r.machine,
+               "created (UTC)": r.created[:16].replace("T", " "), "objectives": r.objectives}
+              for r in showdown.roots]) if showdown.roots else ui.md("")
     return
 
 
 @app.cell
 def _(showdown, ui):
-    _counts = {w: sum(1 for (e, w2), r in showdown.runs.items() if w2 == w and r.ok) for w in showdown.workloads}
-    exercise_workload = max(_counts, key=_counts.get) if _counts else None
-    ui.md(f"The workload for the exercises: **{exercise_workload}** "
-          f"({_counts.get(exercise_workload, 0)} engines with a finished sweep)." if exercise_workload
-          else "No workload to predict on: there is no showdown data.")
-    return (exercise_workload,)
+    ui.md("\n".join([f"- ⚠ {w}" for w in showdown.warnings]
+                    + [f"- {old.engine} / {old.workload}: the run in `{new.root.path.name}` replaces the one in "
+                       f"`{old.root.path.name}` ({old.status})" for old, new in showdown.replaced]))
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    The exercises need a workload where at least two engines have a knee. A quick run (four
+    requests per point) has none, so they then read the committed reference runs, each at the
+    objectives it was judged with; the cell below says which.
+    """)
+    return
+
+
+@app.cell
+def _(decision, showdown, showdown_source, ui):
+    reference_stage_runs = {_name: decision.load(_path) for _name, _path in decision.reference_stages().items()}
+
+
+    def knee_counts(results):
+        """The knee table of ``results`` and, per workload, how many engines have a knee there."""
+        rows = decision.knee_table(results)
+        return rows, {w: sum(1 for r in rows if r["workload"] == w and not r["no_knee"]) for w in results.workloads}
+
+
+    _sources = ([(("your data" if showdown_source == "yours" else "the committed reference run"), showdown)]
+                + [(f"the committed reference run on the {_name}", _r) for _name, _r in reference_stage_runs.items()])
+    exercise_source, exercise_data, exercise_rows, exercise_workload = None, None, [], None
+    for _label, _data in _sources:
+        _rows, _counts = knee_counts(_data)
+        if _counts and max(_counts.values()) >= 2:
+            exercise_source, exercise_data, exercise_rows = _label, _data, _rows
+            exercise_workload = max(_counts, key=_counts.get)
+            break
+    exercise_slo = decision.slo_of(**exercise_data.slo) if exercise_data else None
+    ui.md(f"Exercises 1 and 2 read **{exercise_source}** (`{exercise_data.newest.path.name}`), workload "
+          f"**{exercise_workload}**, objectives p99 TTFT ≤ {exercise_slo.ttft_ms:,.0f} ms and p99 ITL ≤ "
+          f"{exercise_slo.itl_ms:,.0f} ms." if exercise_data else
+          "No showdown data has two engines with a knee on one workload: exercises 1 and 2 have nothing to read.")
+    return (
+        exercise_data,
+        exercise_rows,
+        exercise_slo,
+        exercise_workload,
+        reference_stage_runs,
+    )
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **Exercise 1 (predict, then compute).** Before looking at any table: on that workload, by
+    what factor will the fastest engine's output tokens/s at its knee beat the second fastest's?
+    Think about notebooks 7, 8 and 10: continuous batching, paged KV, prefix caching, one request
+    at a time against many.
+    """)
+    return
 
 
 @app.cell
@@ -160,21 +194,45 @@ def _():
 
 
 @app.cell
-def _(decision, exercise_workload, my_throughput_margin, showdown, ui):
-    _default_rows = decision.knee_table(showdown)
-    exercise_throughput = (decision.decide(_default_rows, exercise_workload, "throughput")
+def _(decision, exercise_rows, exercise_workload, my_throughput_margin, ui):
+    exercise_throughput = (decision.decide(exercise_rows, exercise_workload, "throughput")
                            if exercise_workload else None)
-    if exercise_throughput is not None and exercise_throughput.margin is not None:
-        exercise_1 = ui.compare(my_throughput_margin, exercise_throughput.margin,
-                                f"throughput margin on {exercise_workload} "
-                                f"({exercise_throughput.winner or exercise_throughput.tied[0]} over "
-                                f"{exercise_throughput.runner_up}"
-                                + ("; no engine met the objectives at any load, so this is capacity alone, "
-                                   "objectives ignored" if exercise_throughput.ignores_objectives else "")
-                                + ")", "x", how="computed")
-    else:
-        exercise_1 = ui.md("Fewer than two engines kept up at any load on this workload: there is no margin to predict.")
-    exercise_1
+    _ok = exercise_throughput is not None and exercise_throughput.margin is not None
+    _first = (exercise_throughput.winner or exercise_throughput.tied[0]) if _ok else None
+    (ui.compare(my_throughput_margin, exercise_throughput.margin,
+                f"throughput margin on {exercise_workload} ({_first} over {exercise_throughput.runner_up}"
+                + (", capacity alone: no engine met the objectives at any load"
+                   if exercise_throughput.ignores_objectives else "") + ")", "x", how="computed")
+     if _ok else ui.md("Fewer than two engines kept up at any load on this workload: there is no margin to predict."))
+    return (exercise_throughput,)
+
+
+@app.cell
+def _(exercise_rows, exercise_throughput, exercise_workload, ui):
+    _v = exercise_throughput
+    _pair = ([_v.winner or _v.tied[0], _v.runner_up] if _v is not None and _v.margin is not None else [])
+    _by = {r["engine"]: r for r in exercise_rows if r["workload"] == exercise_workload}
+    _pair_rows = [{"engine": _e, "one at a time (tok/s)": _by[_e]["synchronous_tps"],
+                   "at its knee (tok/s)": _v.values[_e],
+                   "knee (req/s)": _by[_e]["knee_offered"],
+                   "gain from batching": _v.values[_e] / _by[_e]["synchronous_tps"]}
+                  for _e in _pair if _by[_e]["synchronous_tps"]]
+    _unloaded = (_pair_rows[0]["one at a time (tok/s)"] / _pair_rows[1]["one at a time (tok/s)"]
+                 if len(_pair_rows) == 2 else None)
+    ui.worked_answer(
+        "Both engines serve the same requests, so the tokens per request are equal and the margin "
+        "is a ratio of speeds. One request at a time, an engine's speed is its unloaded step time; "
+        "at its knee, that speed times what batching bought it (notebook 10, exercise 2):\n\n"
+        + ui.markdown_table(_pair_rows, floatfmt=".3g")
+        + f"\n\nIf both gained the same from batching, the margin would be their unloaded ratio, "
+          f"{_pair_rows[0]['one at a time (tok/s)']:.1f} / {_pair_rows[1]['one at a time (tok/s)']:.1f} = "
+          f"**{_unloaded:.2f}x**. Computed at the knees: **{_v.margin:.2f}x**"
+        + (f", {_v.margin / _unloaded:.2f}x the unloaded ratio: {_pair[0]} gained "
+           f"{_pair_rows[0]['gain from batching']:.1f}x from batching and {_pair[1]} "
+           f"{_pair_rows[1]['gain from batching']:.1f}x, and {_pair[0]} kept up at "
+           f"{_pair_rows[0]['knee (req/s)'] / _pair_rows[1]['knee (req/s)']:.2f}x {_pair[1]}'s load within "
+           "the same objectives." if _pair_rows[0]["knee (req/s)"] and _pair_rows[1]["knee (req/s)"] else ".")
+        if _unloaded else "There is no pair of engines with a knee and a synchronous probe to compare.")
     return
 
 
@@ -183,15 +241,13 @@ def _(mo):
     mo.md(r"""
     ## 2. Your objectives, your engines
 
-    The knee of each sweep is the highest load the engine kept up with *and* met the objectives
-    at (its p99 TTFT and p99 ITL within them); goodput counts the requests whose first token and
-    every gap between tokens met them. Both are recomputed from the stored per-request timelines
-    when you move the objectives: nothing is run again. The sliders start at the objectives of
-    the newest folder (stated in notebook 10, or derived from its run: see section 1); 0 means
-    no objective. The tie
-    band is the margin below which two engines are called even. Type engine or workload labels,
-    comma-separated, to compare a subset (`all` for everything). In Jupyter, re-run the cells
-    below after changing a control; marimo re-runs them.
+    A knee is the highest load an engine kept up with *and* met the objectives at (p99 TTFT and
+    p99 ITL within them); goodput counts the requests whose first token and every gap met them.
+    Both are recomputed from the stored per-request timelines when you move the objectives:
+    nothing runs again. The sliders start at the newest folder's objectives; 0 means none. The
+    tie band is the margin below which two engines are called even. Type engine or workload
+    labels, comma-separated, to compare a subset (`all` for everything). In Jupyter, re-run the
+    cells below after changing a control; marimo re-runs them.
     """)
     return
 
@@ -260,14 +316,7 @@ def _(
                                for name, value in (("TTFT", chosen_slo.ttft_ms), ("ITL", chosen_slo.itl_ms)))
     ui.md(f"Comparing **{', '.join(chosen_engines) or 'no engine'}** on **{', '.join(chosen_workloads) or 'no workload'}**, "
           f"objectives {_objectives}, ties within {tie_band.value} %.")
-    return (
-        chosen,
-        chosen_engines,
-        chosen_slo,
-        chosen_workloads,
-        knee_rows,
-        verdicts,
-    )
+    return chosen, chosen_engines, chosen_workloads, knee_rows, verdicts
 
 
 @app.cell(hide_code=True)
@@ -275,14 +324,16 @@ def _(mo):
     mo.md(r"""
     ## 3. Every engine at its knee
 
-    One row per engine and workload. *Knee sessions/s (asked)* is the rate the client was told to
-    start sessions at (a session is one request on ShareGPT and shared-prefix, a whole multi-turn
-    conversation on agentic); *offered* is the requests per second it really sent over the
-    point's steady window (a `+` marks a knee at the highest load tried: the engine's limit is
-    higher). Throughput is the steady request rate times
-    the mean output tokens per request. TTFT and ITL are at that load; *SLO met* is the share of
-    requests that met both objectives; *prefix hits* and *peak KV* are the server's own gauges
-    (a `-` where the engine does not report them).
+    One row per engine and workload.
+
+    | column | meaning |
+    |---|---|
+    | knee sessions/s (asked) | the rate the client was told to start sessions at (a session: one request on ShareGPT and shared-prefix, a whole conversation on agentic) |
+    | knee req/s (offered) | the requests/s it really sent over the point's steady window (`+`: the knee is the highest load tried, the limit is higher) |
+    | output tok/s | the steady request rate times the mean output tokens per request |
+    | TTFT, ITL | at that load |
+    | SLO met | the share of requests that met both objectives |
+    | prefix hits, peak KV | the server's own gauges (`-` where the engine does not report them) |
     """)
     return
 
@@ -296,12 +347,10 @@ def _(decision, knee_rows, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    And what ran: each engine's configuration as its server reported it, and whether it passed
-    the correctness gate (notebook 10, section 3) before it was swept. An engine that answered
-    wrongly has no knee and is ranked nowhere. *not checked* marks runs made before the gate
-    existed (the committed reference run among them). The chart's legend repeats each line, and a
-    verdict between engines whose set-ups differ in a way that can favour one says how, in the
-    table under the chart.
+    What ran: each engine's configuration as its server reported it, and whether it passed the
+    correctness gate (notebook 10, section 3) before its sweep. An engine that answered wrongly
+    has no knee and is ranked nowhere; *not checked* marks runs made before the gate existed
+    (the committed reference run among them).
     """)
     return
 
@@ -312,17 +361,30 @@ def _(chosen, decision, ui):
     return
 
 
+@app.cell
+def _(knee_rows, ui):
+    _best = {}
+    for _r in knee_rows:
+        if not _r["no_knee"] and _r["output_tps"] and _r["output_tps"] > _best.get(_r["workload"], (None, 0))[1]:
+            _best[_r["workload"]] = (_r["engine"], _r["output_tps"], _r["knee_offered"])
+    ui.md("**Highest throughput at a knee**: "
+          + "; ".join(f"{_w}: {_e}, {_t:.0f} tok/s at {_k:.3g} req/s" for _w, (_e, _t, _k) in _best.items()) + "."
+          if _best else "**No engine has a knee in this data** (the table's notes say why).")
+    return
+
+
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
     ## 4. The chart
 
-    Each cell names the winner on that workload under that constraint and its margin (best /
+    Each cell names the winner on a workload under a constraint, with its margin (best /
     runner-up; ≥ marks a knee at the highest load tried, where the margin is a lower bound), in
-    the winner's colour (darker: a margin of at least 1.5). **Latency and KV memory are compared at
-    one common load per workload, the lowest of the engines' knees**: every engine compared kept
-    up there. Comparing each engine at its own knee would make the engine that was pushed harder
-    look slower. Below, each engine's throughput at its knee.
+    the winner's colour (darker: a margin of at least 1.5). **Latency and KV memory are compared
+    at one common load per workload, the lowest of the engines' knees**, which every engine
+    compared kept up at: at each engine's own knee, the engine pushed harder would look slower.
+    Below the chart, each engine's throughput at its knee; the table under it gives every
+    verdict's values, what was left out and set-up differences that can favour one engine.
     """)
     return
 
@@ -340,133 +402,123 @@ def _(decision, ui, verdicts):
 
 
 @app.cell
-def _(chosen_workloads, decision, knee_rows, tie_band, ui, verdicts):
-    _lines = []
-    for _w in chosen_workloads:
-        _vs = {v.constraint: v for v in verdicts if v.workload == _w}
-        _parts = []
-        for _c, _v in _vs.items():
-            _name = decision.CONSTRAINTS[_c][0]
-            if _v.ignores_objectives:
-                _name += (" (no engine met the objectives at any load: capacity alone, the most at any "
-                          "load tried, objectives ignored)")
-            if _v.outcome == "win":
-                _parts.append(f"{_name}: **{_v.winner}**, {_v.margin_text} {_v.runner_up}")
-            elif _v.outcome == "tie":
-                _parts.append(f"{_name}: a tie between {', '.join(_v.tied)} (within {tie_band.value} %)"
-                              + _v.lead_text)
-            elif _v.outcome == "only":
-                _parts.append(f"{_name}: only {_v.winner} qualifies")
-            else:
-                _parts.append(f"{_name}: no engine qualifies")
-        _common = decision.common_load(knee_rows, _w)
-        _lines.append(f"- **{_w}**" + (f" (common load {_common:.3g} req/s)" if _common else "") + ": "
-                      + "; ".join(_parts) + ".")
-    _excluded = sorted({f"{e} on {v.workload}: {why}" for v in verdicts for e, why in v.excluded.items()})
-    ui.md("On this data:\n\n" + "\n".join(_lines)
-          + ("\n\nLeft out of some comparisons: " + "; ".join(_excluded) + "." if _excluded else ""))
+def _(chosen_workloads, decision, ui, verdicts):
+    _lines = [f"- **{_w}**: " + "; ".join(f"{decision.CONSTRAINTS[_v.constraint][0]}: {_v.label}"
+                                         for _v in verdicts if _v.workload == _w) + "."
+              for _w in chosen_workloads]
+    _n_single = sum(1 for _v in verdicts if _v.outcome in ("win", "only"))
+    ui.md(f"**{_n_single} of {len(verdicts)} verdicts name a single winner** (the others are ties, or too few "
+          "engines qualify: the table says why):\n\n" + "\n".join(_lines))
     return
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Exercise 2 (predict, then compute).** Halve the TTFT objective. The goodput of the engine
-    that wins goodput on the exercise workload counts only the requests whose first token came
-    within the objective: how many requests per second will it keep under the halved one?
+    **Exercise 2 (predict, then compute).** Goodput depends on the objective you bring. Take the
+    engine that wins goodput on the exercise workload (the most requests/s meeting both
+    objectives, at any load tried) and tighten its TTFT objective to the **median** TTFT it had
+    at its best load (the cell below computes it): about half the requests there now miss. At
+    best, over all its loads, how many requests/s will still meet the objectives?
     """)
     return
-
-
-@app.cell
-def _():
-    my_goodput_half = None    # your prediction in req/s
-    return (my_goodput_half,)
 
 
 @app.cell
 def _(
-    chosen,
-    chosen_slo,
     decision,
+    exercise_data,
+    exercise_rows,
+    exercise_slo,
     exercise_workload,
-    my_goodput_half,
     ui,
-    verdicts,
 ):
-    _gv = next((v for v in verdicts if v.workload == exercise_workload and v.constraint == "goodput"), None)
+    _gv = decision.decide(exercise_rows, exercise_workload, "goodput") if exercise_workload else None
     goodput_winner = (_gv.winner or (_gv.tied[0] if _gv.tied else None)) if _gv else None
-    goodput_full = _gv.values[goodput_winner] if goodput_winner else None
-    half_slo = decision.slo_of(chosen_slo.ttft_ms / 2 if chosen_slo.ttft_ms else None, chosen_slo.itl_ms)
-    exercise_goodput = (decision.knee_row(chosen.runs[(goodput_winner, exercise_workload)], half_slo)["best_goodput"]
-                        if goodput_winner and half_slo.ttft_ms else None)
-    if exercise_goodput is not None:
-        exercise_2 = ui.compare(my_goodput_half, exercise_goodput,
-                                f"best goodput of {goodput_winner} on {exercise_workload} with p99 TTFT ≤ "
-                                f"{half_slo.ttft_ms:g} ms", "req/s", how="computed")
-    else:
-        exercise_2 = ui.md("No engine has goodput on the exercise workload with these choices."
-                           if chosen_slo.ttft_ms else "There is no TTFT objective to halve (set one above).")
-    exercise_2
-    return exercise_goodput, goodput_full, goodput_winner
-
-
-@app.cell
-def _(exercise_goodput, goodput_full, goodput_winner, ui):
-    if exercise_goodput is not None:
-        exercise_2_text = ui.md(
-            f"Under the objectives above {goodput_winner} served {goodput_full:.3g} good req/s at best; with "
-            f"the TTFT objective halved it keeps {exercise_goodput:.3g} "
-            + (f"({exercise_goodput / goodput_full:.0%} of it). " if goodput_full else ". ")
-            + "Goodput falls only when first tokens actually land between the two objectives: "
-              "an engine whose p99 TTFT sits far below both loses nothing, one close to the old "
-              "objective loses most. This is why a benchmark's verdict depends on the SLO you bring.")
-    else:
-        exercise_2_text = ui.md("")
-    exercise_2_text
-    return
-
-
-@app.cell(hide_code=True)
-def _(mo):
-    mo.md(r"""
-    **Exercise 3 (predict, then compute).** The common load is set by the slowest engine that
-    kept up somewhere. Drop that engine: at what load (req/s) will the latency comparison on the
-    exercise workload then run?
-    """)
-    return
+    goodput_run = exercise_data.runs[(goodput_winner, exercise_workload)] if goodput_winner else None
+    goodput_row = decision.knee_row(goodput_run, exercise_slo) if goodput_run else None
+    goodput_best_point = (next(p for p in goodput_row["points"] if p["offered"] == goodput_row["best_goodput_at"])
+                   if goodput_row and goodput_row["best_goodput_at"] is not None else None)
+    tight_slo = decision.slo_of(goodput_best_point["ttft_p50"], exercise_slo.itl_ms) if goodput_best_point else None
+    ui.md(f"{goodput_winner} wins goodput on {exercise_workload} with **{goodput_row['best_goodput']:.3g} req/s** "
+          f"at {goodput_best_point['offered']:.3g} req/s offered, where its median TTFT was "
+          f"**{tight_slo.ttft_ms:,.0f} ms**: the tightened TTFT objective (ITL objective unchanged)."
+          if tight_slo else "No engine has goodput on the exercise workload.")
+    return (
+        goodput_best_point,
+        goodput_row,
+        goodput_run,
+        goodput_winner,
+        tight_slo,
+    )
 
 
 @app.cell
 def _():
-    my_common_load = None    # your prediction in req/s
-    return (my_common_load,)
+    my_goodput_tight = None    # your prediction in req/s, e.g. 1.0
+    return (my_goodput_tight,)
 
 
 @app.cell
-def _(decision, exercise_workload, knee_rows, my_common_load, ui):
-    _ex_rows = [r for r in knee_rows if r["workload"] == exercise_workload]
-    exercise_common = decision.common_load(knee_rows, exercise_workload) if exercise_workload else None
-    _setter = next((r["engine"] for r in _ex_rows if not r["no_knee"] and r["knee_offered"] == exercise_common), None)
-    _without = [r for r in _ex_rows if r["engine"] != _setter]
-    exercise_common_after = decision.common_load(_without, exercise_workload) if _setter else None
-    if exercise_common_after is not None:
-        exercise_3 = ui.compare(my_common_load, exercise_common_after,
-                                f"common load on {exercise_workload} without {_setter} "
-                                f"(with it: {exercise_common:.3g} req/s)", "req/s", how="computed")
-    else:
-        exercise_3 = ui.md("Fewer than two engines have a knee on the exercise workload: no common load to move.")
-    exercise_3
-    return
+def _(
+    decision,
+    exercise_workload,
+    goodput_run,
+    goodput_winner,
+    my_goodput_tight,
+    tight_slo,
+    ui,
+):
+    exercise_goodput = decision.knee_row(goodput_run, tight_slo)["best_goodput"] if tight_slo else None
+    (ui.compare(my_goodput_tight, exercise_goodput,
+                f"best goodput of {goodput_winner} on {exercise_workload} with p99 TTFT ≤ "
+                f"{tight_slo.ttft_ms:,.0f} ms", "req/s", how="computed")
+     if exercise_goodput is not None else ui.md("No engine has goodput on the exercise workload."))
+    return (exercise_goodput,)
 
 
-@app.cell(hide_code=True)
-def _(mo):
-    mo.md(r"""
-    Dropping the slowest engine raises the load at which the others are compared, where their
-    queues and batch sizes are larger, and can change which one wins on latency. Try it with the
-    engine control above: a latency verdict is always a verdict *at a load*.
-    """)
+@app.cell
+def _(
+    decision,
+    exercise_goodput,
+    exercise_slo,
+    exercise_workload,
+    goodput_best_point,
+    goodput_row,
+    goodput_run,
+    goodput_winner,
+    tight_slo,
+    ui,
+):
+    _old = goodput_row["points"] if tight_slo else []
+    _new = decision.knee_row(goodput_run, tight_slo)["points"] if tight_slo else []
+    _point_rows = [{"offered (req/s)": _a["offered"], "completed (req/s)": _a["achieved"],
+                    "median TTFT (ms)": _a["ttft_p50"],
+                    "met before": _a["slo_met"], "met after": _b["slo_met"],
+                    "goodput before (req/s)": _a["goodput"], "goodput after (req/s)": _b["goodput"]}
+                   for _a, _b in zip(_old, _new) if not _a["client_limited"]]
+    _at = max(_point_rows, key=lambda r: r["goodput after (req/s)"]) if _point_rows else None
+    ui.worked_answer(
+        "Goodput at a load is the requests/s completed times the share that met the objectives. "
+        "At the old best load about half the requests now miss (the objective is their median "
+        "TTFT), so there goodput about halves. Every other load keeps the share of its own requests "
+        f"whose first token came in time. {goodput_winner}'s loads on {exercise_workload}, under the objectives "
+        f"before (TTFT ≤ {exercise_slo.ttft_ms:,.0f} ms) and after (≤ {tight_slo.ttft_ms:,.0f} ms):\n\n"
+        + ui.markdown_table(_point_rows, floatfmt=".3g")
+        + f"\n\nThe best after: {_at['completed (req/s)']:.3g} req/s completed x {_at['met after']:.0%} met "
+          f"= **{exercise_goodput:.3g} req/s**, at {_at['offered (req/s)']:.3g} req/s offered, "
+          f"{exercise_goodput / goodput_row['best_goodput']:.0%} of the {goodput_row['best_goodput']:.3g} "
+          "before"
+        + (f"; the best load moved from {goodput_best_point['offered']:.3g} to {_at['offered (req/s)']:.3g} "
+           "req/s, where fewer requests queued behind each other. "
+           if _at["offered (req/s)"] != goodput_best_point["offered"] else
+           ", at the same load: the lighter loads' first tokens were no faster (median "
+           + ", ".join(f"{r['median TTFT (ms)']:.0f}" for r in _point_rows if r["offered (req/s)"] < _at["offered (req/s)"])
+           + f" ms against {_at['median TTFT (ms)']:.0f}), so none kept more. "
+           if all(r["median TTFT (ms)"] >= _at["median TTFT (ms)"] for r in _point_rows) else
+           ", at the same load: the lighter loads kept a larger share of fewer requests/s. ")
+        + "A goodput verdict holds for the objective it was computed with."
+        if _at and exercise_goodput is not None else "No engine has goodput on the exercise workload.")
     return
 
 
@@ -474,39 +526,32 @@ def _(mo):
 def _(mo):
     mo.md(r"""
     ## 5. What these results show, and what they do not
+
+    * **What carries over** to other hardware: which design wins on which workload. Prefix
+      caching on the shared-prefix and agentic workloads (the saving is prefill the engine does
+      not redo, on any hardware), continuous batching over one-request-at-a-time serving.
+    * **What does not**: the absolute numbers, the size of each margin, and close calls inside
+      the tie band. A 135M-parameter model on a few CPU cores is not a 70B model on an H100: the
+      GPU kernels (FlashAttention, CUDA graphs, FP8) do not run, and the CPU builds exercise
+      their schedulers, KV managers and prefix caches more than their kernels. A GPU shifts the
+      balance between prefill, decode and scheduler: vLLM's own 2024 profiling of Llama 3 8B on
+      one H100 found only 38 % of the time on the GPU, the rest in its HTTP server and scheduler
+      ([vLLM blog, 2024-09-05](https://blog.vllm.ai/2024/09/05/perf-update.html)).
+    * **A quick run** sends four requests per load point: its p99s are the slowest of a few
+      requests, and it judges no knee.
     """)
     return
 
 
 @app.cell
 def _(chosen_workloads, showdown, ui, verdicts):
-    _machine = showdown.newest.machine if showdown.newest else "no machine"
-    _model = showdown.newest.manifest.get("model", "?") if showdown.newest else "?"
-    _mode = showdown.newest.mode if showdown.newest else "?"
-    _gpu = bool(showdown.newest and (showdown.newest.manifest.get("machine") or {}).get("gpu"))
+    _newest = showdown.newest
     _shifted = [_w for _w in chosen_workloads
                 if len({_v.winner for _v in verdicts if _v.workload == _w and _v.outcome == "win"}) > 1]
-    ui.md(
-        f"These numbers come from **{_model}** on **{_machine}**, in a **{_mode}** run. "
-        + ("A quick run sends a handful of requests per load point: its p99s are the few slowest "
-           "requests, and a knee is only resolved to a few load steps. Treat its margins as the shape "
-           "of an answer, not the answer. " if _mode == "quick" else "")
-        + ("" if _gpu else
-           "A 135M-parameter model on a few CPU cores is not a 70B model on an H100: the engines' "
-           "GPU kernels (FlashAttention, CUDA graphs, FP8) do not run at all, and the CPU builds "
-           "exercise their schedulers, KV managers and prefix caches, not their kernels. ")
-        + "What is expected to carry over: **which design wins on which workload**: prefix caching "
-          "on the shared-prefix and agentic workloads (the saving is prefill the engine does not "
-          "redo, on any hardware), continuous batching over one-request-at-a-time serving"
-        + (f", and that the winner depends on the constraint (in this run it changed with the "
-           f"constraint on {', '.join(_shifted)}). " if _shifted else
-           " (in this run no workload's winner changed with the constraint). ")
-        + "What is not: the absolute numbers, the "
-          "size of each margin (a GPU shifts the balance between prefill, decode and scheduler "
-          "overhead: vLLM's own 2024 profiling of Llama 3 8B on one H100 found only 38 % of the time "
-          "on the GPU, the rest in its HTTP server and scheduler, "
-          "[vLLM blog, 2024-09-05](https://blog.vllm.ai/2024/09/05/perf-update.html)), and close "
-          "calls inside the tie band.")
+    ui.md((f"These numbers come from **{_newest.manifest.get('model', '?')}** on **{_newest.machine}**, in a "
+           f"**{_newest.mode}** run. " if _newest else "**No showdown data.** ")
+          + (f"The winner changes with the constraint on {', '.join(_shifted)}." if _shifted else
+             "No workload's winner changes with the constraint here."))
     return
 
 
@@ -518,22 +563,89 @@ def _(mo):
     The project keeps a full showdown from two kinds of CPU. On a Xeon with AMX both production
     engines run the kernels their CPU documentation describes: vLLM's AMX attention in bf16 and
     SGLang's `intel_amx` backend. On an EPYC with AVX2 only, SGLang's CPU engine runs outside
-    the CPUs it supports (no AMX, no float32), so its numbers there say more about that than
-    about SGLang. Whether each run is a **fair stage** for vLLM against SGLang is computed
-    below from what ran: both answers checked and right, neither outside its supported
-    hardware, and equal limits (dtype, prefix cache on, requests at once, KV tokens). Compiled
-    or eager and the attention kernel may differ: each is the engine's own documented choice.
+    the CPUs it supports (no AMX, no float32), and the course's server computes in float32
+    where bf16 would be emulated.
+
+    **Exercise 3 (predict, then compute).** The teaching engine ran on both. One request at a
+    time, on the **shared-prefix** workload, how many times its output tokens/s on the EPYC
+    will mini-hash deliver on the Xeon? Each run's dtype, from its `/server_info`:
     """)
     return
 
 
 @app.cell
-def _(decision, ui):
-    reference_stage_runs = {_name: decision.load(_path) for _name, _path in decision.reference_stages().items()}
+def _(reference_stage_runs, ui):
+    stage_engine, stage_workload = "mini-hash", "shared-prefix"
+    stage_setups = {_name: (_r.runs.get((stage_engine, stage_workload)).setup
+                             if _r.runs.get((stage_engine, stage_workload)) else None)
+                     for _name, _r in reference_stage_runs.items()}
+    ui.table([{"stage": _name, "engine": stage_engine, "dtype": (_s or {}).get("dtype") or "not run",
+               "CPU features": (_s or {}).get("CPU") or "-"} for _name, _s in stage_setups.items()])
+    return stage_engine, stage_setups, stage_workload
+
+
+@app.cell
+def _():
+    my_stage_ratio = None    # your prediction: Xeon tok/s / EPYC tok/s, one at a time, e.g. 2.0
+    return (my_stage_ratio,)
+
+
+@app.cell
+def _(
+    decision,
+    my_stage_ratio,
+    reference_stage_runs,
+    stage_engine,
+    stage_workload,
+    ui,
+):
+    stage_names = list(reference_stage_runs)
+    stage_sync = {_name: next((r["synchronous_tps"] for r in decision.knee_table(_r)
+                               if r["engine"] == stage_engine and r["workload"] == stage_workload), None)
+                  for _name, _r in reference_stage_runs.items()}
+    stage_ratio = (stage_sync[stage_names[0]] / stage_sync[stage_names[1]]
+                   if len(stage_names) == 2 and all(stage_sync.values()) else None)
+    (ui.compare(my_stage_ratio, stage_ratio, f"{stage_engine} one at a time on {stage_workload}, "
+                f"{stage_names[0]} / {stage_names[1]}", "x", how="computed")
+     if stage_ratio else ui.md("Both reference runs, with the teaching engine on shared-prefix, are needed here."))
+    return stage_names, stage_ratio, stage_sync
+
+
+@app.cell
+def _(stage_names, stage_ratio, stage_setups, stage_sync, ui):
+    _bytes = {_name: {"bfloat16": 2, "float16": 2, "float32": 4}.get((_s or {}).get("dtype")) for _name, _s in stage_setups.items()}
+    stage_expected = _bytes[stage_names[1]] / _bytes[stage_names[0]] if stage_ratio and all(_bytes.values()) else None
+    ui.worked_answer(
+        "One request at a time, every decode step reads all the model's weights once to make one "
+        "token (notebook 3: a decode step of batch 1 is bound by memory traffic). So tokens/s "
+        "follow the bytes per weight, if the two machines' memory delivers bytes at the same rate:\n\n"
+        + ui.markdown_table([{"stage": _name, "dtype": stage_setups[_name]["dtype"], "bytes per weight": _bytes[_name],
+                              "one at a time (tok/s)": stage_sync[_name]} for _name in stage_names], floatfmt=".3g")
+        + f"\n\nExpected: {_bytes[stage_names[1]]} / {_bytes[stage_names[0]]} = **{stage_expected:.2f}x**. "
+          f"Computed from the runs: **{stage_ratio:.2f}x**, {stage_ratio / stage_expected:.2f}x the bytes' "
+          "prediction. The rest is what the two machines differ in beyond the bytes: their memory "
+          "bandwidth, and each request's prefill, which is arithmetic (AMX against AVX2), not traffic."
+        if stage_expected else "Both reference runs, with the teaching engine's dtype, are needed here.")
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    Whether each run is a **fair stage** for vLLM against SGLang, computed from what ran: both
+    answers checked and right, neither outside its supported hardware, and equal limits (dtype,
+    prefix cache on, requests at once, KV tokens). Compiled or eager and the attention kernel may
+    differ: each is the engine's own documented choice.
+    """)
+    return
+
+
+@app.cell
+def _(decision, reference_stage_runs, ui):
     ui.table([{"stage": _name, "run": _r.newest.describe(), **decision.stage_fairness(_r)}
               for _name, _r in reference_stage_runs.items()]) if reference_stage_runs else ui.md(
         "This installation has no committed reference run.")
-    return (reference_stage_runs,)
+    return
 
 
 @app.cell(hide_code=True)
@@ -555,12 +667,11 @@ def _(decision, reference_stage_runs, ui):
 @app.cell
 def _(decision, reference_stage_runs, stage_rows, ui):
     _fair = [_n for _n, _r in reference_stage_runs.items() if decision.stage_fairness(_r)["fair"]]
-    _changed = [f"{_row['workload']} / {_row['constraint']}" for _row in stage_rows if _row["same winner"] == "no"]
+    _changed = [_row for _row in stage_rows if _row["same winner"] == "no"]
     ui.md((f"**Fair stage for vLLM against SGLang: {', '.join(_fair)}.** " if _fair else
            "**Neither stage is fair for vLLM against SGLang** (see the table above). ")
-          + (f"The winner changes with the CPU in {len(_changed)} of {len(stage_rows)} cells: "
-             + ", ".join(_changed) + "." if _changed else
-             "The winner is the same on both CPUs in every cell." if stage_rows else ""))
+          + (f"The winner changes with the CPU in {len(_changed)} of {len(stage_rows)} cells (the "
+             "table's *same winner* column)." if stage_rows else ""))
     return
 
 

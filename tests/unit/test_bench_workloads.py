@@ -114,6 +114,15 @@ def test_prefix_reuse_ratio_by_hand():
     assert prefix_reuse_ratio([]) == 0.0
 
 
+def test_prefix_reuse_ratio_in_whole_blocks():
+    # 5 tokens in common with the first prompt: blocks of 2 reuse 4 of them, blocks of 8 none
+    seqs = [([1, 2, 3, 4, 5, 6], []), ([1, 2, 3, 4, 5, 9, 9, 9], [])]
+    assert prefix_reuse_ratio(seqs) == pytest.approx(5 / 14)
+    assert prefix_reuse_ratio(seqs, block=1) == prefix_reuse_ratio(seqs)
+    assert prefix_reuse_ratio(seqs, block=2) == pytest.approx(4 / 14)
+    assert prefix_reuse_ratio(seqs, block=8) == 0.0
+
+
 @pytest.mark.parametrize("chunk", [3, 7, 1 << 20])
 def test_truncated_json_array_keeps_complete_items(tmp_path, chunk):
     # Small chunks cut items, strings and numbers mid-way: they must come out whole anyway.

@@ -505,12 +505,15 @@ def plan(workload: Workload) -> list[Sent]:
     return sent
 
 
-def prefix_reuse_ratio(sequences: Sequence[tuple[Sequence[int], Sequence[int]]]) -> float:
+def prefix_reuse_ratio(sequences: Sequence[tuple[Sequence[int], Sequence[int]]],
+                       block: int = 1) -> float:
     """Fraction of prompt tokens an unbounded, perfect prefix cache could skip.
 
     ``sequences`` are (prompt token ids, output token ids) in send order. A prompt's reusable
     part is its longest prefix that equals a prefix of an earlier prompt+output (the cache
-    holds what earlier requests computed, replies included).
+    holds what earlier requests computed, replies included). ``block``: a cache that stores
+    whole blocks of that many tokens (vLLM's hash chain, the teaching engine) reuses only the
+    whole blocks of that prefix; 1 (the default) is a cache that matches token by token.
     """
     seen: set[int] = set()
     total = reused = 0
@@ -522,7 +525,7 @@ def prefix_reuse_ratio(sequences: Sequence[tuple[Sequence[int], Sequence[int]]])
                 break
             n += 1
         total += len(prompt)
-        reused += n
+        reused += n - n % block
         h = 0
         for t in list(prompt) + list(output):
             h = hash((h, t))
