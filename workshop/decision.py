@@ -38,7 +38,7 @@ notebook's prose. The rules, written down once:
   (``RequestRecord`` ttft / itls), so any SLO can be tried without running anything again.
 * **Winner and margin**: the margin is best / runner-up (lower-is-better values inverted, so it
   is always >= 1). Below ``1 + TIE_WITHIN`` (10 %) it is a **tie**: on this kind of machine the
-  same vLLM process measured twice differed by 5 % (README, "Measured here"), and a knee is only
+  same vLLM process measured twice differed by 5 % (docs/measured_here.md), and a knee is only
   resolved to the sweep's load step. A p99 from a few dozen requests is noisier still: the
   notebook lets the reader widen the band.
 * **Answers before speed.** A contender that failed the correctness gate (``showdown.json``'s

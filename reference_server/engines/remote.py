@@ -22,7 +22,7 @@ What differs from a child, and why:
   the remote reference server's own ``reference_server_*`` counters: ours replace them.
 * The remote server protects itself: what our validation lets through (a token id outside
   the vocabulary, say) reaches it, as it would reach it directly. A raw SGLang server is
-  safer behind a reference server of its own (see README, SGLang).
+  safer behind a reference server of its own (see docs/reference_server.md, SGLang).
 """
 
 from __future__ import annotations
