@@ -53,7 +53,8 @@ PARTS = [
     Part(2, "KV-cache math, the roofline and quantization", range(2, 5)),
     Part(3, "Attention variants, FlashAttention, paged attention, prefix caching, "
             "speculative decoding", range(5, 10)),
-    Part(4, "Engine showdown, decision chart, cluster scale", range(10, 100)),
+    Part(4, "The showdown and the decision chart", range(10, 12)),
+    Part(5, "The shared queue, cold starts, the gateway", range(12, 100)),
 ]
 
 FRONT_MATTER = """---
@@ -68,6 +69,9 @@ style: |
   section.title h1 {{ font-size: 44px; }}
   div.caption {{ font-size: 15px; color: #555; margin-top: 4px; }}
   section.sources {{ font-size: 19px; }}
+  section.dense {{ font-size: 20px; }}
+  section.dense table {{ font-size: 17px; }}
+  div.columns {{ display: grid; grid-template-columns: 1fr 1fr; gap: 24px; }}
   img {{ display: block; margin: 0 auto; }}
 ---
 """

@@ -138,7 +138,67 @@ FIGURES: dict[str, list[FigureSpec]] = {
         FigureSpec("workloads", r"sd\.workload_figure\(", r"drafts: repetitive vs open-chat",
                    "n-gram drafts on an editing and an open-chat workload, teaching engine and vLLM"),
     ],
+    # The showdown's panels are titled by workload only (the figure's own title is a suptitle,
+    # which the run does not record): the pattern accepts any of the harness's workloads.
+    "10_engine_showdown": [
+        FigureSpec("ttft", r"plot_showdown\(showdown_sweeps, \"ttft_ms\"\)",
+                   r"^(sharegpt|agentic|shared-prefix)( \| |$)",
+                   "achieved vs offered load and p99 TTFT vs load, every contender, per workload"),
+        FigureSpec("itl", r"plot_showdown\(showdown_sweeps, \"itl_ms\"\)",
+                   r"^(sharegpt|agentic|shared-prefix)( \| |$)",
+                   "achieved vs offered load and p99 ITL vs load, every contender, per workload"),
+        FigureSpec("switches", r"engine_switches\.switches_figure\(", r"^Decode steps of \d+ sequences",
+                   "the teaching engine's decode step with each speed technique switched off"),
+    ],
+    "11_decision_chart": [
+        FigureSpec("chart", r"decision_chart\.plot_decision\(", r"^winner and margin \(best / runner-up\)",
+                   "winner and margin per workload and constraint, and throughput at each knee"),
+    ],
+    "12_shared_queue": [
+        FigureSpec("sweep", r"qfig\.sweep_figure\(", r"^Throughput \(dotted: each route's knee\)",
+                   "pull from a shared queue vs round-robin push: throughput and p99 vs load"),
+        FigureSpec("zipf", r"qfig\.zipf_figure\(", r"^Hit rate: requests whose model was resident",
+                   "LRU packing: hit rate vs Zipf skew (replay, Che) and the live run's latencies"),
+        FigureSpec("encoding", r"qfig\.encoding_figure\(", r"^Bytes on the wire / raw bytes",
+                   "JSON numbers vs base64-in-JSON vs MessagePack bin: size and encode+decode time"),
+        FigureSpec("kill", r"qfig\.kill_figure\(", r"^A worker killed mid-request",
+                   "every request of a burst when one worker is SIGKILLed: redelivery after ack_wait"),
+    ],
+    "13_cold_starts": [
+        FigureSpec("formats", r"cs\.formats_figure\(", r"^Loading the same checkpoint, every byte read",
+                   "cold and warm load time of one checkpoint in four formats"),
+        FigureSpec("fit", r"cs\.fit_figure\(", r"^Cold load time vs checkpoint size",
+                   "cold load time vs checkpoint size, the fitted fixed cost + size / bandwidth"),
+        FigureSpec("migration", r"cs\.migration_figure\(", r"^What crosses the network",
+                   "live migration: bytes sent and time to the next token, token ids vs KV copy"),
+    ],
+    "14_production_gateway": [
+        FigureSpec("policies", r"gx\.figure\(", r"^Latency through the gateway",
+                   "spread vs concentrate routing: latency and each replica's busy time vs load"),
+    ],
 }
+
+# Notebooks 10 and 11 print each contender's configuration as a table (decision.setup_rows:
+# engine | answers | dtype | attention | prefix cache | compiled | max running | KV tokens | CPU
+# | notes). A cell of it, by engine and column; the answers column (the correctness gate's
+# verdict) starts with right, wrong or not checked, which no other table of theirs does.
+SETUP_COLUMNS = ("answers", "dtype", "attention", "prefix cache", "compiled", "max running",
+                 "KV tokens", "CPU")
+# The contenders of notebook 10's quick plan: the teaching engine twice and the engine the
+# first cell connected to (vLLM, as CI and --refresh run it).
+QUICK_CONTENDERS = ("vllm", "mini-hash", "mini-radix")
+
+
+def _setup_cell(engine: str, column: str) -> tuple[str, str]:
+    i = SETUP_COLUMNS.index(column)
+    return (rf"^\| {re.escape(engine)} \| (?=right|wrong|not checked)(?:[^|\n]*\| ){{{i}}}([^|\n]*?) \|",
+            f"{engine}'s {column}, as its server reported it (the setup table)")
+
+
+def _setup_values(engines, columns) -> dict[str, tuple[str, str]]:
+    return {f"{e.replace('-', '_')}_{c.replace(' ', '_').lower()}": _setup_cell(e, c)
+            for e in engines for c in columns}
+
 
 # Numbers the slides quote, read from a run's text outputs: (regex with one group, what it is).
 # The first match in the notebook wins; a listed value missing from a run is an error.
@@ -179,6 +239,154 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
                           "tokens in the longest verify forward timed"),
         "verify_cost": (r"in one forward took \*\*([\d.]+)x\*\* a one-token decode",
                         "measured cost of one verify forward of k+1 tokens, in decode forwards"),
+    },
+    "10_engine_showdown": {
+        "model": (r"^model:\s+(\S+)", "model served"),
+        "contenders": (r"^\*\*\d+ contenders\*\* \(([^)]+)\)", "the contenders of this run"),
+        "workloads": (r"contenders\*\* \([^)]+\) x \*\*\d+ workloads?\*\* \(([^)]+)\)",
+                      "the workloads of this run"),
+        "plan": (r"workloads?\*\* \([^)]+\), the (\w+) plan", "quick or full plan"),
+        **{f"{e.replace('-', '_')}_args": (
+            rf"^\| {re.escape(e)} \| \w+ \| ([^|\n]+?) \| (?:already running|started here) \|",
+            f"{e}'s server arguments (section 1's field)") for e in QUICK_CONTENDERS},
+        **_setup_values(QUICK_CONTENDERS, SETUP_COLUMNS[:-1]),
+        "cpu_flags": _setup_cell("vllm", "CPU"),
+        "gate_prompts": (r"correctness gate: \w+: (\d+) answers",
+                         "prompts each contender answered for the correctness gate"),
+        "gate_margin": (r"against the gate's margin of ([\d.]+):", "near-tie margin, in logits"),
+        "france_gap": (r"its top two first tokens are \*\*([\d.]+) logits\*\* apart",
+                       "the reference's top-two logit gap on 'What is the capital of France?'"),
+        "slo_ttft": (r"^\| p99 TTFT \(ms\) \| [^|\n]* \| ([\d,.]+) \|", "p99 TTFT objective used (ms)"),
+        "slo_itl": (r"^\| p99 ITL \(ms\) \| [^|\n]* \| ([\d,.]+) \|", "p99 ITL objective used (ms)"),
+        "slo_factor": (r"^Objectives of this run: [^(]*\(derived: ([\d.]+) x",
+                       "the factor a derived objective puts on the best unloaded latency"),
+        "slo_how": (r"^\| p99 TTFT \(ms\) \| [^|\n]* \| [^|\n]* \| (\w+) \|", "stated or derived"),
+        **{f"{e.replace('-', '_')}_capacity": (
+            rf"^\| shared-prefix \| {re.escape(e)} \| (?:[^|\n]*\| ){{3}}([^|\n]+?) \|",
+            f"{e}'s capacity on shared-prefix (output tok/s, any load tried)") for e in QUICK_CONTENDERS},
+        "prefix_reuse": (r"prefix reuse \(the ceiling\) was \*\*([\d.]+)\*\*",
+                         "shared-prefix workload's prefix reuse (ceiling of any hit rate)"),
+        "radix_over_hash": (r"radix / hash capacity \(output tok/s\), shared-prefix: ([\d.]+)",
+                            "exercise 1: radix / hash capacity"),
+        "batching_engine": (r"(\S+)'s capacity / its one-at-a-time output tok/s",
+                            "exercise 2: the contender with the most capacity"),
+        "batching_gain": (r"capacity / its one-at-a-time output tok/s, shared-prefix: ([\d.]+)",
+                          "exercise 2: its capacity / its one-at-a-time output tok/s"),
+        "hit_rate_at": (r"prefix hit rate at (.+?), shared-prefix: [\d.]+",
+                        "exercise 3: the load the hit rate was read at"),
+        "hit_rate": (r"prefix hit rate at .+?, shared-prefix: ([\d.]+)",
+                     "exercise 3: the connected engine's prefix hit rate"),
+        "switch_defaults_ms": (r"^\| defaults \| True \| ([\d.]+) \|",
+                               "teaching engine's decode step with every technique on (ms)"),
+        "switch_worst": (r"step time without `([^`]+)`'s technique / the defaults'",
+                         "exercise 4: the switch whose technique mattered most"),
+        "switch_worst_ratio": (r"step time without `[^`]+`'s technique / the defaults': ([\d.]+) x",
+                               "exercise 4: its step time / the defaults'"),
+    },
+    "11_decision_chart": {
+        "data": (r"^\*\*(Your showdown data|These are not your measurements)", "whose data the chart is drawn from"),
+        "folders": (r"(\d+) folder\(s\) found in", "showdown folders merged (yours)"),
+        "newest_model": (r"These numbers come from \*\*([^*]+)\*\* on", "model of the newest folder"),
+        "newest_mode": (r"These numbers come from .+?, in a \*\*(\w+)\*\* run", "mode of the newest folder"),
+        "objectives": (r"^Comparing \*\*[^*]+\*\* on \*\*[^*]+\*\*, objectives (.+?), ties within",
+                       "objectives the chart judged with"),
+        "engines": (r"^Comparing \*\*([^*]+)\*\* on", "engines compared"),
+        "machine": (r"These numbers come from \*\*[^*]+\*\* on \*\*([^*]+)\*\*",
+                    "the machine of the newest showdown folder"),
+        **_setup_values(QUICK_CONTENDERS, ("answers",)),
+        "verdict_shared_prefix": (r"^- \*\*shared-prefix\*\*[^:]*: (.+)\.$",
+                                  "the verdicts on shared-prefix, one per constraint"),
+        "amx_run": (r"^\| Xeon with AMX \| `showdown-amx`: ([^|\n]+?) \|", "the AMX reference stage's run"),
+        "amx_answers": (r"^\| Xeon with AMX \| [^|\n]+ \| [^|\n]+ \| ([^|\n]+?) \|",
+                        "the AMX stage's correctness gate results"),
+        "amx_fair": (r"^\| Xeon with AMX \| (?:[^|\n]*\| ){5}(\w+) \|", "is the AMX stage fair (computed)"),
+        "epyc_run": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: ([^|\n]+?) \|",
+                     "the AVX2 reference stage's run"),
+        "epyc_answers": (r"^\| EPYC with AVX2 only \| [^|\n]+ \| [^|\n]+ \| ([^|\n]+?) \|",
+                         "the AVX2 stage's correctness gate results"),
+        "epyc_differ": (r"^\| EPYC with AVX2 only \| (?:[^|\n]*\| ){4}([^|\n]+?) \|",
+                        "how the AVX2 stage's set-ups differ"),
+        "epyc_fair": (r"^\| EPYC with AVX2 only \| (?:[^|\n]*\| ){5}(\w+) \|", "is the AVX2 stage fair"),
+        **{f"stage_{w.replace('-', '_')}_{c}_{s}": (
+            # a row of the two-stage table, which ends with "same winner" (not section 4's)
+            rf"^\| {w} \| {label} \| (?=(?:[^|\n]*\| ){{2}}(?:yes|no) \|$)"
+            + r"(?:[^|\n]*\| )" * i + r"([^|\n]+?) \|",
+            f"{w} / {label}: winner on the {stage} stage")
+           for w in ("sharegpt", "agentic", "shared-prefix")
+           for c, label in (("throughput", "throughput"), ("ttft", "TTFT p99"))
+           for i, (s, stage) in enumerate((("amx", "Xeon with AMX"), ("epyc", "EPYC with AVX2 only")))},
+        "stage_changes": (r"The winner changes with the CPU in (\d+ of \d+) cells",
+                          "cells whose winner differs between the two stages"),
+    },
+    "12_shared_queue": {
+        "system": (r"\), (\d+ workers, \d+ models of \d+ layers), each", "workers, models and layers"),
+        "model_mib": (r"models of \d+ layers, each \*\*(\d+) MiB\*\* resident", "one model's resident size"),
+        "capacity": (r"^Capacity: \*\*([\d.]+) requests/s\*\*", "the workers' capacity, pulled burst"),
+        "requests_per_point": (r"^The sweep sends (\d+) requests per route and load", "requests per point"),
+        "top_rate": (r"^At the highest load \(([\d.]+) req/s asked\)", "highest load asked"),
+        "p99_pull": (r"the shared queue's p99 was \*\*([\d.]+) s\*\*", "p99 pulled at the highest load"),
+        "p99_rr": (r"round-robin push's \*\*([\d.]+) s\*\*", "p99 pushed round-robin at the highest load"),
+        "p99_ratio": (r"p99 of round-robin push / p99 of the shared queue: ([\d.]+) x",
+                      "exercise 1: p99 round-robin / p99 pulled at the highest load"),
+        "zipf_requests": (r"^(\d+) requests over \d+ models, Zipf", "requests of the live Zipf run"),
+        "hit_live": (r"Hit rate live \*\*(\d+%)\*\*", "exercise 2: live hit rate"),
+        "hit_replay": (r"replayed over each worker's own sequence (\d+%)", "the same policy replayed"),
+        "hit_che": (r"Che's approximation (\d+%)", "Che's approximation"),
+        "b64_size": (r"base64 in JSON took \*\*([\d.]+)x\*\* the raw", "embeddings: base64-in-JSON bytes / raw"),
+        "b64_cost": (r"encoding and decoding cost (\d+)x as much", "embeddings: base64-in-JSON / MessagePack time"),
+        "ids_list_size": (r"Token ids written as a JSON list of numbers took ([\d.]+)x",
+                          "token ids as a JSON list / their 4-byte form"),
+        "ack_wait": (r"^`ack_wait` = ([\d.]+) s", "the queue's ack_wait"),
+        "kill_requests": (r"^(\d+) requests; `w1` was killed", "requests in the kill burst"),
+        "kill_held": (r"was killed holding (\d+) of them", "requests the victim held"),
+        "kill_lost": (r"\*\*(None was lost|\d+ got no reply)\*\*", "requests lost"),
+        "kill_recovery": (r"seconds from the kill to the last redelivered reply: ([\d.]+) s",
+                          "exercise 3: kill to the last redelivered reply"),
+    },
+    "13_cold_starts": {
+        "file_mib": (r"^\| model\.packed \| packed \| ([\d,.]+) \|", "checkpoint size (MiB)"),
+        "first_read": (r"first read (?:ran at |\()([\d.]+) GB/s", "cold read speed after the drop"),
+        "second_read": (r"the second (?:at |\()([\d.]+) GB/s", "warm (page cache) read speed"),
+        "cold_forecast": (r"Forecast: \*\*([\d.]+) s\*\*", "exercise 1: cold torch.load forecast"),
+        "cold_measured": (r"seconds for a cold torch\.load of the whole checkpoint: ([\d.]+) s",
+                          "exercise 1: cold torch.load measured"),
+        "packed_fixed_ms": (r"^\| packed \| ([\d.]+) \| [\d.]+ \|", "packed line: fixed cost (ms)"),
+        "packed_gbps": (r"^\| packed \| [\d.]+ \| ([\d.]+) \|", "packed line: bandwidth (GB/s)"),
+        "big_measured": (r"measured cold packed load of [\d,]+ MiB: ([\d.]+) s", "exercise 2: measured"),
+        "big_predicted": (r"The packed line predicted ([\d.]+) s", "exercise 2: the line's prediction"),
+        "load_8b": (r"predicts \*\*(\d+) s\*\* to load Llama-3\.1-8B", "extrapolated load of Llama-3.1-8B"),
+        "load_70b": (r"\*\*(\d+) s\*\* for Llama-3\.1-70B", "extrapolated load of Llama-3.1-70B"),
+        "engine_start": (r"One teaching engine started in \*\*([\d.]+) s\*\*", "teaching engine start"),
+        "kv_per_token": (r"KV ([\d,]+) bytes per token, measured", "KV bytes per token, teaching engine"),
+        "migrate_tokens": (r"^For ([\d,]+) tokens the KV copy sends", "longest request moved"),
+        "kv_over_ids": (r"the KV copy sends \*\*([\d,]+)x\*\*", "KV copy bytes / token-id bytes"),
+        "next_after_copy": (r"next token ([\d,]+) ms after a copy", "next token after a KV copy (ms)"),
+        "next_after_recompute": (r"against ([\d,]+) ms after recomputing", "next token after recomputing (ms)"),
+        "break_even": (r"break even at \*\*([\d.e+]+) Gb/s\*\*", "link speed where the two ways tie"),
+    },
+    "14_production_gateway": {
+        "admitted": (r"requests admitted out of 12: (\d+)", "exercise 1: trial requests admitted of 12"),
+        "trial_burst": (r"the burst of (\d+), plus one", "the trial key's burst"),
+        "unknown_key": (r"unknown key gets (\d+ `\w+`)", "status for an unknown key"),
+        "quota_requests": (r"^\*\*(\d+) requests\*\* used", "requests the metered quota admitted"),
+        "quota_used": (r"requests\*\* used \*\*(\d+)\*\* tokens", "tokens they used"),
+        "quota": (r"tokens of a quota of (\d+)", "the metered key's quota"),
+        "log_marker": (r"appears in it \*\*(\d+)\*\* times", "times the prompt's marker is in the log"),
+        "p99_ratio": (r"p99 concentrate / p99 spread at the highest load: ([\d.]+) x",
+                      "exercise 2: p99 concentrate / p99 spread at the highest load"),
+        "top_rate": (r"At the highest \(([\d.]+) req/s\)", "the highest load offered"),
+        "tokens_per_replica": (r"The best: \*\*([\d.]+) output tokens/s per replica\*\*",
+                               "output tok/s per replica within the objective"),
+        "peak_replicas": (r"computed replicas at the peak: (\d+)", "exercise 3: replicas at the peak"),
+        "mean_tps": (r"a mean of ([\d,.]+) tokens/s and a peak", "the plan's mean demand (output tok/s)"),
+        "peak_tps": (r"and a peak of ([\d,.]+) for [\d.]+ h a day", "the plan's peak demand (output tok/s)"),
+        "peak_hours": (r"and a peak of [\d,.]+ for ([\d.]+) h a day", "hours a day at the peak"),
+        "base_replicas": (r"replicas at the peak and (\d+) the rest of the day", "replicas off the peak"),
+        "cheapest": (r"Cheapest at your prices: \*\*([^*]+)\*\*", "the cheapest way to pay"),
+        "cheapest_per_m": (r"Cheapest at your prices: \*\*[^*]+\*\*, \$[\d,]+ a month, \$([\d,.]+) per million",
+                           "its cost per million output tokens (USD)"),
+        "price_on_demand": (r"\*\*\$([\d.]+)/h on demand\*\*", "H100 on-demand price (gpus.json)"),
+        "price_reserved": (r"\*\*\$([\d.]+)/h on a one-year commitment\*\*", "H100 reserved price (gpus.json)"),
     },
 }
 

@@ -191,16 +191,71 @@ def test_a_directive_the_manifest_cannot_fill_stops_the_build(text, why):
 
 
 def test_plan_skips_notebooks_that_do_not_exist_and_parts_with_nothing(tmp_path):
-    for part, name in [(1, "00_a"), (3, "06_c"), (3, "07_d"), (3, "05_b")]:
+    for part, name in [(1, "00_a"), (3, "06_c"), (3, "07_d"), (3, "05_b"), (5, "12_f"), (5, "13_g")]:
         (tmp_path / f"part{part}").mkdir(exist_ok=True)
         (tmp_path / f"part{part}" / f"{name}.md").write_text("## slide")
-    # 05_b is not a notebook (yet); 08_e is a notebook without slides; nothing for parts 2, 4
-    included, notes = bd.plan(["00_a", "06_c", "07_d", "08_e"], decks=tmp_path)
-    assert included == {1: ["00_a"], 3: ["06_c", "07_d"]}
+    # 05_b is not a notebook (yet); 08_e and 11_h are notebooks without slides; nothing for
+    # parts 2 and 4; 12_f is part 5's, not part 4's
+    included, notes = bd.plan(["00_a", "06_c", "07_d", "08_e", "11_h", "12_f"], decks=tmp_path)
+    assert included == {1: ["00_a"], 3: ["06_c", "07_d"], 5: ["12_f"]}
     text = "\n".join(notes)
-    assert "skipping slides for 05_b" in text
+    assert "skipping slides for 05_b" in text and "skipping slides for 13_g" in text
     assert "notebook 08_e has no slides yet" in text
-    assert "part 2: not built" in text and "part 4: not built" in text
+    assert "part 4: notebook 11_h has no slides yet (slides/decks/part4/11_h.md)" in text
+    assert "part 2: not built" in text
+    assert "part 4: not built (no notebook in 10-11 with slides)" in text
+
+
+def test_parts_cover_every_notebook_number_once_and_every_deck_folder_is_a_part():
+    numbers = [n for part in bd.PARTS for n in part.notebooks]
+    assert numbers == list(range(100))
+    assert [p.number for p in bd.PARTS] == list(range(1, len(bd.PARTS) + 1))
+    folders = sorted(d.name for d in (SLIDES / "decks").iterdir() if d.is_dir())
+    assert folders == [f"part{p.number}" for p in bd.PARTS]
+    for folder in folders:
+        assert (SLIDES / "decks" / folder / "_title.md").exists(), folder
+        for md in (SLIDES / "decks" / folder).glob("[0-9]*.md"):
+            part = next(p for p in bd.PARTS if bd.notebook_number(md.stem) in p.notebooks)
+            assert f"part{part.number}" == folder, f"{md.name} belongs in part{part.number}"
+
+
+def test_setup_values_read_the_configuration_table_not_the_field_table():
+    """Notebook 10 prints the field (label | engine | server args ...) before the set-up
+    table (engine | answers | dtype ...): both have a row starting with the engine's name."""
+    field = ("| label | engine | server args | server | note |\n|---|---|---|---|---|\n"
+             "| vllm | vllm | -- --max-num-seqs 32 | already running |  |\n")
+    setup = ("| engine | answers | dtype | attention | prefix cache | compiled | max running | "
+             "KV tokens | CPU | notes |\n|---|---|---|---|---|---|---|---|---|---|\n"
+             "| vllm | right (11 as the reference, 3 near ties) | bfloat16 | CPU_ATTN (AMX) | "
+             "hashed blocks of 128 tokens | compiled | 64 | 46592 | avx2 | - |\n")
+    md = lambda text: {"output_type": "display_data", "data": {"text/markdown": text}}
+    nb = _notebook(_code("field", md(field)), _code("setup", md(setup)))
+    specs = {**ef._setup_values(["vllm"], ef.SETUP_COLUMNS),
+             "args": ef.VALUES["10_engine_showdown"]["vllm_args"]}
+    values = ef.find_values(nb, specs)
+    assert values == {"vllm_answers": "right (11 as the reference, 3 near ties)",
+                      "vllm_dtype": "bfloat16", "vllm_attention": "CPU_ATTN (AMX)",
+                      "vllm_prefix_cache": "hashed blocks of 128 tokens",
+                      "vllm_compiled": "compiled", "vllm_max_running": "64",
+                      "vllm_kv_tokens": "46592", "vllm_cpu": "avx2",
+                      "args": "-- --max-num-seqs 32"}
+    with pytest.raises(ef.ExportError, match="vllm_dtype"):
+        ef.find_values(_notebook(_code("field", md(field))), ef._setup_values(["vllm"], ["dtype"]))
+
+
+def test_stage_values_skip_the_verdict_table_with_the_same_first_columns():
+    """Notebook 11 prints this run's verdicts (workload | constraint | result | ...) before
+    the two-stage table (workload | constraint | stage A | stage B | same winner)."""
+    verdicts = ("| workload | constraint | result | margin |\n|---|---|---|---|\n"
+                "| shared-prefix | throughput | - | - |\n")
+    stages = ("| workload | constraint | Xeon with AMX | EPYC with AVX2 only | same winner |\n"
+              "|---|---|---|---|---|\n| shared-prefix | throughput | vllm x1.9 | tie: a, b | no |\n")
+    md = lambda text: {"output_type": "display_data", "data": {"text/markdown": text}}
+    nb = _notebook(_code("v", md(verdicts)), _code("s", md(stages)))
+    specs = {k: v for k, v in ef.VALUES["11_decision_chart"].items()
+             if k.startswith("stage_shared_prefix_throughput")}
+    assert ef.find_values(nb, specs) == {"stage_shared_prefix_throughput_amx": "vllm x1.9",
+                                         "stage_shared_prefix_throughput_epyc": "tie: a, b"}
 
 
 def test_deck_markdown_joins_sections_with_slide_breaks_and_ends_with_the_sources(tmp_path):
