@@ -78,6 +78,33 @@ def fit_count(tokens: Sequence[int], capacity_slots: int, layout: str, block_siz
     return n
 
 
+def predicted_burst(info: dict, layout: str, tokens_each: int, n: int) -> dict:
+    """``n`` equal requests of ``tokens_each`` stored tokens on a server whose ``/server_info``
+    is ``info``: how many run at once (``running``) and the share of its pool they hold
+    (``usage``), by the block arithmetic above."""
+    B, cap, L = int(info["block_size"]), int(info["kv_capacity_tokens"]), int(info["max_model_len"])
+    fit = min(n, fit_count([tokens_each] * n, cap, layout, B, L))
+    return {"running": fit, "usage": fit * reserved_slots(tokens_each, layout, B, L) / cap}
+
+
+def burst_row(name: str, run: Any, info: dict, layout: str, prompt_tokens: int,
+              max_tokens: int) -> dict:
+    """One row for a burst of equal requests measured with ``kv_usage.measure_kv`` on a server
+    whose ``/server_info`` is ``info``: the block arithmetic's prediction next to the gauges'
+    peaks, the latest first token, the slowest request and how many completed."""
+    n = len(run.requests)
+    # at its peak a request stores prompt + answer - 1 tokens: the last token's KV is never written
+    held = (run.requests[0].prompt_tokens or prompt_tokens) + max_tokens - 1
+    pred = predicted_burst(info, layout, held, n)
+    return {"server": name, "tokens stored per request": held,
+            "predicted running": pred["running"], "peak running": run.peak_running,
+            "peak waiting": run.peak_waiting, "predicted KV usage (%)": 100 * pred["usage"],
+            "peak KV usage (%)": 100 * run.peak_usage,
+            "latest first token (s)": max(r.ttft or 0.0 for r in run.requests),
+            "slowest request (s)": max(r.end or 0.0 for r in run.requests),
+            "completed": sum(r.error is None for r in run.requests)}
+
+
 def external_fragmentation(holes: Iterable[int]) -> float:
     """Share of the free memory outside the largest free hole: 0 when all free memory is one
     region (a request as large as all free memory would fit), near 1 when it is crumbs."""
@@ -280,6 +307,50 @@ def reschedule(engine: Any, **overrides: Any) -> Any:
     return engine
 
 
+def drive(engine: Any, requests: Sequence[tuple[list[int], int]],
+          arrive_at: Sequence[int] | None = None) -> list[Any]:
+    """Run ``(prompt ids, max_tokens)`` requests through a ``mini_engine.LLMEngine``; request
+    i arrives once the engine has done ``arrive_at[i]`` steps (0: from the start), or at once
+    when the engine would otherwise sit idle. Returns the engine's step records. This loop is
+    a serving engine's main loop minus the HTTP."""
+    from mini_engine.sequence import SamplingParams
+
+    arrive_at = arrive_at or [0] * len(requests)
+    pending = sorted((a, i) for i, a in enumerate(arrive_at))
+    first = engine.num_steps
+    while pending or engine.has_unfinished():
+        while pending and (engine.num_steps - first >= pending[0][0]
+                           or not engine.has_unfinished()):
+            _, i = pending.pop(0)
+            ids, max_tokens = requests[i]
+            engine.add_request(ids, SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                               request_id=f"r{i}")
+        engine.step()
+    return list(engine.history)
+
+
+def decode_only(record: Any) -> bool:
+    """A step record in which every scheduled request decoded (no prompt was computed)."""
+    return all(kind == "decode" for _, _, kind in record.scheduled)
+
+
+def step_cost_rows(runs: dict[str, Sequence[Any]], tokens: int) -> list[dict]:
+    """Per run: its steps, those that computed a prompt, tokens per step, the engine's time,
+    and that time re-priced at the mean cost of each kind of step over all the runs (what
+    the step counts alone predict)."""
+    steps = [r for h in runs.values() for r in h]
+    prefill = [r.seconds for r in steps if not decode_only(r)]
+    decode = [r.seconds for r in steps if decode_only(r)]
+    mean_p = sum(prefill) / len(prefill) if prefill else 0.0
+    mean_d = sum(decode) / len(decode) if decode else 0.0
+    return [{"run": label, "steps": len(h), "steps with a prefill": sum(not decode_only(r) for r in h),
+             "tokens per step": tokens / len(h) if h else 0.0,
+             "engine time (s)": sum(r.seconds for r in h),
+             "time at the mean step costs (s)": sum(mean_d if decode_only(r) else mean_p for r in h),
+             "mean prefill step (ms)": 1e3 * mean_p, "mean decode step (ms)": 1e3 * mean_d}
+            for label, h in runs.items()]
+
+
 def step_spans(history: Sequence[Any]) -> list[tuple[float, float]]:
     """(start, end) seconds of each step, steps laid end to end from 0 (an offline loop runs
     them back to back)."""
@@ -312,6 +383,62 @@ def token_times(history: Sequence[Any], request_id: str) -> list[float]:
 def max_gap(times: Sequence[float]) -> float:
     """The longest wait between two consecutive tokens (0 with fewer than two)."""
     return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+
+# -- reading a context's blocks back out of the pool ------------------------------------------
+
+def gather_by_slot(pool: Any, blocks: Any, block_size: int) -> Any:
+    """K (or V) of ``blocks``' slots, token by token: ``[kv_heads, len(blocks) x block_size, d]``
+    from a pool ``[kv_heads, slots, d]``; one ``index_select`` row per token and KV head."""
+    import torch
+
+    slots = (blocks[:, None] * block_size + torch.arange(block_size)).reshape(-1)
+    return pool.index_select(1, slots)
+
+
+def gather_by_block(pool: Any, blocks: Any, block_size: int) -> Any:
+    """The same, one whole block of one head per row: the pool viewed as a table
+    ``[kv_heads x blocks, block_size x d]`` whose row ``h x num_blocks + b`` is block ``b`` of
+    head ``h``, one contiguous piece of memory."""
+    import torch
+
+    kv_heads, num_slots, d = pool.shape
+    num_blocks = num_slots // block_size
+    table = pool.view(kv_heads * num_blocks, block_size * d)
+    rows = (torch.arange(kv_heads)[:, None] * num_blocks + blocks).reshape(-1)
+    return table.index_select(0, rows).view(kv_heads, -1, d)
+
+
+GATHER_MS = "ms per step (all layers, K and V)"
+
+
+def time_gathers(layers: Sequence[Sequence[Any]], placements: dict[str, Any], block_size: int,
+                 threads: Sequence[int], repeats: int = 5) -> list[dict]:
+    """Best-of-``repeats`` time of one decode step's gather (every layer's K and V read once,
+    each copy dropped at once as attention drops it) per placement of the blocks, read slot
+    by slot and block by block, on each number of torch threads (restored afterwards)."""
+    import torch
+
+    from workshop.timing import best_time_s
+
+    def step(gather, blocks):
+        for layer in layers:
+            for pool in layer:
+                gather(pool, blocks, block_size)
+
+    before, rows = torch.get_num_threads(), []
+    try:
+        for n in threads:
+            torch.set_num_threads(n)
+            for where, blocks in placements.items():
+                for name, gather in (("slot by slot", gather_by_slot),
+                                     ("block by block", gather_by_block)):
+                    seconds = best_time_s(lambda: step(gather, blocks), repeats=repeats)
+                    rows.append({"blocks": where, "read": name, "threads": n,
+                                 GATHER_MS: 1e3 * seconds})
+    finally:
+        torch.set_num_threads(before)
+    return rows
 
 
 def plot_timeline(runs: dict[str, Sequence[Any]], title: str):
@@ -399,7 +526,7 @@ def plot_gather_times(rows: Sequence[dict], title: str):
     ``read``, ``threads``, the time)."""
     from workshop.plots import figure
 
-    value = "ms per step (all layers, K and V)"
+    value = GATHER_MS
     places = list(dict.fromkeys(r["blocks"] for r in rows))
     bars_of = list(dict.fromkeys((r["read"], r["threads"]) for r in rows))
     fig, ax = figure(title, "where each sequence's blocks lie in the pool", value, size=(8, 4.2))
@@ -418,6 +545,8 @@ def plot_gather_times(rows: Sequence[dict], title: str):
 
 
 __all__ = ["LAYOUTS", "PREEMPTIONS", "reserved_slots", "internal_waste", "fit_count",
-           "external_fragmentation", "StepStats", "SimResult", "simulate", "sharegpt_lengths", "reschedule", "step_spans",
-           "token_times", "max_gap", "plot_timeline", "plot_pool_shares", "plot_gauges",
+           "predicted_burst", "burst_row", "external_fragmentation", "StepStats", "SimResult", "simulate",
+           "sharegpt_lengths", "reschedule", "drive", "decode_only", "step_cost_rows", "step_spans",
+           "token_times", "max_gap", "gather_by_slot", "gather_by_block", "GATHER_MS", "time_gathers",
+           "plot_timeline", "plot_pool_shares", "plot_gauges",
            "plot_gather_times"]

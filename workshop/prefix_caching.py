@@ -397,6 +397,133 @@ def cascade_figure(rows: Sequence[dict], title: str):
     return fig
 
 
+# --------------------------------------------------------------------------- cascade attention
+
+
+@dataclass
+class CascadeBench:
+    """One decode step's attention over every layer of a KV pool shaped like a model's, read
+    through block tables as the teaching engine reads it (``KVCache.read_blocks``): each of up
+    to ``max_batch`` sequences has ``shared`` keys in the same blocks (0, 1, ...) and ``own``
+    keys of its own in blocks scattered over the rest of the pool. ``build`` fills the pool."""
+
+    pool: Any                   # mini_engine.kv_cache.KVCache
+    shared_blocks: Any          # [P / block_size] block ids
+    own_blocks: Any             # [max_batch, own / block_size] block ids
+    kv_heads: int
+    q_per_kv: int               # query heads per KV head
+    head_dim: int
+    num_layers: int
+    block_size: int
+    shared: int                 # P, whole blocks
+    own: int                    # each sequence's own keys, whole blocks
+    written_out: bool = True    # eager_attention (two matmuls, float32 softmax) or SDPA
+
+    @classmethod
+    def build(cls, cfg: Any, dtype: Any, block_size: int, shared: int, own: int,
+              max_batch: int, seed: int = 0) -> "CascadeBench":
+        import torch
+
+        from mini_engine.kv_cache import KVCache, KVLayout
+
+        torch.manual_seed(seed)
+        P = max(shared // block_size, 1) * block_size
+        own = -(-own // block_size) * block_size
+        shared_n, own_n = P // block_size, own // block_size
+        pool = KVCache(KVLayout(((cfg.num_kv_heads, None, cfg.head_dim),) * 2), cfg.num_layers,
+                       shared_n + max_batch * own_n + 8, block_size, dtype)
+        for layer in pool.layers:
+            for t in layer:
+                t.normal_()     # real values, and every page of the pool touched once
+        rest = shared_n + torch.randperm(pool.num_blocks - shared_n)
+        return cls(pool, torch.arange(shared_n), rest[:max_batch * own_n].view(max_batch, own_n),
+                   cfg.num_kv_heads, cfg.num_heads // cfg.num_kv_heads, cfg.head_dim,
+                   cfg.num_layers, block_size, P, own)
+
+    def queries(self, B: int) -> Any:
+        """One decode query per sequence, as the engine lays them out:
+        ``[kv_heads, B, query heads per KV head, head_dim]``."""
+        import torch
+
+        return torch.randn(self.kv_heads, B, self.q_per_kv, self.head_dim).to(self.pool.layers[0][0].dtype)
+
+    def per_sequence(self, layer: int, q: Any, B: int) -> Any:
+        """Every sequence reads its whole context (shared blocks, then its own) from the pool."""
+        import torch
+        import torch.nn.functional as F
+
+        from mini_engine.model import eager_attention
+
+        blocks = torch.cat((self.shared_blocks.expand(B, -1), self.own_blocks[:B]), 1)
+        k, v = (t.view(self.kv_heads, B, -1, self.head_dim)
+                for t in self.pool.read_blocks(layer, blocks.reshape(-1)))
+        mask = torch.ones(1, B, 1, k.shape[2], dtype=torch.bool)   # a decode query sees all keys
+        if self.written_out:
+            return eager_attention(q, k, v, mask)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    def cascade(self, layer: int, q: Any, B: int) -> Any:
+        """The shared blocks read once for the batch, then each sequence's own blocks."""
+        import torch
+
+        from mini_engine.model import cascade_attention
+
+        ks, vs = (t.view(self.kv_heads, 1, self.shared, -1)
+                  for t in self.pool.read_blocks(layer, self.shared_blocks))
+        k, v = (t.view(self.kv_heads, B, self.own, -1)
+                for t in self.pool.read_blocks(layer, self.own_blocks[:B].reshape(-1)))
+        mask = torch.ones(1, B, 1, self.own, dtype=torch.bool)
+        return cascade_attention(q, ks, vs, k, v, mask, self.written_out)
+
+    def reference(self, layer: int, q: Any, B: int) -> Any:
+        """float32 SDPA per sequence over its context, its slots computed from the block ids
+        and picked out of the pool with plain indexing: shares nothing with the two above."""
+        import torch
+        import torch.nn.functional as F
+
+        k_pool, v_pool = self.pool.layers[layer]
+        out = []
+        for b in range(B):
+            blocks = torch.cat((self.shared_blocks, self.own_blocks[b]))
+            slots = (blocks[:, None] * self.block_size + torch.arange(self.block_size)).reshape(-1)
+            out.append(F.scaled_dot_product_attention(q[:, b:b + 1].float(),
+                                                      k_pool[:, slots][:, None].float(),
+                                                      v_pool[:, slots][:, None].float()))
+        return torch.cat(out, 1)
+
+    def errors(self, B: int) -> dict[str, float]:
+        """Largest difference of each way from ``reference`` on layer 0, one batch of ``B``."""
+        q = self.queries(B)
+        ref = self.reference(0, q, B)
+        return {name: (fn(0, q, B).float() - ref).abs().max().item()
+                for name, fn in (("per sequence", self.per_sequence), ("cascade", self.cascade))}
+
+    def time_rows(self, batches: Sequence[int], use_cascade: Callable[[int], bool],
+                  progress: Callable = lambda xs, **_: xs) -> list[dict]:
+        """Per batch size: keys each way reads per layer, the best time of a whole step (every
+        layer, each output dropped as the engine drops it) each way, the ways taken in turn
+        three times so that a slow moment hits both, and whether ``use_cascade(B)``."""
+        from workshop.timing import best_time_s
+
+        rows = []
+        for B in progress(list(batches), title="batch sizes"):
+            qs = [self.queries(B) for _ in range(self.num_layers)]
+            t = {"per sequence": float("inf"), "cascade": float("inf")}
+            for _ in range(3):
+                for name, fn in (("per sequence", self.per_sequence), ("cascade", self.cascade)):
+                    def step(fn=fn):
+                        for i, q in enumerate(qs):
+                            fn(i, q, B)
+                    t[name] = min(t[name], 1e3 * best_time_s(step, repeats=3))
+            rows.append({"sequences": B, "keys read per sequence way": B * (self.shared + self.own),
+                         "keys read cascade": self.shared + B * self.own,
+                         "per sequence (ms/step)": t["per sequence"],
+                         "cascade (ms/step)": t["cascade"],
+                         "speed-up": t["per sequence"] / t["cascade"],
+                         "engine would cascade": use_cascade(B)})
+        return rows
+
+
 def decimals_to_tell_apart(a: float, b: float, at_least: int = 3, at_most: int = 15) -> int:
     """Decimals that show ``a`` and ``b`` as different numbers when they differ (``at_least``
     when they are equal or already differ there): two different hit rates must not print alike."""
@@ -409,4 +536,4 @@ def decimals_to_tell_apart(a: float, b: float, at_least: int = 3, at_most: int =
 __all__ = ["ReplayResult", "replay", "match_rows", "radix_text", "workload_tokens", "pool_sweep",
            "blocks_needed", "bench_row", "run_kinds", "sequential_run", "sequential_row",
            "kinds_figure", "per_request_figure", "pool_figure", "cascade_figure", "CACHE_COLORS",
-           "common_prefix", "decimals_to_tell_apart"]
+           "common_prefix", "decimals_to_tell_apart", "CascadeBench"]

@@ -182,3 +182,64 @@ def test_reschedule_swaps_the_policy_of_an_idle_engine():
     engine.has_unfinished = lambda: True
     with pytest.raises(RuntimeError):
         b.reschedule(engine, scheduler="static")
+
+
+def test_predicted_burst():
+    info = {"block_size": 16, "kv_capacity_tokens": 1024, "max_model_len": 512}
+    assert b.predicted_burst(info, "contiguous", 55, 12) == {"running": 2, "usage": 1.0}
+    paged = b.predicted_burst(info, "paged", 55, 12)
+    assert paged["running"] == 12 and paged["usage"] == 12 * 64 / 1024
+
+
+def test_step_cost_rows_reprice_each_run_at_the_mean_step_costs():
+    runs = {"a": [_rec(3.0, ("x", 4, "prefill")), _rec(1.0, ("x", 1, "decode"))],
+            "b": [_rec(1.0, ("y", 4, "prefill"), ("x", 1, "decode")), _rec(1.0, ("y", 1, "decode"))]}
+    a, bb = b.step_cost_rows(runs, tokens=4)
+    assert (a["steps"], a["steps with a prefill"], a["tokens per step"]) == (2, 1, 2.0)
+    assert a["engine time (s)"] == 4.0 and bb["engine time (s)"] == 2.0
+    assert a["time at the mean step costs (s)"] == 3.0 == bb["time at the mean step costs (s)"]
+    assert a["mean prefill step (ms)"] == 2000.0 and a["mean decode step (ms)"] == 1000.0
+
+
+def test_both_gathers_read_the_same_keys_and_are_timed_for_each_placement():
+    import torch
+
+    pool = torch.randn(2, 8 * 4, 3)               # 2 KV heads, 8 blocks of 4 slots, d = 3
+    blocks = torch.tensor([5, 0, 7])
+    by_slot, by_block = b.gather_by_slot(pool, blocks, 4), b.gather_by_block(pool, blocks, 4)
+    assert by_slot.shape == (2, 12, 3) and torch.equal(by_slot, by_block)
+    assert torch.equal(by_slot[:, 4:8], pool[:, 0:4])      # block 0 second, whole
+    rows = b.time_gathers([(pool, pool)], {"here": blocks}, 4, threads=[1], repeats=1)
+    assert [(r["blocks"], r["read"], r["threads"]) for r in rows] == [
+        ("here", "slot by slot", 1), ("here", "block by block", 1)]
+    assert all(r[b.GATHER_MS] > 0 for r in rows)
+
+
+def test_drive_admits_requests_when_they_arrive():
+    added = []
+
+    class Engine:
+        num_steps, history = 0, []
+
+        def has_unfinished(self):
+            return bool(added) and self.num_steps < 5
+
+        def add_request(self, ids, params, request_id):
+            added.append((self.num_steps, request_id, params.max_tokens))
+
+        def step(self):
+            self.num_steps += 1
+            self.history.append(self.num_steps)
+
+    history = b.drive(Engine(), [([1], 3), ([2], 4)], arrive_at=[0, 2])
+    assert added == [(0, "r0", 3), (2, "r1", 4)] and history == [1, 2, 3, 4, 5]
+
+
+def test_burst_row_puts_the_block_arithmetic_next_to_the_gauges():
+    reqs = [SimpleNamespace(prompt_tokens=40, ttft=t, end=t + 1, error=None) for t in (0.1, 0.5)]
+    run = SimpleNamespace(requests=reqs, peak_running=1, peak_waiting=1, peak_usage=1.0)
+    info = {"block_size": 16, "kv_capacity_tokens": 512, "max_model_len": 512}
+    row = b.burst_row("contiguous", run, info, "contiguous", 40, 16)
+    assert row["tokens stored per request"] == 55 and row["predicted running"] == 1
+    assert row["predicted KV usage (%)"] == 100.0 and row["latest first token (s)"] == 0.5
+    assert row["slowest request (s)"] == 1.5 and row["completed"] == 2

@@ -222,3 +222,22 @@ def test_two_different_hit_rates_never_print_alike():
     x, y = 0.1234567890123, 0.1234567890124
     d = pc.decimals_to_tell_apart(x, y)
     assert f"{x:.{d}f}" != f"{y:.{d}f}"
+
+
+def test_cascade_bench_computes_the_same_attention_both_ways_and_times_them():
+    import types
+
+    import torch
+
+    cfg = types.SimpleNamespace(num_kv_heads=2, num_heads=4, head_dim=8, num_layers=2)
+    bench = pc.CascadeBench.build(cfg, torch.float32, block_size=4, shared=10, own=5, max_batch=3)
+    assert (bench.shared, bench.own) == (8, 8)            # whole blocks: 10 down, 5 up
+    assert bench.own_blocks.shape == (3, 2) and not set(bench.own_blocks.flatten().tolist()) & {0, 1}
+    for written_out in (True, False):
+        bench.written_out = written_out
+        errors = bench.errors(3)
+        assert errors["per sequence"] < 1e-5 and errors["cascade"] < 1e-5
+    rows = bench.time_rows([1, 3], use_cascade=lambda b: b > 1)
+    assert [(r["sequences"], r["keys read per sequence way"], r["keys read cascade"],
+             r["engine would cascade"]) for r in rows] == [(1, 16, 16, False), (3, 48, 32, True)]
+    assert all(r["speed-up"] > 0 for r in rows)
