@@ -37,14 +37,11 @@ def _(mo):
     token** (how long the user stares at nothing) and **tokens per second** (how fast the answer
     then scrolls). Every number below is measured on the machine you are running on.
 
-    The first cell finds a server for the engine named by `WORKSHOP_ENGINE` (`vllm` unless you
-    set it, e.g. to `sglang` before starting Jupyter or marimo): the server named by
-    `WORKSHOP_BASE_URL` (for SGLang `WORKSHOP_SGLANG_BASE_URL`), else one already running on the
-    engine's port (vLLM `http://127.0.0.1:8000`, SGLang `:8002`), else it starts the course's
-    reference server on that engine with the small bundled model, SmolLM2-135M. Every notebook
-    runs against either engine; a part that needs a feature the server lacks says so and skips.
-    On Colab it installs what is missing first, and on a GPU runtime it serves the Hugging Face
-    model named by `WORKSHOP_MODEL`.
+    The first cell finds a server for the engine named by `WORKSHOP_ENGINE` (`vllm` by default,
+    or `sglang`): the one at `WORKSHOP_BASE_URL` (SGLang: `WORKSHOP_SGLANG_BASE_URL`), else one
+    on the engine's port (vLLM `:8000`, SGLang `:8002`), else it starts the course's reference
+    server with the small bundled model, SmolLM2-135M (on a GPU runtime: the model named by
+    `WORKSHOP_MODEL`). A part that needs a feature the server lacks says so and skips.
     """)
     return
 
@@ -237,6 +234,61 @@ def _(first_step, token_prompt_ids, ui):
 def _(first_step, next_token, token_prompt):
     first_top = next_token.top_probabilities(first_step.choices[0].logprobs.top_logprobs[0])
     next_token.plot_top_probabilities(first_top, token_prompt.value)
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
+    **Exercise 1 (predict, then measure).** How many tokens will the server count in this
+    sentence, sent as a prompt? *Tokenizers split rare words such as
+    antidisestablishmentarianism into several pieces.* (The token table above shows how words,
+    spaces and punctuation were cut.)
+    """)
+    return
+
+
+@app.cell
+def _():
+    my_sentence_tokens = None    # your prediction: a number of tokens, e.g. 12
+    return (my_sentence_tokens,)
+
+
+@app.cell
+def _(client, my_sentence_tokens, session, ui):
+    exercise_sentence = ("Tokenizers split rare words such as antidisestablishmentarianism into "
+                         "several pieces.")
+    exercise_count = client.completions.create(model=session.model, prompt=exercise_sentence,
+                                               max_tokens=1, temperature=0.0)
+    ui.compare(my_sentence_tokens, exercise_count.usage.prompt_tokens, "tokens in the sentence",
+               "tokens")
+    return exercise_count, exercise_sentence
+
+
+@app.cell
+def _(exercise_count, exercise_sentence, next_token, tokenizer, ui):
+    import re
+
+    # Each word alone, with the space before it (the first has none), through the same tokenizer.
+    _words = re.findall(r"\w+|[^\w\s]", exercise_sentence)
+    _cut = [(_w, tokenizer.encode(("" if _i == 0 or not _w.isalnum() else " ") + _w,
+                                  add_special_tokens=False)) for _i, _w in enumerate(_words)]
+    _expected = sum(len(_ids) for _, _ids in _cut)
+    _whole = len(tokenizer.encode(exercise_sentence))
+    _served = exercise_count.usage.prompt_tokens
+    ui.worked_answer(
+        f"A first guess: one token per word or punctuation mark, **{len(_words)}**. The vocabulary "
+        f"({len(tokenizer):,} entries here) holds common words whole, each with the space before "
+        f"it; a word it lacks is cut into pieces it has: "
+        + "; ".join(f"*{_w}* → " + " | ".join(next_token.shown(tokenizer.decode([_t])) for _t in _ids)
+                    for _w, _ids in _cut if len(_ids) > 1)
+        + f". That adds {_expected - len(_words)}: **{_expected} tokens expected**. The tokenizer "
+        f"loaded here, special tokens included, counts the whole sentence as {_whole}; the server "
+        f"counted **{_served}**"
+        + (": the same." if _served == _whole else
+           f", {_served - _whole:+d}: the server does not cut text the way the tokenizer loaded "
+           "here does.")
+    )
     return
 
 
@@ -462,8 +514,7 @@ def _(repeat_runs, repeat_summary, ui):
         f"{repeat_summary['ttft_ms_min']:.0f} to {repeat_summary['ttft_ms_max']:.0f} ms "
         f"(median {repeat_summary['ttft_ms_median']:.0f} ms) and the decode speed from "
         f"{repeat_summary['decode_tok_s_min']:.1f} to {repeat_summary['decode_tok_s_max']:.1f} "
-        f"tokens/s. At the median speed a 300-token answer takes about "
-        f"{300 / repeat_summary['decode_tok_s_median']:.0f} s to stream. "
+        f"tokens/s. "
         + (f"The same prompt sent again is not the same work: {_cached_runs} of the "
            f"{len(repeat_runs)} runs found up to {_max_cached} of their "
            f"{repeat_runs[0].prompt_tokens} prompt tokens in the server's prefix cache (the "
@@ -481,72 +532,72 @@ def _(repeat_runs, repeat_summary, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## Predict, then measure
-
-    Write a number in each prediction cell, then run the cell after it: it measures live and
-    compares.
-
-    **1.** The repeats above measured the decode speed of answers of `max_tokens` tokens (the
-    slider). How many tokens per second (after the first one) will the server decode for an
-    answer **four times as long**? (Twice as long in quick mode, to keep CI short.)
+    **Exercise 2 (predict, then measure).** The same prompt again, with a longer answer (four
+    times `max_tokens`; twice in quick mode, to keep CI short). From the repeats' medians above,
+    how many seconds will the whole answer take to stream, from the request to its last token?
     """)
     return
 
 
 @app.cell
+def _(max_tokens, ui, workshop):
+    exercise_long_tokens = workshop.session.sweep(4, 2) * max_tokens.value
+    ui.md(f"Answer length for the exercise: **{exercise_long_tokens} tokens**.")
+    return (exercise_long_tokens,)
+
+
+@app.cell
 def _():
-    predict_long_tok_s = None        # your prediction in tokens/s
-    return (predict_long_tok_s,)
+    my_long_answer_s = None    # your prediction in seconds, e.g. 10
+    return (my_long_answer_s,)
 
 
 @app.cell
 def _(
     client,
-    max_tokens,
-    predict_long_tok_s,
+    exercise_long_tokens,
+    my_long_answer_s,
     probe,
     prompt,
     session,
     ui,
-    workshop,
 ):
     exercise_long = probe.stream_chat(client, session.model,
                                       [{"role": "user", "content": prompt.value}],
-                                      max_tokens=workshop.session.sweep(4, 2) * max_tokens.value,
+                                      max_tokens=exercise_long_tokens,
                                       extra_body={"ignore_eos": True})
-    ui.compare(predict_long_tok_s, exercise_long.decode_tokens_per_s,
-               f"decode speed of a {exercise_long.tokens}-token answer", "tokens/s")
-    return
-
-
-@app.cell(hide_code=True)
-def _(mo):
-    mo.md(r"""
-    **2.** How many tokens will the server count in this sentence, sent as a completions
-    prompt? *Tokenizers split rare words such as antidisestablishmentarianism into several
-    pieces.* (The token table of "How one token is produced" shows how words, spaces and
-    punctuation were cut there.)
-    """)
-    return
+    ui.compare(my_long_answer_s, exercise_long.end,
+               f"time to stream a {exercise_long.tokens}-token answer", "s")
+    return (exercise_long,)
 
 
 @app.cell
-def _():
-    predict_sentence_tokens = None   # your prediction: a number of tokens
-    return (predict_sentence_tokens,)
-
-
-@app.cell
-def _(client, next_token, predict_sentence_tokens, session, tokenizer, ui):
-    exercise_sentence = ("Tokenizers split rare words such as antidisestablishmentarianism into "
-                         "several pieces.")
-    exercise_count = client.completions.create(model=session.model, prompt=exercise_sentence,
-                                               max_tokens=1, temperature=0.0)
-    ui.md(ui.compare_text(predict_sentence_tokens, exercise_count.usage.prompt_tokens,
-                          "tokens in the sentence", "tokens")
-          + "  \nHow the tokenizer cut it: "
-          + " | ".join(next_token.shown(tokenizer.decode([_t]))
-                       for _t in tokenizer.encode(exercise_sentence)))
+def _(exercise_long, repeat_summary, ui):
+    _ttft_s = repeat_summary["ttft_ms_median"] / 1000
+    _rate = repeat_summary["decode_tok_s_median"]
+    _expected_s = _ttft_s + (exercise_long.tokens - 1) / _rate
+    # Decode speed of the answer's first and second half of chunks, in tokens/s.
+    _t = exercise_long.chunk_times
+    _mid = len(_t) // 2
+    _per_chunk = exercise_long.tokens / len(_t)
+    _halves = (_per_chunk * _mid / (_t[_mid] - _t[0]),
+               _per_chunk * (len(_t) - 1 - _mid) / (_t[-1] - _t[_mid]))
+    _change = _halves[1] / _halves[0] - 1
+    ui.worked_answer(
+        f"One prefill, then one decode step per further token: time ≈ TTFT + (tokens − 1) / "
+        f"decode speed. With the repeats' medians: {_ttft_s * 1000:.0f} ms + "
+        f"{exercise_long.tokens - 1} / {_rate:.1f} tokens/s = **{_expected_s:.2f} s**. Measured: "
+        f"**{exercise_long.end:.2f} s**, {exercise_long.end / _expected_s:.2f}x that: TTFT "
+        f"{exercise_long.ttft * 1000:.0f} ms (the repeats: {repeat_summary['ttft_ms_min']:.0f} to "
+        f"{repeat_summary['ttft_ms_max']:.0f}), then {exercise_long.decode_tokens_per_s:.1f} "
+        f"tokens/s (the repeats: {repeat_summary['decode_tok_s_min']:.1f} to "
+        f"{repeat_summary['decode_tok_s_max']:.1f}). Its first half decoded at "
+        f"{_halves[0]:.1f} tokens/s, its second "
+        f"half at {_halves[1]:.1f}, {abs(_change):.0%} {'slower' if _change < 0 else 'faster'}"
+        + (". Each step's attention reads the K and V of every earlier token, so steps lengthen as "
+           "the answer grows, past the lengths the repeats reached." if _change < -0.05 else
+           ": at this length the growing attention did not measurably slow the steps.")
+    )
     return
 
 

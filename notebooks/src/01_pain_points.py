@@ -74,14 +74,11 @@ ui.md(f"2 (K and V) x {_a.num_layers} layers x {_a.num_kv_heads} KV heads x {_a.
       f"former would overstate the cache {_a.num_heads / _a.num_kv_heads:.0f}x.")
 
 # %% [markdown]
-# **Is the formula right?** The server also reports a bytes-per-token figure, but it computes
-# it with this same formula from the same `config.json`, so agreeing with it would prove
-# nothing. An engine that sizes its cache itself gives an independent check: vLLM is given a KV
-# budget in bytes, sizes one block with its own per-layer tensor shapes, and cuts the budget
-# into whole blocks, which it publishes in `/metrics` (`vllm:cache_config_info`). If the
-# formula is right, *budget / (block size x bytes per token)*, rounded down, is the engine's
-# block count. An engine that publishes no such figure (SGLang does not) gets no check: the
-# next cell says so.
+# **Is the formula right?** The server's own bytes-per-token figure uses this same formula, so
+# agreeing with it proves nothing. vLLM gives an independent check: it cuts a KV budget in
+# bytes into whole blocks sized from its own tensor shapes, and publishes both in `/metrics`
+# (`vllm:cache_config_info`). If the formula is right, *budget / (block size x bytes per
+# token)*, rounded down, is its block count. (SGLang publishes no such figure: no check.)
 
 # %%
 engine_cache = kvcache.engine_cache_config(session.metrics_text())
@@ -110,15 +107,13 @@ ui.md(kv_check_text + f" Capacity: {kv.capacity_tokens:,} tokens in blocks of "
       f"{kv.block_size} token{'s' if kv.block_size != 1 else ''}.")
 
 # %% [markdown]
-# Now let the engine show it. We send one request at a time with a growing prompt and ask for a
-# fixed number of output tokens (`ignore_eos`, so the model cannot stop early). While it runs, a
-# background thread polls `/metrics` for `vllm:kv_cache_usage_perc`, the fraction of KV blocks
-# in use. That gauge is momentary: once the request finishes its blocks are free again, which
-# is why we sample it *during* the request and keep the peak. The prediction is the formula
-# applied to whole blocks: a request holding one token more than a block fits occupies two
-# blocks. (vLLM also keeps one block aside and reports usage against the rest; the prediction
-# does the same.) The gauge is the measurement; the MiB column is **derived** from it (usage
-# x usable blocks x block size x the formula's bytes per token), so compare the usage columns.
+# Now let the engine show it: one request at a time, a growing prompt, a fixed number of output
+# tokens (`ignore_eos`, so the model cannot stop early). A background thread polls `/metrics`
+# for `vllm:kv_cache_usage_perc`, the fraction of KV blocks in use, *during* the request (its
+# blocks are free again once it ends) and keeps the peak. The prediction counts whole blocks:
+# one token more than a block holds takes two blocks. vLLM keeps one block aside and reports
+# usage against the rest, and so does the prediction. The MiB column is **derived** from the
+# gauge, so compare the usage columns.
 
 # %%
 maker = live_requests.PromptMaker(session.model, session.info.get("model_path"))
@@ -166,8 +161,49 @@ ui.md(
 # caching, later in the course, is about the prompts that do). So memory also grows with the
 # number of users served at once, and when the blocks run out new requests must **wait** in the
 # queue (`vllm:num_requests_waiting`).
-# Choose how long each user's prompt is; the next cell sends that many tokens per user for a
-# growing number of simultaneous users.
+#
+# **Exercise 1 (predict, then measure).** Three users at once, each with a **300-token** prompt
+# and the same number of output tokens as in section 1 (printed below): what peak share (%) of
+# this engine's KV cache will the usage gauge show? Count blocks, not tokens.
+
+# %%
+ui.md(f"Output tokens per user: **{kv_out_tokens}**; blocks of **{kv.block_size} tokens**; "
+      f"capacity **{kv.capacity_tokens:,} tokens**.")
+
+# %%
+my_three_users_pct = None    # your prediction in percent, e.g. 5
+
+# %%
+exercise_users = kv_usage.users_sweep(session, kv, maker, [3], 300, kv_out_tokens)
+ui.compare(my_three_users_pct, exercise_users[0]["measured usage (%)"],
+           f"peak KV usage, 3 users x (300 + {kv_out_tokens}) tokens", "%")
+
+# %%
+_per_user = 300 + kv_out_tokens
+_blocks = kv_usage.blocks_for(_per_user, kv.block_size)
+_usable = kv_usage.usable_blocks(kv.capacity_tokens, kv.block_size)
+_row = exercise_users[0]
+_seen = _row["measured usage (%)"] / 100 * _usable
+ui.worked_answer(
+    f"Each user holds 300 + {kv_out_tokens} = {_per_user} tokens at its end, "
+    f"⌈{_per_user} / {kv.block_size}⌉ = {_blocks} blocks; three users {3 * _blocks} blocks, "
+    f"out of {kv.capacity_tokens:,} / {kv.block_size} − 1 = {_usable:,} usable blocks: "
+    f"**{100 * 3 * _blocks / _usable:.2f}%**. The prompts the server counted held "
+    f"{_row['tokens held']:,} tokens in all (prediction from them: "
+    f"{_row['predicted usage (%)']:.2f}%). The gauge peaked at "
+    f"**{_row['measured usage (%)']:.2f}%**, {_seen:.0f} blocks, read {_row['samples']} times "
+    "while the requests ran"
+    + (": the formula's count to within a block." if abs(_seen - 3 * _blocks) <= 1.5 else
+       f": {3 * _blocks - _seen:.0f} blocks short. A reading sees the blocks held at that "
+       f"moment, and no reading, 50 ms apart, caught all {3 * _blocks} held at once."
+       if _seen < 3 * _blocks else
+       f": {_seen - 3 * _blocks:.0f} blocks more than the formula counts; this run does not "
+       "show what they held.")
+)
+
+# %% [markdown]
+# Now a growing number of users. Choose how long each user's prompt is; the next cell sends
+# that many tokens per user for each number of simultaneous users.
 
 # %% [markdown] tags=["jupyter-only"]
 # *In Jupyter, moving the slider re-runs nothing by itself: run the cell after the slider again.*
@@ -265,6 +301,43 @@ ui.md(
 )
 
 # %% [markdown]
+# **Exercise 2 (predict, then measure).** From the sweep above: how long (ms) will the first
+# token of a **600-token** prompt take, one request alone, nothing cached?
+
+# %%
+my_ttft_600_ms = None    # your prediction in milliseconds, e.g. 200
+
+# %%
+exercise_ttft = prompt_latency.ttft_sweep(session, maker, [600], repeats=2)
+exercise_600 = prompt_latency.median_by_length(exercise_ttft)
+ui.compare(my_ttft_600_ms, exercise_600[0][1] if exercise_600 else float("nan"),
+           "TTFT of a 600-token prompt (cold requests only)", "ms")
+
+# %%
+_n, _got = exercise_600[0] if exercise_600 else (600, float("nan"))
+_line = prompt_latency.ttft_slope(ttft_rows)
+_on_line = (lambda n: _line[1] + _line[0] * n / 1000) if _line else None
+_off = (max(abs(_r["TTFT (ms)"] - _on_line(_r["prompt tokens"]))
+            for _r in prompt_latency.cold(ttft_rows)) if _line else None)
+ui.worked_answer(
+    "TTFT is a fixed part (the request's round trip, scheduling) plus the prefill, which grows "
+    "with the prompt. "
+    + (f"The sweep's straight line is {_line[1]:.0f} ms + {_line[0]:.0f} ms per 1,000 tokens; "
+       f"the server counted {_n} prompt tokens, so {_line[1]:.0f} + {_n / 1000:.3f} x "
+       f"{_line[0]:.0f} = **{_on_line(_n):.0f} ms**"
+       + ("" if _line[1] >= 0 else " (its fixed part is negative, which no request can have: "
+          "the sweep's points were disturbed, re-run it)")
+       + f". Measured: **{_got:.0f} ms**, {_got / _on_line(_n):.2f}x the line. The sweep's own "
+       f"cold requests lie up to {_off:.0f} ms from it; the exercise's median lies "
+       f"{abs(_got - _on_line(_n)):.0f} ms from it, "
+       + ("no farther" if abs(_got - _on_line(_n)) <= _off else "farther than any of them")
+       + " (its cold requests: "
+       + ", ".join(f"{_r['TTFT (ms)']:.0f}" for _r in prompt_latency.cold(exercise_ttft))
+       + " ms)."
+       if _line else f"The sweep has too few lengths to fit a line; measured: **{_got:.0f} ms**.")
+)
+
+# %% [markdown]
 # ## 4. One at a time is slow — but by how much, and why?
 #
 # A widely repeated comparison says a plain Hugging Face `generate` server manages a few dozen
@@ -337,37 +410,6 @@ ui.md(
 # * "vLLM is N x faster" multiplies two effects, the engine and batching; section 4 measured
 #   how large each one was on this machine. Batching needs many requests in flight and room in
 #   the KV cache for all of them. The following notebooks open up each of these mechanisms.
-
-# %% [markdown]
-# ## Predict, then measure
-#
-# Write a number in each prediction cell, then run the cell after it: it measures live and
-# compares.
-#
-# **1.** From the TTFT line of section 3: how long (ms) will the first token of a
-# **600-token** prompt take, one request alone?
-
-# %%
-predict_ttft_600_ms = None       # your prediction in milliseconds
-
-# %%
-exercise_ttft = prompt_latency.ttft_sweep(session, maker, [600], repeats=2)
-_cold_600 = prompt_latency.median_by_length(exercise_ttft)
-ui.compare(predict_ttft_600_ms, _cold_600[0][1] if _cold_600 else float("nan"),
-           "TTFT of a 600-token prompt (cold requests only)", "ms")
-
-# %% [markdown]
-# **2.** Three users at once, each with a **300-token** prompt and as many output tokens as
-# in section 1 (`kv_out_tokens`): what peak share (%) of this engine's KV cache will the
-# usage gauge show? (Blocks, not tokens.)
-
-# %%
-predict_three_users_pct = None   # your prediction in percent
-
-# %%
-exercise_users = kv_usage.users_sweep(session, kv, maker, [3], 300, kv_out_tokens)
-ui.compare(predict_three_users_pct, exercise_users[0]["measured usage (%)"],
-           f"peak KV usage, 3 users x (300 + {kv_out_tokens}) tokens", "%")
 
 # %% [markdown]
 # ## What the real engines do
