@@ -25,7 +25,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response, Streami
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from reference_server import __version__
+from reference_server import __version__, tools
 from reference_server.config import ServerConfig
 from reference_server.engines import Engine, EngineDied, EngineError, create_engine, loads_model
 from reference_server.engines.base import engine_fault
@@ -250,6 +250,12 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         broken = check_limits(parsed, state.limits)
         if broken:
             return error_response(400, broken[1], param=broken[0])
+        try:   # tools: the engine gets a JSON-schema request, the client tool calls
+            tool_plan = tools.plan(parsed) if method == "chat" else None
+        except tools.ToolError as exc:
+            return error_response(400, str(exc), param=exc.param)
+        if tool_plan is not None:
+            parsed = tool_plan.request
         problem = state.engine_problem()
         if problem:
             return problem
@@ -264,6 +270,8 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
         streaming = False        # a stream hands the in-flight count over to _sse
         try:
             result = await _unless_disconnected(request, getattr(state.engine, method)(parsed))
+            if tool_plan is not None:
+                return _tool_answer(tool_plan, result)
             if isinstance(result, dict):
                 return JSONResponse(result)
             streaming = True
@@ -278,6 +286,15 @@ def create_app(config: ServerConfig, engine: Engine | None = None) -> FastAPI:
                 state.request_finished()
 
     return app
+
+
+def _tool_answer(plan: tools.ToolPlan, result) -> Response:
+    """An engine's complete JSON answer as tool calls: one JSON body, or a short stream."""
+    answer = plan.answer(result)
+    if not plan.stream:
+        return JSONResponse(answer)
+    events = [f"data: {json.dumps(c)}\n\n".encode() for c in plan.chunks(answer)]
+    return StreamingResponse(iter([*events, b"data: [DONE]\n\n"]), media_type="text/event-stream")
 
 
 _ENDPOINTS = {"/v1/models", "/v1/completions", "/v1/chat/completions"}

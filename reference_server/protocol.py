@@ -75,6 +75,46 @@ class JsonSchemaFormat(BaseModel):
     strict: StrictBool | None = None
 
 
+def check_json_schema(schema: dict[str, Any], where: str) -> None:
+    """ValueError unless ``schema`` is a JSON schema (checked against its meta-schema), so a
+    bad one is the same 400 on every engine, whatever its grammar library would have said."""
+    import jsonschema
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise ValueError(f"{where} is not a valid JSON schema: {exc.message}") from None
+
+
+class FunctionDef(BaseModel):
+    model_config = ConfigDict(extra="allow", strict=True)
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters(cls, v):
+        if v is not None:
+            check_json_schema(v, "parameters")
+        return v
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class _FunctionName(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: _FunctionName
+
+
 class ResponseFormat(BaseModel):
     """OpenAI's ``response_format``; ``structural_tag`` (a vLLM and SGLang extension, more
     fields) is passed on to them, and refused by the in-process engines."""
@@ -89,14 +129,7 @@ class ResponseFormat(BaseModel):
             return self
         if self.json_schema is None or self.json_schema.schema_ is None:
             raise ValueError('type "json_schema" needs json_schema.schema, a JSON schema object')
-        # One answer for every engine: a schema that is not a JSON schema is a 400 here,
-        # whatever each engine's grammar library would have said.
-        import jsonschema
-        schema = self.json_schema.schema_
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ValueError(f"json_schema.schema is not a valid JSON schema: {exc.message}") from None
+        check_json_schema(self.json_schema.schema_, "json_schema.schema")
         return self
 
 
@@ -197,6 +230,10 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: StrictInt | None = Field(default=None, ge=1)
     logprobs: StrictBool | None = None
     top_logprobs: StrictInt | None = Field(default=None, ge=0)
+    # served by reference_server.tools on every engine
+    tools: list[ToolDef] | None = None
+    tool_choice: Union[Literal["none", "auto", "required"], NamedToolChoice, None] = None
+    parallel_tool_calls: StrictBool | None = None
 
     @property
     def effective_max_tokens(self) -> int | None:

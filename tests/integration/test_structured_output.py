@@ -16,8 +16,8 @@ pytestmark = pytest.mark.engine
 M = "smollm2-135m"
 SCHEMA = {"type": "object",
           "properties": {"city": {"type": "string"}, "country": {"type": "string"},
-                         "population": {"type": "integer"}},
-          "required": ["city", "country", "population"]}
+                         "continent": {"enum": ["Africa", "America", "Asia", "Europe", "Oceania"]}},
+          "required": ["city", "country", "continent"]}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "capital", "schema": SCHEMA}}
 MSG = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
 

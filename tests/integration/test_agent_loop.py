@@ -1,0 +1,102 @@
+"""Issue 39, tool calls over real HTTP on every engine: the official ``openai`` client runs a
+small agent loop (two local tools) unchanged against each; named and required choices give
+calls that match the tools' schemas; a stream carries the calls; impossible choices are 400s.
+(The server's adapter, ``reference_server/tools.py``, constrains each engine's answer with a
+JSON schema: tests/unit/test_tool_calls.py.)"""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import jsonschema
+import pytest
+from openai import OpenAI
+
+pytestmark = pytest.mark.engine
+
+M = "smollm2-135m"
+PARAMS = {
+    "add": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+            "required": ["a", "b"]},
+    "capital": {"type": "object", "properties": {"country": {"type": "string"}},
+                "required": ["country"]},
+}
+TOOLS = [{"type": "function", "function": {"name": "add", "description": "Add two integers.",
+                                           "parameters": PARAMS["add"]}},
+         {"type": "function", "function": {"name": "capital",
+                                           "description": "The capital city of a country.",
+                                           "parameters": PARAMS["capital"]}}]
+CAPITALS = {"France": "Paris", "Italy": "Rome"}
+
+
+def run_tool(name: str, args: dict) -> str:
+    return str(args["a"] + args["b"]) if name == "add" else CAPITALS.get(args["country"], "unknown")
+
+
+def client(server) -> OpenAI:
+    return OpenAI(base_url=server.base_url + "/v1", api_key=server.api_key or "none",
+                  timeout=300, max_retries=0)
+
+
+def checked_calls(message) -> list:
+    assert message.tool_calls, message
+    for call in message.tool_calls:
+        assert call.type == "function" and call.id
+        jsonschema.validate(json.loads(call.function.arguments), PARAMS[call.function.name])
+    return message.tool_calls
+
+
+def test_the_agent_loop_completes(server):
+    c = client(server)
+    messages = [{"role": "user", "content": "What is 2 + 3, and what is the capital of France?"}]
+    first = c.chat.completions.create(model=M, messages=messages, tools=TOOLS,
+                                      tool_choice="required", temperature=0, max_tokens=192)
+    assert first.choices[0].finish_reason == "tool_calls"
+    calls = checked_calls(first.choices[0].message)
+    messages.append(first.choices[0].message.model_dump(exclude_none=True))
+    messages += [{"role": "tool", "tool_call_id": call.id,
+                  "content": run_tool(call.function.name, json.loads(call.function.arguments))}
+                 for call in calls]
+    final = c.chat.completions.create(model=M, messages=messages, tools=TOOLS, tool_choice="none",
+                                      temperature=0, max_tokens=32)
+    assert final.choices[0].message.content and not final.choices[0].message.tool_calls
+
+
+def test_a_named_tool_is_called_once_and_auto_may_answer_either_way(server):
+    c = client(server)
+    ask = [{"role": "user", "content": "What is the capital of Italy?"}]
+    named = c.chat.completions.create(
+        model=M, messages=ask, tools=TOOLS, temperature=0, max_tokens=64,
+        tool_choice={"type": "function", "function": {"name": "capital"}})
+    (call,) = checked_calls(named.choices[0].message)
+    assert call.function.name == "capital"
+    auto = c.chat.completions.create(model=M, messages=ask, tools=TOOLS, temperature=0,
+                                     max_tokens=64).choices[0]
+    assert (auto.finish_reason == "tool_calls" and checked_calls(auto.message)) or \
+        (auto.finish_reason == "stop" and auto.message.content)
+
+
+def test_a_stream_carries_the_calls(server):
+    stream = client(server).chat.completions.create(
+        model=M, messages=[{"role": "user", "content": "Add 4 and 5."}], tools=TOOLS,
+        tool_choice="required", parallel_tool_calls=False, temperature=0, max_tokens=64, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    deltas = [d for ch in chunks for ch_choice in ch.choices for d in ch_choice.delta.tool_calls or []]
+    assert deltas and all(json.loads(d.function.arguments) is not None for d in deltas)
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+@pytest.mark.parametrize("body,param", [
+    ({"tool_choice": "required"}, "tool_choice"),
+    ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "mul"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}]},
+     "tools"),
+])
+def test_impossible_tool_requests_are_400s(server, body, param):
+    r = httpx.post(server.base_url + "/v1/chat/completions", headers=server.headers, timeout=60,
+                   json={"model": M, "messages": [{"role": "user", "content": "hi"}], **body})
+    assert r.status_code == 400, r.text
+    assert param in json.dumps(r.json()["error"])

@@ -1,0 +1,120 @@
+"""Issue 39, tool calls: how the server turns ``tools`` into a JSON-schema request for any
+engine and the engine's JSON answer back into OpenAI tool calls (``reference_server/tools.py``).
+Over HTTP on every engine: tests/integration/test_tool_calls.py."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from pydantic import ValidationError
+
+from reference_server import tools
+from reference_server.protocol import ChatCompletionRequest
+
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Add two integers.",
+    "parameters": {"type": "object", "properties": {"a": {"type": "integer"},
+                                                    "b": {"type": "integer"}},
+                   "required": ["a", "b"]}}}
+CAPITAL = {"type": "function", "function": {
+    "name": "capital", "parameters": {"type": "object",
+                                      "properties": {"country": {"type": "string"}},
+                                      "required": ["country"]}}}
+USER = {"role": "user", "content": "What is 2 + 3?"}
+
+
+def req(**kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest.model_validate({"model": "m", "messages": [USER], **kw})
+
+
+def schema_of(plan: tools.ToolPlan) -> dict:
+    return plan.request.response_format.json_schema.schema_
+
+
+def test_required_allows_exactly_calls_of_the_given_tools_with_their_arguments():
+    plan = tools.plan(req(tools=[ADD, CAPITAL], tool_choice="required"))
+    schema = schema_of(plan)
+    ok = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}},
+                         {"name": "capital", "arguments": {"country": "France"}}]}
+    jsonschema.validate(ok, schema)
+    for bad in ({"tool_calls": []}, {"content": "5"},
+                {"tool_calls": [{"name": "mul", "arguments": {"a": 2, "b": 3}}]},
+                {"tool_calls": [{"name": "add", "arguments": {"a": "2", "b": 3}}]},
+                {"tool_calls": [ok["tool_calls"][0]] * (tools.MAX_PARALLEL_CALLS + 1)}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(bad, schema)
+    # the engine's request: no tools, not streamed, the tools described in a system message
+    sent = plan.request
+    assert sent.tools is None and sent.tool_choice is None and not sent.stream
+    assert sent.messages[0].role == "system" and "add: Add two integers." in sent.messages[0].content
+
+
+def test_auto_also_allows_a_plain_answer_and_a_named_tool_one_call_of_it():
+    jsonschema.validate({"content": "5"}, schema_of(tools.plan(req(tools=[ADD]))))
+    named = schema_of(tools.plan(req(tools=[ADD, CAPITAL], parallel_tool_calls=True,
+                                     tool_choice={"type": "function",
+                                                  "function": {"name": "capital"}})))
+    jsonschema.validate({"tool_calls": [{"name": "capital", "arguments": {"country": "x"}}]}, named)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"tool_calls": [{"name": "add", "arguments": {"a": 1, "b": 2}}]}, named)
+    one = schema_of(tools.plan(req(tools=[ADD], tool_choice="required", parallel_tool_calls=False)))
+    assert one["properties"]["tool_calls"]["maxItems"] == 1
+
+
+def test_no_tools_is_no_plan_and_impossible_choices_are_refused():
+    assert tools.plan(req()) is None and tools.plan(req(tools=[], tool_choice="none")) is None
+    for kw, param in [({"tool_choice": "required"}, "tool_choice"),
+                      ({"tools": [ADD], "tool_choice": {"type": "function",
+                                                        "function": {"name": "mul"}}}, "tool_choice"),
+                      ({"tools": [ADD], "response_format": {"type": "json_object"}},
+                       "response_format")]:
+        with pytest.raises(tools.ToolError) as e:
+            tools.plan(req(**kw))
+        assert e.value.param == param
+    for bad in ([{"type": "function", "function": {"name": "has space"}}],
+                [{"type": "function", "function": {"name": "f", "parameters": {"type": "frob"}}}],
+                [{"type": "retrieval"}]):
+        with pytest.raises(ValidationError):
+            req(tools=bad)
+
+
+def test_a_conversation_with_calls_and_results_is_sent_as_text():
+    history = [USER,
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "call_1", "type": "function",
+                    "function": {"name": "add", "arguments": '{"a": 2, "b": 3}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "5"}]
+    plan = tools.plan(ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": history, "tools": [ADD], "tool_choice": "none"}))
+    sent = [m.model_dump(exclude_none=True) for m in plan.request.messages]
+    assert sent == [USER, {"role": "assistant",
+                           "content": '{"tool_calls":[{"name":"add","arguments":{"a":2,"b":3}}]}'},
+                    {"role": "tool", "content": "5"}]
+    assert plan.request.response_format is None       # "none": a plain answer,
+    text = {"choices": [{"message": {"role": "assistant", "content": '{"tool_calls": []}'}}]}
+    assert plan.answer(text) == text                   # even one that looks like a call
+
+
+def test_the_engines_json_becomes_tool_calls_or_content_and_a_stream():
+    plan = tools.plan(req(tools=[ADD], stream=True, stream_options={"include_usage": True}))
+    calls = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}
+    response = {"id": "x", "created": 1, "model": "m", "usage": {"total_tokens": 9},
+                "choices": [{"index": 0, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": json.dumps(calls)}},
+                            {"index": 1, "finish_reason": "stop",
+                             "message": {"role": "assistant", "content": '{"content": "five"}'}},
+                            {"index": 2, "finish_reason": "length",
+                             "message": {"role": "assistant", "content": '{"tool_calls": [{"na'}}]}
+    out = plan.answer(response)["choices"]
+    (call,) = out[0]["message"]["tool_calls"]
+    assert out[0]["finish_reason"] == "tool_calls" and out[0]["message"]["content"] is None
+    assert call["function"] == {"name": "add", "arguments": '{"a":2,"b":3}'}
+    assert call["id"].startswith("call_") and call["type"] == "function"
+    assert out[1]["message"]["content"] == "five" and out[1]["finish_reason"] == "stop"
+    assert out[2]["message"]["content"] == '{"tool_calls": [{"na' and out[2]["finish_reason"] == "length"
+    chunks = plan.chunks(response)
+    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["index"] == 0
+    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"
+    assert chunks[-1]["usage"] == {"total_tokens": 9} and chunks[-1]["choices"] == []
