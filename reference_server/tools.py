@@ -2,9 +2,10 @@
 
 A model calls a tool by writing the call as text; a server turns that text into OpenAI's
 ``tool_calls``. vLLM and SGLang do it with a parser written for each model family's own
-format (``--tool-call-parser hermes``, ``llama3_json``, ...), and refuse ``tools`` for a
-model without one. The bundled SmolLM2-135M has none, so this server does it the way
-small-model agent frameworks do, the same on every engine:
+format (``--tool-call-parser hermes``, ``llama3_json``, ...); vLLM refuses ``tool_choice:
+"auto"`` without one, and its chat template is what shows the model the tools. The bundled
+SmolLM2-135M has neither a parser nor a template that reads ``tools``, so this server does it
+the way small-model agent frameworks do, the same on every engine:
 
 1. The tools are described in a system message, and earlier calls and their results are
    written into the conversation as plain text (the chat template never sees ``tools``).
