@@ -75,7 +75,8 @@ ui.md("```python\n" + inspect.getsource(quant.quantize_int8_per_channel) + "\n"
 
 # %% [markdown]
 # Try them on one real weight matrix of the model, the first MLP's gate projection
-# (1,536 x 576), and look at the error each scheme makes.
+# (1,536 x 576), and look at the error each scheme makes: its **relative error**, mean |error|
+# / mean |w| (`quant.relative_error`).
 
 # %%
 import importlib.util
@@ -99,7 +100,7 @@ with safe_open(str(model_file), "pt") as _f:
 _q8, _s8 = quant.quantize_int8_per_channel(gate_weight)
 _rows = [{"scheme": "int8 per channel",
           "bytes per weight": (_q8.numel() + _s8.numel() * 2) / gate_weight.numel(),
-          "mean |error| / mean |w|": quant.relative_error(gate_weight,
+          "relative error": quant.relative_error(gate_weight,
                                                           quant.dequantize_int8(_q8, _s8))}]
 for _g, _sym in ((128, True), (64, True), (32, True), (32, False)):
     if gate_weight.shape[1] % _g:
@@ -107,10 +108,51 @@ for _g, _sym in ((128, True), (64, True), (32, True), (32, False)):
     _qw = quant.quantize_int4_groupwise(gate_weight, _g, _sym)
     _rows.append({"scheme": f"int4 group {_g}, {'symmetric' if _sym else 'min/max'}",
                   "bytes per weight": _qw.nbytes() / gate_weight.numel(),
-                  "mean |error| / mean |w|": quant.relative_error(gate_weight,
+                  "relative error": quant.relative_error(gate_weight,
                                                                   quant.dequantize_int4(_qw))})
 weight_error_rows = _rows
 ui.table(weight_error_rows)
+
+# %% [markdown]
+# **Exercise 1 (predict, then measure).** The table has symmetric int4 with groups of 64 and
+# 32. What will the relative error (mean |error| / mean |w|) of the same matrix be with
+# groups of **16**?
+
+# %%
+predict_error_group16 = None     # your prediction, e.g. 0.05
+
+# %%
+exercise_q16 = quant.quantize_int4_groupwise(gate_weight, 16, symmetric=True)
+exercise_error_group16 = quant.relative_error(gate_weight, quant.dequantize_int4(exercise_q16))
+ui.compare(predict_error_group16, exercise_error_group16,
+           "relative error, int4 symmetric, groups of 16")
+
+# %%
+# Rounding to the nearest level misses a weight by 0 to half a step, a quarter step on average;
+# a symmetric group's step is its largest |w| / 7, and that largest weight is rebuilt exactly.
+_measured = {int(r["scheme"].split()[2].rstrip(",")): r["relative error"]
+             for r in weight_error_rows if r["scheme"].endswith("symmetric")}
+_measured[16] = exercise_error_group16
+_mean_w = gate_weight.abs().mean().item()
+error_forecast_rows = []
+for _g in sorted(_measured, reverse=True):
+    _step = (gate_weight.reshape(gate_weight.shape[0], -1, _g).abs().amax(-1) / 7).mean().item()
+    _forecast = _step / 4 * (1 - 1 / _g) / _mean_w
+    error_forecast_rows.append({"group": _g, "mean step / mean abs(w)": _step / _mean_w,
+                                "forecast": _forecast, "measured": _measured[_g],
+                                "measured / forecast": _measured[_g] / _forecast})
+_f16 = error_forecast_rows[-1]
+ui.worked_answer(
+    "Round-to-nearest misses each weight by between 0 and half a step, a **quarter of a step** "
+    "on average. A symmetric group's step is its largest |w| / 7, and that largest weight lands "
+    "exactly on a level, so a group of g weights errs by about step / 4 x (1 - 1/g). Smaller "
+    "groups have smaller maxima, so smaller steps. On this matrix (mean |w| = "
+    f"{_mean_w:.3g}):\n\n" + ui.markdown_table(error_forecast_rows)
+    + f"\n\nForecast for groups of 16: **{_f16['forecast']:.3f}**; measured "
+    f"**{_f16['measured']:.3f}**, {_f16['measured / forecast']:.2f}x the forecast: the gap is "
+    "the forecast's one assumption, that the weights fall evenly within their steps (section 2 "
+    "shows that these sit on a grid of their own)."
+)
 
 # %% [markdown]
 # ## 2. Where the bundled model came from
@@ -134,7 +176,7 @@ with safe_open(str(model_file), "pt") as _f:
 gguf_bytes = gguf_file.stat().st_size
 bf16_file_bytes = model_file.stat().st_size
 _main_type = max(gguf_types, key=lambda k: gguf_types[k]["weights"])
-_err = {r["scheme"]: r["mean |error| / mean |w|"] for r in weight_error_rows}
+_err = {r["scheme"]: r["relative error"] for r in weight_error_rows}
 _grid_err, _sym_err = _err.get("int4 group 32, min/max"), _err.get("int4 group 32, symmetric")
 # 16 levels per group at most means the weights still sit on a 4-bit grid.
 weights_on_4bit_grid = _distinct32 <= 16
@@ -228,46 +270,32 @@ plot_tradeoff(quality_rows)
 
 # %%
 _ref = quality_rows[0]
-_int4 = next(r for r in quality_rows if r["variant"].startswith("int4 group 64"))
-_grid = next(r for r in quality_rows if "Q4_1" in r["variant"])
-_lib = next(r for r in quality_rows if "library" in r["variant"])
-_int4_speedup = _int4["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
-_int4_verdict = quantization_measure.speed_verdict(_int4, _ref)
+# What the repeated decode timings allow to say (quantization_measure.speed_verdict).
+speed_words = {"faster": "faster beyond the spread", "slower": "slower beyond the spread",
+               "within the spread": "ranges overlap: no difference shown",
+               "not measured": "too few runs measured a speed"}
+against_bf16_rows = [{
+    "variant": r["variant"],
+    "weights / bf16": r["weights (MiB)"] / _ref["weights (MiB)"],
+    "perplexity / bf16": r["perplexity"] / _ref["perplexity"],
+    "decode speed / bf16": r["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"],
+    f"speed, {quantization_measure.SPEED_REPEATS} runs each":
+        speed_words[quantization_measure.speed_verdict(r, _ref)]} for r in quality_rows[1:]]
+ui.table(against_bf16_rows, floatfmt=".2f")
+
+# %%
+_int4 = next(r for r in against_bf16_rows if r["variant"].startswith("int4 group 64"))
+_freed = [r["RSS after free (MiB, +)"] for r in quality_rows]
 ui.md(
-    f"Held-out text: {len(heldout)} ShareGPT repl{'ies' if len(heldout) != 1 else 'y'}; "
-    "first answer of the reference: "
-    f"*\"{reference_answers[0]}\"*.  \n"
-    f"Symmetric int4 (group 64) cut the weights from {_ref['weights (MiB)']:.0f} to "
-    f"{_int4['weights (MiB)']:.0f} MiB (the embedding, "
-    f"{gguf_types.get('Q8_0', {}).get('weights', 0) / 1e6:.0f}M of the parameters, stays bf16) "
-    f"and moved perplexity from {_ref['perplexity']:.2f} to {_int4['perplexity']:.2f}; greedy "
-    f"decoding would reproduce {_int4['answers identical']} of the answers. The Q4_1-grid "
-    f"variant reached {_grid['perplexity']:.2f}"
-    + (" (within 1 % of bf16: re-quantizing onto the grid the weights already sit on is nearly "
-       "free). " if abs(_grid["perplexity"] / _ref["perplexity"] - 1) < 0.01 else
-       f" ({_grid['perplexity'] / _ref['perplexity'] - 1:+.1%} against bf16). ")
-    + f"Our `QuantLinear` int4 decoded at "
-    f"{_int4['decode tok/s (batch 1)']:.1f} tokens/s against {_ref['decode tok/s (batch 1)']:.1f} "
-    f"for bf16 ({_int4_speedup:.2f}x; medians of {quantization_measure.SPEED_REPEATS} runs each, "
-    f"ranges {_int4['decode tok/s (min)']:.1f}-{_int4['decode tok/s (max)']:.1f} and "
-    f"{_ref['decode tok/s (min)']:.1f}-{_ref['decode tok/s (max)']:.1f})"
-    + {"slower": ": slower beyond the spread of the repeated runs; rebuilding the weights at "
-                 "every step cost more time than the smaller reads saved. ",
-       "faster": ": faster beyond the spread of the repeated runs, although `QuantLinear` does "
-                 "more work per step than bf16 (it reads the packed weights, then writes and "
-                 "reads a rebuilt bf16 copy): on this machine the smaller reads saved more than "
-                 "the rebuild cost. ",
-       "within the spread": ": the ranges of the repeated runs overlap, so this run cannot "
-                            "tell the two speeds apart. ",
-       "not measured": ": too few runs measured a speed to compare them. "}[_int4_verdict]
-    + f"PyTorch's "
-    f"W8A8 int8 ran at {_lib['decode tok/s (batch 1)']:.1f} tokens/s "
-    f"({_lib['decode tok/s (batch 1)'] / _ref['decode tok/s (batch 1)']:.2f}x bf16) with "
-    f"perplexity {_lib['perplexity']:.2f}. After each variant was freed the process held at most "
-    f"{max(abs(r['RSS after free (MiB, +)']) for r in quality_rows):.0f} MiB more (or less) "
-    f"than before loading it (the first variant also pays for one-time allocations: "
-    f"{quality_rows[0]['RSS after free (MiB, +)']:.0f} MiB; the others at most "
-    f"{max(abs(r['RSS after free (MiB, +)']) for r in quality_rows[1:]):.0f} MiB)."
+    f"**Symmetric int4 (group 64): {_int4['weights / bf16']:.0%} of bf16's weight bytes, "
+    f"perplexity x{_int4['perplexity / bf16']:.2f}, decode at {_int4['decode speed / bf16']:.2f}x "
+    f"bf16's speed ({_int4[list(_int4)[-1]]}).** "
+    f"The embedding ({gguf_types.get('Q8_0', {}).get('weights', 0) / 1e6:.0f}M parameters) "
+    "stays bf16 in our variants.\n\n"
+    f"Held-out text: {len(heldout)} ShareGPT repl{'ies' if len(heldout) != 1 else 'y'}; the "
+    f"reference's first answer: *\"{reference_answers[0]}\"*. After each variant was freed the "
+    f"process held {_freed[0]:+.0f} MiB (the first variant, with one-time allocations), then at "
+    f"most {max(abs(x) for x in _freed[1:]):.0f} MiB more or less than before loading it."
 )
 
 # %% [markdown]
@@ -303,10 +331,7 @@ ui.md(
 _ref = quality_rows[0]
 _grid = next(r for r in quality_rows if "Q4_1" in r["variant"])
 _grid_speedup = _grid["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
-_grid_verdict = {"faster": "faster beyond the spread", "slower": "slower beyond the spread",
-                 "within the spread": "no difference beyond the spread",
-                 "not measured": "too few speeds measured for a verdict"}[
-    quantization_measure.speed_verdict(_grid, _ref)]
+_grid_verdict = speed_words[quantization_measure.speed_verdict(_grid, _ref)]
 ui.md(
     "**Against the GGUF.** llama.cpp's Q4_1 stores 5 bits per weight (4, plus a 16-bit scale "
     "and a 16-bit minimum per 32) and computes on the packed blocks directly: its dot product "
@@ -316,9 +341,99 @@ ui.md(
     "group-32 min/max variant uses the same grid with a bf16 scale and minimum, the same 5 bits "
     f"per weight; its perplexity was {_grid['perplexity']:.2f} against {_ref['perplexity']:.2f} "
     f"for bf16, and in PyTorch eager mode it decoded at {_grid_speedup:.2f}x bf16's speed in "
-    f"this run ({_grid_verdict} of the repeated runs). We do not run llama.cpp "
+    f"this run (repeated runs: {_grid_verdict}). We do not run llama.cpp "
     "here (it is not part of the course's environment), so no speed comparison with it is "
     "claimed."
+)
+
+# %% [markdown]
+# **Exercise 2 (predict, then measure).** How many MiB will the whole model's weights take with
+# **min/max int4 in groups of 192**? Every linear layer is quantized, the embedding and the
+# norms stay bf16, and each group stores a bf16 scale and a bf16 minimum; the table above has
+# the bf16 size and two other int4 variants.
+
+# %%
+predict_group192_mib = None      # your prediction in MiB
+
+# %%
+_model = quant.quantize_model(quantization_measure.load_bf16(model_path), 4, 192,
+                              symmetric=False)
+exercise_group192_mib = model_memory.state_dict_bytes(_model) / 2**20
+quantized_weight_count = sum(_m.in_features * _m.out_features for _m in _model.modules()
+                             if isinstance(_m, quant.QuantLinear))
+quantized_tensor_count = len(_model.state_dict())
+del _model
+model_memory.release_memory()
+ui.compare(predict_group192_mib, exercise_group192_mib,
+           "weights, int4 min/max in groups of 192", "MiB")
+
+# %%
+_bf16_mib = quality_rows[0]["weights (MiB)"]
+_per_weight = 0.5 + 2 * 2 / 192          # half a byte, plus 4 bytes per group of 192
+_forecast_mib = _bf16_mib - quantized_weight_count * (2 - _per_weight) / 2**20
+with safe_open(str(model_file), "pt") as _f:
+    _bf16_tensors = len(list(_f.keys()))
+_gap_kib = (exercise_group192_mib - _forecast_mib) * 1024
+ui.worked_answer(
+    f"The linear layers hold **{quantized_weight_count / 1e6:.1f}M** weights. Each goes from 2 "
+    f"bytes to half a byte plus its share of the group's scale and minimum, 4 bytes / 192: "
+    f"{_per_weight:.4f} bytes. The rest (embedding, norms) keeps its bf16 bytes. Forecast: "
+    f"{_bf16_mib:.1f} MiB (bf16, measured above) - {quantized_weight_count / 1e6:.1f}M x "
+    f"{2 - _per_weight:.4f} bytes = **{_forecast_mib:.1f} MiB**. Measured: "
+    f"**{exercise_group192_mib:.1f} MiB**, {_gap_kib:+.0f} KiB from the forecast: `torch.save` "
+    f"also writes a name and a header for every tensor, and the quantized model has "
+    f"{quantized_tensor_count} tensors against the checkpoint's {_bf16_tensors} (a packed "
+    f"matrix, a scale and a minimum per layer), about "
+    f"{_gap_kib * 1024 / max(1, quantized_tensor_count - _bf16_tensors):.0f} bytes per extra "
+    f"tensor."
+)
+
+# %% [markdown]
+# **Exercise 3 (predict, then measure).** And its **perplexity** on the same held-out texts? The
+# table above has bf16, symmetric groups of 64, and min/max groups of 32 (the Q4_1 grid these
+# weights sit on); groups of 192 no longer match that grid.
+
+# %%
+predict_group192_ppl = None      # your prediction: a perplexity
+
+# %%
+_model = quant.quantize_model(quantization_measure.load_bf16(model_path), 4, 192,
+                              symmetric=False)
+exercise_group192_ppl = model_quality.perplexity(_model, tokenizer, heldout,
+                                                 max_tokens=workshop.session.sweep(8192, 96))
+del _model
+model_memory.release_memory()
+ui.compare(predict_group192_ppl, exercise_group192_ppl,
+           "perplexity, int4 min/max in groups of 192")
+
+# %%
+import math
+
+# Near a trained minimum the loss grows with the square of a small change of the weights, so
+# log(perplexity) should move by (this variant's weight error / int4 group 64's) squared times
+# what int4 group 64 moved it. The error of each, on section 1's matrix:
+_e192 = quant.relative_error(
+    gate_weight, quant.dequantize_int4(quant.quantize_int4_groupwise(gate_weight, 192, False)))
+_e64 = next(r["relative error"] for r in weight_error_rows
+            if r["scheme"] == "int4 group 64, symmetric")
+_ref_ppl = quality_rows[0]["perplexity"]
+_ppl64 = next(r["perplexity"] for r in quality_rows if r["variant"].startswith("int4 group 64"))
+_grid_ppl = next(r["perplexity"] for r in quality_rows if "Q4_1" in r["variant"])
+_ppl_forecast = _ref_ppl * math.exp(math.log(_ppl64 / _ref_ppl) * (_e192 / _e64) ** 2)
+ui.worked_answer(
+    "Perplexity is exp(mean loss), and near a trained minimum the loss grows with the **square** "
+    "of a small change of the weights. So scale what a measured variant did by the squared "
+    f"ratio of weight errors. On section 1's matrix, min/max groups of 192 err by "
+    f"{_e192:.3f} (mean |error| / mean |w|), symmetric groups of 64 by {_e64:.3f}: "
+    f"({_e192 / _e64:.2f})² = {(_e192 / _e64) ** 2:.2f}. Symmetric groups of 64 took perplexity "
+    f"from {_ref_ppl:.2f} to {_ppl64:.2f}; the forecast is {_ref_ppl:.2f} x "
+    f"({_ppl64:.2f} / {_ref_ppl:.2f})^{(_e192 / _e64) ** 2:.2f} = **{_ppl_forecast:.2f}**. "
+    f"Measured: **{exercise_group192_ppl:.2f}**, {exercise_group192_ppl / _ppl_forecast:.2f}x "
+    "the forecast. The forecast takes one matrix's error for all of them, and treats a change "
+    "as large as int4's as a small one: the ratio says how far both held here."
+    + (f" Min/max groups of 32 reached {_grid_ppl:.2f}: these weights sit on that grid "
+       "(section 2), and groups of 192 put six of its blocks under one scale."
+       if weights_on_4bit_grid else "")
 )
 
 # %% [markdown]
@@ -354,16 +469,13 @@ ui.table([quality_rows[0], try_row])
 # %%
 _ref = quality_rows[0]
 _speed = try_row["decode tok/s (batch 1)"] / _ref["decode tok/s (batch 1)"]
-_try_verdict = {"faster": "faster beyond the spread", "slower": "slower beyond the spread",
-                "within the spread": "no difference beyond the spread",
-                "not measured": "too few speeds measured for a verdict"}[
-    quantization_measure.speed_verdict(try_row, _ref)]
+_try_verdict = speed_words[quantization_measure.speed_verdict(try_row, _ref)]
 ui.md(
     f"**{try_row['variant']}**: {try_row['weights (MiB)']:.0f} MiB of weights "
     f"({try_row['weights (MiB)'] / _ref['weights (MiB)']:.0%} of bf16), perplexity "
     f"{try_row['perplexity']:.2f} ({try_row['perplexity'] / _ref['perplexity'] - 1:+.1%} "
     f"against bf16), {try_row['answers identical']} of the answers unchanged, and decode at "
-    f"{_speed:.2f}x bf16's speed in this run ({_try_verdict} of the repeated runs)."
+    f"{_speed:.2f}x bf16's speed in this run (repeated runs: {_try_verdict})."
 )
 
 # %% [markdown]
@@ -461,57 +573,6 @@ ui.md(
     + "* KV-cache precision is a separate knob from weight precision: it buys capacity (users "
     "x context) at fixed memory, and notebook 2's calculator treats it that way."
 )
-
-# %% [markdown]
-# ## Predict, then measure
-#
-# Write a number in each prediction cell, then run the cell after it: it measures live and
-# compares. Use the tables above to reason.
-#
-# **1.** Section 1 measured the error of symmetric int4 on the gate projection with groups of
-# 64 and 32. What will the mean relative error (mean |error| / mean |w|) be with groups of
-# **16**?
-
-# %%
-predict_error_group16 = None     # your prediction, e.g. 0.05
-
-# %%
-_qw = quant.quantize_int4_groupwise(gate_weight, 16, symmetric=True)
-exercise_error_group16 = quant.relative_error(gate_weight, quant.dequantize_int4(_qw))
-ui.compare(predict_error_group16, exercise_error_group16,
-           "mean |error| / mean |w|, int4 symmetric, groups of 16")
-
-# %% [markdown]
-# **2.** How many MiB will the whole model's weights take with **min/max int4 in groups of
-# 192**? Everything but the embedding is quantized; each group stores a bf16 scale and a bf16
-# minimum; the bf16 row of section 3 gives the starting size.
-
-# %%
-predict_group192_mib = None      # your prediction in MiB
-
-# %%
-_model = quant.quantize_model(quantization_measure.load_bf16(model_path), 4, 192,
-                              symmetric=False)
-exercise_group192_mib = model_memory.state_dict_bytes(_model) / 2**20
-# Measured now, shown by question 3: the same model's perplexity on the same texts.
-exercise_group192_ppl = model_quality.perplexity(_model, tokenizer, heldout,
-                                                 max_tokens=workshop.session.sweep(8192, 96))
-del _model
-model_memory.release_memory()
-ui.compare(predict_group192_mib, exercise_group192_mib,
-           "weights, int4 min/max in groups of 192", "MiB")
-
-# %% [markdown]
-# **3.** And its **perplexity** on the same held-out texts? Section 3 has bf16 and min/max
-# groups of 32 (the Q4_1 grid these weights sit on); groups of 192 no longer match that grid.
-# (The cell of question 2 measured it; this one only reveals it.)
-
-# %%
-predict_group192_ppl = None      # your prediction: a perplexity
-
-# %%
-ui.compare(predict_group192_ppl, exercise_group192_ppl,
-           "perplexity, int4 min/max in groups of 192")
 
 # %% [markdown]
 # ## What the real engines do
