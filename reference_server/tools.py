@@ -126,14 +126,16 @@ class ToolPlan:
         """A complete answer as the chunks of a stream: role, then content or tool calls,
         then the finish reason (and usage, if asked for)."""
         base = {"id": response.get("id", "chatcmpl-" + uuid.uuid4().hex),
-                "object": "chat.completion.chunk", "created": response.get("created", int(time.time())),
+                "object": "chat.completion.chunk",
+                "created": response.get("created", int(time.time())),
                 "model": response.get("model", "")}
         out = []
         for choice in response.get("choices", []):
             i, message = choice.get("index", 0), choice.get("message") or {}
             delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
             if message.get("tool_calls"):
-                delta["tool_calls"] = [{"index": k, **c} for k, c in enumerate(message["tool_calls"])]
+                delta["tool_calls"] = [{"index": k, **c}
+                                       for k, c in enumerate(message["tool_calls"])]
             out.append({**base, "choices": [{"index": i, "delta": delta, "finish_reason": None}]})
             out.append({**base, "choices": [{"index": i, "delta": {},
                                              "finish_reason": choice.get("finish_reason")}]})
@@ -146,7 +148,9 @@ def plan(request) -> ToolPlan | None:
     """How to serve a chat request's tools; None when it has none to serve. Raises ToolError
     for a named tool that is not among ``tools``."""
     tools = [_tool(t) for t in request.tools or []]
-    choice = request.tool_choice if request.tool_choice is not None else ("auto" if tools else "none")
+    choice = request.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"       # OpenAI's defaults
     has_history = any(m.role == "tool" or (m.model_extra or {}).get("tool_calls")
                       for m in request.messages)
     if not tools and not has_history:

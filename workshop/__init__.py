@@ -22,6 +22,7 @@ figures; the notebook writes the prose. A module serves the notebooks listed for
 | 12 | a shared queue of small models | `shared_queue/`, `bench/` |
 | 13 | cold starts | `cold_start` |
 | 14 | the production gateway | `api_gateway/`, `bench/` |
+| 15 | sampling, structured output, tool calls | `sampling`, `probe` |
 
 Shared underneath: ``metrics`` (a server's ``/metrics`` sampled while requests run),
 ``prompt_latency`` (time to first token against prompt length),
