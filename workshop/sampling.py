@@ -137,6 +137,31 @@ def allowed_per_position(grammar, token_ids: Sequence[int], vocab_size: int) -> 
     return out
 
 
+def alone_and_in_a_batch(session: Any, messages: list[dict], fillers: Sequence[str],
+                         max_tokens: int = 32) -> dict[str, Any]:
+    """The same greedy request sent alone, then at once with one request per filler prompt;
+    its two answers, and where they first differ (None when identical)."""
+    import asyncio
+
+    from workshop.bench.event_loop import run_sync
+
+    def ask(client, msgs):
+        return client.chat.completions.create(model=session.model, messages=msgs,
+                                              max_tokens=max_tokens, temperature=0)
+
+    async def batch() -> str:
+        client = session.async_openai()
+        answers = await asyncio.gather(ask(client, messages), *(
+            ask(client, [{"role": "user", "content": f}]) for f in fillers))
+        return answers[0].choices[0].message.content
+
+    alone = ask(session.openai(), messages).choices[0].message.content
+    batched = run_sync(batch())
+    first = next((i for i, (a, b) in enumerate(zip(alone, batched)) if a != b),
+                 None if alone == batched else min(len(alone), len(batched)))
+    return {"alone": alone, "in a batch": batched, "first difference at character": first}
+
+
 def distribution_figure(computed: dict[str, float], sampled: dict[str, float], temperature: float,
                         draws: int, engine: str):
     """The softmax computed from the raw log-probabilities beside the sampled shares."""
@@ -171,4 +196,4 @@ def allowed_figure(pieces: Sequence[str], allowed: Sequence[int], vocab_size: in
 __all__ = ["OTHER", "top_logprobs", "softmax_at", "sample_first_tokens", "frequencies",
            "total_variation", "entropy_bits", "distinct_n", "check_json", "bundled_grammar",
            "mask_seconds_per_token", "allowed_per_position", "distribution_figure",
-           "allowed_figure"]
+           "allowed_figure", "alone_and_in_a_batch"]

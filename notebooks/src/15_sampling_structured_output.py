@@ -189,12 +189,33 @@ ui.table([{**row, "same with the same seed": row["seed 7"] == row["seed 7 again"
 
 # %% [markdown]
 # What a seed promises differs by engine: vLLM and the teaching engine give each request its
-# own random generator, so a seeded request draws the same tokens whatever else is in its
-# batch; SGLang 0.5 ignores `seed` unless started with `--enable-deterministic-inference`, so
-# the course's server refuses it there (a 400) rather than pretend. Greedy answers can still
-# differ between a request alone and one inside a batch, because a batch changes the order
-# of floating-point sums ("Defeating Nondeterminism in LLM Inference", Thinking Machines Lab,
-# 2025-09).
+# own random generator, so a seeded request draws the same random numbers whatever else is
+# in its batch; SGLang 0.5 ignores `seed` unless started with
+# `--enable-deterministic-inference`, so the course's server refuses it there (a 400) rather
+# than pretend.
+
+# %% [markdown]
+# **Greedy, alone and in a batch.** Temperature 0 removes the draw, not the arithmetic: the
+# same prompt, sent alone and then together with other requests, is computed in batches of
+# different shapes. Are the two answers the same token for token?
+
+# %%
+batch_size = sweep(32, 8)
+fillers = [f"Count from {i} to {i + 5} in words." for i in range(batch_size - 1)]
+determinism = [{"engine": _n, **sampling.alone_and_in_a_batch(_s, story, fillers)}
+               for _n, _s in ui.progress(list(engines.items()), title="alone, then in a batch")]
+ui.table([{"engine": r["engine"], "batch": batch_size,
+           "identical": r["first difference at character"] is None,
+           "first difference at character": r["first difference at character"],
+           "alone": r["alone"][:50], "in a batch": r["in a batch"][:50]} for r in determinism])
+
+# %% [markdown]
+# Where they differ, the reason is the order of floating-point sums: a batch of another size
+# splits a matrix multiply or an attention reduction differently, the last bits of a logit
+# move, and once two tokens are close the argmax flips and the answers part. Engines can
+# make results batch-invariant with kernels that fix the reduction order at some cost in
+# speed ("Defeating Nondeterminism in LLM Inference", Thinking Machines Lab, 2025-09;
+# SGLang's `--enable-deterministic-inference`).
 
 # %% [markdown]
 # ## 3. Structured output: a grammar over tokens
