@@ -274,6 +274,9 @@ class CompletionRequest(_SamplingFields):
         return 1 if isinstance(p, str) or isinstance(p[0], int) else len(p)
 
 
+OpenAIRequest = Union[ChatCompletionRequest, CompletionRequest]
+
+
 # ---- what an in-process engine implements -----------------------------------------------
 
 # "user" is accepted and ignored, the one such field (docs/reference_server.md, "Every engine gets the same

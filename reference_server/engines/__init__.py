@@ -4,6 +4,7 @@ heavy, sometimes mutually incompatible packages)."""
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
 from reference_server.engines.base import Engine, EngineDied, EngineError, EngineInfo
 
@@ -22,9 +23,14 @@ def loads_model(engine: str) -> bool:
     return engine != "remote"
 
 
-def create_engine(config, model) -> Engine:
-    """``config``: ``ServerConfig``; ``model``: ``reference_server.models.ModelSpec`` (None
-    for an engine that does not ``loads_model``)."""
+if TYPE_CHECKING:
+    from reference_server.config import ServerConfig
+    from reference_server.models import ModelSpec
+
+
+def create_engine(config: ServerConfig, model: ModelSpec | None) -> Engine:
+    """The engine ``config`` names, for ``model`` (None for an engine that does not
+    ``loads_model``)."""
     module, cls = _REGISTRY[config.engine].split(":")
     return getattr(importlib.import_module(module), cls)(config, model)
 

@@ -16,31 +16,26 @@ from typing import AsyncIterator, Callable
 from mini_engine.grammar import advance
 from mini_engine.sampler import Row, logprob_of, sample
 from reference_server import dtypes
+from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineInfo
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
                                             SamplingParams, torch_thread)
 from reference_server.kv import kv_bytes_per_token
 from reference_server.model_config import read_arch
+from reference_server.models import ModelSpec
 
 
 class HFEngine(LocalEngine):
     name = "hf"
 
-    def __init__(self, config, model) -> None:
-        super().__init__()
-        self.config = config
-        self.spec = model
-        self.device = config.resolved_device()
+    def __init__(self, config: ServerConfig, model: ModelSpec) -> None:
+        super().__init__(config, model)
         self.dtype = dtypes.cpu_compute_dtype(config.dtype, self.device)
-        self.model_name = config.served_model_name or model.name
-        self.max_model_len = config.max_model_len
         self._lock = asyncio.Lock()       # the whole point: one request at a time
         self._waiting = 0
         self._running = 0
         self._kv_tokens = 0
-        self._ready = False
         self.model = None
-        self.tokenizer = None
         self._torch: ThreadPoolExecutor | None = None    # loads, then runs every request
 
     @property

@@ -23,8 +23,10 @@ from typing import Any, AsyncIterator
 from mini_engine.grammar import Grammar, GrammarCompiler, GrammarError
 from mini_engine.sampler import TokenLogprob
 from mini_engine.sequence import SamplingParams
+from reference_server.config import ServerConfig
 from reference_server.engines.base import Engine, EngineDied, EngineError, engine_fault
 from reference_server.metrics import EngineMetrics
+from reference_server.models import ModelSpec
 from reference_server.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk,
                                        ChatCompletionRequest, ChatCompletionResponse,
                                        ChatStreamChoice, CompletionChoice, CompletionChunk,
@@ -97,7 +99,14 @@ class LocalEngine(Engine):
     model_name: str
     vocab_size: int | None = None     # rows of the embedding: larger prompt ids are refused
 
-    def __init__(self) -> None:
+    def __init__(self, config: ServerConfig, model: ModelSpec) -> None:
+        self.config = config
+        self.spec = model
+        self.device = config.resolved_device()
+        self.model_name = config.served_model_name or model.name
+        self.max_model_len = config.max_model_len
+        self.tokenizer = None            # loaded by start()
+        self._ready = False
         self.metrics = EngineMetrics()
         self._grammars: GrammarCompiler | None = None
         self._grammar_lock = threading.Lock()

@@ -27,9 +27,11 @@ from concurrent.futures import Future
 from typing import AsyncIterator, Callable
 
 from reference_server import dtypes, prometheus as P
+from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo, engine_fault
 from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
                                             SamplingParams)
+from reference_server.models import ModelSpec
 
 log = logging.getLogger("reference_server")
 
@@ -85,15 +87,9 @@ def solo_threads(cfg) -> int:
 class MiniEngine(LocalEngine):
     name = "mini"
 
-    def __init__(self, config, model) -> None:
-        super().__init__()
-        self.config = config
-        self.spec = model
-        self.device = config.resolved_device()
+    def __init__(self, config: ServerConfig, model: ModelSpec) -> None:
+        super().__init__(config, model)
         self.engine_config = _engine_config(config, self.device, list(config.engine_args))
-        self.model_name = config.served_model_name or model.name
-        self.max_model_len = config.max_model_len
-        self.tokenizer = None
         self.engine = None
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._streams: dict[str, Callable[[object], None]] = {}
@@ -102,7 +98,6 @@ class MiniEngine(LocalEngine):
         self._error: BaseException | None = None
         self._stats = EngineStats()
         self._spec_stats: dict = {}
-        self._ready = False
 
     # -- lifecycle -----------------------------------------------------------------------
 

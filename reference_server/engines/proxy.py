@@ -33,10 +33,12 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
-from reference_server.config import redact_args
-from reference_server.launch import free_port
+from reference_server.config import ServerConfig, redact_args
 from reference_server.engines.base import (Engine, EngineDied, EngineError, EngineHung,
                                            EngineRestarting)
+from reference_server.launch import free_port
+from reference_server.models import ModelSpec
+from reference_server.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
 # The folder holding reference_server/: a child engine imports our hooks from it, even when
 # it runs in another virtual environment (--engine-python).
@@ -110,7 +112,7 @@ class ProxyEngine(Engine):
     # and a merely busy engine answers again well within it.
     hang_restart_after = 60.0
 
-    def __init__(self, config, model) -> None:
+    def __init__(self, config: ServerConfig, model: ModelSpec | None) -> None:
         reserved = reserved_in(config.engine_args, self.reserved_args)
         if reserved:
             name, flag = reserved[0]
@@ -396,13 +398,13 @@ class ProxyEngine(Engine):
 
     # ---- forwarding ------------------------------------------------------------------
 
-    async def chat(self, request):
+    async def chat(self, request: ChatCompletionRequest):
         return await self._forward("/v1/chat/completions", request)
 
-    async def complete(self, request):
+    async def complete(self, request: CompletionRequest):
         return await self._forward("/v1/completions", request)
 
-    def request_body(self, request) -> dict:
+    def request_body(self, request: OpenAIRequest) -> dict:
         """The JSON body sent to the child for a validated ``request``."""
         body = request.model_dump(exclude_unset=True, by_alias=True)
         body["model"] = self.served_name
@@ -415,7 +417,7 @@ class ProxyEngine(Engine):
         if resp is not None:
             resp.close()
 
-    async def _forward(self, path: str, request):
+    async def _forward(self, path: str, request: OpenAIRequest):
         self.check()
         body = self.request_body(request)
         # A task, so that the liveness probe can cut the wait for headers (``_sending``).

@@ -33,6 +33,7 @@ from urllib.parse import urlsplit
 from reference_server import prometheus
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo
 from reference_server.engines.proxy import ProxyEngine
+from reference_server.protocol import OpenAIRequest
 
 log = logging.getLogger("reference_server")
 
@@ -162,12 +163,12 @@ class RemoteEngine(ProxyEngine):
         # The remote server's own count: admitting more than it runs only moves its queue here.
         return int(self._remote_limits.get("max_running") or DEFAULT_MAX_RUNNING)
 
-    def request_body(self, request) -> dict:
+    def request_body(self, request: OpenAIRequest) -> dict:
         body = super().request_body(request)
         body["model"] = self.remote_model
         return body
 
-    async def _forward(self, path: str, request):
+    async def _forward(self, path: str, request: OpenAIRequest):
         try:
             return await super()._forward(path, request)
         except EngineError as exc:

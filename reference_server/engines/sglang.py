@@ -51,10 +51,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from reference_server import dtypes, prometheus as P
+from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo
 from reference_server.engines.proxy import PROJECT_ROOT, ProxyEngine
 from reference_server.kv import kv_bytes_per_token
 from reference_server.model_config import read_arch
+from reference_server.models import ModelSpec
+from reference_server.protocol import OpenAIRequest
 
 log = logging.getLogger("reference_server")
 
@@ -259,7 +262,7 @@ class SGLangEngine(ProxyEngine):
         "--tokenizer-worker-num": "the child's key is checked only with one tokenizer worker",
     }
 
-    def __init__(self, config, model) -> None:
+    def __init__(self, config: ServerConfig, model: ModelSpec) -> None:
         super().__init__(config, model)
         if config.engine_python is None:
             self.python = default_python()
@@ -413,7 +416,7 @@ class SGLangEngine(ProxyEngine):
             return int(chosen)
         return CPU_MAX_RUNNING if self.device == "cpu" else 256
 
-    def request_body(self, request) -> dict:
+    def request_body(self, request: OpenAIRequest) -> dict:
         body = super().request_body(request)
         # Our own request id (a client's is replaced: it could name someone else's request),
         # so that a request whose client left can be aborted by name.
@@ -444,7 +447,7 @@ class SGLangEngine(ProxyEngine):
             if resp is not None:
                 resp.close()
 
-    async def _forward(self, path: str, request):
+    async def _forward(self, path: str, request: OpenAIRequest):
         given = request.model_dump(exclude_unset=True)
         if self.arch is not None and self.arch.vocab_size:
             bad = out_of_vocabulary(given, self.arch.vocab_size)

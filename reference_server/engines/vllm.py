@@ -36,11 +36,13 @@ import os
 from pathlib import Path
 
 from reference_server import dtypes, prometheus
+from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineInfo
 from reference_server.engines.child_guard import ChildKeyGuard
 from reference_server.engines.proxy import ProxyEngine
 from reference_server.kv import kv_bytes_per_token
 from reference_server.model_config import read_arch
+from reference_server.models import ModelSpec
 
 log = logging.getLogger("reference_server")
 
@@ -84,7 +86,7 @@ class VLLMEngine(ProxyEngine):
     reserved_args = {**ProxyEngine.reserved_args,
                      "--uds": "the child listens on a TCP port that the server picks"}
 
-    def __init__(self, config, model) -> None:
+    def __init__(self, config: ServerConfig, model: ModelSpec) -> None:
         super().__init__(config, model)
         self.device = config.resolved_device()
         self._cache: dict[str, str] = {}

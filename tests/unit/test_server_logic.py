@@ -12,7 +12,7 @@ from reference_server.config import ServerConfig, parse_args, redact_args
 from reference_server.engines.base import EngineError
 from reference_server.engines.local import (EngineStats, GenerationStep,
                                             IncrementalDetokenizer, LocalEngine, _find_stop)
-from reference_server.models import ModelError, resolve_model
+from reference_server.models import ModelError, ModelSpec, resolve_model
 from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
                                        RequestLimits, check_limits, unsupported_fields)
 
@@ -130,7 +130,7 @@ class ScriptedEngine(LocalEngine):
     name = "scripted"
 
     def __init__(self, text: str, tokenizer=None):
-        super().__init__()
+        super().__init__(ServerConfig(engine="hf", device="cpu"), ModelSpec("m", "", False))
         self.text, self.tokenizer, self.max_model_len = text, tokenizer or _CharTokenizer(), 64
         self.model_name, self.aborted, self.params = "m", 0, None
         self.vocab_size = 0x110000

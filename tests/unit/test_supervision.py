@@ -402,7 +402,7 @@ def _scripted_app(fail: str | None = None, **config):
         ready = True
 
         def __init__(self):
-            super().__init__()
+            super().__init__(ServerConfig(engine="hf", device="cpu"), ModelSpec("m", "", False))
             self.tokenizer, self.max_model_len, self.model_name = Tok(), 64, "m"
 
         async def generate(self, request_id, prompt_token_ids, params):
