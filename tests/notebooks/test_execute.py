@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(TIMEOUT_S + 120)]
 # 2-core CPU), which between them use every kind of UI element and progress bar. Notebook 0
 # runs in marimo against SGLang (SGLANG_MARIMO_NAMES), so not a second time against vLLM.
 MARIMO_NAMES = ["02_kv_cache_capacity", "06_flash_attention", "11_decision_chart",
-                "12_shared_queue", "13_cold_starts"]
+                "12_shared_queue", "13_cold_starts", "15_sampling_structured_output"]
 FULL_MATRIX = os.environ.get("WORKSHOP_NOTEBOOK_MATRIX", "").strip().lower() == "full"
 if FULL_MATRIX:
     MARIMO_NAMES = NAMES
