@@ -4,29 +4,26 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/12_shared_queue.ipynb)
 # [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/12_shared_queue.py)
 #
-# So far one engine process served one model. Many deployments look different: dozens of
-# small models (embedders, rerankers, classifiers, small LLMs), each busy now and then, and a
-# handful of machines. One process per model wastes memory on models nobody is calling; one
-# router in front of a fixed set of replicas has to guess, for every request, which replica
-# will be free first.
+# Many deployments serve dozens of small models (embedders, rerankers, classifiers, small
+# LLMs), each busy now and then, on a handful of machines. One process per model wastes memory
+# on idle models; a router in front of fixed replicas must guess, per request, which replica
+# frees a slot first.
 #
 # This notebook builds the design of **Superlinked's open-source inference engine** (SIE,
 # [github.com/superlinked/sie](https://github.com/superlinked/sie)) on this machine, with
 # real processes and a real queue:
 #
-# * a **gateway** annotates each request (which model, how big) and publishes it to a
-#   **durable queue** (NATS JetStream); it does not pick a worker;
-# * **workers** (separate OS processes running the course's teaching engine) **pull** only
-#   the work they have room for, build their own batches, send the reply, and only then
-#   **acknowledge** the message, so a worker that dies mid-request loses nothing;
+# * a **gateway** tags each request (model, size) and publishes it to a **durable queue**
+#   (NATS JetStream); it picks no worker;
+# * **workers** (OS processes running the course's teaching engine) **pull** only what they
+#   have room for, batch it, reply, and only then **acknowledge**: a worker that dies
+#   mid-request loses nothing;
 # * each worker holds **several models** in a memory budget: some pinned, the rest loaded on
 #   first use and evicted least-recently-used first.
 #
-# Then it measures: a router that **pushes** each request to a worker against workers that
-# **pull**, under requests of very different sizes (throughput, p99 latency, batch sizes,
-# busy time, the knee of each); the packing policy's hit rate and p99 when model popularity
-# follows a Zipf law; MessagePack against base64-in-JSON on the wire; and what happens when a
-# worker is killed in the middle of a request.
+# Then it measures push against pull under requests of very different sizes, the packing
+# policy's hit rate under Zipf popularity, MessagePack against base64-in-JSON, and a worker
+# killed in the middle of a request.
 
 # %%
 # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
@@ -61,9 +58,8 @@ import workshop.session
 session = workshop.session.connect()
 
 # %% [markdown]
-# This notebook does not send its requests to that server: it starts its own small serving
-# system next to it. The first cell still connects, like every notebook, and tells you which
-# machine you are on.
+# This notebook starts its own serving system next to that server; the first cell still
+# tells you which machine you are on.
 #
 # ## 1. The design
 #
@@ -76,42 +72,29 @@ session = workshop.session.connect()
 # ```
 #
 # **The gateway** knows nothing about the workers. It writes the model into the subject
-# (`work.pool.smol-a`) and the request's size (prompt tokens + output tokens asked for) into
-# a header, publishes, and waits for the reply on a subject of its own. JetStream answers a
-# publish only after the message is stored, so from then on the request survives anything
-# but the queue itself. (In SIE the gateway is a stateless Rust service that also resolves
-# the model's pool and tracks worker health; its
-# [routing post](https://www.superlinked.com/blog/routing-batching-configs-lora-for-production-inference)
-# describes the publish to JetStream and the batching next to the GPU.)
+# (`work.pool.smol-a`) and the size (prompt + output tokens) into a header, publishes, and
+# waits for the reply on a subject of its own. JetStream answers a publish only once the
+# message is stored. (SIE's gateway, in Rust, also resolves the model's pool and tracks worker
+# health: see its
+# [routing post](https://www.superlinked.com/blog/routing-batching-configs-lora-for-production-inference).)
 #
-# **A worker** loops: it asks the queue for at most as many requests as it has free slots,
-# makes each request's model resident (the packing policy below), adds it to that model's
-# engine, runs one engine step of every model with work (the engine batches whatever is
-# running, notebook 7), and for every request that finished publishes the reply and then
-# acknowledges the message. Until the ack, the queue still owns the request: if the worker
-# goes silent for longer than `ack_wait`, the queue hands the request to someone else. A
-# worker running a long request says "still working" (`in_progress`) every `ack_wait / 3`,
-# so `ack_wait` can be short.
+# **A worker** loops: pull at most as many requests as it has free slots, make each one's
+# model resident (section 4), add it to that model's engine, run one engine step per model
+# with work (the engine batches, notebook 7), then for each finished request publish the
+# reply and acknowledge. Until the ack the queue owns the request: after `ack_wait` without a
+# sign of life from the worker it hands the request to another. A worker on a long request
+# says "still working" (`in_progress`) every `ack_wait / 3`.
 #
-# **Push vs pull.** The usual alternative is a router that *pushes*: it picks a worker per
-# request (round-robin, or the one with the fewest requests in flight) and sends it there,
-# where it waits in that worker's own queue. With requests of similar size that works well.
-# With sizes that differ a lot, a router that cannot see the future sends short requests to
-# a worker stuck on long ones while another worker sits idle. A shared queue that workers
-# pull from cannot make that mistake: a request goes to whichever worker frees a slot first.
-# We measure whether that holds here, and how much it matters.
+# **Push vs pull.** A router that *pushes* picks a worker per request (round-robin, or fewest
+# in flight) and the request waits in that worker's queue. With sizes that differ a lot it
+# sends short requests behind long ones while another worker idles. Workers that pull from
+# one queue cannot do that: a request goes to whichever worker frees a slot first.
 #
-# **The models.** This machine has one small model, SmolLM2-135M. To have several, the
-# workers serve named copies of it (`smol-a`, `smol-b`, ...): each copy is loaded separately,
-# takes its own memory and load time, and computes the same thing. The `layers` control
-# cuts every copy to its first few layers: a smaller, faster model of the same shape whose
-# text is no longer sensible (nothing here reads the text). The full run uses 8 of the 30
-# layers, so that a sweep of hundreds of requests fits in minutes on two CPU cores; quick
-# mode (CI) uses 4. Slide it to 30 for the whole model: everything gets slower, the
-# comparisons stay comparisons.
-#
-# Choose the system's shape. In Jupyter, re-run the cells below after changing a control
-# (marimo re-runs them for you); starting the workers takes a few seconds each.
+# **The models.** The workers serve named copies of SmolLM2-135M (`smol-a`, `smol-b`, ...),
+# each loaded separately, with its own memory and load time. `layers` cuts every copy to its
+# first layers (8 of 30 in the full run, 4 in quick mode): faster, same shape, nonsense text
+# (nothing here reads it). In Jupyter re-run the cells below after changing a control;
+# marimo does it for you.
 
 # %%
 import inspect
@@ -214,19 +197,18 @@ mix = qx.Mix(prompt=(8, 48), short=2, long=sweep(32, 8), p_long=0.15)
 capacity = qx.measure_capacity(cluster, mix, n=sweep(3, 1) * slots.value * len(cluster.workers))
 ui.md(f"Capacity: **{capacity['req_per_s']:.2f} requests/s** ({capacity['requests']} requests "
       f"in {capacity['seconds']:.1f} s, {capacity['mean batch']:.2f} requests per engine step "
-      f"on average).")
+      f"on average). A step took {capacity['step fixed s'] * 1e3:.1f} ms + "
+      f"{capacity['step per request s'] * 1e3:.1f} ms per request in its batch (a line fitted "
+      "over the workers' steps).")
 
 # %% [markdown]
-# The sweep offers Poisson arrivals at rates from a third of that capacity up to the
-# highest load you choose, for every route, the same requests at the same times for each;
-# at each rate the routes take turns in a few rounds, so that a slow spell of a shared
-# machine hits them all alike.
-# A point is **served** when at least 90 % of the offered requests per second come back and
-# the p99 latency stays within an objective, here three times the lowest load's p99 through
-# the shared queue; the **knee** is the highest load served at it and at every lower load
-# (the rule of the course's benchmark harness, `workshop.bench.sweep.find_knee`). A request
-# still unanswered as long after the last arrival as the arrivals took counts as infinitely
-# slow. The full run takes several minutes.
+# The sweep offers Poisson arrivals from a third of that capacity up to the highest load you
+# choose, the same requests at the same times for every route, the routes taking turns at
+# each rate. A point is **served** when at least 90 % of the offered requests per second come
+# back and the p99 stays within three times the lowest load's pulled p99; the **knee** is the
+# highest load served at it and below (the harness's rule, `workshop.bench.sweep.find_knee`).
+# A request unanswered as long after the last arrival as the arrivals took counts as
+# infinitely slow. The full run takes several minutes.
 
 # %%
 top_load = ui.slider(0.6, 2.0, 1.3, 0.1, "highest offered load (x capacity)")
@@ -262,6 +244,25 @@ p99_ratio = top_rows[PUSH_RR]["p99 s"] / top_rows[PULL]["p99 s"]
 ui.compare(my_p99_ratio, p99_ratio, "p99 of round-robin push / p99 of the shared queue", "x")
 
 # %%
+step_line = (capacity["step fixed s"], capacity["step per request s"])
+sim_p99 = {p.route: qx.simulated_p99(p, len(cluster.workers), slots.value, step_line)
+           for p in sweep_points if p.rate == sweep_rates[-1]}
+_off = {r: top_rows[r]["p99 s"] / sim_p99[r] for r in (PULL, PUSH_RR)}
+ui.worked_answer(
+    f"Routing alone, in a model of the workers: each runs up to {slots.value} requests, one "
+    f"engine step at a time; a step lasts the capacity burst's {step_line[0] * 1e3:.1f} ms + "
+    f"{step_line[1] * 1e3:.1f} ms per request in it; a request needs one step per output "
+    f"token. Replayed over this sweep's own arrivals and sizes at {sweep_rates[-1]:.2f} req/s "
+    f"(`qx.simulate`), pulling gives a p99 of {sim_p99[PULL]:.2f} s and round-robin "
+    f"{sim_p99[PUSH_RR]:.2f} s: a forecast of **{sim_p99[PUSH_RR] / sim_p99[PULL]:.2f}x**.\n\n"
+    f"Measured: {top_rows[PULL]['p99 s']:.2f} s and {top_rows[PUSH_RR]['p99 s']:.2f} s, "
+    f"**{p99_ratio:.2f}x**. Measured over forecast: {_off[PULL]:.2f}x pulled, "
+    f"{_off[PUSH_RR]:.2f}x round-robin. The model has no queue server, no network, no gateway, "
+    f"and workers that never wait for a core; here {len(cluster.workers)} workers, NATS and the "
+    f"gateway shared {workshop.session.cores()} cores. With {top_rows[PULL]['requests']} "
+    "requests per route, each p99 lies between the two slowest requests (interpolated).")
+
+# %%
 low_pull_p99 = next(p.summary()["p99 s"] for p in sweep_points
                     if p.route == PULL and p.rate == sweep_rates[0])
 p99_objective_s = 3 * low_pull_p99
@@ -283,45 +284,19 @@ def _knee_text(k):
                                               if k["last point"] else ""))
 
 
-_pull, _rr = top_rows[PULL], top_rows[PUSH_RR]
 _imb = {r: s["busy max"] - s["busy min"] for r, s in top_rows.items()}
-_both_inf = not np.isfinite(_pull["p99 s"]) and not np.isfinite(_rr["p99 s"])
-_best = min(top_rows, key=lambda r: (top_rows[r]["p99 s"], -top_rows[r]["achieved req/s"]))
 ui.md(
-    f"At the highest load ({sweep_rates[-1]:.2f} req/s asked), the shared queue's p99 was "
-    f"**{_pull['p99 s']:.2f} s** and round-robin push's **{_rr['p99 s']:.2f} s**"
-    + (f" ({p99_ratio:.2f}x). " if np.isfinite(p99_ratio) else ". ")
-    + ("Neither route answered every request in time (as long after the last arrival as "
-       "the arrivals took): this load is past both knees. " if _both_inf else
-       "Pulling kept the tail lower, as the design intends" + (
-           ": short requests, too, waited less (a request waits in the shared queue for the "
-           "first free slot anywhere, not behind a long request on the worker the router "
-           "picked). " if _pull["p99 short s"] < 0.9 * _rr["p99 short s"] else
-           ", though not through the short requests, whose p99 was not clearly lower "
-           "pulled; the difference is in the long ones. ") if p99_ratio > 1.1 else
-       "Round-robin pushing kept the tail lower here, against what the design predicts. "
-       if p99_ratio < 0.9 else
-       "The two tails were within 10 % of each other: no clear winner at this load. ")
-    + ("(With under 100 requests per point a p99 lies between the two slowest requests "
-       "(interpolated, as the benchmark harness does), and on a machine shared with other "
-       "work that is noisy: run more requests per point before believing a difference.) "
-       if _pull["requests"] < 100 else "")
-    + (f"Of the {len(top_rows)} routes, the lowest p99 at that load was **{_best}**'s "
-       f"({top_rows[_best]['p99 s']:.2f} s). " if len(top_rows) > 2 else "")
-    + f"Short requests alone: p99 {_pull['p99 short s']:.2f} s pulled, "
-    f"{_rr['p99 short s']:.2f} s pushed round-robin. "
-    + f"Busy time (steps and loads over the wall time) differed between the workers by "
-    f"{_imb[PULL]:.0%} pulled and {_imb[PUSH_RR]:.0%} round-robin"
-    + (" (round-robin loaded them less evenly). " if _imb[PUSH_RR] > _imb[PULL] + 0.05 else ". ")
-    + f"Workers ran on average {_pull['mean batch']:.2f} requests per step pulled and "
-    f"{_rr['mean batch']:.2f} pushed. Knees (p99 objective {p99_objective_s:.2f} s): "
-    + "; ".join(f"{r}: {_knee_text(k)}" for r, k in sweep_knees.items()) + "."
-)
+    f"**At {sweep_rates[-1]:.2f} req/s round-robin's p99 was {p99_ratio:.2f}x the shared "
+    f"queue's** ({top_rows[PUSH_RR]['p99 s']:.2f} s against {top_rows[PULL]['p99 s']:.2f} s; "
+    f"short requests alone {top_rows[PUSH_RR]['p99 short s']:.2f} s against "
+    f"{top_rows[PULL]['p99 short s']:.2f} s). The workers' busy fractions differed by "
+    f"{_imb[PUSH_RR]:.0%} round-robin and {_imb[PULL]:.0%} pulled. Knees (p99 objective "
+    f"{p99_objective_s:.2f} s): " + "; ".join(f"{r}: {_knee_text(k)}" for r, k in sweep_knees.items())
+    + ".")
 
 # %% [markdown]
-# Try more requests per point (a steadier p99), more slots per worker (a
-# pushed worker can then batch its backlog instead of queueing it), or a single worker (no
-# choice to get wrong: the routes should agree).
+# Try more requests per point (a steadier p99), more slots per worker (a pushed worker then
+# batches its backlog instead of queueing it), or one worker (no choice to get wrong).
 #
 # ## 4. Many models per worker: the packing policy
 #
@@ -383,6 +358,27 @@ zipf_replayed = zipf_live.replay_hit_rate(cluster.sizes, int(zipf_budget * max(c
 ui.compare(my_hit_rate, zipf_live.hit_rate(), "hit rate (live)")
 
 # %%
+_p = packing.zipf_weights(len(zipf_names), zipf_s.value)
+_k = len(zipf_pinned)
+_served = [r for r in zipf_live.point.records if r["hit"] is not None]
+_misses = sum(not r["hit"] for r in _served)
+_first = zipf_live.first_use_misses()
+ui.worked_answer(
+    f"Zipf with s = {zipf_s.value:g} over {len(zipf_names)} models: shares of "
+    + ", ".join(f"{x:.0%}" for x in _p) + ". "
+    + (f"The {_k} pinned take {_p[:_k].sum():.0%} of the requests and always hit; the "
+       f"budget's other {zipf_budget - _k} place(s) are an LRU cache for the rest. "
+       if _k else f"Nothing is pinned: the budget's {zipf_budget} places are an LRU cache. ")
+    + f"Che's approximation (the formula above) gives **{zipf_live.che():.0%}**.\n\n"
+    f"Measured live: **{zipf_live.hit_rate():.0%}** of {len(_served)} requests. Che's is a "
+    f"steady state, and every worker started with only the pinned models loaded: {_first} of "
+    f"the {_misses} misses were a worker's first request for a model, a miss at any "
+    f"popularity. Counted as hits they give {(len(_served) - _misses + _first) / max(1, len(_served)):.0%}. "
+    f"The policy replayed over each worker's own sequence gives {zipf_replayed:.0%}"
+    + (": the same as live, so no request waited for memory." if abs(zipf_live.hit_rate() - zipf_replayed) < 1e-9
+       else ": live differs where a request waited for a busy model's memory and the order changed."))
+
+# %%
 zipf_curves = qx.replay_curves(zipf_names, cluster.sizes,
                                sorted({1, 2, 3, zipf_budget} & set(range(1, len(zipf_names)))),
                                np.round(np.arange(0, 2.01, 0.25), 2), len(zipf_pinned),
@@ -403,45 +399,25 @@ ui.table([{"worker": w, "requests": a["served"], "model loads": a["loads"],
            "process RSS MiB": a["rss_bytes"] / 2**20} for w, a in zipf_activity.items()])
 
 # %%
-_miss_med = np.median([r["latency_s"] for r in zipf_misses]) if zipf_misses else math.nan
-_hit_med = np.median([r["latency_s"] for r in zipf_hits]) if zipf_hits else math.nan
+_lat = {k: np.median([r["latency_s"] for r in rs]) if rs else math.nan
+        for k, rs in (("miss", zipf_misses), ("hit", zipf_hits))}
+_peak = max(a["peak_bytes"] for a in zipf_activity.values())
 ui.md(
-    f"{len(zipf_records)} requests over {len(zipf_names)} models, Zipf s = {zipf_s.value:g}, a budget "
-    f"of {zipf_budget} models per worker, pinned: {', '.join(zipf_pinned) or 'none'}. "
-    f"Hit rate live **{zipf_live.hit_rate():.0%}**, the same policy replayed over each "
-    f"worker's own sequence {zipf_replayed:.0%}, Che's approximation {zipf_live.che():.0%} "
-    + ("(live and replay agree: no request had to wait for memory and change the order). "
-       if abs(zipf_live.hit_rate() - zipf_replayed) < 1e-9 else
-       "(live differs from the replay where a request waited for a busy model's memory). ")
-    + ((f"A miss cost a model load: misses took {_miss_med:.2f} s at the median, hits "
-        f"{_hit_med:.2f} s. " if _miss_med > _hit_med else
-        f"Misses took {_miss_med:.2f} s at the median and hits {_hit_med:.2f} s: queueing "
-        "behind other requests, not the loads, set the latency here. ")
-       if zipf_misses and zipf_hits else "")
-    + f"p99 latency: {zipf_p99:.2f} s. "
-    + (f"{len(zipf_misses) / len(zipf_records):.0%} of requests missed. " if zipf_records else "")
-    + (("The request at (or just above) the p99 was a miss: with more than 1 % of requests missing the tail "
-        "is set by load time, and only a higher hit rate (more budget, more pinning, or "
-        "sending a model's requests to the workers that already hold it) moves it. ")
-       if zipf_p99_record is not None and not zipf_p99_record["hit"] else
-       ("The request at (or just above) the p99 was a hit: it waited behind another model's load on its "
-        "worker (a worker loads a model in its own loop, so everything it holds waits), or "
-        "behind other requests. ") if zipf_p99_record is not None else "")
-    + ("Every worker stayed within its budget: the most resident at once was "
-       f"{max(a['peak_bytes'] for a in zipf_activity.values()) / 2**20:.0f} MiB of "
-       f"{zipf_budget * model_mb:.0f} MiB allowed. "
-       if all(a["peak_bytes"] <= a["budget"] for a in zipf_activity.values()) else
-       "**A worker exceeded its budget**: the policy or the worker is broken. ")
-    + "A process's RSS is larger than its models: the Python interpreter, PyTorch and "
-      "freed memory the allocator keeps. A real budget leaves room for that."
-)
+    f"**Misses took {_lat['miss']:.2f} s at the median, hits {_lat['hit']:.2f} s**; the p99, "
+    f"{zipf_p99:.2f} s, was set by a "
+    + ("miss" if zipf_p99_record is not None and not zipf_p99_record["hit"] else "hit")
+    + f". Most resident at once on a worker: {_peak / 2**20:.0f} MiB of "
+    f"{zipf_budget * model_mb:.0f} MiB allowed"
+    + ("" if all(a["peak_bytes"] <= a["budget"] for a in zipf_activity.values()) else
+       " (**over the budget: the policy or the worker is broken**)")
+    + ". A process's RSS is larger than its models: the interpreter, PyTorch, and freed memory "
+    "the allocator keeps.")
 
 # %% [markdown]
-# The curves are the policy replayed over 20,000 requests (4,000 in quick mode) for one
-# worker (pure bookkeeping, no model). With a shared queue each worker sees a random share of
-# the requests, which has the same popularity, so one worker's curve is every worker's. The
-# cost of that: a popular model ends up loaded on every worker. SIE's gateway can instead
-# send a model's requests straight to a worker that already holds it (see section 7).
+# The curves replay the policy over 20,000 requests (4,000 in quick mode) for one worker. With
+# a shared queue each worker sees a random share of the requests, with the same popularity,
+# so one worker's curve is every worker's; the cost is that a popular model ends up loaded on
+# every worker. SIE's gateway can send a model's requests to a worker that holds it (section 7).
 #
 # ## 5. On the wire: MessagePack vs base64 inside JSON
 #
@@ -467,23 +443,16 @@ def _row(payload, enc):
 
 
 _emb_b64, _emb_mp = _row("embeddings", "JSON, base64"), _row("embeddings", "MessagePack")
-_img_b64, _img_mp = _row("image", "JSON, base64"), _row("image", "MessagePack")
-_ids_list, _ids_mp = _row("prompt", "JSON, list"), _row("prompt", "MessagePack")
+_ids_list = _row("prompt", "JSON, list")
+_slower = ((_emb_b64["encode us"] + _emb_b64["decode us"])
+           / (_emb_mp["encode us"] + _emb_mp["decode us"]))
 ui.md(
-    f"For the embedding batch, base64 in JSON took **{_emb_b64['size / raw']:.2f}x** the raw "
-    f"bytes (the formula's 4/3 = 1.33 plus a few bytes of keys) and MessagePack "
-    f"{_emb_mp['size / raw']:.3f}x; encoding and decoding cost "
-    f"{(_emb_b64['encode us'] + _emb_b64['decode us']) / (_emb_mp['encode us'] + _emb_mp['decode us']):.0f}x "
-    f"as much in base64-in-JSON ({(_emb_b64['encode us'] + _emb_b64['decode us']) / 1e3:.2f} ms "
-    f"against {(_emb_mp['encode us'] + _emb_mp['decode us']) / 1e3:.3f} ms per message). "
-    f"For the image: {_img_b64['size / raw']:.2f}x against {_img_mp['size / raw']:.3f}x, "
-    f"{(_img_b64['encode us'] + _img_b64['decode us']) / (_img_mp['encode us'] + _img_mp['decode us']):.0f}x "
-    f"the time. Token ids written as a JSON list of numbers took {_ids_list['size / raw']:.2f}x "
-    f"their 4-byte form. MessagePack's `bin` is a length and the bytes: nothing to expand, "
-    f"nothing to scan. Per request these are microseconds to a few milliseconds, small next "
-    f"to a forward pass; they matter for the gateway, which encodes and decodes every request "
-    f"of every model, and for the network, which carries a third more."
-)
+    f"**The embedding batch: base64 in JSON {_emb_b64['size / raw']:.2f}x the raw bytes "
+    f"(4/3 plus the keys), MessagePack {_emb_mp['size / raw']:.3f}x, and {_slower:.0f}x the "
+    f"time to encode and decode** ({(_emb_b64['encode us'] + _emb_b64['decode us']) / 1e3:.2f} ms "
+    f"against {(_emb_mp['encode us'] + _emb_mp['decode us']) / 1e3:.3f} ms). Token ids as a "
+    f"JSON list of numbers: {_ids_list['size / raw']:.2f}x their 4-byte form. Small next to a "
+    "forward pass; paid by the gateway on every request of every model, and by the network.")
 
 # %% [markdown]
 # SIE's gateway takes JSON or MessagePack from clients and its workers take MessagePack;
@@ -499,7 +468,7 @@ ui.md(
 #
 # **Exercise 3 (predict, then measure).** How many seconds after the kill will the last of
 # the killed worker's requests be answered (by another worker)? You know `ack_wait` (printed
-# below) and roughly how long a request takes from section 3.
+# below) and the length of an engine step (section 3).
 
 # %%
 victim = "w1" if "w1" in cluster.workers else None
@@ -522,32 +491,43 @@ ui.compare(my_recovery_s, kill_recovery_s, "seconds from the kill to the last re
     if kill_result else ui.md("(skipped)")
 
 # %%
+_aw = cluster.gateway.ack_wait
+_held = kill_result["held_when_killed"] if kill_result else 0
+_tokens = max((r["max_tokens"] for r in kill_records), default=0)
+_rerun = _tokens * (step_line[0] + step_line[1] * max(_held, 1))
+_last = max(kill_redelivered, key=lambda r: r["received"], default=None)
+_pulled_at = _last["sent"] + _last["queue_s"] if _last else math.nan
+_again = _pulled_at - kill_result["killed_at"] if _last else math.nan
+_own = sum(1 for r in kill_records if _last and r["worker"] == _last["worker"]
+           and r["delivered"] == 1 and r["received"] > _pulled_at)
+ui.worked_answer(
+    f"The victim's last `in_progress` came at most `ack_wait / 3` = {_aw / 3:.2f} s before the "
+    f"kill, so the queue hands its requests out again {2 * _aw / 3:.2f} to {_aw:.2f} s after it. "
+    f"A survivor then runs them from the start: {_tokens} output tokens, one step each, the "
+    f"{_held} together, at the step line of section 3: {_rerun:.2f} s. Forecast: at most "
+    f"{_aw:g} + {_rerun:.2f} = **{_aw + _rerun:.2f} s**.\n\n"
+    f"Measured: **{kill_recovery_s:.2f} s**. The last redelivered request was pulled again "
+    f"{_again:.2f} s after the kill and answered {_last['received'] - _pulled_at:.2f} s later "
+    f"(forecast {_rerun:.2f} s), while its worker ran {_own} first-delivery request(s) of its "
+    f"own; the step line came from the capacity burst, both workers stepping at once on "
+    f"{workshop.session.cores()} cores."
+    if _last else "(skipped: one worker)" if not kill_result else "Nothing the victim held "
+    "needed a second delivery in this run (it finished them before it died): re-run the kill "
+    "cell.")
+
+# %%
 qfig.kill_figure(kill_result) if kill_result else ui.md("(skipped: one worker)")
 
 # %%
-if kill_result:
-    _lost = [r for r in kill_records if r["error"]]
-    _dups = [r for r in kill_records if r["replies"] > 1]
-    kill_summary = ui.md(
-        f"{len(kill_records)} requests; `{victim}` was killed holding "
-        f"{kill_result['held_when_killed']} of them. "
-        + ("**None was lost**: every request got a reply" if not _lost else
-           f"**{len(_lost)} got no reply** in time") + ", and "
-        + ("**none was answered twice**. " if not _dups and not kill_result["run"].duplicates else
-           f"**{len(_dups)} were answered more than once** (the gateway kept the first). ")
-        + (f"{len(kill_redelivered)} request{'s were' if len(kill_redelivered) != 1 else ' was'} "
-           f"delivered a second time, to "
-           + ", ".join(sorted({r['worker'] for r in kill_redelivered}))
-           + f"; the last came back {kill_recovery_s:.1f} s after the kill: `ack_wait` "
-        f"({kill_result['ack_wait']:g} s) for the queue to give up on the dead worker, "
-        "plus the time to run the request again from the start (its partial output died with "
-        "the worker). A shorter `ack_wait` recovers faster but must stay longer than the "
-        "longest silence of a healthy worker: here the keep-alive every `ack_wait / 3` sets "
-        "that silence, not the request's length.") if kill_redelivered else
-        "Nothing the victim held needed a second delivery (it had finished its requests "
-        "before it died): re-run this cell to kill it while it works.")
-else:
-    kill_summary = ui.md("With one worker there is nobody to take over: start two.")
+_lost = sum(1 for r in kill_records if r["error"])
+_dups = sum(1 for r in kill_records if r["replies"] > 1)
+kill_summary = ui.md(
+    f"**{len(kill_records)} requests, {_lost} lost, {_dups} answered twice**: `{victim}` was "
+    f"killed holding {kill_result['held_when_killed']}, and {len(kill_redelivered)} were "
+    f"delivered a second time. A shorter `ack_wait` recovers sooner but must outlast the "
+    "longest silence of a healthy worker: with a keep-alive every `ack_wait / 3`, that "
+    "silence is set by the keep-alive, not by the request's length."
+    if kill_result else "With one worker there is nobody to take over: start two.")
 kill_summary
 
 # %% tags=["jupyter-only"]
@@ -565,54 +545,48 @@ _done = kill_summary
 #
 # **Superlinked's inference engine (SIE)** ([repository](https://github.com/superlinked/sie),
 # Apache-2.0) is this design in production, for embedders, rerankers, extractors and small
-# generators. Its Rust gateway resolves each request's model, bundle and resource pool and
-# publishes it to NATS JetStream; a sidecar next to each GPU pulls work, groups it into
-# batches by model, operation and LoRA adapter, and hands formed batches to the model
-# process ([routing post](https://www.superlinked.com/blog/routing-batching-configs-lora-for-production-inference)).
-# Models load on first request and the least recently used are evicted when GPU memory
-# fills ([multi-model post](https://www.superlinked.com/blog/manage-hundreds-of-models-without-separate-deployments)).
-# It also does what section 4 hinted at: the gateway can dispatch a request directly to one
-# worker, picked by pending cost and queue depth with rendezvous hashing as the tie-breaker
-# (`packages/sie_gateway/src/routing/hrw.rs`), and republish it to the pool subject if that
-# worker does not start in time (`queue/publisher.rs`). Push for affinity, pull as the safety
-# net. Pools scaled to zero answer 202 with `Retry-After` while capacity starts.
+# generators. Its Rust gateway resolves each request's model, bundle and pool and publishes it
+# to NATS JetStream; a sidecar next to each GPU pulls work and batches it by model, operation
+# and LoRA adapter
+# ([routing post](https://www.superlinked.com/blog/routing-batching-configs-lora-for-production-inference)).
+# Models load on first request and the least recently used are evicted when GPU memory fills
+# ([multi-model post](https://www.superlinked.com/blog/manage-hundreds-of-models-without-separate-deployments)).
+# Its gateway can also dispatch a request straight to one worker, picked by pending cost and
+# queue depth with rendezvous hashing as tie-breaker (`packages/sie_gateway/src/routing/hrw.rs`),
+# and republish it to the pool if that worker does not start it in time
+# (`queue/publisher.rs`): push for affinity, pull as the safety net. Pools scaled to zero
+# answer 202 with `Retry-After` while capacity starts.
 #
-# **vLLM** replicates a model with `--data-parallel-size N`: one engine-core process per
-# replica behind one API server, which *pushes* each request to the replica with the lowest
-# score, its waiting plus running requests, with waiting ones weighted up when its KV cache
-# is over half full (vLLM 0.32, `vllm/v1/engine/core_client.py`,
+# **vLLM** replicates a model with `--data-parallel-size N` and *pushes* each request to the
+# replica with the lowest score, waiting plus running requests, waiting ones weighted up when
+# its KV cache is over half full (vLLM 0.32, `vllm/v1/engine/core_client.py`,
 # `get_core_engine_for_request`), or leaves balancing to an external router
 # ([data parallel deployment](https://docs.vllm.ai/en/latest/serving/data_parallel_deployment/)).
-# **SGLang** recommends its router (sgl-router / SGLang Model Gateway) in front of replicas,
-# with cache-aware, power-of-two, random and round-robin policies
+# **SGLang** puts its router (SGLang Model Gateway) in front of replicas, with cache-aware,
+# power-of-two, random and round-robin policies
 # ([DP and router guide](https://docs.sglang.io/advanced_features/dp_dpa_smg_guide.html),
-# [sglang-router](https://pypi.org/project/sglang-router/)).
-# **llm-d** does the same on Kubernetes: an Endpoint Picker behind the Gateway API Inference
-# Extension scores every replica on queue depth, KV-cache use and prefix-cache hits per
-# request ([llm-d router](https://github.com/llm-d/llm-d-router)). These are push designs
-# with good information: the engines report their load every few hundred milliseconds, and
-# for one large model whose replicas hold precious prefix caches, sending a request where its
-# prefix already sits is worth more than any queue. The shared queue wins where this notebook
-# placed it: many small models, requests of uneven cost, workers that come and go.
+# [sglang-router](https://pypi.org/project/sglang-router/)). **llm-d**'s Endpoint Picker
+# scores every replica on queue depth, KV-cache use and prefix-cache hits per request
+# ([llm-d router](https://github.com/llm-d/llm-d-router)). These are push designs with good
+# information, and for one large model whose replicas hold precious prefix caches, sending a
+# request where its prefix sits is worth more than any queue. The shared queue fits where
+# this notebook placed it: many small models, uneven requests, workers that come and go.
 #
 # **NATS at scale.** One `nats-server` is a single point of failure. A JetStream cluster of
 # three or five servers replicates each stream with RAFT (`replicas: 3` survives one lost
-# server; writes need a quorum) ([JetStream clustering](https://docs.nats.io/jetstream/clustering)),
-# superclusters join regions, and leaf nodes bring the queue to the edge. Synadia, the
-# company behind NATS, writes that NVIDIA's cloud functions (NVCF) queue inference work on a
-# NATS supercluster ([their post](https://www.synadia.com/blog/scaling-global-ai-inference-with-nats-jetstream),
+# server) ([JetStream clustering](https://docs.nats.io/jetstream/clustering)); superclusters
+# join regions. Synadia, the company behind NATS, writes that NVIDIA's cloud functions queue
+# inference work on a NATS supercluster
+# ([their post](https://www.synadia.com/blog/scaling-global-ai-inference-with-nats-jetstream),
 # a vendor's account, not measured here).
 #
 # ### Beyond one machine
 #
-# Everything here ran on one machine, so the "network" was a loopback socket and a killed
-# worker was a killed process. Across machines the same code needs only a different URL for
-# NATS, but four things change. Redelivery is driven by `ack_wait` and heartbeats over a real
-# network, where a slow worker and a dead one look alike for a while, so requests must be
-# safe to run twice. Model loads come from a node's disk or a shared bucket rather than the
-# page cache (SIE keeps a local disk cache in front of a cluster-wide one), so a miss costs
-# seconds to minutes and pinning and affinity matter more. Capacity comes and goes: queue
-# depth is the signal an autoscaler watches (SIE scales its pools, down to zero). And for one large
-# model served by many replicas the answer is an existing distributed engine rather than a
-# home-made cluster: vLLM or SGLang behind their routers, llm-d on Kubernetes, or Ray Serve,
-# each an OpenAI-compatible endpoint the course's tools can be pointed at.
+# Across machines the code needs only another NATS URL, but four things change. A slow worker
+# and a dead one look alike for a while over a real network, so requests must be safe to run
+# twice. Model loads come from a node's disk or a shared bucket, not the page cache, so a miss
+# costs seconds to minutes and pinning and affinity matter more. Capacity comes and goes:
+# queue depth is what an autoscaler watches (SIE scales its pools, down to zero). And for one
+# large model on many replicas, use an existing distributed engine (vLLM or SGLang behind
+# their routers, llm-d, Ray Serve): each is an OpenAI-compatible endpoint the course's tools
+# can be pointed at.

@@ -4,24 +4,21 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/14_production_gateway.ipynb)
 # [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/14_production_gateway.py)
 #
-# An engine server answers whoever reaches it. vLLM takes `--api-key` (one key, or a list:
-# any of them opens every route it guards), SGLang one `--api-key` and an admin key; neither
+# An engine server answers whoever reaches it. vLLM takes `--api-key` (one key or several,
+# any of which opens every route it guards), SGLang one `--api-key` and an admin key; neither
 # knows who is calling, how much they may use, or what a reply cost. In production a
-# **gateway** sits in front of the engines and does that: it knows every client's key, limits
-# each one's request rate and token use, logs every request for billing and incidents
-# (without what was said), and decides which engine replica gets the request. The topics
-# follow the PLaMo serving talk named in the course's plan (its figures are not reproduced
-# here); everything below is measured on this machine with the course's own gateway
-# (`workshop/api_gateway/`) in front of two real teaching-engine replicas:
+# **gateway** in front of the engines does that: a key per client, a request rate and a token
+# quota per key, a log of every request for billing and incidents (without what was said),
+# and the choice of replica. The topics follow the PLaMo serving talk named in the course's
+# plan; everything is measured here with the course's gateway (`workshop/api_gateway/`) in
+# front of two teaching-engine replicas:
 #
-# 1. **Keys, limits, quotas and the log**: a key with a small request rate gets 429s with
-#    `Retry-After`, a token quota runs out, and the request log holds no prompt text;
-# 2. **Spread or concentrate**: the same load routed evenly over the replicas, or piled onto
-#    as few as possible; latency, each replica's batch and busy time, and how many replicas
-#    could be released;
+# 1. **Keys, limits, quotas and the log**: 429s with `Retry-After`, a token quota run out, and
+#    a request log with no prompt text in it;
+# 2. **Spread or concentrate**: the same load routed evenly or piled onto as few replicas as
+#    possible: latency, each replica's batch and busy time, replicas that could be released;
 # 3. **A capacity and cost plan** from the throughput you measured: replicas, GPU-hours per
 #    month, reserved vs on-demand, and the cost of a million tokens.
-
 
 # %%
 # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
@@ -58,16 +55,16 @@ session = workshop.session.connect()
 # %% [markdown]
 # ## 1. Two replicas and a gateway
 #
-# The replicas are two teaching-engine servers (`workshop.session.start_many`), each with one
-# torch thread, so each can have a core of its own on a small machine; the gateway is a
-# separate process, `python -m workshop.api_gateway`, that knows their addresses and keys and
-# gives clients keys of its own. Its keys file holds, per key, a name (what logs and
-# statistics show), a request rate with a burst, and optionally a token quota per window.
+# The replicas are two teaching-engine servers (`workshop.session.start_many`), one torch
+# thread each; the gateway is a separate process, `python -m workshop.api_gateway`, that knows
+# their addresses and keys and gives clients keys of its own. Its keys file holds, per key, a
+# name (what logs and statistics show), a request rate with a burst, and optionally a token
+# quota per window.
 #
-# Choose the limits of two small keys: `trial`'s requests per minute and how many it may
-# send at once after a quiet spell (the burst), and `metered`'s token quota per hour
-# (prompt + completion tokens, as counted by the replica that served each request). In Jupyter re-run the cells below after
-# changing a control; marimo re-runs them for you.
+# Choose `trial`'s requests per minute and its burst (how many it may send at once after a
+# quiet spell), and `metered`'s token quota per hour (prompt + completion tokens, as counted
+# by the replica that served each request). In Jupyter re-run the cells below after changing
+# a control; marimo re-runs them for you.
 
 # %%
 import inspect
@@ -96,8 +93,7 @@ metered_quota = ui.slider(100, 5000, 200, 100, "metered key: token quota per hou
 metered_quota
 
 # %%
-# One torch thread per replica: two engines that each spawn a thread per core would fight
-# over the same cores.
+# One torch thread per replica, so that the two engines do not fight over the same cores.
 replicas = workshop.session.start_many("mini", {
     f"replica {i}": ["--max-model-len", "512", "--kv-cache-gib", "0.1", "--",
                      "--threads", "1", "--max-num-seqs", "16"] for i in range(2)})
@@ -122,10 +118,9 @@ ui.table([{"replica": i, "server": r.base_url, "engine": r.info["engine"],
              "max running": "-"}])
 
 # %% [markdown]
-# Every request first meets `Gateway.admit`: the key's quota (is anything left in this
-# window?) and then its rate (is there a token in its bucket?). Both answer before a byte
-# goes to a replica; a refusal is a 429 with `Retry-After`, the seconds until the request
-# would be admitted.
+# Every request first meets `Gateway.admit`: the key's quota (anything left in this window?),
+# then its rate (a token in its bucket?), before a byte goes to a replica; a refusal is a 429
+# with `Retry-After`, the seconds until the request would be admitted.
 
 # %%
 ui.md("```python\n" + inspect.getsource(Gateway.admit) + "```")
@@ -146,6 +141,8 @@ ui.md("```python\n" + inspect.getsource(TokenBucket.take) + "```")
 my_admitted = None    # your prediction, e.g. 5
 
 # %%
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 
 
@@ -161,12 +158,12 @@ def ask(key_name, text="Say hello.", max_tokens=4, gw=None):
 rate_rows = []
 _t0 = time.monotonic()
 for _i in range(12):
+    _sent = time.monotonic() - _t0
     _r = ask("trial")
-    rate_rows.append({"request": _i + 1, "status": _r.status_code,
+    rate_rows.append({"request": _i + 1, "sent at s": _sent, "status": _r.status_code,
                       "Retry-After s": _r.headers.get("retry-after", ""),
                       "error": _r.json().get("error", {}).get("type", "") if _r.status_code != 200
                       else ""})
-rate_span_s = time.monotonic() - _t0
 rate_admitted = sum(r["status"] == 200 for r in rate_rows)
 ui.compare(my_admitted, rate_admitted, "requests admitted out of 12")
 
@@ -174,31 +171,41 @@ ui.compare(my_admitted, rate_admitted, "requests admitted out of 12")
 ui.table(rate_rows)
 
 # %%
+_per = 60 / trial_per_minute.value
+_span = rate_rows[-1]["sent at s"]
+_replay = TokenBucket(trial_per_minute.value, trial_burst.value)
+rate_forecast = sum(_replay.take(r["sent at s"]) == 0.0 for r in rate_rows)
+_took = [r["sent at s"] - q["sent at s"] for q, r in zip(rate_rows, rate_rows[1:])]
+_ok_s = np.median([t for t, q in zip(_took, rate_rows) if q["status"] == 200] or [np.nan])
+ui.worked_answer(
+    f"The bucket starts full, {trial_burst.value} tokens, and gains one every {_per:.1f} s. "
+    f"Each admitted request waits for its reply ({_ok_s:.2f} s at the median here), a refused "
+    f"one only for the 429, so the 12 went out over {_span:.2f} s: {trial_burst.value} + "
+    f"{_span:.2f} / {_per:.1f} = {trial_burst.value + _span / _per:.1f} tokens at most (a full "
+    f"bucket keeps no more than {trial_burst.value}, and each request takes a whole one). The "
+    f"same bucket replayed over these send times admits **{rate_forecast}**.\n\n"
+    f"Measured: **{rate_admitted}**"
+    + (": the same." if rate_forecast == rate_admitted else
+       f", {rate_admitted - rate_forecast:+d}: the gateway stamps a request when it reads it, "
+       "milliseconds after the client sent it, and a token due within those milliseconds "
+       "fell on the other side."))
+
+# %%
 _wrong = ask("sk-not-a-key")
-ui.md((f"**{rate_admitted}** of 12 admitted: the burst of {trial_burst.value}, plus one "
-       f"token every {60 / trial_per_minute.value:.1f} s refilled while the "
-       f"{rate_span_s:.1f} s of requests went by ({trial_burst.value} + "
-       f"{rate_span_s:.1f} / {60 / trial_per_minute.value:.1f} = "
-       f"{trial_burst.value + rate_span_s * trial_per_minute.value / 60:.1f} tokens in all; "
-       "each request takes a whole one). "
-       "The others were refused with 429 `rate_limit_exceeded`, each told when to come back. "
-       if rate_admitted < 12 else
-       f"All 12 admitted: at {trial_per_minute.value} a minute the bucket refilled faster "
-       f"than the requests came ({rate_span_s:.1f} s for 12). Lower the rate to see 429s. ")
-      + f"A request with an unknown key gets {_wrong.status_code} "
-      f"`{_wrong.json()['error']['type']}` the same way, before any replica sees it.")
+ui.md(f"**{rate_admitted} of 12 admitted**; the others got 429 `rate_limit_exceeded`, each "
+      f"with a `Retry-After`. An unknown key gets {_wrong.status_code} "
+      f"`{_wrong.json()['error']['type']}`, before any replica sees the request.")
 
 # %% [markdown]
 # ### A token quota, run down
 #
-# The `metered` key may use the quota you chose per hour. The gateway cannot know a
-# reply's length in advance, so it admits a request while anything is left, adds the
-# request's `usage` (from the replica's reply) when it finishes, and refuses the next one
-# once the window's count reaches the quota: the last admitted request may overshoot. A
-# refusal says `insufficient_quota` (OpenAI's name for it) and the seconds until the window
-# ends. Streams are counted too: the gateway asks the replica for
+# The gateway cannot know a reply's length in advance: it admits a request while anything
+# is left of the `metered` key's quota, adds the reply's `usage` when it finishes, and refuses
+# the next one once the window's count reaches the quota, so the last admitted request may
+# overshoot. A refusal says `insufficient_quota` (OpenAI's name) and the seconds until the
+# window ends. Streams are counted too: the gateway asks the replica for
 # `stream_options.include_usage` and passes the usage chunk on only to clients that asked
-# for it (checked by `tests/integration/test_api_gateway.py`).
+# (checked by `tests/integration/test_api_gateway.py`).
 
 # %%
 quota_rows = []
@@ -234,10 +241,9 @@ ui.md((f"**{len(quota_rows) - 1} requests** used **{quota_used}** tokens of a qu
 #
 # One JSON line per request: time, the key's **name** (never the key), model, replica,
 # status, token counts, latency and, for streams, time to first token. Never the prompt or
-# the reply: billing, capacity planning and most incident work need none of it, and a log
-# full of prompts is a store of users' data with none of the protection the data needs. The
-# log line is built by a function that takes only those fields, so a prompt cannot slip in
-# by a careless `**request`:
+# the reply: billing, capacity planning and most incidents need none of it, and a log full of
+# prompts is users' data without the protection it needs. The line is built by a function
+# that takes only those fields, so a prompt cannot slip in by a careless `**request`:
 
 # %%
 from workshop.api_gateway import request_log
@@ -269,15 +275,11 @@ ui.md(f"The log (`{gw_spread.log_path}`) has {len(log_lines)} lines. The prompt'
 #
 # With several replicas the gateway decides where each request goes. Two opposite policies:
 #
-# * **spread**: the replica with the fewest outstanding requests (ties in turn). Every
-#   replica gets a share, batches stay small, and each request waits least, if the
-#   replicas do not compete for the same hardware;
-# * **concentrate**: the first replica until it holds `max per replica` outstanding
-#   requests, then the next. Batches grow (an engine's throughput rises with its batch,
-#   notebook 7), and the last replicas stay idle while demand allows: those could be
-#   released (scaled down, given back, used for something else).
-#
-# The policies' code:
+# * **spread**: the replica with the fewest outstanding requests (ties in turn): small
+#   batches, and each request waits least if the replicas do not share hardware;
+# * **concentrate**: the first replica until it holds `max per replica` outstanding, then the
+#   next: bigger batches (throughput rises with the batch, notebook 7), and the last replicas
+#   stay idle while demand allows, so they could be released.
 
 # %%
 from workshop.api_gateway import routing
@@ -286,15 +288,13 @@ ui.md("```python\n" + inspect.getsource(routing.Spread.choose) + "\n"
       + inspect.getsource(routing.Concentrate.choose) + "```")
 
 # %% [markdown]
-# The same requests, at the same Poisson arrival times, go through a spread gateway and a
-# concentrate gateway over the same two replicas, at a few loads. The load is the course's
-# harness (`workshop.bench`) pointed at the gateway; while it runs, a thread samples each
-# replica's `/metrics` for `vllm:num_requests_running` (its running batch), and the gateway
-# counts the time each replica had at least one request outstanding (its busy time). A
-# replica busy less than the share you choose could be released.
-#
-# The loads are multiples of what one replica does one request at a time (one over the
-# unloaded latency, measured first), from below it up to the highest you choose.
+# The same requests, at the same Poisson arrival times, go through a spread and a
+# concentrate gateway over the same two replicas, at a few loads (the course's harness,
+# `workshop.bench`, pointed at the gateway). A thread samples each replica's running batch
+# (`vllm:num_requests_running` on `/metrics`); the gateway counts each replica's busy time
+# (at least one request outstanding) and its mean outstanding requests. A replica busy less
+# than the share you choose could be released. The loads are multiples of one replica's
+# one-at-a-time rate (one over the unloaded latency, measured first).
 
 # %%
 max_per_replica = ui.slider(1, 16, 4, 1, "concentrate: max outstanding per replica")
@@ -318,18 +318,35 @@ bench_input_len = 32
 gw_concentrate = gateway_launch.start([(r.base_url, r.api_key) for r in replica_list], keys,
                                       policy="concentrate",
                                       max_per_replica=max_per_replica.value)
-_t = []
-for _ in range(sweep(3, 2)):
-    _r = ask("ops", text="Count to ten.", max_tokens=bench_output_len)
-    _t.append(_r.elapsed.total_seconds())
-unloaded_latency_s = float(np.median(_t))
+
+
+def latencies_at_once(replica, n):
+    """Seconds each of ``n`` requests took, sent together straight to ``replica``: the
+    benchmark's output length, end-of-sequence ignored."""
+    body = {"model": model, "max_tokens": bench_output_len, "ignore_eos": True,
+            "messages": [{"role": "user", "content": "Count to ten."}]}
+
+    def one(_):
+        _r = httpx.post(replica.base_url + "/v1/chat/completions", json=body, timeout=120,
+                        headers={"Authorization": f"Bearer {replica.api_key}"})
+        _r.raise_for_status()
+        return _r.elapsed.total_seconds()
+    with ThreadPoolExecutor(n) as _pool:
+        return list(_pool.map(one, range(n)))
+
+
+unloaded_latency_s = float(np.median([latencies_at_once(replica_list[0], 1)[0]
+                                      for _ in range(sweep(3, 2))]))
+burst_size = max(2, max_per_replica.value)
+burst_latency_s = float(np.median(latencies_at_once(replica_list[0], burst_size)))
+per_other_s = (burst_latency_s - unloaded_latency_s) / (burst_size - 1)
 one_at_a_time_rate = 1 / unloaded_latency_s
-# from below one replica's one-at-a-time rate (where one replica should do) to the top
 policy_rates = [f * one_at_a_time_rate
                 for f in np.geomspace(sweep(0.5, 0.75), top_load.value, sweep(4, 2))]
-ui.md(f"Unloaded latency of a request of {bench_output_len} output tokens: "
-      f"**{unloaded_latency_s:.2f} s**, so one replica serving one request at a time manages "
-      f"{one_at_a_time_rate:.2f} requests/s. Offered loads: "
+ui.md(f"A request of {bench_output_len} output tokens took **{unloaded_latency_s:.2f} s** alone "
+      f"on replica 0 ({one_at_a_time_rate:.2f} requests/s one at a time) and "
+      f"**{burst_latency_s:.2f} s** with {burst_size} sent at once: each request sharing the "
+      f"replica added {per_other_s * 1e3:.0f} ms. Offered loads: "
       + ", ".join(f"{r:.2f}" for r in policy_rates) + " requests/s.")
 
 # %% [markdown]
@@ -352,6 +369,41 @@ p99_ratio = (policy_top["concentrate"].summary["e2e_ms"]["p99"]
 ui.compare(my_p99_ratio, p99_ratio, "p99 concentrate / p99 spread at the highest load", "x")
 
 # %%
+policy_forecast = {p: gx.forecast(p, policy_rates[-1], len(replica_list), unloaded_latency_s,
+                                  per_other_s, max_per_replica.value)
+                   for p in ("spread", "concentrate")}
+_slowest = {p: max(x["latency s"] for x in rows if x["latency s"] is not None)
+            for p, rows in policy_forecast.items()}
+
+
+def _replica_text(rows):
+    return "; ".join(f"replica {x['replica']} {x['req/s']:.2f} req/s, holds {x['holds']:.1f}, "
+                     f"{x['latency s']:.2f} s" for x in rows if x["req/s"] > 0)
+
+
+def _held_text(run):
+    return ", ".join(f"{x['mean outstanding']:.1f}" for x in run.replicas)
+
+
+ui.worked_answer(
+    f"Little's law per replica: a replica given λ requests/s whose requests take L s holds "
+    f"N = λ·L of them. A request alone takes {unloaded_latency_s:.2f} s and each one it "
+    f"shares the replica with adds {per_other_s:.3f} s (the burst above), so "
+    f"L = {unloaded_latency_s:.2f} + {per_other_s:.3f}·λ·L, that is "
+    f"L = {unloaded_latency_s:.2f} / (1 − {per_other_s:.3f}·λ). At {policy_rates[-1]:.2f} req/s:\n\n"
+    f"* spread: {_replica_text(policy_forecast['spread'])};\n"
+    f"* concentrate (full at {max_per_replica.value}): "
+    f"{_replica_text(policy_forecast['concentrate'])}.\n\n"
+    f"Forecast, slowest replica against slowest: **{_slowest['concentrate'] / _slowest['spread']:.2f}x**. "
+    f"Measured p99s: **{p99_ratio:.2f}x**. Requests held on average, per replica (the gateway's "
+    f"count): {_held_text(policy_top['concentrate'])} concentrated, "
+    f"{_held_text(policy_top['spread'])} spread. The forecast is a mean, and its per-request "
+    f"cost was measured on replica 0 with replica 1 idle; here the replicas, the gateway and "
+    f"the load generator shared "
+    f"{workshop.session.cores()} cores, and with {requests_per_point.value} requests per point "
+    "the p99 lies between the two slowest requests.")
+
+# %%
 policy_rows = [r.row(idle_release.value) for r in policy_runs]
 ui.table(policy_rows)
 
@@ -361,47 +413,20 @@ gx.figure(policy_runs, idle_release.value)
 # %%
 _low = {r.policy: r for r in policy_runs if r.rate == policy_rates[0]}
 _low_p99 = {p: r.summary["e2e_ms"]["p99"] / 1e3 for p, r in _low.items()}
-_released_low = _low["concentrate"].released(idle_release.value)
 _released_spread = max(r.released(idle_release.value) for r in policy_runs
                        if r.policy == "spread")
-_c, _s = policy_top["concentrate"], policy_top["spread"]
-_batch = lambda run: max(x["batch when running"] for x in run.replicas)
 _tok = {p: policy_top[p].summary["output_throughput"] for p in policy_top}
 ui.md(
-    f"At the lowest load ({policy_rates[0]:.2f} req/s), concentrate left "
-    f"**{_released_low}** of {len(replica_list)} replicas idle at least "
-    f"{idle_release.value:.0%} of the time (spread, at any load: {_released_spread}), at a "
-    f"p99 of {_low_p99['concentrate']:.2f} s against spread's {_low_p99['spread']:.2f} s"
-    + (": the price of the bigger batch. " if _low_p99["concentrate"] > 1.1 * _low_p99["spread"]
-       else ": the bigger batch cost no latency that this run could see. ")
-    + f"At the highest ({policy_rates[-1]:.2f} req/s), the busiest replica ran batches of "
-    f"{_batch(_c):.1f} requests on average under concentrate and {_batch(_s):.1f} under "
-    f"spread, and p99 latency was {_c.summary['e2e_ms']['p99'] / 1e3:.2f} s against "
-    f"{_s.summary['e2e_ms']['p99'] / 1e3:.2f} s ({p99_ratio:.2f}x). "
-    + ("Spreading gave the lower tail, as the usual advice says: two replicas with a core "
-       "each decode side by side, so splitting the load halves each one's batch. "
-       if p99_ratio > 1.1 else
-       "Spreading did **not** lower the tail here, against the usual advice. The two "
-       f"replicas share this machine's {workshop.session.cores()} cores with the gateway "
-       "and the load generator, so a second replica adds little compute; and a bigger "
-       "batch on one replica costs little more per step than a small one (notebook 7). "
-       "Where each replica has hardware of its own (a GPU each), a second replica adds its "
-       "whole compute: measure there before choosing. "
-       if p99_ratio < 0.9 else
-       "The two tails were within 10 % of each other: at this load the choice did not "
-       "matter for latency" + (f", and concentrate still left {_c.released(idle_release.value)} "
-                               "replica(s) idle enough to release. "
-                               if _c.released(idle_release.value) else ". "))
-    + f"Output throughput: {_tok['concentrate']:.1f} tokens/s concentrated, "
-    f"{_tok['spread']:.1f} spread."
-    + (" (Under 100 requests per point a p99 is about the slowest request, and noisy: raise "
-       "the requests per point before trusting a difference.)"
-       if requests_per_point.value < 100 else ""))
+    f"**At {policy_rates[0]:.2f} req/s concentrate left "
+    f"{_low['concentrate'].released(idle_release.value)} of {len(replica_list)} replicas idle "
+    f"at least {idle_release.value:.0%} of the time** (spread, at any load: {_released_spread}), "
+    f"at a p99 of {_low_p99['concentrate']:.2f} s against spread's {_low_p99['spread']:.2f} s. At "
+    f"{policy_rates[-1]:.2f} req/s the p99 ratio was {p99_ratio:.2f}x and output "
+    f"{_tok['concentrate']:.1f} tokens/s concentrated against {_tok['spread']:.1f} spread.")
 
 # %% [markdown]
-# Try a smaller `max per replica` (concentrate overflows sooner and looks more like
-# spread), a higher load (where the single replica saturates and concentrate's tail should
-# blow up), or more requests per point.
+# Try a smaller `max per replica` (concentrate overflows sooner and looks more like spread),
+# a higher load, or more requests per point.
 #
 # ## 3. A capacity and cost plan from your own measurement
 #
@@ -434,11 +459,10 @@ ui.md(f"{len(slo_points)} of {len(policy_runs)} points met a p99 of {slo_p99_s.v
          "None did: loosen the objective (no throughput meets it on this machine)."))
 
 # %% [markdown]
-# **This is a CPU standing in for a GPU.** The figure above is the teaching engine with a
-# 135M-parameter model on this machine's cores, not vLLM or SGLang on a GPU with the model
-# you would serve; only the arithmetic below carries over. To plan a real fleet, run
-# section 2 against your own GPU replicas (or the course's harness, `workshop bench`,
-# against one) and write the tokens/s per replica you measured within your objective here:
+# **This is a CPU standing in for a GPU**: a 135M-parameter model in the teaching engine, not
+# the model you would serve on vLLM or SGLang; only the arithmetic below carries over. To plan
+# a real fleet, run section 2 (or `workshop bench`) against your GPU replicas and write the
+# tokens/s per replica you measured within your objective here:
 
 # %%
 my_tokens_per_s_per_replica = None    # your own measurement, e.g. 1500.0 for a GPU replica
@@ -457,10 +481,9 @@ peak_hours = ui.slider(1.0, 24.0, 4.0, 0.5, "hours a day at the peak")
 peak_hours
 
 # %% [markdown]
-# Prices per GPU-hour are yours to set. The defaults come from the course's one GPU
-# catalogue, `workshop/data/gpus.json` (the one notebook 2 prices with): an H100's on-demand
-# and one-year-commitment prices, each with its source and date, shown below. Prices vary by
-# provider, region, commitment and month by a factor of two or more.
+# Prices per GPU-hour are yours to set. The defaults are an H100's on-demand and one-year
+# prices from the course's GPU catalogue, `workshop/data/gpus.json` (notebook 2's), with their
+# sources; prices vary by provider, region, commitment and month by a factor of two or more.
 
 # %%
 from workshop import capacity
@@ -491,8 +514,8 @@ price_reserved
 ui.md("```python\n" + inspect.getsource(capacity.fleet_plan) + "```")
 
 # %% [markdown]
-# **Exercise 3 (predict, then measure).** With your demand and prices, how many replicas
-# does the peak need?
+# **Exercise 3 (predict, then compute).** With your demand and the throughput per replica
+# above, how many replicas does the peak need?
 
 # %%
 my_peak_replicas = None    # your prediction, e.g. 10
@@ -502,6 +525,16 @@ plan_peak_hours = min(peak_hours.value, 24 / peak_to_mean.value)
 fleet = capacity.fleet_plan(demand_tokens_per_day.value, peak_to_mean.value, plan_peak_hours,
                             plan_tokens_per_s, price_on_demand.value, price_reserved.value)
 ui.compare(my_peak_replicas, fleet.replicas_peak, "replicas at the peak", how="computed")
+
+# %%
+ui.worked_answer(
+    f"A day has 86,400 s: {demand_tokens_per_day.value:,.0f} tokens a day is a mean of "
+    f"{fleet.mean_tokens_per_s:,.1f} tokens/s, and the peak {peak_to_mean.value:g}x that, "
+    f"{fleet.peak_tokens_per_s:,.1f} tokens/s. At {plan_tokens_per_s:,.1f} tokens/s per "
+    f"replica that is {fleet.peak_tokens_per_s / plan_tokens_per_s:,.2f} replicas, rounded up: "
+    f"**{fleet.replicas_peak}**. The rest of the day, at {fleet.base_tokens_per_s:,.1f} tokens/s "
+    f"(what keeps the day's total), needs {fleet.replicas_base}. Prices do not enter: they "
+    "decide how to pay for the replicas, not how many.")
 
 # %%
 ui.table([{"option": o.name, "reserved replicas": o.reserved_replicas,
@@ -517,23 +550,16 @@ _src = ("your own measurement" if my_tokens_per_s_per_replica else
         "this machine's measurement (a CPU standing in for a GPU)" if measured_tokens_per_s
         else "a placeholder of 1 token/s (nothing met the objective)")
 ui.md(
-    f"At {plan_tokens_per_s:,.1f} tokens/s per replica ({_src}), a mean of "
-    f"{fleet.mean_tokens_per_s:,.1f} tokens/s and a peak of {fleet.peak_tokens_per_s:,.1f} "
-    f"for {plan_peak_hours:g} h a day"
-    + (f" (capped at {plan_peak_hours:g} h: at {peak_to_mean.value:g}x the mean, a longer peak "
-       "would exceed the day's tokens)" if plan_peak_hours < peak_hours.value else "")
-    + f" need **{fleet.replicas_peak}** replicas at the peak and {fleet.replicas_base} "
-    f"the rest of the day. Cheapest at your prices: **{_best.name}**, "
-    f"${_best.usd_month:,.0f} a month, ${_best.usd_per_million_tokens:,.3g} per million "
-    f"tokens. A replica busy every hour would cost ${_floor['on demand']:,.3g} per million "
-    f"tokens on demand and ${_floor['reserved']:,.3g} reserved: the floor, which only a "
-    "fully used fleet reaches. "
-    + ("Reserving for the peak pays for idle replicas most of the day; here that cost more "
-       "than on-demand's higher rate. " if fleet.options[0].usd_month > fleet.options[1].usd_month
-       else "The reserved rate is low enough that paying for idle peak replicas still beat "
-       "on demand. ")
-    + "Section 2's concentrate policy is what makes the on-demand and mixed options real: "
-    "only a replica the gateway leaves idle can be released.")
+    f"**Cheapest at your prices: {_best.name}, ${_best.usd_month:,.0f} a month, "
+    f"${_best.usd_per_million_tokens:,.3g} per million tokens**, at {plan_tokens_per_s:,.1f} "
+    f"tokens/s per replica: {_src}"
+    + (f"; the peak is capped at {plan_peak_hours:g} h a day (a longer one at "
+       f"{peak_to_mean.value:g}x the mean exceeds the day's tokens)"
+       if plan_peak_hours < peak_hours.value else "")
+    + f". A replica busy every hour costs ${_floor['on demand']:,.3g} per million tokens on "
+    f"demand and ${_floor['reserved']:,.3g} reserved: the floor, reached only by a fully used "
+    "fleet. The on-demand and mixed options count on releasing idle replicas, which section "
+    "2's concentrate policy makes possible.")
 
 # %% [markdown]
 # ## 4. What production systems do
@@ -547,11 +573,10 @@ ui.md(
 # | Kong AI Gateway | AI Rate Limiting Advanced: token (or cost) limits per consumer, consumer group or provider, over several windows at once (e.g. per minute and per hour) | [Kong: AI Rate Limiting Advanced](https://developer.konghq.com/plugins/ai-rate-limiting-advanced/examples/consumer-rate-limiting/) |
 # | Apache APISIX | `ai-rate-limiting`: token limits per time window on `total_tokens`, `prompt_tokens` or `completion_tokens` | [APISIX ai-rate-limiting](https://apisix.apache.org/docs/apisix/3.17/plugins/ai-rate-limiting/) |
 #
-# Like ours, the token-based limiters count tokens from the reply's `usage` after the fact,
-# so one request can overshoot a limit. Unlike ours, they can keep their counters in a
-# shared store (Kong's `redis` strategy, Envoy Gateway's global rate-limit service), so that
-# several gateway instances enforce one limit; ours keeps them in its own memory, which is
-# enough for one gateway process and loses them on restart.
+# Like ours, the token-based limiters count the reply's `usage` after the fact, so one
+# request can overshoot. Unlike ours, they can keep their counters in a shared store (Kong's
+# `redis` strategy, Envoy Gateway's global rate-limit service), so that several gateway
+# instances enforce one limit; ours keeps them in memory, lost on restart.
 
 # %%
 _done_with = (rate_rows, quota_rows, log_clean, policy_runs)   # stop only after their last use

@@ -6,6 +6,9 @@ gateway's own exact count, ``/gateway/stats``), and the engine's running batch
 (``vllm:num_requests_running`` on its ``/metrics``, sampled by ``workshop.metrics.MetricsSampler``
 while the load runs).
 The load is the course's harness (``workshop.bench.run_benchmark``) pointed at the gateway.
+
+``forecast`` is the worked answer's model of the two policies: Little's law per replica, with
+a request's latency growing linearly in the requests it shares its replica with.
 """
 
 from __future__ import annotations
@@ -90,6 +93,43 @@ def run_policy(gateway: Any, replicas: Sequence[Any], model: str, rate: float, n
             "batch when running": float(np.mean(running)) if running else 0.0,
             "running samples": len(samples)})
     return run
+
+
+def latency_with_others(l1: float, per_other: float, rate: float) -> float:
+    """Mean latency at a replica receiving ``rate`` requests/s, where a request alone takes
+    ``l1`` s and each request it shares the replica with adds ``per_other`` s: it finds
+    N = rate * L others on average (Little's law), so L = l1 + per_other * rate * L, that is
+    L = l1 / (1 - per_other * rate). Infinite at or past saturation."""
+    load = per_other * rate
+    return l1 / (1 - load) if load < 1 else float("inf")
+
+
+def forecast(policy: str, rate: float, replicas: int, l1: float, per_other: float,
+             max_per_replica: int = 1) -> list[dict]:
+    """Per replica: the requests/s it gets, the requests it holds and their latency, in
+    steady state (``latency_with_others``). ``spread``: each gets ``rate / replicas``.
+    ``concentrate``: replica 0 takes everything while it holds fewer than
+    ``max_per_replica``; full, it serves ``max_per_replica / L`` (L with that many others)
+    and the overflow goes to the next. Past every replica full the policy is spread's (the fewest outstanding)."""
+    def row(i, r, latency=None):
+        latency = latency_with_others(l1, per_other, r) if latency is None else latency
+        return {"replica": i, "req/s": r, "holds": r * latency if r else 0.0,
+                "latency s": latency if r else None}
+
+    if policy == "spread":
+        return [row(i, rate / replicas) for i in range(replicas)]
+    rows, left = [], rate
+    full_latency = l1 + per_other * max_per_replica      # where rate * L reaches the cap
+    for i in range(replicas):
+        alone = latency_with_others(l1, per_other, left)
+        if left * alone <= max_per_replica:
+            rows.append(row(i, left, alone))
+            left = 0.0
+        else:
+            served = max_per_replica / full_latency
+            rows.append(row(i, served, full_latency))
+            left = max(0.0, left - served)
+    return forecast("spread", rate, replicas, l1, per_other) if left > 0 else rows
 
 
 def figure(runs: Sequence[PolicyRun], idle_at_least: float):

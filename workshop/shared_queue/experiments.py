@@ -7,13 +7,18 @@
   time per worker (from the workers' own step records);
 * ``knee``: per route, the highest offered load that is still served (the harness's rule);
 * ``zipf_run``: requests whose models follow a Zipf popularity, through the packing policy;
-* ``kill_run``: a worker killed while it holds requests, and what the queue did about it.
+* ``kill_run``: a worker killed while it holds requests, and what the queue did about it;
+* ``simulate`` / ``simulated_p99``: the routes replayed in a model of the workers (engine
+  steps of a measured length, nothing else), over a run's own arrivals: the worked answer's
+  forecast.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -21,6 +26,7 @@ import numpy as np
 
 from workshop.bench import metrics
 from workshop.bench.sweep import find_knee
+from workshop.prompt_latency import line_fit
 from workshop.shared_queue import wire
 from workshop.shared_queue.cluster import Cluster
 from workshop.shared_queue.gateway import PULL, Run
@@ -76,6 +82,7 @@ def worker_activity(stats: dict[str, dict], start: float, end: float) -> dict[st
         busy = sum(d for *_, d in steps) + sum(d for *_, d in loads)
         wall = max(end - start, 1e-9)
         out[w] = {"steps": len(steps), "batches": [b for _, _, b, _ in steps],
+                  "step_s": [d for *_, d in steps],
                   "busy_s": busy, "wall_s": wall, "busy": busy / wall,
                   "served": len(s["served"]), "loads": len(loads),
                   "peak_bytes": s["peak_bytes"], "budget": s["budget"],
@@ -87,11 +94,13 @@ def _merge_activity(parts: Sequence[dict[str, dict]]) -> dict[str, dict]:
     out: dict[str, dict] = {}
     for act in parts:
         for w, a in act.items():
-            m = out.setdefault(w, {"steps": 0, "batches": [], "busy_s": 0.0, "wall_s": 0.0,
-                                   "served": 0, "loads": 0, "peak_bytes": 0, "served_list": []})
+            m = out.setdefault(w, {"steps": 0, "batches": [], "step_s": [], "busy_s": 0.0,
+                                   "wall_s": 0.0, "served": 0, "loads": 0, "peak_bytes": 0,
+                                   "served_list": []})
             for k in ("steps", "busy_s", "wall_s", "served", "loads"):
                 m[k] += a[k]
             m["batches"] += a["batches"]
+            m["step_s"] += a["step_s"]
             m["served_list"] += a["served_list"]
             m["peak_bytes"] = max(m["peak_bytes"], a["peak_bytes"])
             m["budget"], m["rss_bytes"] = a["budget"], a["rss_bytes"]
@@ -172,10 +181,22 @@ def run_point(cluster: Cluster, route: str, rate: float, n: int, mix: Mix, seed:
     return Point(route, rate, [run], [activity], [offsets])
 
 
+def step_line(activity: dict[str, dict]) -> tuple[float, float]:
+    """Seconds per engine step as ``fixed + per_request * batch``, least squares over every
+    worker's steps: (fixed, per_request). One batch size only: its mean step, per_request 0."""
+    pairs = [(b, d) for a in activity.values() for b, d in zip(a["batches"], a["step_s"])]
+    fit = line_fit(pairs)
+    if fit is None:
+        return float(np.mean([d for _, d in pairs])) if pairs else 0.0, 0.0
+    slope, intercept = fit
+    return intercept, slope
+
+
 def measure_capacity(cluster: Cluster, mix: Mix, n: int, seed: int = 0,
                      timeout: float = 300.0) -> dict:
     """All ``n`` requests at once, pulled: finished requests per second while the queue never
-    runs dry (the most the workers can do with this mix)."""
+    runs dry (the most the workers can do with this mix), and the length of an engine step
+    against its batch (``step_line``)."""
     rng = np.random.default_rng(seed)
     reqs = make_requests(cluster, [next(iter(cluster.models))] * n, mix, rng)
     cluster.reset()
@@ -184,8 +205,10 @@ def measure_capacity(cluster: Cluster, mix: Mix, n: int, seed: int = 0,
     done = [r for r in run.records if r["latency_s"] is not None]
     seconds = max(r["latency_s"] for r in done)     # all were sent at once
     activity = worker_activity(cluster.stats(reset=True), run.started, run.ended)
+    fixed, per_request = step_line(activity)
     return {"requests": n, "seconds": seconds, "req_per_s": len(done) / seconds,
-            "mean batch": float(np.mean([b for a in activity.values() for b in a["batches"]]))}
+            "mean batch": float(np.mean([b for a in activity.values() for b in a["batches"]])),
+            "step fixed s": fixed, "step per request s": per_request}
 
 
 def sweep(cluster: Cluster, routes: Sequence[str], rates: Sequence[float], n: int,
@@ -220,6 +243,59 @@ def knee(points: Sequence[Point], route: str, p99_objective_s: float) -> dict:
             "rows": rows}
 
 
+# -- the routes in a model of the workers ---------------------------------------------------------
+
+def simulate(arrivals: Sequence[float], steps: Sequence[int], workers: int, slots: int,
+             step: tuple[float, float], route: str) -> list[float]:
+    """Each request's latency in a model of the workers: a worker runs up to ``slots``
+    requests, one engine step at a time, a step taking ``fixed + per_request * batch``
+    seconds (``step``); request i needs ``steps[i]`` steps (one per output token: the prefill
+    makes the first). Before each step a worker with free slots takes waiting requests, in
+    arrival order: from one shared queue (``PULL``), or from its own, where request k of the
+    run was pushed round-robin (any push route is taken as round-robin). No network, no
+    queue server, no loads: what routing alone does."""
+    fixed, per = step
+    order = sorted(range(len(arrivals)), key=lambda i: arrivals[i])
+    pull = route == PULL
+    queues = [deque() for _ in range(1 if pull else workers)]
+    running: list[dict[int, int]] = [{} for _ in range(workers)]
+    latency = [math.inf] * len(arrivals)
+    clock = [(0.0, w) for w in range(workers)]
+    nxt = 0                                          # next arrival not yet queued
+    while clock:
+        t, w = heapq.heappop(clock)
+        while nxt < len(order) and arrivals[order[nxt]] <= t:
+            queues[0 if pull else nxt % workers].append(order[nxt])
+            nxt += 1
+        mine = queues[0 if pull else w]
+        while mine and len(running[w]) < slots:
+            running[w][mine.popleft()] = 0
+        if not running[w]:
+            if nxt < len(order):                     # idle: look again at the next arrival
+                heapq.heappush(clock, (arrivals[order[nxt]], w))
+            continue                                 # nothing will ever come: done
+        t += fixed + per * len(running[w])
+        for i in list(running[w]):
+            running[w][i] += 1
+            if running[w][i] >= steps[i]:
+                del running[w][i]
+                latency[i] = t - arrivals[i]
+        heapq.heappush(clock, (t, w))
+    return latency
+
+
+def simulated_p99(point: Point, workers: int, slots: int, step: tuple[float, float]) -> float:
+    """The p99 latency ``simulate`` gives for ``point``'s route over each of its runs' own
+    arrival times and output lengths."""
+    lat: list[float] = []
+    for run in point.runs:
+        t0 = min(r["sent"] for r in run.records)
+        lat += simulate([r["sent"] - t0 for r in run.records],
+                        [max(1, r["max_tokens"]) for r in run.records], workers, slots, step,
+                        point.route)
+    return percentile(lat, 99)
+
+
 # -- Zipf popularity through the packing policy ---------------------------------------------------
 
 @dataclass
@@ -247,6 +323,12 @@ class ZipfResult:
             pool = replay(seq, budget, sizes, self.pinned)
             hits, total = hits + pool.hits, total + pool.hits + pool.misses
         return hits / total if total else math.nan
+
+    def first_use_misses(self) -> int:
+        """Misses that were a worker's first request for an unpinned model: the policy
+        starts with only the pinned models loaded, so these miss whatever the popularity."""
+        return sum(len({m for _, m, _ in a["served_list"] if m not in self.pinned})
+                   for a in self.point.activity.values())
 
 
 def zipf_run(cluster: Cluster, s: float, n: int, rate: float, mix: Mix, budget_models: float,
