@@ -35,24 +35,18 @@ def _(mo):
     [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/02_kv_cache_capacity.py)
 
     Notebook 1 watched the KV cache fill up on a live server. This notebook turns that into
-    arithmetic you can do for any model and any GPU before renting one:
+    arithmetic you can do for any model and GPU before renting one:
 
-    1. **bytes per token** for six real models, from their published `config.json` files;
-    2. a **check against the live engine**: does our formula predict exactly how many KV blocks
-       the engine carved out of its memory?
-    3. a **capacity and cost calculator**: does a model fit on a GPU at a given precision,
-       context and number of users, how fast can it decode at best, and what does that imply
-       per million tokens?
-    4. the **other direction**: from a latency target (time per output token) to the largest
-       batch, the users per GPU and the cost per million tokens;
-    5. the same from a **time-to-first-token** target: how many prompts can be prefilled
-       together within it, hence the requests per second one GPU sustains and the cost per
-       million prompt tokens.
+    1. **bytes per token** of six real models, from their `config.json` files;
+    2. a **check against the live engine**: does the formula predict its block count exactly?
+    3. a **capacity and cost calculator**: users that fit, best-case decode speed, cost per
+       million tokens;
+    4. the other direction, from a **time-per-output-token** target to batch, users and cost;
+    5. the same from a **time-to-first-token** target to requests per second and cost.
 
-    Two mistakes are common in online calculators, and the calculator here avoids both: counting
-    keys and values for every *attention* head (models with grouped-query attention store them
-    only for the fewer *KV* heads), and assuming the cache has the same precision as the weights
-    (4-bit weights with a 16-bit cache is the usual case).
+    Online calculators often make two mistakes, avoided here: counting keys and values for every
+    *attention* head (grouped-query attention stores them only for the fewer *KV* heads), and
+    giving the cache the weights' precision (4-bit weights with a 16-bit cache is usual).
     """)
     return
 
@@ -112,9 +106,8 @@ def _(mo):
     * **Sliding-window layers** (gpt-oss alternates them with full layers) keep only the last
       `sliding_window` tokens, so past that length they stop growing.
 
-    The configs below ship with the course in `workshop/data/models/`, each copied from the
-    linked `config.json`. "Naive" is what you get by counting every attention head at the same
-    precision, the mistake to avoid.
+    The configs ship in `workshop/data/models/`, copied from the linked `config.json` files.
+    "Naive" counts every attention head at the weights' precision: the mistake to avoid.
     """)
     return
 
@@ -154,13 +147,11 @@ def _(mo):
     mo.md(r"""
     ## 2. Check the formula against the live engine
 
-    The engine does not trust our formula; it computes its own. vLLM takes a memory budget for
-    the KV cache (on CPU: `VLLM_CPU_KVCACHE_SPACE` or `--kv-cache-memory-bytes`; on GPU: what is
-    left of `--gpu-memory-utilization` after the weights), cuts it into **blocks** of
-    `block_size` tokens, and publishes the result in `/metrics` as `vllm:cache_config_info`.
-    If our bytes per token are right, then *budget / (block size x bytes per token)*, rounded
-    down, is exactly the engine's block count. The model's terms come from the `config.json` the
-    server actually loaded, when it is on this machine.
+    vLLM sizes its cache itself: it takes a KV budget in bytes (on CPU
+    `VLLM_CPU_KVCACHE_SPACE` or `--kv-cache-memory-bytes`; on GPU what `--gpu-memory-utilization`
+    leaves after the weights), cuts it into **blocks** of `block_size` tokens, and publishes
+    both in `/metrics` (`vllm:cache_config_info`). The model's terms come from the `config.json`
+    the server loaded, when it is on this machine.
     """)
     return
 
@@ -191,8 +182,8 @@ def _(kvcache, session, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Exercise 1 (predict, then measure).** From the three numbers above, how many blocks did the engine
-    make? Write your number, then run the cell after it: it shows the engine's own count.
+    **Exercise 1 (predict, then measure).** From the three numbers above, how many blocks did the
+    engine make? The cell after your prediction shows the engine's own count.
     """)
     return
 
@@ -213,35 +204,30 @@ def _(check, predict_engine_blocks, session, ui):
 
 
 @app.cell
-def _(check, ui):
-    ui.table([{k: v for k, v in check.items()}])
-    return
-
-
-@app.cell
 def _(check, kvcache, served_config_from, session, ui):
+    _block_bytes = check["block_size"] * check["our_bytes_per_token"]
     if check.get("kv_memory_bytes") is not None:
         check_text = (
-            f"The engine was given **{kvcache.human_bytes(check['kv_memory_bytes'])}** for the KV "
-            f"cache and made **{check['engine_blocks']:,} blocks** of {check['block_size']} tokens. "
-            f"Our formula ({served_config_from}: {check['our_bytes_per_token']:,.0f} bytes per token "
-            f"at cache dtype `{check['cache_dtype']}`) predicts **{check['predicted_blocks']:,} "
-            f"blocks**, i.e. {check['predicted_capacity_tokens']:,} tokens: "
-            + ("**they agree exactly**." if check["agrees"] else "**they differ** - the engine "
-               "stores something our formula does not count (or vice versa); investigate before "
+            f"One block holds {check['block_size']} tokens x {check['our_bytes_per_token']:,} bytes "
+            f"= {_block_bytes:,} bytes (the bytes per token from {served_config_from}), so the "
+            f"budget makes {check['kv_memory_bytes']:,} / {_block_bytes:,} = "
+            f"{check['kv_memory_bytes'] / _block_bytes:,.2f}, rounded down **"
+            f"{check['predicted_blocks']:,} blocks** ({check['predicted_capacity_tokens']:,} "
+            f"tokens). The engine made **{check['engine_blocks']:,}**: "
+            + ("they agree exactly, so the formula counts what the engine stores." if check["agrees"]
+               else f"{check['engine_blocks'] - check['predicted_blocks']:+,} blocks: the engine "
+               "stores something the formula does not count, or vice versa; investigate before "
                "trusting the calculator below.")
             + f" The server reports a capacity of {check['engine_capacity_tokens']:,} tokens.")
     elif check.get("engine_blocks") is not None:
         check_text = (
-            f"This engine does not publish its KV byte budget (on a GPU it is whatever memory is "
-            f"left after the weights). It made {check['engine_blocks']:,} blocks of "
-            f"{check['block_size']} tokens, which at {check['our_bytes_per_token']:,.0f} bytes per "
-            f"token is {kvcache.human_bytes(check['implied_kv_memory_bytes'])} of KV cache.")
+            f"This engine does not publish its KV byte budget, so there is nothing to predict "
+            f"from. Its {check['engine_blocks']:,} blocks of {_block_bytes:,} bytes mean "
+            f"{kvcache.human_bytes(check['implied_kv_memory_bytes'])} of KV cache by the formula.")
     else:
         check_text = (f"This {session.engine_name} server publishes no block count of its own "
-                      "(vLLM's `vllm:cache_config_info`), so there is no engine figure to check "
-                      "against.")
-    ui.md(check_text)
+                      "(vLLM's `vllm:cache_config_info`): nothing to check against.")
+    ui.worked_answer(check_text)
     return
 
 
@@ -256,18 +242,14 @@ def _(mo):
 
     What the calculator assumes, so you can argue with it:
 
-    * the engine may use 90% of GPU memory (vLLM's default `--gpu-memory-utilization`); the
-      weights come out of that, the KV cache gets the rest; activations and fragmentation are
-      ignored;
-    * one decode step reads all weights once (for mixture-of-experts models: the shared part and
-      every expert at least one user's token was routed to) plus every user's whole KV cache, and
-      produces one token per user. Its time is at least *bytes / bandwidth* and at least
-      *2 x active parameters x users / peak FLOP/s*; the larger wins. These are **bounds**: real
-      engines reach perhaps half to most of them (notebook 3 measures how close this machine
-      gets);
-    * cost per million tokens = hourly price / tokens per hour at that bound, so it is a
-      **lower bound** on cost. GPU specs are vendor datasheet figures, prices are indicative list
-      prices on a given date (sources in the table at the end): put in your own.
+    * the engine may use 90% of GPU memory (vLLM's default `--gpu-memory-utilization`): the
+      weights first, the KV cache the rest; activations and fragmentation are ignored;
+    * one decode step reads all weights once (mixture-of-experts models: the shared part and
+      every expert some user's token was routed to) plus every user's KV cache, and produces one
+      token per user. It takes at least *bytes / bandwidth* and at least *2 x active parameters x
+      users / peak FLOP/s*. These are **bounds**: notebook 3 measures how close a machine gets;
+    * cost per million tokens = hourly price / tokens per hour at that bound: a **lower bound**.
+      Specs are datasheet figures, prices indicative list prices (sources at the end).
     """)
     return
 
@@ -518,7 +500,17 @@ def _(
               {"": "latency alone (full TPOT formula)", "batch": slo.max_batch_latency},
               {"": "KV-cache memory alone", "batch": slo.max_batch_memory},
               {"": f"served at {slo_tpot_ms.value} ms ({slo.limited_by})", "batch": slo.batch}])
-    return inspect, math, slo, slo_closed_form, slo_gpu, slo_target_s
+    return (
+        inspect,
+        math,
+        slo,
+        slo_bandwidth,
+        slo_closed_form,
+        slo_gpu,
+        slo_kv_per_user,
+        slo_target_s,
+        slo_weight_bytes,
+    )
 
 
 @app.cell
@@ -603,18 +595,16 @@ def _(
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    ## Predict, then compute
-
-    Relax the promise: allow **twice** the TPOT target above, same model, GPU and context. How
-    many users can decode together now? Write the batch you expect, then run the cell after it.
+    **Exercise 2 (predict, then compute).** Relax the promise: allow **twice** the TPOT target
+    above, same model, GPU and context. How many users can decode together now?
     """)
     return
 
 
 @app.cell
 def _():
-    predict_batch_at_double_target = None   # your guess: the largest batch at 2 x the target
-    return (predict_batch_at_double_target,)
+    my_batch_at_double_target = None    # your prediction: users, e.g. 100
+    return (my_batch_at_double_target,)
 
 
 @app.cell
@@ -622,42 +612,59 @@ def _(
     calc_cfg,
     calc_deployment,
     capacity,
-    predict_batch_at_double_target,
+    my_batch_at_double_target,
     slo_gpu,
     slo_target_s,
     slo_tpot_ms,
     ui,
 ):
     slo_double = capacity.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s, **calc_deployment)
-    ui.compare(predict_batch_at_double_target, slo_double.batch,
+    ui.compare(my_batch_at_double_target, slo_double.batch,
                f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
     return (slo_double,)
 
 
 @app.cell
-def _(calc_cfg, calc_weights, kvcache, roofline, slo, slo_double, ui):
-    if slo.batch == 0 or slo_double.batch == 0:
-        _reading = "Here at least one of the two serves nobody, so there is no ratio to read."
+def _(
+    calc_cfg,
+    math,
+    slo_bandwidth,
+    slo_closed_form,
+    slo_double,
+    slo_kv_per_user,
+    slo_tpot_ms,
+    slo_weight_bytes,
+    ui,
+):
+    # The closed form's two terms as times: the weights (any batch) and one user's KV cache.
+    _weights_ms = slo_weight_bytes / slo_bandwidth * 1e3
+    _user_ms = slo_kv_per_user / slo_bandwidth * 1e3
+    _double_ms = 2 * slo_tpot_ms.value
+    _closed_double = max(math.floor((_double_ms - _weights_ms) / _user_ms), 0)
+    if slo_double.limited_by == "KV-cache memory":
+        _full_why = ": more users' KV caches do not fit, so a looser target adds none."
+    elif slo_double.limited_by != "latency target":
+        _full_why = "."
+    elif slo_double.batch == _closed_double:
+        _full_why = ", as the closed form."
+    elif slo_double.step is not None and slo_double.step.bound_by == "compute":
+        _full_why = ": its steps are compute-bound, slower than their bytes alone."
+    elif calc_cfg.num_experts:
+        _full_why = (f": a batch's tokens reach more of the {calc_cfg.num_experts} experts than "
+                     "one token does, so a step reads more than the active weights.")
     else:
-        _ratio = slo_double.batch / slo.batch
-        _reading = (f"Twice the target gave **{_ratio:.2f}x** the users ({slo.batch:,} -> "
-                    f"{slo_double.batch:,}), limited by {slo_double.limited_by}. ")
-        _weights_share = (roofline.weights_read_per_step(calc_cfg, slo.batch)
-                          * kvcache.WEIGHT_BYTES[calc_weights.value] / slo.step.bytes_read)
-        if slo_double.limited_by == "KV-cache memory":
-            _reading += ("Memory, not latency, caps it now: loosening the target further adds no "
-                         "users.")
-        elif _ratio > 2.005:
-            _reading += (f"More than double: the weights, {_weights_share:.0%} of the bytes of a "
-                         f"step at {slo.batch:,} users, take the same time in every step, so all of "
-                         "the extra time goes to more users' KV caches.")
-        else:
-            _reading += (f"About double or less: the weights are only {_weights_share:.1%} of the "
-                         f"bytes of a step at {slo.batch:,} users, so the step time grows almost in "
-                         "proportion to the users"
-                         + (", and these steps are compute-bound." if slo.step.bound_by == "compute"
-                            else "."))
-    ui.md(_reading)
+        _full_why = "."
+    ui.worked_answer(
+        f"A memory-bound step reads the weights once, {_weights_ms:.2f} ms whatever the batch, plus "
+        f"{_user_ms:.3f} ms per user's KV cache. Within {_double_ms} ms that leaves "
+        f"{max(_double_ms - _weights_ms, 0):.2f} ms for users: ⌊{max(_double_ms - _weights_ms, 0):.2f}"
+        f" / {_user_ms:.3f}⌋ = **{_closed_double:,} users**, against {slo_closed_form:,} at "
+        f"{slo_tpot_ms.value} ms"
+        + (f": {_closed_double / slo_closed_form:.2f}x, more than twice, because doubling the step "
+           "does not double the weights' time." if slo_closed_form and _weights_ms > 0 else ".")
+        + f" The full calculation (compute bound, experts touched, memory) gives "
+        f"**{slo_double.batch:,}**, limited by {slo_double.limited_by}{_full_why}"
+    )
     return
 
 
@@ -666,11 +673,10 @@ def _(mo):
     mo.md(r"""
     ## 5. From a time-to-first-token target to requests per second and cost
 
-    The other promise a service makes: the first token arrives within *TTFT* (time to first
-    token). Before it, the engine **prefills** the whole prompt, and there every prompt token
-    passes through every weight: one pass over the weights serves hundreds or thousands of
-    tokens, so a prefill is compute-bound already for a single prompt of a few hundred tokens
-    (notebook 3 places it on the roofline). A prompt of $L$ tokens costs
+    The other promise: the first token arrives within *TTFT* (time to first token). Before it,
+    the engine **prefills** the prompt: every prompt token passes through every weight, so one
+    pass over the weights serves hundreds of tokens and a prefill is compute-bound already for
+    one prompt of a few hundred tokens (notebook 3). A prompt of $L$ tokens costs
 
     $$F(L) = 2L \times \text{active parameters} + 2L^2 \times \text{layers} \times \text{heads} \times \text{head dim} - 2(L-1) \times \text{LM-head parameters}$$
 
@@ -685,14 +691,13 @@ def _(mo):
 
     $$N_{\max} = \left\lfloor \frac{\text{target} \times \text{peak FLOP/s}}{F(L)} \right\rfloor$$
 
-    That many prompts fit in one step when they **arrive together**. A stream of requests is
-    less lucky: a request that arrives while a prefill step runs waits for it, then for its own,
-    so to keep every request within the target each step may take only **half** of it. Run back
-    to back, steps of $N'$ prompts (the largest within half the target) serve
-    $N' / \text{TTFT}(N')$ requests per second, and a million prompt tokens cost
+    That many prompts fit in one step when they **arrive together**. In a stream, a request
+    arriving during a step waits for it, then for its own, so each step may take only **half**
+    the target. Back to back, steps of $N'$ prompts (the largest within half the target) serve
+    $N' / \text{TTFT}(N')$ requests per second; a million prompt tokens cost
     $\text{price per hour} \times \text{GPUs} / (3600 \times \text{requests/s} \times L) \times 10^6$.
-    Here the GPUs only prefill: decoding the answers takes time of its own (section 4), so the
-    rate is an upper bound and the cost a lower bound.
+    The GPUs here only prefill (decoding takes time of its own, section 4): the rate is an upper
+    bound, the cost a lower bound.
 
     Model, GPU, precisions and GPU count are the controls of section 3; choose the target and
     the prompt length here. (In Jupyter, re-run the cells below after moving them.)
@@ -751,6 +756,7 @@ def _(
         ttft_closed_form,
         ttft_deployment,
         ttft_flops_per_prompt,
+        ttft_peak,
         ttft_prompt,
         ttft_target_s,
     )
@@ -863,24 +869,23 @@ def _(
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Predict, then compute.** Same target, same model and GPU, but prompts **twice as long**.
-    How many of them can be prefilled together now? Write the number you expect, then run the
-    cell after it.
+    **Exercise 3 (predict, then compute).** Same target, model and GPU, but prompts **twice as
+    long**. How many of them can be prefilled together now?
     """)
     return
 
 
 @app.cell
 def _():
-    predict_prompts_at_double_length = None   # your guess: prompts together at 2 x the length
-    return (predict_prompts_at_double_length,)
+    my_prompts_at_double_length = None    # your prediction: prompts, e.g. 4
+    return (my_prompts_at_double_length,)
 
 
 @app.cell
 def _(
     calc_cfg,
     capacity,
-    predict_prompts_at_double_length,
+    my_prompts_at_double_length,
     slo_gpu,
     slo_ttft_ms,
     ttft_deployment,
@@ -890,7 +895,7 @@ def _(
 ):
     ttft_double = capacity.ttft_plan(calc_cfg, slo_gpu, ttft_target_s, prompt_len=2 * ttft_prompt,
                                      **ttft_deployment)
-    ui.compare(predict_prompts_at_double_length, ttft_double.together,
+    ui.compare(my_prompts_at_double_length, ttft_double.together,
                f"prompts of {2 * ttft_prompt:,} tokens prefilled together within "
                f"{slo_ttft_ms.value} ms", "prompts", how="computed")
     return (ttft_double,)
@@ -899,34 +904,40 @@ def _(
 @app.cell
 def _(
     calc_cfg,
-    capacity,
+    math,
     roofline,
-    slo_gpu,
-    ttft,
-    ttft_deployment,
+    ttft_closed_form,
     ttft_double,
+    ttft_flops_per_prompt,
+    ttft_peak,
     ttft_prompt,
     ttft_target_s,
     ui,
 ):
-    if ttft.together == 0 or ttft_double.together == 0:
-        _reading = "Here at least one of the two prefills nothing, so there is no ratio to read."
+    _flops_double = roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
+    _budget = ttft_target_s * ttft_peak
+    _closed_double = math.floor(_budget / _flops_double)
+    if ttft_double.limited_by != "latency target":
+        _full_why = "."
+    elif ttft_double.together == _closed_double:
+        _full_why = ", as the closed form: these prefills are compute-bound."
+    elif ttft_double.together < _closed_double:
+        _full_why = (": fewer, because reading the weights and writing the prompts' KV caches "
+                     "takes longer than their FLOPs.")
     else:
-        _flops_ratio = (roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
-                        / roofline.prefill_flops(calc_cfg, ttft_prompt))
-        # How many prompts' worth of time the target holds, before rounding down to whole ones.
-        _worth = [ttft_target_s / capacity.prefill_step(calc_cfg, slo_gpu, 1, _n,
-                                                        **ttft_deployment).seconds
-                  for _n in (ttft_prompt, 2 * ttft_prompt)]
-        _reading = (f"Twice the prompt length gave **{ttft_double.together / ttft.together:.2f}x** "
-                    f"the prompts ({ttft.together:,} -> {ttft_double.together:,}), limited by "
-                    f"{ttft_double.limited_by}. One prompt of {2 * ttft_prompt:,} tokens costs "
-                    f"{_flops_ratio:.2f}x the FLOPs of one of {ttft_prompt:,}: "
-                    + ("more than twice, because attention grows with the square of the length. "
-                       if _flops_ratio > 2.005 else "about twice: the weights' FLOPs dominate. ")
-                    + f"The target holds {_worth[0]:.2f} single-prompt prefills at {ttft_prompt:,} "
-                    f"tokens and {_worth[1]:.2f} at {2 * ttft_prompt:,}; only whole prompts count.")
-    ui.md(_reading)
+        _full_why = "."
+    ui.worked_answer(
+        f"A compute-bound prefill gets target x peak = {_budget:.3g} FLOPs. F(L) is "
+        f"{ttft_flops_per_prompt:.3g} FLOPs at {ttft_prompt:,} tokens and {_flops_double:.3g} at "
+        f"{2 * ttft_prompt:,}, **{_flops_double / ttft_flops_per_prompt:.2f}x**: "
+        + ("more than twice, because attention grows with the square of the length"
+           if _flops_double > 2.01 * ttft_flops_per_prompt else
+           "about twice: the weights' FLOPs dominate at these lengths")
+        + f". So ⌊{_budget:.3g} / {_flops_double:.3g}⌋ = **{_closed_double:,} "
+        f"prompt{'' if _closed_double == 1 else 's'}**, against {ttft_closed_form:,} at "
+        f"{ttft_prompt:,} tokens. The full calculation (memory term, KV memory, context) gives "
+        f"**{ttft_double.together:,}**, limited by {ttft_double.limited_by}{_full_why}"
+    )
     return
 
 
@@ -935,11 +946,9 @@ def _(mo):
     mo.md(r"""
     ## Where the GPU numbers come from
 
-    Peak figures are the vendors' dense (no 2:4 sparsity) bf16 tensor numbers and peak memory
-    bandwidth; prices are one provider's on-demand list price on the date shown and move by 2x
-    or more between providers and months. Memory is the usable total the driver reports
-    (nvidia-smi's `memory.total`, in MiB), not the datasheet's "80 GB": that figure counts the
-    chips in binary units, and the driver keeps some of them (ECC on GDDR6 parts takes 1/16).
+    Peaks are the vendors' dense bf16 tensor figures and memory bandwidth; prices are one
+    provider's on-demand list price on the date shown (they move 2x between providers). Memory
+    is what the driver reports (`nvidia-smi`), not the datasheet's "80 GB" (ECC on GDDR6 takes 1/16).
     """)
     return
 
@@ -962,21 +971,18 @@ def _(mo):
     ## What the real engines do
 
     * **Prefill and decode share the GPU.** vLLM splits long prompts into chunks (*chunked
-      prefill*, on by default in its V1 engine) and fills each step with decode tokens first, then
-      prefill chunks, up to `--max-num-batched-tokens` tokens in all: a long prompt no longer
-      stalls everybody's next token, and that budget trades TTFT against TPOT
-      ([vLLM docs: optimization and tuning](https://docs.vllm.ai/en/stable/configuration/optimization/)).
-      Sarathi-Serve's *stall-free batching* is the same idea
-      ([Agrawal et al. 2024](https://arxiv.org/abs/2403.02310)).
-    * **Or they get separate GPUs.** Disaggregated serving runs prefill and decode on different
-      GPUs, so the TTFT and TPOT targets above are met, and scaled, independently: DistServe
-      ([Zhong et al. 2024](https://arxiv.org/abs/2401.09670)) and Splitwise
-      ([Patel et al. 2024](https://arxiv.org/abs/2311.18677)) move each request's KV cache from
-      the prefill GPU to the decode GPU.
-    * **What the calculators here leave out.** Engines reach a fraction of these bounds
-      (notebook 3 measures how much on this machine), keep activations and CUDA graphs in the
-      memory outside the KV cache, and pay for communication under tensor parallelism; treat
-      every figure above as the best case, and measure (notebook 10) before you buy.
+      prefill*, default in V1) and fills each step with decode tokens first, then prefill
+      chunks, up to `--max-num-batched-tokens`: that budget trades TTFT against TPOT
+      ([vLLM docs](https://docs.vllm.ai/en/stable/configuration/optimization/); Sarathi-Serve's
+      *stall-free batching*, [Agrawal et al. 2024](https://arxiv.org/abs/2403.02310)).
+    * **Or they get separate GPUs.** Disaggregated serving prefills and decodes on different
+      GPUs, so the TTFT and TPOT targets are met and scaled independently, moving each request's
+      KV cache between them: DistServe ([Zhong et al. 2024](https://arxiv.org/abs/2401.09670)),
+      Splitwise ([Patel et al. 2024](https://arxiv.org/abs/2311.18677)).
+    * **What the calculators leave out.** Engines reach a fraction of these bounds (notebook 3
+      measures it), keep activations and CUDA graphs outside the KV cache, and pay for
+      communication under tensor parallelism: every figure above is a best case; measure
+      (notebook 10) before you buy.
     """)
     return
 
