@@ -127,6 +127,55 @@ def _():
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
+    **Exercise 1 (predict, then compute).** DeepSeek-V3 (MLA) has 61 layers and caches a latent
+    of 512 numbers plus a RoPE key of 64 per layer and token; Llama 3.1 70B (GQA) has 80 layers
+    with 8 KV heads of 128. How many times more cache per token does Llama 3.1 70B need than
+    DeepSeek-V3?
+    """)
+    return
+
+
+@app.cell
+def _():
+    predict_70b_over_dsv3 = None    # your prediction, e.g. 10
+    return (predict_70b_over_dsv3,)
+
+
+@app.cell
+def _(predict_70b_over_dsv3):
+    from workshop import attention_variants as av
+    from workshop import kvcache, ui
+
+    dsv3 = kvcache.load_model("deepseek-v3")
+    llama70 = kvcache.load_model("llama-3.1-70b")
+    exercise_70b_over_dsv3 = (kvcache.kv_bytes_per_token(llama70, "bf16")
+                              / kvcache.kv_bytes_per_token(dsv3, "bf16"))
+    ui.compare(predict_70b_over_dsv3, exercise_70b_over_dsv3,
+               f"{llama70.name} cache per token / {dsv3.name}'s", "x", how="computed")
+    return av, dsv3, exercise_70b_over_dsv3, kvcache, llama70, ui
+
+
+@app.cell
+def _(dsv3, exercise_70b_over_dsv3, kvcache, llama70, ui):
+    _gqa_layer = kvcache.kv_values_per_token_per_layer(llama70)
+    _mla_layer = kvcache.kv_values_per_token_per_layer(dsv3)
+    ui.worked_answer(
+        f"Per layer and token, GQA caches a key and a value per KV head: 2 x "
+        f"{llama70.num_kv_heads} x {llama70.head_dim} = **{_gqa_layer:,}** numbers. MLA caches the "
+        f"latent and the RoPE key, with no factor 2 (keys and values are both rebuilt from the "
+        f"latent): {dsv3.kv_lora_rank} + {dsv3.qk_rope_head_dim} = **{_mla_layer:,}**. Per layer "
+        f"that is {_gqa_layer / _mla_layer:.2f}x; the layers multiply it by {llama70.num_layers} / "
+        f"{dsv3.num_layers} = {llama70.num_layers / dsv3.num_layers:.2f}: "
+        f"**{_gqa_layer / _mla_layer * llama70.num_layers / dsv3.num_layers:.2f}x** in all (the "
+        f"bytes per number, 2 in bf16, cancel). The formula above, on the two configs, gives "
+        f"{exercise_70b_over_dsv3:.2f}x: the same count."
+    )
+    return
+
+
+@app.cell(hide_code=True)
+def _(mo):
+    mo.md(r"""
     Each shipped config (`workshop/data/models/`, copied from the model's published
     `config.json`, link in the table) is then re-counted as if it used each design, keeping its
     layers, heads and head size: "as shipped" is what the model really caches.
@@ -135,11 +184,7 @@ def _(mo):
 
 
 @app.cell
-def _():
-    from workshop import attention_variants as av
-    from workshop import kvcache, ui
-
-
+def _(av, kvcache, ui):
     def variant_bytes(arch):
         """KV bytes per token (bf16) of one model under each design."""
         per_token = kvcache.kv_bytes_per_token
@@ -157,7 +202,7 @@ def _():
                             "query heads": _arch.num_heads, "cached per layer": _terms,
                             **{k: round(v) for k, v in variant_bytes(_arch).items()}})
     ui.table(config_rows)
-    return av, kvcache, ui, variant_bytes
+    return (variant_bytes,)
 
 
 @app.cell
@@ -190,25 +235,8 @@ def _(kvcache, ui):
     return (gqa_choice,)
 
 
-@app.cell(hide_code=True)
-def _(mo):
-    mo.md(r"""
-    **Exercise 1 (predict, then compute).** DeepSeek-V3 has 61 layers and caches 512 + 64 numbers per
-    layer; Llama 3.1 70B (the default above) has 80 layers with 8 KV heads of 128. How many
-    times more cache per token does Llama 3.1 70B need than DeepSeek-V3?
-    """)
-    return
-
-
 @app.cell
-def _():
-    prediction_mla_vs_gqa = None    # your guess: e.g. 10
-    return (prediction_mla_vs_gqa,)
-
-
-@app.cell
-def _(av, gqa_choice, kvcache, prediction_mla_vs_gqa, ui):
-    dsv3 = kvcache.load_model("deepseek-v3")
+def _(av, dsv3, gqa_choice, kvcache, ui):
     gqa_model = kvcache.load_model(gqa_choice.value)
     mla_bytes = kvcache.kv_bytes_per_token(dsv3, "bf16")      # the formula, on the catalogue's config
     # By hand, from the papers rather than the config file: MLA caches d_c + d_h^R = 4 d_h + d_h / 2
@@ -217,16 +245,20 @@ def _(av, gqa_choice, kvcache, prediction_mla_vs_gqa, ui):
     mla_bytes_by_hand = 9 / 2 * 128 * 61 * 2
     mha_equivalent = kvcache.kv_bytes_per_token(av.variant_arch(dsv3, "mha"), "bf16")
     gqa_bytes = kvcache.kv_bytes_per_token(gqa_model, "bf16")
-    ui.compare(prediction_mla_vs_gqa, gqa_bytes / mla_bytes,
-               f"{gqa_model.name} cache per token / DeepSeek-V3's", "x", how="computed")
-    return (
-        dsv3,
-        gqa_bytes,
-        gqa_model,
-        mha_equivalent,
-        mla_bytes,
-        mla_bytes_by_hand,
-    )
+    _mha_wide = (dsv3.num_layers * dsv3.num_heads
+                 * (dsv3.head_dim + dsv3.qk_rope_head_dim + dsv3.head_dim) * 2)
+    ui.table([{"cache per token, bf16": _what, "bytes": round(_bytes),
+               "x DeepSeek-V3's MLA": _bytes / mla_bytes} for _what, _bytes in [
+        ("DeepSeek-V3, MLA: the formula on the catalogue's config", mla_bytes),
+        ("DeepSeek-V3, MLA: by hand from the papers (9/2 x 128 numbers, 61 layers, 2 bytes)",
+         mla_bytes_by_hand),
+        (f"DeepSeek-V3 as MHA with the same heads ({dsv3.num_heads} x {dsv3.head_dim}, keys and "
+         "values)", mha_equivalent),
+        (f"DeepSeek-V3 as MHA with its real widths (keys {dsv3.head_dim} + "
+         f"{dsv3.qk_rope_head_dim}, values {dsv3.head_dim})", _mha_wide),
+        (f"{gqa_model.name}, GQA ({gqa_model.num_kv_heads} KV heads x {gqa_model.head_dim}, "
+         f"{gqa_model.num_layers} layers)", gqa_bytes)]], floatfmt=".1f")
+    return gqa_bytes, gqa_model, mha_equivalent, mla_bytes, mla_bytes_by_hand
 
 
 @app.cell
@@ -240,32 +272,18 @@ def _(
     mla_bytes_by_hand,
     ui,
 ):
-    _per_layer_gqa = 2 * gqa_model.num_kv_heads * gqa_model.head_dim
-    _mha_wide = (dsv3.num_layers * dsv3.num_heads
-                 * (dsv3.head_dim + dsv3.qk_rope_head_dim + dsv3.head_dim) * 2)
     ui.md(
-        f"* **The formula against a count by hand.** `kv_bytes_per_token` on the catalogue's "
-        f"DeepSeek-V3 config gives {mla_bytes:,.0f} bytes per token; the papers' figures (9/2 x 128 "
-        f"numbers per layer, 61 layers, 2 bytes) give {mla_bytes_by_hand:,.0f}"
-        + (": they agree.\n" if mla_bytes == mla_bytes_by_hand else
-           ": they differ, so the config in the catalogue or the formula does not match the "
-           "papers; report it.\n")
-        + f"* **Against MHA with the same heads** ({dsv3.num_heads} heads x {dsv3.head_dim}, keys and "
-        f"values, {dsv3.num_layers} layers): {mha_equivalent:,.0f} bytes per token against MLA's "
-        f"{mla_bytes:,.0f}, **{mha_equivalent / mla_bytes:.1f}x** less. This is where a figure of "
-        f"about 57x comes from. (Counting DeepSeek's real per-head widths, keys of "
-        f"{dsv3.head_dim} + {dsv3.qk_rope_head_dim} and values of {dsv3.head_dim}, MHA would need "
-        f"{_mha_wide:,.0f} bytes, {_mha_wide / mla_bytes:.0f}x.) Either way it is the saving "
-        f"against full multi-head attention, not against the GQA most models use.\n"
-        f"* **Against a GQA model** ({gqa_model.name}, {gqa_model.num_kv_heads} KV heads x "
-        f"{gqa_model.head_dim}, {gqa_model.num_layers} layers): {gqa_bytes:,.0f} bytes per token, "
-        f"**{gqa_bytes / mla_bytes:.1f}x** DeepSeek-V3's. Per layer the gap is only "
-        f"{_per_layer_gqa} vs {dsv3.kv_lora_rank + dsv3.qk_rope_head_dim} numbers "
-        f"({_per_layer_gqa / (dsv3.kv_lora_rank + dsv3.qk_rope_head_dim):.2f}x); the rest of the "
-        f"ratio is the difference in layer count ({gqa_model.num_layers} vs {dsv3.num_layers}).\n"
-        f"* In GQA terms, DeepSeek-V3's latent caches as much as "
-        f"**{av.equivalent_kv_heads(dsv3):.2f} KV heads** of {dsv3.head_dim} would: the paper's "
-        f"\"2.25 groups\", recomputed from the config."
+        f"**Against MHA with its own heads** DeepSeek-V3's MLA caches "
+        f"**{mha_equivalent / mla_bytes:.1f}x** less. This is where figures of about 57x come from. "
+        f"**Against a GQA model** ({gqa_model.name}, {gqa_model.num_kv_heads} KV heads x "
+        f"{gqa_model.head_dim}, {gqa_model.num_layers} layers) the GQA model caches "
+        f"**{gqa_bytes / mla_bytes:.1f}x** DeepSeek-V3's. Quote a saving with its baseline. In GQA "
+        f"terms the latent caches as much as **{av.equivalent_kv_heads(dsv3):.2f} KV heads** of "
+        f"{dsv3.head_dim}: the paper's \"2.25 groups\", recomputed from the config. "
+        + ("The formula on the config and the count from the papers agree."
+           if mla_bytes == mla_bytes_by_hand else
+           "**The formula on the config and the count from the papers differ**: the catalogue's "
+           "config or the formula does not match the papers.")
     )
     return
 
@@ -310,31 +328,33 @@ def _(ui):
 
 @app.cell
 def _(kvcache, mla_ranks_text, ui):
-    mla_ranks = sorted({int(_r) for _r in mla_ranks_text.value.replace(" ", "").split(",") if _r})
+    mla_ranks = sorted({int(_r) for _r in mla_ranks_text.value.replace(" ", "").split(",")
+                        if _r}) or [256]
+    exercise_rank = 256 if 256 in mla_ranks else mla_ranks[-1]      # the rank exercise 2 asks about
     live_variants = [("gqa", 0), ("mqa", 0)] + [("mla", _r) for _r in mla_ranks]
     smol = kvcache.load_model("smollm2-135m")
     _names = ", ".join(a + (f" r={r}" if r else "") for a, r in live_variants)
     ui.md(f"Variants to serve: {_names}. "
           f"SmolLM2 caches {kvcache.kv_values_per_token_per_layer(smol)} numbers per layer and "
-          f"token as shipped.")
-    return live_variants, smol
+          f"token as shipped. Exercise 2 asks about **MLA rank {exercise_rank}**.")
+    return exercise_rank, live_variants, smol
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Exercise 2 (predict, then measure).** The servers below keep their cache in bf16 (2 bytes) on GPUs
-    and on CPUs that compute in bf16, in fp32 (4 bytes) on other CPUs. What will the MQA server
-    report as its KV bytes per token? (SmolLM2: 30 layers, head size 64, and MQA keeps 1 KV
-    head.)
+    **Exercise 2 (predict, then measure).** The servers below keep their cache in bf16 (2 bytes)
+    on GPUs and on CPUs that compute in bf16, in fp32 (4 bytes) on other CPUs. What will the MLA
+    server of the rank printed above report as its KV bytes per token? (SmolLM2 has 30 layers;
+    this MLA caches the latent and nothing else.)
     """)
     return
 
 
 @app.cell
 def _():
-    prediction_mqa_bytes = None    # your guess in bytes: e.g. 10000
-    return (prediction_mqa_bytes,)
+    predict_mla_bytes = None    # your prediction in bytes, e.g. 10000
+    return (predict_mla_bytes,)
 
 
 @app.cell(hide_code=True)
@@ -403,10 +423,35 @@ def _(av, live_variants, sweep, ui, workshop):
 
 
 @app.cell
-def _(live_results, prediction_mqa_bytes, ui):
-    _mqa_info = next(r["info"] for r in live_results if r["attention"] == "mqa")
-    ui.compare(prediction_mqa_bytes, _mqa_info["kv_bytes_per_token"],
-               "KV bytes per token reported by the MQA server", "bytes")
+def _(exercise_rank, live_results, predict_mla_bytes, ui):
+    exercise_mla_info = next(r["info"] for r in live_results
+                             if r["attention"] == "mla" and r["rank"] == exercise_rank)
+    ui.compare(predict_mla_bytes, exercise_mla_info["kv_bytes_per_token"],
+               f"KV bytes per token reported by the MLA rank-{exercise_rank} server", "bytes")
+    return (exercise_mla_info,)
+
+
+@app.cell
+def _(exercise_mla_info, exercise_rank, kvcache, smol, ui):
+    from reference_server import dtypes
+
+    _dtype = exercise_mla_info["dtype"]
+    _bytes_each = dtypes.bytes_per_element(_dtype, smol.torch_dtype)
+    _forecast = smol.num_layers * exercise_rank * _bytes_each
+    _reported = exercise_mla_info["kv_bytes_per_token"]
+    ui.worked_answer(
+        f"MLA caches one latent of R numbers per layer and token, with no factor 2: keys and values "
+        f"are both rebuilt from it. So {smol.num_layers} layers x {exercise_rank} numbers = "
+        f"{smol.num_layers * exercise_rank:,} numbers per token. This server reports dtype "
+        f"`{_dtype}`, {_bytes_each:g} bytes a number: **{_forecast:,.0f} bytes**. (MQA, 1 KV head of "
+        f"{smol.head_dim}, caches 2 x {smol.head_dim} = {2 * smol.head_dim} numbers per layer; GQA "
+        f"as shipped {kvcache.kv_values_per_token_per_layer(smol)}.) Reported: "
+        f"**{_reported:,}**"
+        + (": the same number, counted by the server from the pool it allocated."
+           if _reported == _forecast else
+           f", {_reported / _forecast:.2f}x the count: the server allocated something the formula "
+           "does not describe; the table below shows which variants disagree.")
+    )
     return
 
 
@@ -576,28 +621,66 @@ def _(mo):
     other work on the machine preempts stalls the rest, and on a shared machine the timings
     then measure the load rather than the cache.
 
-    **Exercise 3 (predict, then measure).** At the longest context below, how many times longer does a
-    decode step take with 9 KV heads than with 1? (The cache it reads is 9x larger.)
+    **Exercise 3 (predict, then measure).** At the longest context printed below, how many times
+    longer does a decode step take with 9 KV heads than with 1? (The cache it reads is 9x larger.)
     """)
     return
 
 
 @app.cell
-def _(sweep):
+def _(sweep, ui):
     attn_contexts = sweep([1024, 4096, 16384, 65536], [2048, 32768])
-    prediction_time_ratio = None    # your guess: e.g. 5
-    return attn_contexts, prediction_time_ratio
+    ui.md(f"Contexts timed: {', '.join(f'{_c:,}' for _c in attn_contexts)} tokens.")
+    return (attn_contexts,)
 
 
 @app.cell
-def _(attn_contexts, av, decode_attention, prediction_time_ratio, ui):
+def _():
+    predict_time_ratio = None    # your prediction, e.g. 5
+    return (predict_time_ratio,)
+
+
+@app.cell
+def _(attn_contexts, av, decode_attention, predict_time_ratio, ui):
     attn_rows = av.attention_time_rows(decode_attention, kv_heads=[1, 3, 9], contexts=attn_contexts,
                                        q_heads=9, head_dim=64, progress=ui.progress)
     attn_long_rows = [r for r in attn_rows if r["context"] == max(attn_contexts)]
     attn_ratio_long = attn_long_rows[-1]["time (ms)"] / attn_long_rows[0]["time (ms)"]
-    ui.compare(prediction_time_ratio, attn_ratio_long,
+    ui.compare(predict_time_ratio, attn_ratio_long,
                f"time with 9 KV heads / 1 KV head at context {max(attn_contexts):,}", "x")
     return attn_long_rows, attn_ratio_long, attn_rows
+
+
+@app.cell
+def _(attn_contexts, attn_long_rows, attn_ratio_long, ui):
+    from workshop import flash_attention as fa
+
+    _one, _nine = attn_long_rows[0], attn_long_rows[-1]
+    _bytes_ratio = _nine["KV read (MiB)"] / _one["KV read (MiB)"]
+    _caches = fa.cpu_caches()
+    _largest = max(_caches.items(), key=lambda kv: kv[1]) if _caches else None
+
+
+    def _where(mib):
+        if _largest is None:
+            return "this machine's cache sizes are not readable"
+        return (f"{'fits in' if mib * 2**20 <= _largest[1] else 'is larger than'} this CPU's "
+                f"{_largest[0]} ({_largest[1] / 2**20:.0f} MiB)")
+
+
+    ui.worked_answer(
+        f"Every query head scores every cached token whatever the number of KV heads: 9 x "
+        f"{max(attn_contexts):,} x 64 multiply-adds for the scores and as many for the values, the "
+        f"same arithmetic for 1 KV head or 9. What changes is the bytes read: "
+        f"{_nine['KV read (MiB)']:.0f} MiB against {_one['KV read (MiB)']:.0f} MiB, "
+        f"**{_bytes_ratio:.0f}x**. If reading the cache sets the time, the forecast is "
+        f"{_bytes_ratio:.0f}x; if arithmetic did, 1x. Measured: **{attn_ratio_long:.1f}x**. Time "
+        f"is bytes / read rate, and the read rates were {_one['GB/s']:.1f} GB/s with 1 KV head and "
+        f"{_nine['GB/s']:.1f} GB/s with 9, so the measurement is {_bytes_ratio:.0f} x "
+        f"{_one['GB/s']:.1f} / {_nine['GB/s']:.1f} = {attn_ratio_long:.1f}x. The 1-head cache "
+        f"{_where(_one['KV read (MiB)'])}; the 9-head cache {_where(_nine['KV read (MiB)'])}."
+    )
+    return
 
 
 @app.cell
@@ -616,22 +699,10 @@ def _(attn_rows, av):
 def _(attn_contexts, attn_long_rows, attn_ratio_long, attn_rows, ui):
     _short = [r for r in attn_rows if r["context"] == min(attn_contexts)]
     attn_ratio_short = _short[-1]["time (ms)"] / _short[0]["time (ms)"]
-    _small_mib = attn_long_rows[0]["KV read (MiB)"]
-    _verdict = ((f"more than the 9x of the bytes read: decode attention is limited by reading the "
-                 f"cache, and the 1-head cache ({_small_mib:.0f} MiB) is small enough to be served "
-                 f"partly from the CPU's caches (notebook 6 reads their sizes), which the 9-head "
-                 f"one is not" if attn_ratio_long > 10 else
-                 "close to the 9x of the bytes read: decode attention is limited by reading the "
-                 "cache, and fewer KV heads pay off almost in proportion") if attn_ratio_long > 6 else
-                "clearly slower, but less than the 9x of the bytes read: fixed costs (softmax, "
-                "small matrix products, thread start-up, other work on this machine) hide part of "
-                "the saving" if attn_ratio_long > 1.5 else
-                "barely different: on this machine at these sizes the cache size is not what sets "
-                "the time")
     ui.md(
-        f"Measured here: with 9 KV heads instead of 1, a decode step took **{attn_ratio_long:.1f}x** "
+        f"**With 9 KV heads instead of 1 (9x the bytes), a decode step took {attn_ratio_long:.1f}x "
         f"as long at {max(attn_contexts):,} tokens and {attn_ratio_short:.1f}x at "
-        f"{min(attn_contexts):,} tokens; at the long context that is {_verdict}. The effective "
+        f"{min(attn_contexts):,} tokens.** The effective "
         f"read rate at the long context was "
         f"{min(r['GB/s'] for r in attn_long_rows):.1f} to "
         f"{max(r['GB/s'] for r in attn_long_rows):.1f} GB/s "
