@@ -172,7 +172,9 @@ def plan(request) -> ToolPlan | None:
                             "tool_choice")
         tools, max_calls, choice = chosen, 1, "required"
     messages = [_as_text(m.model_dump(exclude_none=True)) for m in request.messages]
-    drop = {"tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "messages"}
+    # ignore_eos too: a call ends where its JSON does (a benchmark client sends ignore_eos)
+    drop = {"tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "messages",
+            "ignore_eos"}
     fields: dict[str, Any] = {}
     if choice != "none":
         schema = call_schema(tools, max_calls)

@@ -100,3 +100,30 @@ def test_impossible_tool_requests_are_400s(server, body, param):
                    json={"model": M, "messages": [{"role": "user", "content": "hi"}], **body})
     assert r.status_code == 400, r.text
     assert param in json.dumps(r.json()["error"])
+
+
+def test_the_harness_agentic_workload_with_tool_calls(server):
+    # The benchmark harness's agent sessions with tools in the API: every request answered,
+    # the model's calls carried back as assistant tool_calls, each answered by a tool message.
+    import asyncio
+
+    from workshop.bench.client import Load, OpenAIClient, Runner
+    from workshop.bench.tokenizer import Tokenizer
+    from workshop.bench.workloads import build_workload
+    wl = build_workload("agentic", Tokenizer.load(M), num_requests=4, num_sessions=1,
+                        main_turns=2, fork_at=(), branches=0, branch_turns=0, turn_output=(160, 160),
+                        final_output=8, system_prompt_len=200, num_tools=2, tool_calls=True)
+
+    async def go():
+        async with OpenAIClient(server.base_url, M, api_key=server.api_key,
+                                extra_body={"temperature": 0}) as client:
+            runner = Runner(client)
+            await runner.run(wl.sessions, Load(concurrency=1))
+            return runner.log
+    log = asyncio.run(go())
+    assert len(log.records) == 4 and all(r.ok for r in log.records), \
+        [r.error for r in log.records if not r.ok]
+    last = log.sent[-1].request.messages
+    calls = [c for m in last if m["role"] == "assistant" for c in m.get("tool_calls") or []]
+    results = [m for m in last if m["role"] == "tool"]
+    assert calls and [m["tool_call_id"] for m in results] == [c["id"] for c in calls]

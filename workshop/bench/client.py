@@ -112,15 +112,20 @@ class OpenAIClient:
             body["messages"] = req.messages
         else:
             body["prompt"] = req.prompt
+        if req.tools:
+            body["tools"], body["tool_choice"] = req.tools, "required"
         body.update(self.extra_body)
         return body
 
-    async def stream(self, req: Request, rec: RequestRecord, clock: Callable[[], float]) -> str:
+    async def stream(self, req: Request, rec: RequestRecord, clock: Callable[[], float],
+                     tool_calls: list[dict] | None = None) -> str:
         """Send ``req``, fill ``rec`` (sent, first_token, chunk_times, end, tokens, error).
 
-        Returns the generated text. Never raises for server or network errors: they go to
-        ``rec.error`` so they are counted, not dropped.
+        Returns the generated text; the tool calls streamed (``delta.tool_calls``, their
+        arguments joined) go into ``tool_calls`` when given. Never raises for server or
+        network errors: they go to ``rec.error`` so they are counted, not dropped.
         """
+        calls: dict[int, dict] = {}
         url = f"{self.base_url}/v1/{'chat/completions' if req.api == 'chat' else 'completions'}"
         chat = req.api == "chat"
         parts: list[str] = []
@@ -154,12 +159,22 @@ class OpenAIClient:
                     c = choices[0]
                     text = ((c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("reasoning_content")
                             if chat else c.get("text")) or ""
-                    if text:
+                    called = (c.get("delta") or {}).get("tool_calls") if chat else None
+                    for tc in called or []:
+                        call = calls.setdefault(tc.get("index", 0), {
+                            "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                        call["id"] = tc.get("id") or call["id"]
+                        fn = tc.get("function") or {}
+                        call["function"]["name"] = fn.get("name") or call["function"]["name"]
+                        call["function"]["arguments"] += fn.get("arguments") or ""
+                    if text or called:
                         if rec.first_token is None:
                             rec.first_token = now
                         rec.chunk_times.append(now)
                         parts.append(text)
                 rec.end = clock()
+            if tool_calls is not None:
+                tool_calls += [calls[i] for i in sorted(calls)]
         except asyncio.CancelledError:
             rec.error = "cancelled"
             rec.end = clock()
@@ -224,13 +239,14 @@ class Runner:
         self.log.records.append(rec)
         slot = len(self.log.sent)
         self.log.sent.append(Sent(req, ""))
-        text = await self.client.stream(req, rec, self.clock)
+        calls: list[dict] = []
+        text = await self.client.stream(req, rec, self.clock, calls if req.tools else None)
         self.log.sent[slot].reply = text
         end = rec.end if rec.end is not None else self.clock()
         _ready_at.set(end)
         state.last_end = max(state.last_end, end)
         self.on_request_done(rec)
-        return Reply(text, ok=rec.error is None)
+        return Reply(text, ok=rec.error is None, tool_calls=calls)
 
     async def _run_session(self, index: int, session: Session, ready: float,
                            admitted: float | None = None) -> float:

@@ -37,9 +37,10 @@ class Request:
     """One HTTP request. Chat when ``messages`` is set, completions when ``prompt`` is."""
 
     max_tokens: int
-    messages: list[dict[str, str]] | None = None
+    messages: list[dict[str, Any]] | None = None
     prompt: str | None = None
     tag: str = ""
+    tools: list[dict] | None = None     # OpenAI tools, sent with tool_choice "required"
 
     @property
     def api(self) -> str:
@@ -50,6 +51,7 @@ class Request:
 class Reply:
     text: str
     ok: bool = True
+    tool_calls: list[dict] = field(default_factory=list)   # OpenAI's, when the model called tools
 
 
 Send = Callable[[Request], Awaitable[Reply]]
@@ -371,22 +373,31 @@ class AgentSession(Session):
     seed: str
     words: Sequence[str] = ()
     tools: Sequence[str] = ()           # the tools the agent calls (names); empty: all of AGENT_TOOLS
+    tool_calls: bool = False            # turns call tools through the API (tools, tool results)
 
     def expected_requests(self) -> int:
         return self.main_turns + len(self.fork_at) * self.branches * (self.branch_turns + 1) + 2
 
-    def _tool_result(self, rng: random.Random) -> str:
+    def _tool_result(self, rng: random.Random, tool: str | None = None) -> str:
         n = rng.randint(*self.tool_result_len)
-        tool = rng.choice(self.tools or [t["function"]["name"] for t in AGENT_TOOLS])
+        tool = tool or rng.choice(self.tools or [t["function"]["name"] for t in AGENT_TOOLS])
         body = " ".join(rng.choice(self.words) for _ in range(n))
         return f"Tool result ({tool}): " + json.dumps({"status": "ok", "output": body})
 
     async def _turns(self, send: Send, messages: list[dict], n: int, rng: random.Random, tag: str) -> bool:
+        api_tools = [t for t in AGENT_TOOLS if not self.tools or t["function"]["name"] in self.tools] \
+            if self.tool_calls else None
         for t in range(n):
             reply = await send(Request(rng.randint(*self.turn_output), messages=copy.deepcopy(messages),
-                                       tag=f"{tag}-{t}"))
+                                       tag=f"{tag}-{t}", tools=api_tools))
             if not reply.ok:
                 return False
+            if reply.tool_calls:        # the calls and one result each, as an agent framework sends
+                messages.append({"role": "assistant", "content": None, "tool_calls": reply.tool_calls})
+                messages += [{"role": "tool", "tool_call_id": c["id"],
+                              "content": self._tool_result(rng, c["function"]["name"])}
+                             for c in reply.tool_calls]
+                continue
             messages.append({"role": "assistant", "content": reply.text})
             messages.append({"role": "user", "content": self._tool_result(rng)})
         return True
@@ -427,18 +438,21 @@ def agentic_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, num_
                      system_prompt_len: int = 600, main_turns: int = 4, fork_at: Sequence[int] = (1,),
                      branches: int = 2, branch_turns: int = 2, turn_output: tuple[int, int] = (24, 48),
                      tool_result_len: tuple[int, int] = (40, 100), summary_output: int = 48,
-                     final_output: int = 64, num_tools: int | None = None, **_: Any) -> Workload:
+                     final_output: int = 64, num_tools: int | None = None, tool_calls: bool = False,
+                     **_: Any) -> Workload:
     """Agent sessions sharing one long system prompt (instructions + tool JSON schemas).
 
     ``num_sessions`` defaults to enough sessions for about ``num_requests`` requests. The
     defaults keep every context under 2048 tokens (the bundled model's served length).
     ``num_tools`` keeps the first that many of ``AGENT_TOOLS`` (default all five, about 530
     tokens of schemas): fewer make a shorter system prompt, for machines where a prefill of
-    several hundred tokens takes seconds.
+    several hundred tokens takes seconds. ``tool_calls``: the turns send the tools in the
+    request (``tools``, ``tool_choice: "required"``) instead of in the system prompt, and
+    answer the model's calls with ``tool`` messages.
     """
     rng = random.Random(f"agentic/{seed}")
     tools = AGENT_TOOLS[:num_tools] if num_tools else AGENT_TOOLS
-    schemas = json.dumps(tools, indent=1)
+    schemas = "(given with each request)" if tool_calls else json.dumps(tools, indent=1)
     base = AGENT_INSTRUCTIONS + schemas
     pad = max(system_prompt_len - tok.count(base), 0)
     system = base + ("\nProject notes: " + filler(tok, rng, pad) if pad else "")
@@ -452,13 +466,14 @@ def agentic_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, num_
         sessions.append(AgentSession(system, task, main_turns, fork_at, branches, branch_turns,
                                      tuple(turn_output), tuple(tool_result_len), summary_output, final_output,
                                      seed=f"agentic/{seed}/session-{s}", words=tok.words(),
-                                     tools=tuple(t["function"]["name"] for t in tools)))
+                                     tools=tuple(t["function"]["name"] for t in tools),
+                                     tool_calls=tool_calls))
     return Workload("agentic", sessions, dict(num_requests=num_requests, seed=seed, num_sessions=num_sessions,
                     requests_per_session=per_session, system_prompt_len=system_prompt_len, main_turns=main_turns,
                     fork_at=list(fork_at), branches=branches, branch_turns=branch_turns,
                     turn_output=list(turn_output), tool_result_len=list(tool_result_len),
                     summary_output=summary_output, final_output=final_output,
-                    num_tools=len(tools)), tok)
+                    num_tools=len(tools), tool_calls=tool_calls), tok)
 
 
 # --------------------------------------------------------------------------- registry, stats
