@@ -646,7 +646,7 @@ def _(
     elif slo_double.limited_by != "latency target":
         _full_why = "."
     elif slo_double.batch == _closed_double:
-        _full_why = ", as the closed form."
+        _full_why = ", the same as the closed form."
     elif slo_double.step is not None and slo_double.step.bound_by == "compute":
         _full_why = ": its steps are compute-bound, slower than their bytes alone."
     elif calc_cfg.num_experts:
@@ -920,7 +920,7 @@ def _(
     if ttft_double.limited_by != "latency target":
         _full_why = "."
     elif ttft_double.together == _closed_double:
-        _full_why = ", as the closed form: these prefills are compute-bound."
+        _full_why = ", the same as the closed form: these prefills are compute-bound."
     elif ttft_double.together < _closed_double:
         _full_why = (": fewer, because reading the weights and writing the prompts' KV caches "
                      "takes longer than their FLOPs.")
