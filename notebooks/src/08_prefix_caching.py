@@ -4,23 +4,18 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/08_prefix_caching.ipynb)
 # [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/08_prefix_caching.py)
 #
-# Many requests start the same way: a chat product's system prompt, an agent's instructions
-# and tool schemas, the growing history of a conversation that is resent at every turn. The
-# keys and values of those tokens depend only on the tokens before them, so an engine that
-# kept them from an earlier request can skip that part of the prefill. This is **prefix
-# caching**. This notebook:
+# Many requests start the same way: a product's system prompt, an agent's instructions and
+# tool schemas, a conversation's history resent at every turn. The keys and values of those
+# tokens depend only on the tokens before them, so an engine that kept them from an earlier
+# request can skip that part of the prefill: **prefix caching**.
 #
-# 1. reads the two designs in the course's teaching engine (`mini_engine/prefix_cache.py`):
-#    **hash-chained blocks** (vLLM's) and a **radix tree** (SGLang's), and runs both on small
-#    token lists, a partial-block overlap included;
-# 2. runs a shared-prefix workload and an agentic-branching workload through the teaching
-#    engine with no cache, the hash cache and the radix cache, and reads the hit rate, time to
-#    first token (TTFT) and throughput from the server;
-# 3. shrinks the KV pool until the cache must evict, and watches the hit rate fall;
-# 4. times what a hit does *not* save, the decode steps' reads of the shared keys, and
-#    **cascade attention**, which reads them once per batch instead of once per sequence;
-# 5. turns vLLM's own prefix caching "off" on the shared server (by emptying its cache before
-#    every request) and compares with "on".
+# | § | what | seen in |
+# |---|---|---|
+# | 1 | two designs: **hash-chained blocks** (vLLM) and a **radix tree** (SGLang) | `mini_engine/prefix_cache.py` on small token lists |
+# | 2 | hit rate, time to first token (TTFT) and throughput, no cache vs hash vs radix | three teaching-engine servers, two workloads |
+# | 3 | eviction: the hit rate as the KV pool shrinks | a replay of the engine's cache |
+# | 4 | what a hit does *not* save: decode re-reads the shared keys; **cascade attention** | one decode step, timed |
+# | 5 | the course server's own cache, on and "off" (emptied before every request) | vLLM unless `WORKSHOP_ENGINE` says otherwise |
 
 # %%
 # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
@@ -57,46 +52,33 @@ session = workshop.session.connect()
 # %% [markdown]
 # ## 1. Two ways to find a prefix you have seen
 #
-# Both designs work on the paged KV cache of notebook 7: the pool is cut into **blocks** of
-# `block_size` tokens, and a request's block table lists the blocks that hold its keys and
-# values. Reusing a prefix means pointing a new request's block table at blocks an earlier
-# request filled, and taking a reference on them so they are not freed under it.
+# Both designs work on notebook 7's paged KV cache: a request's block table lists the blocks
+# of `block_size` tokens that hold its keys and values. Reusing a prefix means pointing a new
+# request's block table at blocks an earlier request filled, and taking a reference on them.
 #
-# **Hash-chained blocks (vLLM).** A full block is named by a hash of *its parent block's
-# hash* and *its own tokens*. Because each hash folds in the one before it, equal hashes mean
-# equal prefixes from the first token, not just equal blocks. Looking up a prompt is a walk
-# over its blocks in a dictionary, stopping at the first miss. The teaching engine's version:
+# **Hash-chained blocks (vLLM).** A full block is named by a hash of *its parent block's hash*
+# and *its own tokens*, so equal hashes mean equal prefixes from the first token; a lookup walks
+# the prompt's blocks through a dictionary and stops at the first miss. **A radix tree
+# (SGLang,** [arXiv:2312.07104](https://arxiv.org/abs/2312.07104)**)**: edges are runs of
+# tokens, prompts that share a start share the path from the root, and an edge is split where
+# they part. SGLang's tree can match token by token; the teaching engine's compares **whole
+# blocks**, because a block is shared whole or not at all. Both, as the teaching engine has them:
 
 # %%
 import inspect
 
 from mini_engine.prefix_cache import HashPrefixCache, RadixPrefixCache
-from workshop import ui
+from workshop import prefix_caching, ui
 
-ui.md("```python\n" + inspect.getsource(HashPrefixCache._hashes)
-      + "\n" + inspect.getsource(HashPrefixCache.match) + "```")
-
-# %% [markdown]
-# **A radix tree (SGLang).** The cache is a tree whose edges are runs of tokens; two prompts
-# that share a start share the path from the root, and an edge is split where they part.
-# Looking up a prompt walks down the tree comparing tokens. SGLang's tree
-# ([Zheng et al. 2023, arXiv:2312.07104](https://arxiv.org/abs/2312.07104), "RadixAttention")
-# can match token by token; the teaching engine's tree compares **whole blocks**, because its
-# KV lives in blocks and a block is shared whole or not at all:
-
-# %%
-ui.md("```python\n" + inspect.getsource(RadixPrefixCache._common_blocks)
-      + "\n" + inspect.getsource(RadixPrefixCache._walk) + "```")
+ui.md("```python\n" + "\n".join(inspect.getsource(_f) for _f in (
+    HashPrefixCache._hashes, HashPrefixCache.match, RadixPrefixCache._common_blocks,
+    RadixPrefixCache._walk)) + "```")
 
 # %% [markdown]
-# ### Both on a few token lists
-#
 # No model is needed to see what each cache matches: `prefix_caching.replay` sends token lists
 # through the engine's own block manager and cache, one request after another (look up,
-# allocate, offer the full blocks to the cache, finish). The prompts below are made of token
-# ids; **B** shares its first 10 tokens with **A**, then differs.
-#
-# Pick a block size (in Jupyter, re-run the cells below after moving it; marimo re-runs them).
+# allocate, offer the full blocks to the cache, finish). **B** shares its first 10 tokens with
+# **A**, then differs. Pick a block size (in Jupyter, re-run the cells below after moving it).
 
 # %%
 demo_block = ui.slider(2, 8, 4, 1, "block size (tokens) for the token-list demo")
@@ -109,84 +91,66 @@ demo_prompts = {
     "C = A + 4 new": list(range(100, 112)) + [1, 2, 3, 4],        # A is its prefix
     "D = A[:8] + 5 new": list(range(100, 108)) + [50, 51, 52, 53, 54],
 }
-ui.md(f"Block size **{demo_block.value}**. Prompt B shares 10 tokens with A: that is "
-      f"{10 // demo_block.value} full block(s) and {10 % demo_block.value} token(s) of the next.")
+ui.md(f"Block size **{demo_block.value}**; the prompts' lengths: "
+      + ", ".join(f"{_k.split(' ')[0]} {len(_v)}" for _k, _v in demo_prompts.items()) + " tokens.")
 
 # %% [markdown]
-# **Exercise 1 (predict, then compute).** With the block size above, how many of B's tokens
-# will the **radix** cache find, after A has been served? Write your number, then run the
-# cell after it.
+# **Exercise 1 (predict, then compute).** With this block size, how many of B's tokens will the
+# **radix** cache find, after A has been served?
 
 # %%
 predict_radix_tokens = None   # your prediction: tokens of B found in the radix cache
 
 # %%
-from workshop import prefix_caching
-
 demo_rows = prefix_caching.match_rows(demo_prompts, demo_block.value)
 ui.compare(predict_radix_tokens, demo_rows[1]["radix: tokens reused"],
            "tokens of B the radix cache reused", "tokens", how="computed")
 
 # %%
-ui.table(demo_rows)
-
-# %%
-_b = demo_rows[1]
-_partial = 10 % demo_block.value
-ui.md(
-    f"Of the 10 tokens B shares with A, the hash cache reused **{_b['hash: tokens reused']}** "
-    f"and the radix cache **{_b['radix: tokens reused']}**: "
-    + ("the same number, the full blocks only. " if _b["hash: tokens reused"] ==
-       _b["radix: tokens reused"] else "different numbers. ")
-    + (f"The {_partial} shared token(s) in B's next block are recomputed by both: in this "
-       f"engine a block is shared whole or not at all, so the radix tree here is a radix tree "
-       f"*of blocks*. SGLang's tree can end a match mid-block because its KV pool is allocated "
-       f"per token (a page size of 1 by default). "
-       if _partial else "B's overlap ends on a block boundary with this block size, so "
-       "nothing is lost to rounding: try a block size that does not divide 10. ")
-    + "Both caches never hand out the block holding a prompt's last token (here C's last "
-      "block, if the prompt ends on a boundary), because the engine needs at least one token "
-      "to compute to get the next token's logits."
+_b, _bs = demo_rows[1], demo_block.value
+ui.worked_answer(
+    f"The teaching engine's tree compares whole blocks of {_bs}. B shares 10 tokens with A: "
+    f"⌊10 / {_bs}⌋ = {10 // _bs} full block(s), **{10 // _bs * _bs} tokens**"
+    + (f"; the {10 % _bs} shared token(s) in the next block are recomputed, because that block "
+       "also holds tokens A does not have." if 10 % _bs else ", nothing lost to rounding.")
+    + f" Computed: radix **{_b['radix: tokens reused']}**, hash {_b['hash: tokens reused']}"
+    + (": at block granularity both find the same prefix." if _b["radix: tokens reused"]
+       == _b["hash: tokens reused"] else ".")
+    + " SGLang's tree, with a page of one token, would find all 10."
 )
 
 # %% [markdown]
-# The radix tree after the four prompts (each line an edge, with the blocks it owns). A shared
-# start is stored once; where prompts part, the edge was split:
+# Every prompt through both caches, and the radix tree after the four (an edge per line, with
+# its blocks: a shared start is stored once). Neither cache hands out the block holding a
+# prompt's last token (C's, when it ends on a boundary): the engine must compute at least one
+# token to get the next token's logits.
 
 # %%
 demo_tree = prefix_caching.replay([(p, []) for p in demo_prompts.values()], "radix",
                                   demo_block.value, 64).cache
-ui.md("```text\n" + prefix_caching.radix_text(demo_tree.dump(), demo_block.value) + "\n```")
+ui.md(ui.markdown_table(demo_rows) + "\n\n```text\n"
+      + prefix_caching.radix_text(demo_tree.dump(), demo_block.value) + "\n```")
 
 # %% [markdown]
-# What differs beyond lookup is **eviction**, when the pool runs out of free blocks and the
-# cache must give some back. The hash cache can drop any block that no running request holds,
-# least recently used first (deepest first among equals, as vLLM's free-block queue does).
-# The radix tree drops whole **leaf edges**, least recently used first, so a parent is only
-# dropped after its children: a shared start outlives the tails that hang off it. Section 3
+# The designs also differ in **eviction**, when the pool runs out of free blocks. The hash
+# cache can drop any block no running request holds, least recently used first (deepest first
+# among equals, as vLLM's free-block queue does). The radix tree drops whole **leaf edges**,
+# least recently used first, so a shared start outlives the tails that hang off it. Section 3
 # measures what that does to the hit rate.
-
-# %% [markdown]
+#
 # ## 2. The teaching engine: no cache, hash, radix
 #
-# Three teaching-engine servers, identical except for the prefix cache (`--no-prefix-caching`,
-# `-- --prefix-cache hash`, `-- --prefix-cache radix`), each run two workloads from the
-# benchmark harness (`workshop/bench/workloads.py`):
+# Three teaching-engine servers, identical but for the prefix cache (`--no-prefix-caching`,
+# `-- --prefix-cache hash`, `-- --prefix-cache radix`), run two workloads of the benchmark
+# harness (`workshop/bench/workloads.py`), one session at a time:
 #
-# * **shared prefix**: requests spread over a few groups, each group sharing a long system
-#   prompt, followed by a short question of its own (like SGLang's generated-shared-prefix
-#   benchmark);
-# * **agentic**: an agent with a long system prompt (instructions and tool schemas) takes
-#   turns, resending its whole history each time; after its first turn it forks sub-agents
-#   (branches) that inherit that history, then merges their reports.
+# * **shared prefix**: requests in a few groups, each group sharing a long system prompt
+#   followed by a short question of its own (like SGLang's generated-shared-prefix benchmark);
+# * **agentic**: an agent with a long system prompt takes turns, resending its whole history;
+#   after its first turn it forks sub-agents that inherit that history (they send at the same
+#   moment, so timing plays a part there), then merges their reports.
 #
-# Sessions go one at a time (a closed loop of 1), so the shared-prefix workload's hit rate
-# depends only on the order of its requests; two or more sub-agents send their requests at
-# the same moment, so there timing plays a part too (quick mode forks one). The controls set
-# the workloads' shape (in Jupyter, re-run the cells from the one that starts the servers on
-# after moving one; marimo re-runs them).
-# That cell starts the three servers side by side and builds the workloads; the servers are
-# stopped once this section is done, and started again by the next re-run.
+# In Jupyter, re-run the cells from the one that starts the servers after moving a control.
 
 # %%
 prefix_len = ui.slider(64, 1536, workshop.session.sweep(512, 128), 64,
@@ -199,11 +163,15 @@ prefix_groups = ui.slider(1, 8, workshop.session.sweep(4, 2), 1,
 prefix_groups
 
 # %%
-agent_branches = ui.slider(1, 6, workshop.session.sweep(2, 1), 1, "sub-agents forked by the agent (branches)")
+agent_branches = ui.slider(1, 6, workshop.session.sweep(2, 1), 1,
+                           "sub-agents forked by the agent (branches)")
 agent_branches
 
 # %%
-from workshop.bench.workloads import Tokenizer, agentic_workload, shared_prefix_workload
+import os
+import statistics
+
+from workshop.bench.workloads import Tokenizer, shared_prefix_workload
 
 cache_flags = {"none": ["--no-prefix-caching"], "hash": ["--", "--prefix-cache", "hash"],
                "radix": ["--", "--prefix-cache", "radix"]}
@@ -219,24 +187,14 @@ shared_args = dict(num_requests=workshop.session.sweep(16, 4), num_groups=prefix
 # Quick mode (CI, 2 slow cores) keeps one of the agent's five tool schemas: its system prompt
 # is then about 220 tokens instead of 630, and a request without a cache costs about half.
 agent_args = dict(num_sessions=1, system_prompt_len=prefix_len.value,
-                  num_tools=workshop.session.sweep(None, 1), main_turns=workshop.session.sweep(3, 1), fork_at=(0,),
-                  branches=agent_branches.value, branch_turns=workshop.session.sweep(1, 0),
+                  num_tools=workshop.session.sweep(None, 1), main_turns=workshop.session.sweep(3, 1),
+                  fork_at=(0,), branches=agent_branches.value,
+                  branch_turns=workshop.session.sweep(1, 0),
                   turn_output=workshop.session.sweep((16, 32), (4, 8)),
                   tool_result_len=(20, 40), summary_output=workshop.session.sweep(24, 4),
                   final_output=workshop.session.sweep(24, 4))
 shared_wl = shared_prefix_workload(mini_tok, **shared_args)
 shared_tokens = prefix_caching.workload_tokens(shared_wl)
-
-# %% [markdown]
-# **Exercise 2 (predict, then measure).** Before running anything: what hit rate (cached
-# prompt tokens / all prompt tokens) will the **hash** cache report for the shared-prefix
-# workload? The numbers you need are printed below. Hint: the first request of each group
-# finds nothing; every later one finds the shared tokens, rounded *down* to whole blocks.
-
-# %%
-import os
-import statistics
-
 shared_groups: dict[str, list] = {}
 for _s, (_p, _o) in zip(shared_wl.sessions, shared_tokens):
     shared_groups.setdefault(_s.request.tag, []).append(_p)
@@ -244,26 +202,20 @@ for _s, (_p, _o) in zip(shared_wl.sessions, shared_tokens):
 shared_prefix_tokens = min((len(os.path.commonprefix(g)) for g in shared_groups.values()
                             if len(g) > 1), default=0)
 mean_prompt_tokens = statistics.mean(len(p) for p, _ in shared_tokens)
-ui.md(f"{shared_args['num_requests']} requests in {len(shared_groups)} groups; a prompt has "
-      f"**{mean_prompt_tokens:.0f} tokens** on average (chat template applied), of which "
-      f"the first **{shared_prefix_tokens}** are the same for every request of its group; "
-      f"the engine's block size is **{mini_info['block_size']} tokens**.")
+ui.md(f"The shared-prefix workload: {shared_args['num_requests']} requests in "
+      f"{len(shared_groups)} groups; a prompt has **{mean_prompt_tokens:.0f} tokens** on average "
+      f"(chat template applied), of which the first **{shared_prefix_tokens}** are the same for "
+      f"every request of its group; the engine's block size is "
+      f"**{mini_info['block_size']} tokens**.")
+
+# %% [markdown]
+# **Exercise 2 (predict, then measure).** What hit rate (cached prompt tokens / all prompt
+# tokens) will the **hash** cache report for the shared-prefix workload? Hint: the first
+# request of each group finds nothing; every later one finds the shared tokens, rounded
+# *down* to whole blocks.
 
 # %%
 predict_hit_rate = None   # your prediction, a fraction between 0 and 1
-
-# %% [markdown]
-# The formula the hint describes, computed:
-
-# %%
-_n, _g, _bs = shared_args["num_requests"], len(shared_groups), mini_info["block_size"]
-formula_hit_rate = (_n - _g) * (shared_prefix_tokens // _bs * _bs) / (_n * mean_prompt_tokens)
-ui.md(f"(requests − groups) × ⌊shared / block⌋ × block / (requests × mean prompt) = "
-      f"({_n} − {_g}) × {shared_prefix_tokens // _bs * _bs} / ({_n} × {mean_prompt_tokens:.0f}) "
-      f"= **{formula_hit_rate:.3f}**")
-
-# %% [markdown]
-# Now the two workloads through the three servers (each server's cache is emptied first):
 
 # %%
 kinds_rows, kinds_raw = prefix_caching.run_kinds(
@@ -272,6 +224,24 @@ kinds_rows, kinds_raw = prefix_caching.run_kinds(
 measured_hit_rate = next(r["hit rate (/metrics)"] for r in kinds_rows
                          if r["cache"] == "hash" and r["workload"] == "shared-prefix")
 ui.compare(predict_hit_rate, measured_hit_rate, "hash-cache hit rate, shared-prefix workload")
+
+# %%
+_n, _g, _bs = shared_args["num_requests"], len(shared_groups), mini_info["block_size"]
+_reused = shared_prefix_tokens // _bs * _bs
+formula_hit_rate = (_n - _g) * _reused / (_n * mean_prompt_tokens)
+ui.worked_answer(
+    f"{_n - _g} of the {_n} requests (all but each group's first) find their group's "
+    f"{shared_prefix_tokens} shared tokens, rounded down to blocks of {_bs}: {_reused} tokens. "
+    f"Over all prompt tokens:\n\n"
+    f"(requests − groups) × ⌊shared / block⌋ × block / (requests × mean prompt) = "
+    f"({_n} − {_g}) × {_reused} / ({_n} × {mean_prompt_tokens:.0f}) = **{formula_hit_rate:.3f}**"
+    f"\n\nMeasured, the hash server's counters (`vllm:prefix_cache_hits_total` / "
+    f"`vllm:prefix_cache_queries_total`, differenced over the run): **{measured_hit_rate:.3f}**"
+    + (", the formula to three decimals." if abs(measured_hit_rate - formula_hit_rate) < 5e-4 else
+       f", {measured_hit_rate - formula_hit_rate:+.3f} from the formula, which takes every "
+       "group's shared start to be the shortest group's and each group's first request to come "
+       "first.")
+)
 
 # %%
 ui.table(kinds_rows)
@@ -288,67 +258,19 @@ prefix_caching.kinds_figure(kinds_rows, "median TTFT (ms)",
 
 # %%
 _row = {(r["cache"], r["workload"]): r for r in kinds_rows}
-_w_sp, _w_ag = "shared-prefix", "agentic"
-_none_sp, _hash_sp, _radix_sp = (_row[(k, _w_sp)] for k in ("none", "hash", "radix"))
-_none_ag, _hash_ag, _radix_ag = (_row[(k, _w_ag)] for k in ("none", "hash", "radix"))
-_speed_sp = _none_sp["median TTFT (ms)"] / _hash_sp["median TTFT (ms)"]
-_speed_ag = _none_ag["median TTFT (ms)"] / _hash_ag["median TTFT (ms)"]
-_tput_sp = _hash_sp["output tok/s"] / _none_sp["output tok/s"]
-_same_sp, _same_ag = (abs(_row[("hash", w)]["hit rate (/metrics)"]
-                          - _row[("radix", w)]["hit rate (/metrics)"]) < 1e-9 for w in (_w_sp, _w_ag))
-_same = _same_sp and _same_ag
-# Enough decimals that two different hit rates never print as the same number.
-_d_sp, _d_ag = (prefix_caching.decimals_to_tell_apart(_row[("hash", w)]["hit rate (/metrics)"],
-                                                      _row[("radix", w)]["hit rate (/metrics)"])
-                for w in (_w_sp, _w_ag))
-_ag_prompt_tokens = {k: sorted(r.prompt_tokens for r in kinds_raw[(k, _w_ag)].records)
-                     for k in ("hash", "radix")}
-kinds_same_tokens, ttft_gain_shared = _same_sp, _speed_sp     # for the summary at the end
-_agree = abs(measured_hit_rate - formula_hit_rate) < 0.01
-ui.md(
-    f"The formula gave **{formula_hit_rate:.3f}** and the hash server's counters "
-    f"(`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, differenced over the "
-    f"run) **{measured_hit_rate:.3f}**"
-    + (": they agree. " if _agree else
-       ": they differ, so something besides whole shared blocks was reused or missed (the "
-       "groups' first requests may not come first, or a reply's blocks were matched too). ")
-    + f"The server with `--no-prefix-caching` reported "
-    + (f"a hit rate of {_none_sp['hit rate (/metrics)']:.3f}. "
-       if _none_sp["hit rate (/metrics)"] is not None else "no lookups at all (no cache). ")
-    + ("Hash and radix found exactly the same tokens in both workloads: at block granularity, "
-       "with requests one at a time and a pool that never fills, the two designs differ in how "
-       "they find a prefix, not in what they find; so the difference between their TTFTs "
-       f"(shared prefix {_hash_sp['median TTFT (ms)']:.0f} vs "
-       f"{_radix_sp['median TTFT (ms)']:.0f} ms) is mostly run-to-run variation on this "
-       "machine, not the data structure. " if _same else
-       f"Hash and radix found {'the same' if _same_sp else 'different'} amounts on the "
-       f"shared-prefix workload ({_hash_sp['hit rate (/metrics)']:.{_d_sp}f} vs "
-       f"{_radix_sp['hit rate (/metrics)']:.{_d_sp}f}) and {'the same' if _same_ag else 'different'} "
-       f"ones on the agentic workload ({_hash_ag['hit rate (/metrics)']:.{_d_ag}f} vs "
-       f"{_radix_ag['hit rate (/metrics)']:.{_d_ag}f}). "
-       + ("" if _same_ag or _ag_prompt_tokens["hash"] == _ag_prompt_tokens["radix"] else
-          f"The two servers were not sent the same agentic prompts ({sum(_ag_prompt_tokens['hash'])} "
-          f"vs {sum(_ag_prompt_tokens['radix'])} prompt tokens in all): each turn resends the "
-          "replies the model wrote, and the two servers' replies differed. ")
-       + ("" if _same_ag or agent_branches.value < 2 else
-          "The agent's sub-agents send their requests at the same moment, so how much of a "
-          "sibling's freshly computed history one of them finds depends on which the scheduler "
-          "admitted first and how far it had got, not only on the cache's design. ")
-       + ("" if _same_sp else
-          "The shared-prefix requests go one at a time, so that difference is the design's. "))
-    + f"Median TTFT without a cache / with the hash cache: **{_speed_sp:.2f}x** on the "
-    f"shared-prefix workload, **{_speed_ag:.2f}x** on the agentic one; output throughput "
-    f"changed **{_tput_sp:.2f}x** on the shared-prefix workload. "
-    + ("Skipping most of the prefill shows up clearly in TTFT on this machine. "
-       if min(_speed_sp, _speed_ag) > 1.3 else
-       "The gain is small here: with prompts of a few hundred tokens, prefill on this machine "
-       "costs little next to the fixed costs of a request (HTTP, tokenising, scheduling, one "
-       "decode step), so skipping most of it saves little in absolute terms. Try a longer "
-       "shared prompt. " if max(_speed_sp, _speed_ag) < 1.3 else
-       "The gain differs between the workloads: compare their prompt lengths and hit rates. ")
-    + "Requests with a hit and without are split in the table, which is the cleaner comparison "
-      "within one server."
-)
+_hit = {(_k, _w): _row[_k, _w]["hit rate (/metrics)"] for _k in ("hash", "radix")
+        for _w in ("shared-prefix", "agentic")}
+_gain = {_w: _row["none", _w]["median TTFT (ms)"] / _row["hash", _w]["median TTFT (ms)"]
+         for _w in ("shared-prefix", "agentic")}
+kinds_same_tokens = _hit["hash", "shared-prefix"] == _hit["radix", "shared-prefix"]
+_d = prefix_caching.decimals_to_tell_apart(_hit["hash", "agentic"], _hit["radix", "agentic"])
+ui.md(f"**Median TTFT without a cache / with the hash cache: {_gain['shared-prefix']:.2f}x on the "
+      f"shared-prefix workload, {_gain['agentic']:.2f}x on the agentic one.** Hash and radix "
+      f"found {'the same' if kinds_same_tokens else 'different'} shares of the shared-prefix "
+      f"prompts ({_hit['hash', 'shared-prefix']:.3f} and {_hit['radix', 'shared-prefix']:.3f}) "
+      f"and {_hit['hash', 'agentic']:.{_d}f} and {_hit['radix', 'agentic']:.{_d}f} of the "
+      f"agentic ones, whose prompts carry each server's own replies. The table splits requests "
+      f"with a hit from those without, the cleaner comparison within one server.")
 
 # %%
 # Section 3 replays without servers: stop the three (after the cells that use them).
@@ -359,18 +281,12 @@ for _s in mini.values():
 # %% [markdown]
 # ## 3. Eviction: when the pool is too small to keep everything
 #
-# A prefix cache lives in the same pool as the running requests' KV. Cached blocks that no
-# request holds count as free: when a request needs blocks and none are free, the cache gives
-# some back (eviction), and a later request that would have found them recomputes them. So
-# the hit rate depends on the **pool size**, not only on the workload.
-#
-# Starting a server per pool size would cost several seconds each, so the curve below replays
-# the shared-prefix workload's exact token lists (as planned, chat template applied) through
-# the engine's block manager and both caches, for a range of pool sizes: one request after
-# another like the live runs, and step by step like the engine (the prompt in chunks of the
-# server's token budget per step, then one output token per step), because when blocks are
-# allocated and offered decides what gets evicted. Below the largest request's own size (red
-# line) a request cannot run at all.
+# Cached blocks that no request holds count as free: when a request needs blocks and none are
+# free, the cache gives some back, and a later request that would have found them recomputes
+# them. So the hit rate depends on the **pool size**. The curve replays the shared-prefix
+# workload's token lists through the engine's block manager and both caches, step by step
+# like the engine (the prompt in chunks of its token budget, then a token per step), for a
+# range of pool sizes; below the largest request's size (red line) a request cannot run.
 
 # %%
 pool_min_blocks = prefix_caching.blocks_needed(shared_tokens, mini_info["block_size"])
@@ -380,27 +296,22 @@ pool_sizes = sorted({int(pool_min_blocks * f) for f in (1, 1.25, 1.5, 2, 2.5, 3,
 pool_chunk = int(mini_info.get("extra", {}).get("max_num_batched_tokens") or 512)
 pool_rows = prefix_caching.pool_sweep(shared_tokens, pool_sizes, mini_info["block_size"],
                                       chunk=pool_chunk)
-ui.md(f"The largest request needs **{pool_min_blocks} blocks**; all requests together, with "
-      f"nothing shared, would need {_all_blocks}. Pools swept: {pool_sizes} blocks.")
-
-# %% [markdown]
-# Is the replay faithful to the engine? At the largest pool it must give the hit rate the live
-# hash server reported in section 2 (same requests, same order):
-
-# %%
 _big = max(r["pool (blocks)"] for r in pool_rows)
 replay_big_hit = next(r["hit rate"] for r in pool_rows
                       if r["pool (blocks)"] == _big and r["cache"] == "hash")
-ui.md(f"Replay at {_big} blocks: **{replay_big_hit:.4f}**; live hash server: "
+# At the largest pool nothing is evicted: the replay must count what the live server counted.
+ui.md(f"The largest request needs **{pool_min_blocks} blocks**; all of them together, nothing "
+      f"shared, {_all_blocks}. Pools replayed: {pool_sizes} blocks. At {_big} blocks the replay "
+      f"finds **{replay_big_hit:.4f}** of the prompt tokens, the live hash server counted "
       f"**{measured_hit_rate:.4f}**"
-      + (" — identical." if abs(replay_big_hit - measured_hit_rate) < 1e-6 else
-         " — they differ, so the replay misses something the engine does; treat the curve "
-         "below as an approximation."))
+      + (": the same requests in the same order, the same hits." if abs(replay_big_hit
+                                                                     - measured_hit_rate) < 1e-6
+         else ": the replay misses something the engine does; the curve is an approximation."))
 
 # %% [markdown]
-# A live check of the curve: one more teaching-engine server with a small pool
-# (`-- --num-blocks N`), running the same workload. Pick its size (in blocks); the default is
-# 1.5 x the largest request. This costs one more server start, so quick mode (CI) skips it.
+# A live check: one more teaching-engine server with a small pool (`-- --num-blocks N`, by
+# default 1.5 x the largest request) runs the same workload. It costs a server start, so quick
+# mode (CI) skips it.
 
 # %%
 live_pool = ui.slider(0, 256, 0, 1, "live small pool (blocks; 0 = 1.5 x the largest request)")
@@ -409,16 +320,15 @@ live_pool
 # %%
 pool_live_rows = []
 if not workshop.session.quick():
-    _blocks = live_pool.value or int(1.5 * pool_min_blocks)
-    _blocks = max(_blocks, pool_min_blocks)
+    _blocks = max(live_pool.value or int(1.5 * pool_min_blocks), pool_min_blocks)
     with workshop.session.start("mini", ["--", "--prefix-cache", "hash", "--num-blocks",
                                          str(_blocks)], verbose=False) as _small:
         _rows, _ = prefix_caching.run_kinds({"hash": _small}, {"shared-prefix": shared_args})
     pool_live_rows = [{"pool (blocks)": _blocks, "hit rate": _rows[0]["hit rate (/metrics)"],
-                       "median TTFT (ms)": _rows[0]["median TTFT (ms)"]}]
-    _replayed = prefix_caching.pool_sweep(shared_tokens, [_blocks], mini_info["block_size"],
-                                          kinds=("hash",), chunk=pool_chunk)[0]["hit rate"]
-    pool_live_rows[0]["replay hit rate"] = _replayed
+                       "median TTFT (ms)": _rows[0]["median TTFT (ms)"],
+                       "replay hit rate": prefix_caching.pool_sweep(
+                           shared_tokens, [_blocks], mini_info["block_size"], kinds=("hash",),
+                           chunk=pool_chunk)[0]["hit rate"]}]
 ui.table(pool_live_rows) if pool_live_rows else ui.md(
     "Quick mode: no live small-pool server (the replay curve below is computed, not measured).")
 
@@ -431,61 +341,35 @@ ui.table(pool_rows)
 # %%
 _h = {r["pool (blocks)"]: r["hit rate"] for r in pool_rows if r["cache"] == "hash"}
 _r = {r["pool (blocks)"]: r["hit rate"] for r in pool_rows if r["cache"] == "radix"}
-_smallest, _largest = min(_h), max(_h)
-_full = _h[_largest]
-_enough = min(p for p in _h if _h[p] >= _full - 1e-9)
-_radix_lower = [p for p in _h if _r[p] < _h[p] - 1e-9]
+_enough = min(p for p in _h if _h[p] >= _h[max(_h)] - 1e-9)
+_radix_lower = sorted(p for p in _h if _r[p] < _h[p] - 1e-9)
 ui.md(
-    f"With a pool of {_largest} blocks the hash cache found **{_full:.1%}** of the prompt "
-    f"tokens; it needs **{_enough} blocks** to keep all of that, and at {_smallest} blocks "
-    f"(just the largest request) it finds **{_h[_smallest]:.1%}**. "
-    + ("The hit rate falls as the pool shrinks: the shared system prompts are evicted to make "
-       "room for the running request, and the next request of that group recomputes them. "
-       if _h[_smallest] < _full - 1e-9 else
-       "The hit rate did not fall over this range: the workload's shared prompts fit even in "
-       "the smallest pool. Try more groups or a longer prompt. ")
-    + (f"At {len(_radix_lower)} of the pool sizes the radix cache found less than the hash "
-       f"cache (e.g. {min(_radix_lower)} blocks: radix {_r[min(_radix_lower)]:.1%}, hash "
-       f"{_h[min(_radix_lower)]:.1%}). The radix tree evicts whole leaf edges, and a group's "
-       f"first request leaves one edge holding its system prompt *and* its own question and "
-       f"reply; until a second request of the group splits that edge, evicting the tail evicts "
-       f"the system prompt with it. The hash cache gives back only as many blocks as it must, "
-       f"the deepest (least likely shared) first. "
-       if _radix_lower else "The radix cache matched the hash cache at every pool size. ")
-    + ("The live small-pool server found "
-       f"**{pool_live_rows[0]['hit rate']:.2%}** where the replay predicts "
-       f"{pool_live_rows[0]['replay hit rate']:.2%}"
-       + (": the replay is the engine's eviction, block for block."
-          if abs(pool_live_rows[0]["hit rate"] - pool_live_rows[0]["replay hit rate"]) < 1e-6
-          else ": close, not identical, so the engine did something the replay does not "
-               "model (another request in flight, a preemption).")
-       if pool_live_rows else "")
-)
+    f"**The hash cache found {_h[max(_h)]:.1%} of the prompt tokens with {max(_h)} blocks, "
+    f"needed {_enough} blocks to keep all of it, and found {_h[min(_h)]:.1%} with "
+    f"{min(_h)}.** "
+    + (f"The radix cache found less at {len(_radix_lower)} of the pool sizes (at "
+       f"{_radix_lower[0]} blocks: {_r[_radix_lower[0]]:.1%} against "
+       f"{_h[_radix_lower[0]]:.1%}): a group's first request leaves one leaf edge holding the "
+       "system prompt *and* its own question and reply, and until a second request splits that "
+       "edge, evicting the leaf evicts the system prompt with it. The hash cache gives back "
+       "only the blocks it must, deepest first. "
+       if _radix_lower else "The radix cache found as much as the hash cache at every size. ")
+    + (f"The live small-pool server found {pool_live_rows[0]['hit rate']:.2%}, the replay "
+       f"{pool_live_rows[0]['replay hit rate']:.2%}." if pool_live_rows else ""))
 
 # %% [markdown]
 # ## 4. After the hit: reading a shared prefix once (cascade attention)
 #
-# A hit saves the shared prompt's *prefill*, once per request. The *decode* steps after it
-# still pay for the prefix: the sequences' block tables point at the same blocks, and at
-# every step, in every layer, attention reads those keys and values once **per sequence**.
-# Eight agents on one 600-token system prompt read the same 600 keys eight times a layer, for
-# every token they write.
+# A hit saves the shared prompt's *prefill*, once. The *decode* steps after it still read the
+# shared keys and values, every step, every layer, once **per sequence**: eight agents on one
+# 600-token system prompt read the same 600 keys eight times.
 #
-# **Cascade attention** reads them once. Split each sequence's keys in two: the shared prefix
-# (`P` keys, the same blocks for everyone) and the sequence's own keys after it. The queries
-# of the whole batch, stacked, meet the shared keys in *one* matmul; each sequence's queries
-# meet its own keys in a second, batched one. One softmax over both sets of scores, and the
-# two weighted sums of values added, give exactly attention over the whole context: the
-# softmax runs over each query's full row of scores either way, so it cannot tell that they
-# were computed in two pieces.
-#
-# A fused kernel such as PyTorch's SDPA cannot share one softmax between two calls. It can
-# say, for each query, the log of its softmax's denominator (the **log-sum-exp** of its
-# scores), and that is enough: attention over the shared keys and attention over the own
-# keys, each weighted by its share of the whole denominator, is attention over both. It is
-# the rescaling FlashAttention's online softmax does tile by tile (notebook 6); FlashInfer
-# calls it merging attention states. The teaching engine's version (`mini_engine/model.py`)
-# does it written out, or with SDPA and `merge_attention`:
+# **Cascade attention** reads them once: the whole batch's queries meet the shared keys (`P`
+# of them) in *one* matmul, each sequence's queries its own keys in a second, and one softmax
+# over both sets of scores is attention over the whole context. A fused kernel such as SDPA
+# cannot share a softmax between two calls, but it returns each query's **log-sum-exp**, and
+# two partial results weighted by their share of the total denominator make the whole (the
+# rescaling of FlashAttention's online softmax, notebook 6). The teaching engine's version:
 
 # %%
 from mini_engine import model as mini_model
@@ -495,12 +379,13 @@ ui.md("```python\n" + inspect.getsource(mini_model.cascade_attention) + "\n\n"
 
 # %% [markdown]
 # Below, one decode step's attention over all the model's layers, both ways, from a KV pool
-# shaped like the served model's (its layers, KV heads and head size, in the servers' dtype).
-# Each way reads its keys out of the pool through block tables, as the engine does
-# (`KVCache.read_blocks`): **per sequence** reads every sequence's whole context; **cascade**
-# reads the shared blocks once and each sequence's own blocks. The own blocks are scattered
-# over the pool, as after some traffic. Set the shape (in Jupyter, re-run the cells below after
-# moving a slider):
+# shaped like the served model's, read through block tables as the engine reads it
+# (`KVCache.read_blocks`): **per sequence** reads each sequence's whole context; **cascade**
+# reads the shared blocks once, then each sequence's own (scattered, as after some traffic).
+# Either way runs in the attention form the dropdown picks: **written out**
+# (`eager_attention`: two matmuls and a float32 softmax) or **SDPA** (PyTorch's kernel; for
+# cascade, two calls merged); it starts at the one the engine would pick (`use_eager`). In
+# Jupyter, re-run the cells below after moving a control.
 
 # %%
 cascade_shared = ui.slider(64, 2048, workshop.session.sweep(640, 256), 64, "shared prefix (keys)")
@@ -516,50 +401,19 @@ cascade_seqs
 
 # %%
 import torch
-import torch.nn.functional as F
 
 from mini_engine.config import DTYPES
-from mini_engine.kv_cache import KVCache, KVLayout
 from mini_engine.loader import ModelConfig
 
 cascade_cfg = ModelConfig.from_hf(mini_info["model_path"])
 cascade_dtype = DTYPES.get(str(mini_info.get("dtype")), torch.float32)
-cascade_bs = mini_info["block_size"]
-cascade_kvh = cascade_cfg.num_kv_heads
-cascade_grp = cascade_cfg.num_heads // cascade_kvh        # query heads per KV head
-cascade_P = max(cascade_shared.value // cascade_bs, 1) * cascade_bs             # whole blocks
-cascade_own_len = -(-cascade_own.value // cascade_bs) * cascade_bs
 # The batch sizes timed: doubling up to the slider's, which is always one of them.
 cascade_batches = sorted({b for b in (2, 4, 8, 16, 32) if b < cascade_seqs.value}
                          | {int(cascade_seqs.value)})
-_max_b = max(cascade_batches)
-_own_blocks = cascade_own_len // cascade_bs
-# The engine's pool layout for K and V: [kv_heads, slots, head_dim] per layer.
-cascade_pool = KVCache(KVLayout(((cascade_kvh, None, cascade_cfg.head_dim),) * 2),
-                       cascade_cfg.num_layers, cascade_P // cascade_bs + _max_b * _own_blocks + 8,
-                       cascade_bs, cascade_dtype)
-for _layer in cascade_pool.layers:
-    for _t in _layer:
-        _t.normal_()            # real values, and every page of the pool touched once
-# Blocks 0 .. P/bs - 1 hold the shared prefix; every sequence's own blocks come at random
-# from the rest of the pool.
-cascade_shared_blocks = torch.arange(cascade_P // cascade_bs)
-_rest = cascade_P // cascade_bs + torch.randperm(cascade_pool.num_blocks - cascade_P // cascade_bs)
-cascade_own_blocks = _rest[:_max_b * _own_blocks].view(_max_b, _own_blocks)
-ui.md(f"Model: {cascade_cfg.num_layers} layers, {cascade_cfg.num_heads} query heads sharing "
-      f"{cascade_kvh} KV heads of {cascade_cfg.head_dim}, `{str(cascade_dtype).removeprefix('torch.')}`; "
-      f"blocks of {cascade_bs} tokens. Each sequence: **{cascade_P} shared + {cascade_own_len} "
-      f"own keys**. Batches timed: {cascade_batches} sequences.")
-
-# %% [markdown]
-# The two ways of one decode step, written with the engine's pieces, in either attention form:
-# **written out** (`eager_attention`, two matmuls and a float32 softmax) or **SDPA**
-# (PyTorch's kernel; for cascade, two calls merged). The form starts at the one the engine
-# would pick for the slider's batch in this dtype (`use_eager`); try the other. Queries are
-# laid out as the engine lays them out, the query heads that share a KV head folded into the
-# query axis: `[kv_heads, sequences, query heads per KV head, head_dim]`.
-
-# %%
+cascade = prefix_caching.CascadeBench.build(cascade_cfg, cascade_dtype, mini_info["block_size"],
+                                            cascade_shared.value, cascade_own.value,
+                                            max(cascade_batches))
+cascade_P, cascade_own_len = cascade.shared, cascade.own       # rounded to whole blocks
 cascade_form = ui.dropdown(
     ["written out", "SDPA"],
     "written out" if mini_model.use_eager("auto", cascade_dtype, int(cascade_seqs.value),
@@ -569,67 +423,21 @@ cascade_form
 
 # %%
 cascade_written_out = cascade_form.value == "written out"
-
-
-def attend_per_sequence(layer, q, B):
-    """Every sequence reads its whole context (shared blocks, then its own) from the pool."""
-    blocks = torch.cat((cascade_shared_blocks.expand(B, -1), cascade_own_blocks[:B]), 1)
-    k, v = (t.view(cascade_kvh, B, -1, cascade_cfg.head_dim)
-            for t in cascade_pool.read_blocks(layer, blocks.reshape(-1)))
-    mask = torch.ones(1, B, 1, k.shape[2], dtype=torch.bool)   # a decode query sees every key
-    if cascade_written_out:
-        return mini_model.eager_attention(q, k, v, mask)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
-
-def attend_cascade(layer, q, B):
-    """The shared blocks read once for the batch, then each sequence's own blocks."""
-    ks, vs = (t.view(cascade_kvh, 1, cascade_P, -1)
-              for t in cascade_pool.read_blocks(layer, cascade_shared_blocks))
-    k, v = (t.view(cascade_kvh, B, cascade_own_len, -1)
-            for t in cascade_pool.read_blocks(layer, cascade_own_blocks[:B].reshape(-1)))
-    mask = torch.ones(1, B, 1, cascade_own_len, dtype=torch.bool)
-    return mini_model.cascade_attention(q, ks, vs, k, v, mask, cascade_written_out)
-
-
-def attention_step(attend, queries):
-    """One decode step's attention: every layer, each layer's output dropped as the engine
-    drops it."""
-    for _li, _q in enumerate(queries):
-        attend(_li, _q, _q.shape[1])
-
-
-# %% [markdown]
-# First, are they the same attention? Both against a third computation that shares nothing
-# with them: PyTorch's `scaled_dot_product_attention` in float32, each sequence's keys picked
-# out of the pool slot by slot with plain indexing, one sequence at a time.
-
-# %%
-def reference_attention(layer, q, B):
-    """float32 SDPA per sequence over its context, the slots computed from the block ids."""
-    k_pool, v_pool = cascade_pool.layers[layer]
-    out = []
-    for _b in range(B):
-        _blocks = torch.cat((cascade_shared_blocks, cascade_own_blocks[_b]))
-        _slots = (_blocks[:, None] * cascade_bs + torch.arange(cascade_bs)).reshape(-1)
-        out.append(F.scaled_dot_product_attention(q[:, _b:_b + 1].float(),
-                                                  k_pool[:, _slots][:, None].float(),
-                                                  v_pool[:, _slots][:, None].float()))
-    return torch.cat(out, 1)
-
-
-_B = int(cascade_seqs.value)
-_q = torch.randn(cascade_kvh, _B, cascade_grp, cascade_cfg.head_dim).to(cascade_dtype)
-_ref = reference_attention(0, _q, _B)
-cascade_errors = {"per sequence": (attend_per_sequence(0, _q, _B).float() - _ref).abs().max().item(),
-                  "cascade": (attend_cascade(0, _q, _B).float() - _ref).abs().max().item()}
-# Both ways round in the pool's dtype; cascade may differ from the reference by about as much
-# as the per-sequence way does, not more.
+cascade.written_out = cascade_written_out
+# Both against float32 SDPA per sequence, its keys picked out slot by slot: both ways round in
+# the pool's dtype, so cascade may differ from it by about as much as per sequence, not more.
+cascade_errors = cascade.errors(int(cascade_seqs.value))
 cascade_agrees = cascade_errors["cascade"] <= 2 * cascade_errors["per sequence"] + 1e-5
-ui.md(f"Largest difference from the float32 reference, {_B} sequences, layer 0: per sequence "
-      f"**{cascade_errors['per sequence']:.2e}**, cascade **{cascade_errors['cascade']:.2e}**"
-      + (" — the same attention, to the rounding of the dtype." if cascade_agrees else
-         " — **cascade is further off than the dtype's rounding explains: a bug**."))
+ui.md("```python\n" + inspect.getsource(prefix_caching.CascadeBench.per_sequence)
+      + inspect.getsource(prefix_caching.CascadeBench.cascade) + "```\n\n"
+      f"Model: {cascade_cfg.num_layers} layers, {cascade_cfg.num_heads} query heads sharing "
+      f"{cascade.kv_heads} KV heads of {cascade.head_dim}, "
+      f"`{str(cascade_dtype).removeprefix('torch.')}`, blocks of {cascade.block_size}; each "
+      f"sequence **{cascade_P} shared + {cascade_own_len} own keys**. Largest difference from "
+      f"the float32 reference at {cascade_seqs.value} sequences, layer 0: per sequence "
+      f"{cascade_errors['per sequence']:.2e}, cascade {cascade_errors['cascade']:.2e}"
+      + (": the same attention, to the dtype's rounding." if cascade_agrees else
+         ": **cascade is further off than the dtype's rounding explains: a bug**."))
 
 # %% [markdown]
 # **Exercise 3 (predict, then measure).** At the slider's batch, how many times faster will
@@ -640,26 +448,30 @@ ui.md(f"Largest difference from the float32 reference, {_B} sequences, layer 0: 
 predict_cascade_speedup = None   # your prediction: per-sequence time / cascade time
 
 # %%
-from workshop.timing import best_time_s
-
-cascade_rows = []
-for _B in ui.progress(cascade_batches, title="batch sizes"):
-    _queries = [torch.randn(cascade_kvh, _B, cascade_grp, cascade_cfg.head_dim).to(cascade_dtype)
-                for _ in range(cascade_cfg.num_layers)]
-    _t = {"per sequence": float("inf"), "cascade": float("inf")}
-    for _round in range(3):       # the two ways in turn, best of each: a slow moment hits both
-        for _name, _fn in (("per sequence", attend_per_sequence), ("cascade", attend_cascade)):
-            _t[_name] = min(_t[_name], 1e3 * best_time_s(lambda: attention_step(_fn, _queries),
-                                                         repeats=3))
-    cascade_rows.append({
-        "sequences": _B, "keys read per sequence way": _B * (cascade_P + cascade_own_len),
-        "keys read cascade": cascade_P + _B * cascade_own_len,
-        "per sequence (ms/step)": _t["per sequence"], "cascade (ms/step)": _t["cascade"],
-        "speed-up": _t["per sequence"] / _t["cascade"],
-        "engine would cascade": mini_model.use_cascade(True, _B, cascade_P)})
+cascade.written_out = cascade_written_out     # the form picked above (marimo re-runs this)
+cascade_rows = cascade.time_rows(cascade_batches,
+                                 lambda b: mini_model.use_cascade(True, b, cascade_P),
+                                 progress=ui.progress)
 cascade_speedup = next(r["speed-up"] for r in cascade_rows if r["sequences"] == cascade_seqs.value)
 ui.compare(predict_cascade_speedup, cascade_speedup,
            f"cascade speed-up at {cascade_seqs.value} sequences", "x")
+
+# %%
+_at = next(r for r in cascade_rows if r["sequences"] == cascade_seqs.value)
+_keys_ratio = _at["keys read per sequence way"] / _at["keys read cascade"]
+_one = cascade_rows[0]
+_one_ratio = _one["keys read per sequence way"] / _one["keys read cascade"]
+ui.worked_answer(
+    f"Per sequence, {_at['sequences']} sequences read {_at['sequences']} x ({cascade_P} + "
+    f"{cascade_own_len}) = {_at['keys read per sequence way']:,} keys (and as many values) per "
+    f"layer; cascade reads {cascade_P} + {_at['sequences']} x {cascade_own_len} = "
+    f"{_at['keys read cascade']:,}. If the step were all reading, cascade would be "
+    f"**{_keys_ratio:.2f}x** as fast. Measured: **{cascade_speedup:.2f}x**. What the key count "
+    f"leaves out costs the same both ways: a query still scores all {cascade_P + cascade_own_len} "
+    f"keys and takes one softmax over them, and cascade adds a merge. At "
+    f"{_one['sequences']} sequences the count says {_one_ratio:.2f}x and the step ran "
+    f"{_one['speed-up']:.2f}x."
+)
 
 # %%
 ui.table(cascade_rows)
@@ -671,56 +483,26 @@ prefix_caching.cascade_figure(
 
 # %%
 _wins = [r["sequences"] for r in cascade_rows if r["speed-up"] > 1.05]
-# "from N on" only if it paid at every batch size from the first win up
-_from = min(_wins) if _wins and _wins == [r["sequences"] for r in cascade_rows
-                                          if r["sequences"] >= min(_wins)] else None
 _engine = [r["sequences"] for r in cascade_rows if r["engine would cascade"]]
-_top = cascade_rows[-1]
-_bytes_ratio = _top["keys read per sequence way"] / _top["keys read cascade"]
 cascade_text = ui.md(
-    f"At {_top['sequences']} sequences the cascade step read **{_bytes_ratio:.1f}x fewer keys** "
-    f"and was **{_top['speed-up']:.2f}x** as fast"
-    + (" (less than the keys alone would say: the scores, the softmax and the own keys cost "
-       "the same both ways, and on this machine they are a large part of the step). "
-       if _top["speed-up"] < 0.8 * _bytes_ratio else ". ")
-    + (f"It paid (over 1.05x) from **{_from} sequences** on at this prefix. " if _from else
-       f"It paid (over 1.05x) at {', '.join(map(str, _wins))} sequences but not at every size "
-       "above: steps this short scatter from run to run; a longer prefix or more sequences "
-       "give a clearer answer. " if _wins else
-       "It never paid by more than 5 % at these sizes: try a longer shared "
-       "prefix or more sequences. ")
-    + (f"The engine's rule (`use_cascade`: at least {mini_model.CASCADE_MIN_SAVED_KEYS:,} keys "
-       f"saved, measured on two CPUs, AVX-512 in bf16 and AVX2 in float32) would cascade from "
-       f"{min(_engine)} sequences here. " if _engine else
-       f"The engine's rule (`use_cascade`: at least {mini_model.CASCADE_MIN_SAVED_KEYS:,} keys "
-       f"saved) would not cascade at any of these sizes. ")
-    + ("This run agrees with that rule. " if (_from and _engine and _from == min(_engine))
-       or (not _wins and not _engine) else
-       "This run disagrees with that rule: the break-even point depends on the machine and "
-       "the dtype, which is why the engine keeps it a measured constant and a switch "
-       "(`--no-cascade-attention`). ")
-    + (f"This was the {cascade_form.value} form; the engine cascades in either, in the form "
-       f"`decode_attention auto` picks for the batch (written out for bf16 and fp16 decode "
-       f"batches over {mini_model.eager_min_keys():,} keys on this CPU, else SDPA), and "
-       f"these servers compute in `{str(cascade_dtype).removeprefix('torch.')}`."))
+    f"**Cascade paid (over 1.05x) at {_wins or 'none'} of {[r['sequences'] for r in cascade_rows]} "
+    f"sequences; the engine's rule (`use_cascade`: at least "
+    f"{mini_model.CASCADE_MIN_SAVED_KEYS:,} keys saved, measured on two CPUs) would cascade at "
+    f"{_engine or 'none'}.** The break-even depends on the machine and the dtype, which is why "
+    f"the engine keeps it a measured constant and a switch (`--no-cascade-attention`). This "
+    f"was the {cascade_form.value} form; `decode_attention auto` writes attention out for bf16 "
+    f"and fp16 decode batches over {mini_model.eager_min_keys():,} keys on this CPU, else uses "
+    f"SDPA, and these servers compute in `{str(cascade_dtype).removeprefix('torch.')}`.")
 cascade_text
 
 # %% [markdown]
 # ## 5. The course server's own prefix cache, on and off
 #
-# The course's shared server (vLLM unless `WORKSHOP_ENGINE` names another engine) runs with
-# its prefix cache **on**, vLLM's and SGLang's default. Starting a second server with it off
-# would cost a minute and a second copy of the model, so instead we empty its prefix cache
-# (`POST /reset_prefix_cache`, which the reference server passes on to vLLM's own reset and
-# to SGLang's `/flush_cache`) before **every** request: then no request can find another's
-# blocks, which is what "off" means for TTFT. The reset itself happens before each request's
-# clock starts. We send the same shared-prefix requests (quick mode: those of the first group),
-# one at a time, both ways. An engine without a prefix cache (the Hugging Face baseline) has
-# nothing to turn off: there this section says so and skips.
-#
-# The engine's block size is read from `/server_info` (vLLM's CPU backend uses larger blocks
-# than the GPU default of 16; SGLang's default page is one token), and hits are whole blocks,
-# so it matters:
+# The course's server runs with its prefix cache **on** (vLLM's and SGLang's default). For
+# "off", we empty it (`POST /reset_prefix_cache`, passed on to vLLM's reset and SGLang's
+# `/flush_cache`) before **every** request, before its clock starts. The same shared-prefix
+# requests go one at a time, both ways (quick mode: the first group's only); an engine without
+# a prefix cache (the Hugging Face baseline) skips this. Hits are whole blocks of:
 
 # %%
 server_name = session.engine_name
@@ -735,160 +517,122 @@ server_requests = [shared_wl.sessions[i].request for i in _server_idx]
 server_groups = len(_server_tags)
 server_mean_prompt = statistics.mean(len(shared_tokens[i][0]) for i in _server_idx)
 server_has_cache = bool(session.info.get("prefix_caching"))
+server_reusable = shared_prefix_tokens // server_block * server_block if server_block else 0
 _why_not = (session.info.get("extra") or {}).get("prefix_cache_note")
 ui.md(f"The course's server: **{server_name} {session.info.get('engine_version', '')}**, "
       + (f"block size **{server_block} tokens**, " if server_block else "no block size reported, ")
       + f"prefix caching **{'on' if server_has_cache else 'off'}**"
-      + ("." if server_has_cache else
-         f": this section needs a prefix cache, so it is skipped on this server"
-         + (f" ({_why_not})" if _why_not else "") + ".")
-      + (f" The {len(server_requests)} requests"
-         + (f" (those of {server_groups} of the {len(shared_groups)} groups, quick mode)"
-            if server_groups < len(shared_groups) else "")
-         + f" share {shared_prefix_tokens} tokens per group: "
-         + (f"{shared_prefix_tokens // server_block} whole block(s) of {server_block}, "
-            f"{shared_prefix_tokens // server_block * server_block} tokens reusable per hit."
-            if server_block else "block size unknown.") if server_has_cache else ""))
+      + (f". {len(server_requests)} requests, {shared_prefix_tokens} tokens shared per group: "
+         + (f"{server_reusable} reusable per hit." if server_block else "block size unknown.")
+         if server_has_cache else
+         ": this section is skipped" + (f" ({_why_not})." if _why_not else ".")))
 
 # %% [markdown]
 # **Exercise 4 (predict, then measure).** For requests that find their group's system prompt
 # cached, what will the ratio *median TTFT with the cache / median TTFT without* be on the
-# course's server? (1.0 = no gain, 0.5 = twice as fast.) Think about what share of the prompt
-# is skipped and what else a request's first token costs.
+# course's server? (1.0 = no gain, 0.5 = twice as fast.) What share of the prompt is skipped,
+# and what else does a first token cost?
 
 # %%
 predict_ttft_ratio = None   # your prediction, e.g. 0.5
 
 # %%
-server_runs = {}
-server_rows = []
+server_runs, server_rows = {}, []
 server_hit_requests, server_leaked, server_ttft_ratio = [], 0, float("nan")
 if server_has_cache:
-    for _label, _reset in ui.progress([("cache off", True), ("cache on", False)], title=f"{server_name} runs"):
+    for _label, _reset in ui.progress([("cache off", True), ("cache on", False)],
+                                      title=f"{server_name} runs"):
         _before = session.metrics()
-        server_runs[_label] = prefix_caching.sequential_run(session, server_requests, reset_each=_reset)
-        server_rows.append(prefix_caching.sequential_row(server_runs[_label], _before, session.metrics(),
-                                                         _label))
+        server_runs[_label] = prefix_caching.sequential_run(session, server_requests,
+                                                            reset_each=_reset)
+        server_rows.append(prefix_caching.sequential_row(server_runs[_label], _before,
+                                                         session.metrics(), _label))
     # Pair the same requests: those that hit with the cache on and found nothing with it "off".
-    server_hit_requests = [i for i, (_a, _b) in enumerate(zip(server_runs["cache on"], server_runs["cache off"]))
+    server_hit_requests = [i for i, (_a, _b) in enumerate(zip(server_runs["cache on"],
+                                                              server_runs["cache off"]))
                            if _a.ok and _b.ok and _a.cached_tokens and not _b.cached_tokens]
     server_leaked = sum(1 for r in server_runs["cache off"] if r.cached_tokens)
     if server_hit_requests:
-        server_ttft_ratio = (statistics.median(server_runs["cache on"][i].ttft for i in server_hit_requests)
-                             / statistics.median(server_runs["cache off"][i].ttft for i in server_hit_requests))
+        server_ttft_ratio = (
+            statistics.median(server_runs["cache on"][i].ttft for i in server_hit_requests)
+            / statistics.median(server_runs["cache off"][i].ttft for i in server_hit_requests))
 (ui.compare(predict_ttft_ratio, server_ttft_ratio,
             f"TTFT with / without the server's prefix cache ({server_name}; requests that hit)")
  if server_has_cache else
  ui.md(f"Skipped: the server ({server_name}) has no prefix cache on, so there is nothing to compare."))
 
 # %%
+_hits = server_hit_requests
+_off_ms = 1e3 * statistics.median(server_runs["cache off"][i].ttft for i in _hits) if _hits else 0
+_skip = server_reusable / server_mean_prompt
+# off = fixed + prefill, on = fixed + prefill x (1 - skipped share): the fixed part they imply
+_fixed_ms = _off_ms * (server_ttft_ratio - (1 - _skip)) / _skip if _hits and _skip else 0
+ui.worked_answer(
+    f"A hit skips the prefill of {server_reusable} of a prompt's {server_mean_prompt:.0f} tokens "
+    f"on average ({_skip:.0%}). If the first token cost nothing but prefill, in proportion to "
+    f"the tokens computed, the ratio would be 1 − {_skip:.2f} = **{1 - _skip:.2f}**. Measured "
+    f"over the {len(_hits)} request(s) that hit: **{server_ttft_ratio:.2f}**, from "
+    f"{_off_ms:,.0f} ms without the cache. "
+    + (f"Read as *fixed + prefill*, that puts **{_fixed_ms:,.0f} ms** of the {_off_ms:,.0f} "
+       "outside the prefill (HTTP, tokenising, scheduling, and what a forward pass costs "
+       "whatever its length, such as reading the weights), which no cache saves."
+       if 0 <= _fixed_ms < _off_ms else
+       f"The first token came no sooner with the cache: here the prefill of {server_reusable} "
+       f"tokens is too short to show next to the rest of the {_off_ms:,.0f} ms."
+       if _fixed_ms >= _off_ms else
+       "Below the all-prefill ratio: the skipped tokens cost more than their share, as "
+       "attention over a longer context costs more per token.")
+    if server_has_cache and _hits and _skip else
+    "No request hit with the cache on and missed with it off in this run"
+    + (f" ({server_leaked} of {len(server_requests)} replies reported cached tokens after a reset)"
+       if server_leaked else "")
+    + ", so there is no ratio to work out." if server_has_cache else
+    f"Skipped: {server_name} has no prefix cache on."
+)
+
+# %%
 ui.table(server_rows) if server_rows else ui.md("_(skipped: no prefix cache on this server)_")
 
 # %%
-(prefix_caching.per_request_figure(server_runs, f"{server_name}: time to first token of each request, "
-                                   "prefix cache off vs on")
+(prefix_caching.per_request_figure(server_runs, f"{server_name}: time to first token of each "
+                                   "request, prefix cache off vs on")
  if server_runs else ui.md("_(skipped: no prefix cache on this server)_"))
 
 # %%
-if server_rows:
-    _on = server_rows[1]
-    _reusable = shared_prefix_tokens // server_block * server_block if server_block else 0
-
-    def _formula(bs):
-        """Section 2's formula, on the requests sent here, with blocks of ``bs`` tokens."""
-        return ((len(server_requests) - server_groups) * (shared_prefix_tokens // bs * bs)
-                / (len(server_requests) * server_mean_prompt))
-
-    _server_formula = _formula(server_block) if server_block else None
-    _other_traffic = (_on["hit rate (/metrics)"] is not None and _on["hit rate (usage)"] is not None
-                      and abs(_on["hit rate (/metrics)"] - _on["hit rate (usage)"]) > 0.02)
-    _parts = [f"With the cache on, the replies' own `usage` (`prompt_tokens_details.cached_tokens`) "
-              f"give a hit rate of **{(_on['hit rate (usage)'] or 0):.3f}** and the server's counters "
-              f"**{(_on['hit rate (/metrics)'] or 0):.3f}**"
-              + (" (the counters are server-wide, so other clients' requests during the run count "
-                 "too; the per-reply numbers do not)." if _other_traffic else ".")]
-    if _server_formula is not None:
-        _parts.append(
-            f"Section 2's formula with the server's {server_block}-token blocks predicts "
-            f"**{_server_formula:.3f}**; with the teaching engine's {mini_info['block_size']}-token "
-            f"blocks it gives {_formula(mini_info['block_size']):.3f}"
-            + (": the shared prefix rounds down to the same number of tokens with both block "
-               "sizes here (try a prefix length that is not a multiple of 128)."
-               if abs(_server_formula - _formula(mini_info["block_size"])) < 1e-9 else
-               f": the server's larger blocks leave more of each shared prefix to recompute "
-               f"({shared_prefix_tokens - _reusable} of {shared_prefix_tokens} tokens here)."
-               if server_block > mini_info["block_size"] else
-               f": the server's smaller blocks reuse more of each shared prefix "
-               f"({_reusable} of {shared_prefix_tokens} tokens here)."))
-    _parts.append(
-        "With a reset before every request no reply reported a cached token: \"off\" really "
-        "found nothing." if server_leaked == 0 else
-        f"With a reset before every request, {server_leaked} of {len(server_requests)} replies still "
-        f"reported cached tokens: the engine refuses to empty its cache while other requests hold "
-        f"blocks (this server is shared with other clients), so those resets did not take "
-        f"effect; those requests are left out of the comparison.")
-    if server_hit_requests:
-        _parts.append(
-            f"{len(server_hit_requests)} request{'s' if len(server_hit_requests) != 1 else ''} "
-            "hit with the cache and found nothing without it; "
-            f"with the cache their median TTFT was **{server_ttft_ratio:.2f}x** what it was without"
-            + (", a clear gain even on this CPU." if server_ttft_ratio < 0.7 else
-               f", a modest gain: at a few hundred tokens the server's prefill on this machine is "
-               "short next to the rest of a request's path to its first token."
-               if server_ttft_ratio < 0.95
-               else ": no measurable gain here; at this prompt length prefill is a small part of "
-               "the time to the first token on this machine."))
-        if server_block:
-            _parts.append(
-                f"The share of the prompt skipped bounds the gain: if TTFT were all prefill, a "
-                f"request that hits would take about {1 - _reusable / server_mean_prompt:.2f}x.")
-    else:
-        _parts.append("No request hit with the cache on and missed with it off, so there is no "
-                      "TTFT comparison in this run (is the shared prefix shorter than one block?).")
-    server_cache_text = ui.md(" ".join(_parts))
-else:
-    server_cache_text = ui.md("")
+_on = server_rows[1] if server_rows else {}
+_other = (_on.get("hit rate (/metrics)") is not None and _on.get("hit rate (usage)") is not None
+          and abs(_on["hit rate (/metrics)"] - _on["hit rate (usage)"]) > 0.02)
+server_cache_text = ui.md(
+    f"**With the cache on, the replies' own `usage` (`prompt_tokens_details.cached_tokens`) give "
+    f"a hit rate of {(_on['hit rate (usage)'] or 0):.3f}, the server's counters "
+    f"{(_on['hit rate (/metrics)'] or 0):.3f}**"
+    + (" (the counters are server-wide: other clients' requests count too)." if _other else ".")
+    + (" With a reset before every request, no reply reported a cached token." if not server_leaked
+       else f" {server_leaked} of {len(server_requests)} replies still reported cached tokens "
+       "after a reset: the engine refuses to empty its cache while other requests hold blocks, "
+       "and those requests are left out of the comparison.")
+    if server_rows else "")
 server_cache_text
 
 # %% [markdown]
 # ## 6. What the real engines do
 #
-# * **vLLM: automatic prefix caching** (on by default in the V1 engine; `--enable-prefix-caching`
-#   / `--no-enable-prefix-caching`). Each full block is identified by a hash of its parent
-#   block's hash, its tokens and any extra keys (LoRA adapter, multimodal inputs, a per-request
-#   `cache_salt`); the hash function is chosen by `--prefix-caching-hash-algo` (what the server
-#   above uses is printed after this list). Blocks no request holds stay
-#   in a free queue in least-recently-used order and are evicted from its front when a new
-#   block is needed, so, as in our hash cache, any single idle block can go; a finished
-#   request's blocks enter that queue tail first, so its deepest blocks are evicted first
-#   (`free` in `vllm/v1/core/single_type_kv_cache_manager.py`). Only full blocks are cached.
-#   Design doc: [Automatic Prefix Caching](https://docs.vllm.ai/en/latest/design/prefix_caching.html).
-#   `POST /reset_prefix_cache` (used above) empties it, and refuses (returns false) while any
-#   request still holds blocks (`BlockPool.reset_prefix_cache` in `vllm/v1/core/block_pool.py`);
-#   source references are to vLLM 0.32 as installed with this course.
-# * **SGLang: RadixAttention** ([Zheng et al. 2023, arXiv:2312.07104](https://arxiv.org/abs/2312.07104)).
-#   The KV cache is indexed by a radix tree over token sequences, with LRU eviction of leaves
-#   and a cache-aware scheduler that serves requests sharing long prefixes together; on by
-#   default, `--disable-radix-cache` turns it off. Its default page size of 1 lets a match end
-#   at any token; larger `--page-size` values round matches to pages, as blocks do here.
-# * **Hit rate in tokens.** vLLM exports `vllm:prefix_cache_queries` and
-#   `vllm:prefix_cache_hits` (prompt tokens looked up / found), the counters read in this
-#   notebook; the teaching engine and the reference server export the same names
-#   (`reference_server/prometheus.py`). SGLang reports a running cache hit rate instead.
-# * **Cascade attention.** vLLM's V1 engine had it in its FlashAttention backend (GPU): a
-#   batch whose requests shared a common prefix of at least 256 tokens, with at least 8
-#   requests, attended to that prefix once, when a rough cost model against FlashDecoding
-#   agreed (`use_cascade_attention` in `vllm/v1/attention/backends/flash_attn.py`): two
-#   FlashAttention calls, each returning its log-sum-exp, merged by `merge_attn_states`, the
-#   teaching engine's SDPA form. By 0.32,
-#   the version installed here, it is gone: `--disable-cascade-attn` is kept as a deprecated
-#   flag that "has no effect since cascade attention has been removed"
-#   (`vllm/engine/arg_utils.py`). FlashInfer keeps a multi-level form
-#   (`MultiLevelCascadeAttentionWrapper`: a system prompt shared by all, a conversation shared
-#   by its branches, each branch's own tail), and Hydragen
-#   ([Juravsky et al. 2024, arXiv:2402.05099](https://arxiv.org/abs/2402.05099)) studies the
-#   same decomposition for large batches on one prompt; FlashInfer's `merge_state` is the
-#   merge above. The teaching engine's is one level.
+# | | vLLM: automatic prefix caching | SGLang: RadixAttention |
+# |---|---|---|
+# | on by default; off with | `--no-enable-prefix-caching` | `--disable-radix-cache` |
+# | what is cached | full blocks, each hashed with its parent's hash, its tokens and extra keys (LoRA adapter, multimodal inputs, a per-request `cache_salt`; `--prefix-caching-hash-algo`) | a radix tree over token sequences; a page of 1 token by default, so a match can end anywhere (`--page-size` rounds it to pages) |
+# | eviction | idle blocks wait in an LRU free queue, a finished request's deepest blocks first (`free` in `vllm/v1/core/single_type_kv_cache_manager.py`) | LRU leaves; a cache-aware scheduler serves requests sharing long prefixes together |
+# | hit rate | `vllm:prefix_cache_queries` and `vllm:prefix_cache_hits`, in prompt tokens (the teaching engine and the reference server export them too) | a running cache hit rate |
+# | emptying it | `POST /reset_prefix_cache`, refused while a request holds blocks (`BlockPool.reset_prefix_cache`) | `/flush_cache` |
+#
+# **Cascade attention** was in vLLM's V1 FlashAttention backend (GPU: a shared prefix of at
+# least 256 tokens, batches of at least 8, when a cost model agreed, merged by
+# `merge_attn_states`); by 0.32, installed here, it is removed (`--disable-cascade-attn` "has no
+# effect", `vllm/engine/arg_utils.py`). FlashInfer keeps a multi-level form
+# (`MultiLevelCascadeAttentionWrapper`, `merge_state`); Hydragen
+# ([arXiv:2402.05099](https://arxiv.org/abs/2402.05099)) studies the same decomposition. Sources:
+# vLLM's [design doc](https://docs.vllm.ai/en/latest/design/prefix_caching.html) and its 0.32
+# source; SGLang, [arXiv:2312.07104](https://arxiv.org/abs/2312.07104).
 
 # %%
 from workshop import kvcache
@@ -901,35 +645,4 @@ ui.md(
                  "num_gpu_blocks") if k in vllm_cache_config)
     + "." if vllm_cache_config else
     f"This server publishes no `vllm:cache_config_info` (it runs `{session.engine}`, not vLLM)."
-)
-
-# %% [markdown]
-# ### What this run showed
-
-# %%
-_pool_h = {r["pool (blocks)"]: r["hit rate"] for r in pool_rows if r["cache"] == "hash"}
-ui.md(
-    f"* **The hit rate is arithmetic.** Shared tokens rounded down to whole blocks, over all "
-    f"prompt tokens: the formula gave {formula_hit_rate:.3f}, the hash server's counters "
-    f"{measured_hit_rate:.3f}"
-    + (f", the course's server's replies ({server_name}) {server_rows[1]['hit rate (usage)']:.3f}"
-       if server_rows and server_rows[1]["hit rate (usage)"] is not None else "") + ".\n"
-    f"* **Hash vs radix** found "
-    + ("the same tokens" if kinds_same_tokens else "different numbers of tokens")
-    + f" on the shared-prefix workload with a pool large enough; as the pool shrank, the "
-      f"replay's hit rate fell from "
-    f"{_pool_h[max(_pool_h)]:.1%} ({max(_pool_h)} blocks) to {_pool_h[min(_pool_h)]:.1%} "
-    f"({min(_pool_h)} blocks) for the hash cache.\n"
-    f"* **What a hit saves** is the prefill of the skipped tokens: on this machine the teaching "
-    f"engine's median TTFT was {ttft_gain_shared:.1f}x lower with the hash cache than without on "
-    f"the shared-prefix workload"
-    + (f", and the course's server's ({server_name}) {1 / server_ttft_ratio:.1f}x lower for requests "
-       "that hit"
-       if server_hit_requests else "")
-    + ". The gain grows with the share of the prompt that is shared and with the cost of "
-      "prefill (longer prompts, larger models).\n"
-    f"* **After the hit**, decode still read the shared keys once per sequence; reading them "
-    f"once per batch (cascade attention) ran one step's attention "
-    f"{cascade_speedup:.2f}x as fast at {cascade_seqs.value} sequences x {cascade_P} shared keys "
-    f"on this machine."
 )
