@@ -151,9 +151,10 @@ answers_per_t = sweep(8, 4)
 story = [{"role": "user", "content": "Write one sentence about the sea."}]
 variety = []
 for _t in ui.progress(temperatures, title="answers per temperature"):
-    _texts = [c.message.content for c in session.openai().chat.completions.create(
-        model=session.model, messages=story, max_tokens=24, temperature=_t,
-        n=answers_per_t).choices]
+    # one request per answer: vLLM refuses n > 1 with greedy sampling
+    _texts = [session.openai().chat.completions.create(
+        model=session.model, messages=story, max_tokens=24,
+        temperature=_t).choices[0].message.content for _ in range(answers_per_t)]
     variety.append({"T": _t, "first-token entropy (bits)":
                     sampling.entropy_bits(sampling.softmax_at(raw[first_engine], _t)),
                     "distinct-2 of the answers": sampling.distinct_n(_texts),
