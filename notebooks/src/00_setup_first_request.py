@@ -388,6 +388,8 @@ _per_chunk = exercise_long.tokens / len(_t)
 _halves = (_per_chunk * _mid / (_t[_mid] - _t[0]),
            _per_chunk * (len(_t) - 1 - _mid) / (_t[-1] - _t[_mid]))
 _change = _halves[1] / _halves[0] - 1
+# How far apart the repeats' decode speeds were: a smaller change between halves is within it.
+_spread = repeat_summary["decode_tok_s_max"] / repeat_summary["decode_tok_s_min"] - 1
 ui.worked_answer(
     f"One prefill, then one decode step per further token: time ≈ TTFT + (tokens − 1) / "
     f"decode speed. With the repeats' medians: {_ttft_s * 1000:.0f} ms + "
@@ -399,9 +401,11 @@ ui.worked_answer(
     f"{repeat_summary['decode_tok_s_max']:.1f}). Its first half decoded at "
     f"{_halves[0]:.1f} tokens/s, its second "
     f"half at {_halves[1]:.1f}, {abs(_change):.0%} {'slower' if _change < 0 else 'faster'}"
-    + (". Each step's attention reads the K and V of every earlier token, so steps lengthen as "
-       "the answer grows, past the lengths the repeats reached." if _change < -0.05 else
-       ": at this length the growing attention did not measurably slow the steps.")
+    + (f", more than the {_spread:.0%} between the repeats' slowest and fastest. Each step's "
+       "attention reads the K and V of every earlier token, so steps lengthen as the answer "
+       "grows, past the lengths the repeats reached." if -_change > _spread else
+       f", not slower by more than the {_spread:.0%} between the repeats' slowest and "
+       "fastest: at this length the growing attention did not measurably slow the steps.")
 )
 
 # %% [markdown]
