@@ -590,6 +590,7 @@ def _(
 
 @app.cell
 def _(
+    cost_violations,
     costs,
     decode_s,
     demo_runs,
@@ -617,9 +618,10 @@ def _(
         f"({_v:.2f}x a one-token forward, measured in section 2) and 4 drafts at c = {_c:.3f}. "
         f"Forecast: {len(_ids)} / ({len(_steps)} x ({_v:.2f} + 4 x {_c:.3f})) = "
         f"**{_forecast:.2f}x**. "
-        + (f"Measured: {sweep_at_4['measured speed-up']:.2f}x, but the sweep failed a sanity "
-           "check:\n\n" + sanity.report(sweep_violations) + "\n\n" + sanity.WITHHELD
-           if sweep_violations else
+        + (f"Measured: {sweep_at_4['measured speed-up']:.2f}x, but the costs or the sweep failed a "
+           "sanity check:\n\n" + sanity.report(cost_violations + sweep_violations) + "\n\n"
+           + sanity.WITHHELD
+           if cost_violations or sweep_violations else
            f"Measured: **{sweep_at_4['measured speed-up']:.2f}x**, "
            f"{sweep_at_4['measured speed-up'] / _forecast:.2f}x the forecast. The timed runs also "
            "include what speculation does not shorten, the same for every k (the prefill, the "
