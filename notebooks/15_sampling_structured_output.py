@@ -98,6 +98,7 @@ def _(mo):
 def _(session, workshop):
     import json
     import math
+    import statistics
 
     from workshop import probe, sampling, ui
     from workshop.session import sweep
@@ -106,7 +107,7 @@ def _(session, workshop):
     if session.engine != "mini":
         engines["teaching engine"] = workshop.session.start("mini")
     ui.table([{"engine": name, "server": s.base_url, "model": s.model} for name, s in engines.items()])
-    return engines, json, math, probe, sampling, sweep, ui
+    return engines, json, math, probe, sampling, statistics, sweep, ui
 
 
 @app.cell(hide_code=True)
@@ -479,7 +480,7 @@ def _():
 
 
 @app.cell
-def _(ask_json, engines, probe, response_format, sweep, ui):
+def _(ask_json, engines, probe, response_format, statistics, sweep, ui):
     def per_token_ms(server, **extra) -> float:
         t = probe.stream_chat(server.openai(), server.model, ask_json, max_tokens=sweep(48, 32),
                               temperature=0, **extra)
@@ -493,7 +494,7 @@ def _(ask_json, engines, probe, response_format, sweep, ui):
         for _ in range(rounds):         # interleaved, so a busy moment hits both alike
             _free.append(per_token_ms(_s))
             _forced.append(per_token_ms(_s, response_format=response_format))
-        _free_ms, _forced_ms = sorted(_free)[len(_free) // 2], sorted(_forced)[len(_forced) // 2]
+        _free_ms, _forced_ms = statistics.median(_free), statistics.median(_forced)
         cost.append({"engine": _name, "ms/token free": _free_ms,
                      "ms/token with grammar": _forced_ms, "added (ms/token)": _forced_ms - _free_ms,
                      "spread of free runs (ms/token)": max(_free) - min(_free)})

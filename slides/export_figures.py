@@ -176,6 +176,12 @@ FIGURES: dict[str, list[FigureSpec]] = {
         FigureSpec("policies", r"gx\.figure\(", r"^Latency through the gateway",
                    "spread vs concentrate routing: latency and each replica's busy time vs load"),
     ],
+    "15_sampling_structured_output": [
+        FigureSpec("distribution", r"sampling\.distribution_figure\(", r"^First token at temperature",
+                   "the first token's softmax at T computed from the log-probabilities vs the draws"),
+        FigureSpec("grammar", r"sampling\.allowed_figure\(", r"^What the grammar allows",
+                   "tokens a JSON schema's grammar allows before each token of a valid answer"),
+    ],
 }
 
 # Notebooks 10 and 11 print each contender's configuration as a table (decision.setup_rows:
@@ -405,6 +411,18 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
                            "its cost per million output tokens (USD)"),
         "price_on_demand": (r"\*\*\$([\d.]+)/h on demand\*\*", "H100 on-demand price (gpus.json)"),
         "price_reserved": (r"\*\*\$([\d.]+)/h on a one-year commitment\*\*", "H100 reserved price (gpus.json)"),
+    },
+    "15_sampling_structured_output": {
+        "temperature": (r"Dividing every log-probability by T = ([\d.]+)", "the slider's temperature"),
+        "top_computed": (r"top \d+ tokens gives \*\*([\d.]+)\*\*", "exercise 1: top token's share computed"),
+        "top_drawn": (r"Measured: \*\*([\d.]+)\*\* in \d+ draws", "exercise 1: top token's share drawn"),
+        "draws": (r"Measured: \*\*[\d.]+\*\* in (\d+) draws", "draws"),
+        "allowed_min": (r"the grammar allowed as few as \*\*([\d,]+)\*\*", "fewest tokens allowed"),
+        "allowed_max": (r"as many as \*\*([\d,]+)\*\* \(inside a free string\)", "most tokens allowed"),
+        "valid_off": (r"Measured on [^:]+: \*\*(\d+%)\*\* valid", "exercise 2: valid without the grammar"),
+        "mask_ms": (r"The grammar alone: \*\*([\d.]+) ms\*\*", "the grammar's own cost per token (ms)"),
+        "added_ms": (r"Measured through the server: \*\*([+\-\d.]+) ms\*\* per token",
+                     "exercise 3: ms per token added, teaching engine"),
     },
 }
 

@@ -56,6 +56,7 @@ session = workshop.session.connect()
 # %%
 import json
 import math
+import statistics
 
 from workshop import probe, sampling, ui
 from workshop.session import sweep
@@ -316,7 +317,7 @@ for _name, _s in ui.progress(list(engines.items()), title="decode speed with and
     for _ in range(rounds):         # interleaved, so a busy moment hits both alike
         _free.append(per_token_ms(_s))
         _forced.append(per_token_ms(_s, response_format=response_format))
-    _free_ms, _forced_ms = sorted(_free)[len(_free) // 2], sorted(_forced)[len(_forced) // 2]
+    _free_ms, _forced_ms = statistics.median(_free), statistics.median(_forced)
     cost.append({"engine": _name, "ms/token free": _free_ms,
                  "ms/token with grammar": _forced_ms, "added (ms/token)": _forced_ms - _free_ms,
                  "spread of free runs (ms/token)": max(_free) - min(_free)})
