@@ -78,20 +78,25 @@ def describe(tools: list[dict[str, Any]], choice: str) -> str:
     return "\n".join(lines)
 
 
-def _as_text(message: dict[str, Any]) -> dict[str, Any]:
-    """A message of a tool conversation as plain role + content."""
-    role, content = message["role"], message.get("content")
+def _as_text(message: dict[str, Any], where: str) -> dict[str, Any]:
+    """A message of a tool conversation with its calls (assistant) or its call id (tool)
+    written as plain content. Any other field stays, for the engine to use or refuse."""
+    out = dict(message)
+    role, content = out["role"], out.get("content")
     if isinstance(content, list):
         content = "".join(p.get("text", "") for p in content)
-    if role == "assistant" and message.get("tool_calls"):
-        calls = [{"name": c["function"]["name"],
-                  "arguments": json.loads(c["function"].get("arguments") or "{}")}
-                 for c in message["tool_calls"]]
-        return {"role": "assistant",
-                "content": json.dumps({"tool_calls": calls}, separators=(",", ":"))}
+    if role == "assistant" and out.get("tool_calls"):
+        try:
+            calls = [{"name": c["function"]["name"],
+                      "arguments": json.loads(c["function"].get("arguments") or "{}")}
+                     for c in out.pop("tool_calls")]
+        except (KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
+            raise ToolError(f"{where}.tool_calls: each call needs function.name and "
+                            f"function.arguments (a JSON string): {exc}", f"{where}.tool_calls")
+        return {**out, "content": json.dumps({"tool_calls": calls}, separators=(",", ":"))}
     if role == "tool":
-        return {"role": "tool", "content": f"{content or ''}"}
-    return {"role": role, "content": content or ""}
+        out.pop("tool_call_id", None)
+    return {**out, "content": content or ""}
 
 
 @dataclass
@@ -151,7 +156,8 @@ def plan(request) -> ToolPlan | None:
     choice = request.tool_choice
     if choice is None:
         choice = "auto" if tools else "none"       # OpenAI's defaults
-    has_history = any(m.role == "tool" or (m.model_extra or {}).get("tool_calls")
+    has_history = any(m.role == "tool" or (m.role == "assistant" and
+                                           (m.model_extra or {}).get("tool_calls"))
                       for m in request.messages)
     if not tools and not has_history:
         if not isinstance(choice, str) or choice == "required":
@@ -171,7 +177,8 @@ def plan(request) -> ToolPlan | None:
                             f"({', '.join(t['name'] for t in tools) or 'none given'})",
                             "tool_choice")
         tools, max_calls, choice = chosen, 1, "required"
-    messages = [_as_text(m.model_dump(exclude_none=True)) for m in request.messages]
+    messages = [_as_text(m.model_dump(exclude_none=True), f"messages[{i}]")
+                for i, m in enumerate(request.messages)]
     # ignore_eos too: a call ends where its JSON does (a benchmark client sends ignore_eos)
     drop = {"tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "messages",
             "ignore_eos"}

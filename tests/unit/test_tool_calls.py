@@ -95,6 +95,18 @@ def test_a_conversation_with_calls_and_results_is_sent_as_text():
     assert plan.request.response_format is None       # "none": a plain answer,
     text = {"choices": [{"message": {"role": "assistant", "content": '{"tool_calls": []}'}}]}
     assert plan.answer(text) == text                   # even one that looks like a call
+    # fields the conversion does not consume stay, for the engine to use or refuse by name
+    named = [{**USER, "name": "bob"}, *history[1:]]
+    sent = tools.plan(ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": named, "tools": [ADD]})).request.messages
+    assert sent[1].model_extra == {"name": "bob"} or sent[1].model_dump()["name"] == "bob"
+    # a user message's tool_calls is no tool conversation: left for the engine to refuse
+    odd = {"model": "m", "messages": [{**USER, "tool_calls": [{"id": "c1"}]}]}
+    assert tools.plan(ChatCompletionRequest.model_validate(odd)) is None
+    bad = [USER, {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function"}]}]
+    with pytest.raises(tools.ToolError) as e:
+        tools.plan(ChatCompletionRequest.model_validate({"model": "m", "messages": bad}))
+    assert e.value.param == "messages[1].tool_calls"
 
 
 def test_the_engines_json_becomes_tool_calls_or_content_and_a_stream():
