@@ -140,11 +140,12 @@ def main() -> None:
     args = ap.parse_args()
     from transformers import AutoTokenizer
 
+    from reference_server.model_config import read_arch
     from reference_server.models import resolve_model
     from workshop.bench.showdown import machine
     path = str(resolve_model(args.model).path)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
+    vocab = read_arch(path).vocab_size
     stop = [tokenizer.eos_token_id]
     tokens = tokenizer.encode(json.dumps(ANSWER, separators=(",", ":"))) + stop
     schema = json.dumps(SCHEMA)

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 OTHER = "(any other token)"
@@ -94,10 +93,11 @@ def bundled_grammar(response_format: dict):
     from transformers import AutoTokenizer
 
     from mini_engine.grammar import GrammarCompiler
+    from reference_server.model_config import read_arch
     from reference_server.models import resolve_model
     path = resolve_model("smollm2-135m").path
     tokenizer = AutoTokenizer.from_pretrained(path)
-    vocab = json.loads((Path(path) / "config.json").read_text())["vocab_size"]
+    vocab = read_arch(path).vocab_size
     grammar = GrammarCompiler(tokenizer, vocab, [tokenizer.eos_token_id]).compile(response_format)
     return tokenizer, grammar, vocab
 
@@ -106,20 +106,18 @@ def mask_seconds_per_token(grammar, token_ids: Sequence[int], vocab_size: int,
                            repeats: int = 5) -> float:
     """Best-of-``repeats`` time per token to fill and apply the mask and advance the matcher
     along ``token_ids``: the grammar's own cost of one constrained token."""
-    import time
-
     import torch
 
     from mini_engine.grammar import advance, apply_grammar
-    best = float("inf")
-    for _ in range(repeats):
-        matcher, logits = grammar.matcher(), torch.zeros(1, vocab_size)
-        t0 = time.perf_counter()
+    from workshop.timing import best_time_s
+    matcher, logits = grammar.matcher(), torch.zeros(1, vocab_size)
+
+    def walk() -> None:
+        matcher.reset()                 # back to the start of the automaton
         for t in token_ids:
             apply_grammar(logits, [matcher])
             advance(matcher, t)
-        best = min(best, (time.perf_counter() - t0) / len(token_ids))
-    return best
+    return best_time_s(walk, repeats) / len(token_ids)
 
 
 def allowed_per_position(grammar, token_ids: Sequence[int], vocab_size: int) -> list[int]:
