@@ -267,6 +267,7 @@ def _(client, my_sentence_tokens, session, ui):
 
 @app.cell
 def _(exercise_count, exercise_sentence, next_token, tokenizer, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     import re
 
     # Each word alone, with the space before it (the first has none), through the same tokenizer.
@@ -573,6 +574,7 @@ def _(
 
 @app.cell
 def _(exercise_long, repeat_summary, ui):
+    # Worked answer to Exercise 2, collapsed until opened
     _ttft_s = repeat_summary["ttft_ms_median"] / 1000
     _rate = repeat_summary["decode_tok_s_median"]
     _expected_s = _ttft_s + (exercise_long.tokens - 1) / _rate

@@ -269,6 +269,7 @@ def _(kv, kv_out_tokens, kv_usage, maker, my_three_users_pct, session, ui):
 
 @app.cell
 def _(exercise_users, kv, kv_out_tokens, kv_usage, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     _per_user = 300 + kv_out_tokens
     _blocks = kv_usage.blocks_for(_per_user, kv.block_size)
     _usable = kv_usage.usable_blocks(kv.capacity_tokens, kv.block_size)
@@ -467,6 +468,7 @@ def _(maker, my_ttft_600_ms, prompt_latency, session, ui):
 
 @app.cell
 def _(exercise_600, exercise_ttft, prompt_latency, ttft_rows, ui):
+    # Worked answer to Exercise 2, collapsed until opened
     _n, _got = exercise_600[0] if exercise_600 else (600, float("nan"))
     _line = prompt_latency.ttft_slope(ttft_rows)
     _on_line = (lambda n: _line[1] + _line[0] * n / 1000) if _line else None

@@ -205,6 +205,7 @@ def _(check, predict_engine_blocks, session, ui):
 
 @app.cell
 def _(check, kvcache, served_config_from, session, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     _block_bytes = check["block_size"] * check["our_bytes_per_token"]
     if check.get("kv_memory_bytes") is not None:
         check_text = (
@@ -636,6 +637,7 @@ def _(
     slo_weight_bytes,
     ui,
 ):
+    # Worked answer to Exercise 2, collapsed until opened
     # The closed form's two terms as times: the weights (any batch) and one user's KV cache.
     _weights_ms = slo_weight_bytes / slo_bandwidth * 1e3
     _user_ms = slo_kv_per_user / slo_bandwidth * 1e3
@@ -914,6 +916,7 @@ def _(
     ttft_target_s,
     ui,
 ):
+    # Worked answer to Exercise 3, collapsed until opened
     _flops_double = roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
     _budget = ttft_target_s * ttft_peak
     _closed_double = math.floor(_budget / _flops_double)

@@ -373,6 +373,7 @@ def _(
     ui,
     weight_bytes,
 ):
+    # Worked answer to Exercise 1, collapsed until opened
     ui.worked_answer(
         f"The roof bounds batch-1 decode at **{bound_b1:,.0f} tokens/s**: every token streams "
         f"{kvcache.human_bytes(weight_bytes)} of weights at {machine.bandwidth / 1e9:,.1f} GB/s. "
@@ -674,6 +675,7 @@ def _(
     served_short,
     ui,
 ):
+    # Worked answer to Exercise 2, collapsed until opened
     # A step costs a fixed part plus a part per sequence in it: fit step = fixed + per x batch.
     _per, _fixed = np.polyfit([r["batch"] for r in serve_decode_rows],
                               [r["TPOT ms (median)"] for r in serve_decode_rows], 1)
@@ -727,6 +729,7 @@ def _(predict_ttft_768_ms, roofline_measure, session, sweep, ui):
 
 @app.cell
 def _(exercise_prefill, model_cfg, np, roofline, serve_prefill_rows, ui):
+    # Worked answer to Exercise 3, collapsed until opened
     _per_token, _fixed_ms = np.polyfit([r["prompt tokens"] for r in serve_prefill_rows],
                                        [r["TTFT ms (median)"] for r in serve_prefill_rows], 1)
     _line_ms = _fixed_ms + _per_token * 768

@@ -192,6 +192,7 @@ def _(gate_weight, predict_error_group16, quant, ui):
 
 @app.cell
 def _(exercise_error_group16, gate_weight, ui, weight_error_rows):
+    # Worked answer to Exercise 1, collapsed until opened
     # Rounding to the nearest level misses a weight by 0 to half a step, a quarter step on average;
     # a symmetric group's step is its largest |w| / 7, and that largest weight is rebuilt exactly.
     _measured = {int(r["scheme"].split()[2].rstrip(",")): r["relative error"]
@@ -542,6 +543,7 @@ def _(
     safe_open,
     ui,
 ):
+    # Worked answer to Exercise 2, collapsed until opened
     _bf16_mib = quality_rows[0]["weights (MiB)"]
     _per_weight = 0.5 + 2 * 2 / 192          # half a byte, plus 4 bytes per group of 192
     _forecast_mib = _bf16_mib - quantized_weight_count * (2 - _per_weight) / 2**20
@@ -614,6 +616,7 @@ def _(
     weight_error_rows,
     weights_on_4bit_grid,
 ):
+    # Worked answer to Exercise 3, collapsed until opened
     import math
 
     # Near a trained minimum the loss grows with the square of a small change of the weights, so

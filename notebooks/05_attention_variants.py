@@ -157,6 +157,7 @@ def _(predict_70b_over_dsv3):
 
 @app.cell
 def _(dsv3, exercise_70b_over_dsv3, kvcache, llama70, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     _gqa_layer = kvcache.kv_values_per_token_per_layer(llama70)
     _mla_layer = kvcache.kv_values_per_token_per_layer(dsv3)
     ui.worked_answer(
@@ -433,6 +434,7 @@ def _(exercise_rank, live_results, predict_mla_bytes, ui):
 
 @app.cell
 def _(exercise_mla_info, exercise_rank, kvcache, smol, ui):
+    # Worked answer to Exercise 2, collapsed until opened
     from reference_server import dtypes
 
     _dtype = exercise_mla_info["dtype"]
@@ -653,6 +655,7 @@ def _(attn_contexts, av, decode_attention, predict_time_ratio, ui):
 
 @app.cell
 def _(attn_contexts, attn_long_rows, attn_ratio_long, ui):
+    # Worked answer to Exercise 3, collapsed until opened
     from workshop import flash_attention as fa
 
     _one, _nine = attn_long_rows[0], attn_long_rows[-1]

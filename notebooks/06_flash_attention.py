@@ -280,6 +280,7 @@ def _(fa, my_naive_peak_mib, naive_attention, ui):
 
 @app.cell
 def _(exercise_n, exercise_peak_mib, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     _matrix_mib = exercise_n**2 * 4 / 2**20
     _matrices = exercise_peak_mib / _matrix_mib
     ui.worked_answer(
@@ -455,6 +456,7 @@ def _(
 
 @app.cell
 def _(exercise_ratio, exercise_times_ms, fa, tile_size, ui):
+    # Worked answer to Exercise 2, collapsed until opened
     _naive_mib = fa.naive_io_bytes(2048, 64) / 2**20
     _tiled_mib = fa.tiled_io_bytes(2048, 64, tile_size.value, causal=True) / 2**20
     _tiles = sum(1 for _i in range(0, 2048, tile_size.value) for _j in range(0, _i + tile_size.value,
@@ -606,6 +608,7 @@ def _(
     served_cfg,
     ui,
 ):
+    # Worked answer to Exercise 3, collapsed until opened
     _fit_sweep = fa.fixed_cost_fit(prefill_results, served_cfg)
     _got = exercise_prefill["TTFT ms (median)"]
     _flops = roofline.prefill_flops(served_cfg, exercise_prompt) / 1e9

@@ -199,6 +199,7 @@ def _(
     statistics,
     ui,
 ):
+    # Worked answer to Exercise 1, collapsed until opened
     _paged_each = statistics.mean(batching.reserved_slots(_t, "paged", mem_B, mem_L)
                                   for _t in sharegpt_totals)
     _contig_each = batching.reserved_slots(0, "contiguous", mem_B, mem_L)
@@ -361,6 +362,7 @@ def _(
 
 @app.cell
 def _(batching, burst_n, burst_rows, servers, ui):
+    # Worked answer to Exercise 2, collapsed until opened
     _pg, _ct = burst_rows
     _info = servers["contiguous"].info
     _B, _L = int(_info["block_size"]), int(_info["max_model_len"])
@@ -553,6 +555,7 @@ def _(predict_static_share_pct, servers, ui, workshop):
 
 @app.cell
 def _(bench_conc, bench_runs, static_share_pct, timeline_rows, ui):
+    # Worked answer to Exercise 3, collapsed until opened
     # The answers' lengths, in the order the static server's users sent them.
     _outs = [_r.output_tokens for _r in sorted(bench_runs["static"].records, key=lambda _r: _r.index)
              if _r.ok and not _r.warmup]
@@ -875,6 +878,7 @@ def _(
     gather_threads,
     ui,
 ):
+    # Worked answer to Exercise 4, collapsed until opened
     _n = gather_threads
     _rows_block = 2 * gather_shape["layers"] * gather_shape["KV heads"] * gather_blocks   # K and V
     _rows_slot, _row_bytes = _rows_block * gather_bs, gather_shape["head_dim"] * 2

@@ -174,6 +174,7 @@ def _(demo_block, demo_prompts, predict_radix_tokens, prefix_caching, ui):
 
 @app.cell
 def _(demo_block, demo_rows, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     _b, _bs = demo_rows[1], demo_block.value
     ui.worked_answer(
         f"The teaching engine's tree compares whole blocks of {_bs}. B shares 10 tokens with A: "
@@ -351,6 +352,7 @@ def _(
     shared_prefix_tokens,
     ui,
 ):
+    # Worked answer to Exercise 2, collapsed until opened
     _n, _g, _bs = shared_args["num_requests"], len(shared_groups), mini_info["block_size"]
     _reused = shared_prefix_tokens // _bs * _bs
     formula_hit_rate = (_n - _g) * _reused / (_n * mean_prompt_tokens)
@@ -720,6 +722,7 @@ def _(
     cascade_speedup,
     ui,
 ):
+    # Worked answer to Exercise 3, collapsed until opened
     _at = next(r for r in cascade_rows if r["sequences"] == cascade_seqs.value)
     _keys_ratio = _at["keys read per sequence way"] / _at["keys read cascade"]
     _one = cascade_rows[0]
@@ -897,6 +900,7 @@ def _(
     statistics,
     ui,
 ):
+    # Worked answer to Exercise 4, collapsed until opened
     _hits = server_hit_requests
     _off_ms = 1e3 * statistics.median(server_runs["cache off"][i].ttft for i in _hits) if _hits else 0
     _skip = server_reusable / server_mean_prompt

@@ -528,6 +528,7 @@ def _(costs, exercise_alpha, my_formula_speedup, sd, ui):
 
 @app.cell
 def _(costs, demo_runs, exercise_alpha, exercise_formula, sd, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     _c = costs["n-gram (prompt lookup)"]
     _per_step = sd.expected_tokens_per_step(exercise_alpha, 4)
     ui.worked_answer(
@@ -603,6 +604,7 @@ def _(
     ui,
     verify_costs,
 ):
+    # Worked answer to Exercise 2, collapsed until opened
     # The same prompt, drafter and k ran in section 1's demo: its steps are the sweep's k = 4 run.
     _demo_name = ("n-gram, k = 4" if drafter.value.startswith("n-gram") else
                   f"self-draft ({draft_layers.value} layers), k = 4")
@@ -771,6 +773,7 @@ def _(
     tokenizer,
     ui,
 ):
+    # Worked answer to Exercise 3, collapsed until opened
     # The mechanism, in this process: section 1's loop with the same drafter (prompt lookup, up to
     # 3-grams, k = 4) on the same open-chat prompts, as many tokens as the servers generate.
     _runs = [speculative_decode(chat_ids(_p), server_tokens, 4, ngram_draft)

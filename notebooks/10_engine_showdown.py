@@ -580,6 +580,7 @@ def _(
     ui,
     workload_rows,
 ):
+    # Worked answer to Exercise 1, collapsed until opened
     _prompt = next((r["mean prompt (tok)"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
     _output = next((r["mean output (tok)"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
     _cache_rows = [{"engine": _e, "prefix hit rate": hit_rate_of("shared-prefix", _e),
@@ -656,6 +657,7 @@ def _(knee_rows, predict_batching_gain, ui):
 
 @app.cell
 def _(batching_gain, batching_rows, best_engine, showdown_sweeps, ui):
+    # Worked answer to Exercise 2, collapsed until opened
     # Requests in flight (the client's mean) where the capacity was reached: the throughput probe
     # or the open-loop point that delivered the most.
     _best_row = batching_rows.get(best_engine)
@@ -731,6 +733,7 @@ def _(
     ui,
     workload_sequences,
 ):
+    # Worked answer to Exercise 3, collapsed until opened
     from workshop import sanity
 
     _seqs = workload_sequences.get("shared-prefix") or []
@@ -988,6 +991,7 @@ def _(
     switch_worst,
     ui,
 ):
+    # Worked answer to Exercise 4, collapsed until opened
     from workshop import kvcache
 
     # Bytes a decode step moves, by variant: every weight once (3 times without prepacking: the

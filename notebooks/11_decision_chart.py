@@ -209,6 +209,7 @@ def _(decision, exercise_rows, exercise_workload, my_throughput_margin, ui):
 
 @app.cell
 def _(exercise_rows, exercise_throughput, exercise_workload, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     _v = exercise_throughput
     _pair = ([_v.winner or _v.tied[0], _v.runner_up] if _v is not None and _v.margin is not None else [])
     _by = {r["engine"]: r for r in exercise_rows if r["workload"] == exercise_workload}
@@ -490,6 +491,7 @@ def _(
     tight_slo,
     ui,
 ):
+    # Worked answer to Exercise 2, collapsed until opened
     _old = goodput_row["points"] if tight_slo else []
     _new = decision.knee_row(goodput_run, tight_slo)["points"] if tight_slo else []
     _point_rows = [{"offered (req/s)": _a["offered"], "completed (req/s)": _a["achieved"],
@@ -613,6 +615,7 @@ def _(
 
 @app.cell
 def _(stage_names, stage_ratio, stage_setups, stage_sync, ui):
+    # Worked answer to Exercise 3, collapsed until opened
     _bytes = {_name: {"bfloat16": 2, "float16": 2, "float32": 4}.get((_s or {}).get("dtype")) for _name, _s in stage_setups.items()}
     stage_expected = _bytes[stage_names[1]] / _bytes[stage_names[0]] if stage_ratio and all(_bytes.values()) else None
     ui.worked_answer(

@@ -427,6 +427,7 @@ def _(
     ui,
     workshop,
 ):
+    # Worked answer to Exercise 1, collapsed until opened
     step_line = (capacity["step fixed s"], capacity["step per request s"])
     sim_p99 = {p.route: qx.simulated_p99(p, len(cluster.workers), slots.value, step_line)
                for p in sweep_points if p.rate == sweep_rates[-1]}
@@ -624,6 +625,7 @@ def _(
     zipf_replayed,
     zipf_s,
 ):
+    # Worked answer to Exercise 2, collapsed until opened
     _p = packing.zipf_weights(len(zipf_names), zipf_s.value)
     _k = len(zipf_pinned)
     _served = [r for r in zipf_live.point.records if r["hit"] is not None]
@@ -842,6 +844,7 @@ def _(
     ui,
     workshop,
 ):
+    # Worked answer to Exercise 3, collapsed until opened
     _aw = cluster.gateway.ack_wait
     _held = kill_result["held_when_killed"] if kill_result else 0
     _tokens = max((r["max_tokens"] for r in kill_records), default=0)

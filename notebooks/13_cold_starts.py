@@ -243,6 +243,7 @@ def _(cs, my_cold_torch_load_s, paths, ui):
 
 @app.cell
 def _(cache_check, exercise_cold, paths, ui):
+    # Worked answer to Exercise 1, collapsed until opened
     _file_gb = paths["torch.load"].stat().st_size / 1e9
     _cold_read_s = _file_gb / cache_check["first read GB/s"]
     _checksum_s = _file_gb / cache_check["second read GB/s"]
@@ -431,6 +432,7 @@ def _(cs, exercise_big, exercise_big_bytes, load_fits, size_rows):
 
 @app.cell
 def _(cs, exercise_big, exercise_big_bytes, load_fits, ui):
+    # Worked answer to Exercise 2, collapsed until opened
     _line = load_fits["packed"].fixed_s + exercise_big_bytes / load_fits["packed"].bandwidth
     _off = exercise_big["seconds"] / _line - 1
     ui.worked_answer(f"The line says `fixed + size / bandwidth`: {load_fits['packed'].fixed_s * 1e3:.0f} ms + "
@@ -600,6 +602,7 @@ def _(
 
 @app.cell
 def _(cs, migration_rows, source_engine, ui):
+    # Worked answer to Exercise 3, collapsed until opened
     kv_cfg = source_engine.runner.cfg
     kv_longest = max((r for r in migration_rows if r["method"] == "kv"),
                      key=lambda r: r["tokens"])

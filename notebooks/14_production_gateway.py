@@ -287,6 +287,7 @@ def _(
     trial_per_minute,
     ui,
 ):
+    # Worked answer to Exercise 1, collapsed until opened
     _per = 60 / trial_per_minute.value
     _span = rate_rows[-1]["sent at s"]
     _replay = TokenBucket(trial_per_minute.value, trial_burst.value)
@@ -602,6 +603,7 @@ def _(
     unloaded_latency_s,
     workshop,
 ):
+    # Worked answer to Exercise 2, collapsed until opened
     policy_forecast = {p: gx.forecast(p, policy_rates[-1], len(replica_list), unloaded_latency_s,
                                       per_other_s, max_per_replica.value)
                        for p in ("spread", "concentrate")}
@@ -851,6 +853,7 @@ def _(
 
 @app.cell
 def _(demand_tokens_per_day, fleet, peak_to_mean, plan_tokens_per_s, ui):
+    # Worked answer to Exercise 3, collapsed until opened
     ui.worked_answer(
         f"A day has 86,400 s: {demand_tokens_per_day.value:,.0f} tokens a day is a mean of "
         f"{fleet.mean_tokens_per_s:,.1f} tokens/s, and the peak {peak_to_mean.value:g}x that, "

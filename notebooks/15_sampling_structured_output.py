@@ -196,6 +196,7 @@ def _(
     top_token,
     ui,
 ):
+    # Worked answer to Exercise 1, collapsed until opened
     _p = computed[first_engine][top_token]
     _q = sampled[first_engine][top_token]
     _se = (_p * (1 - _p) / draws) ** 0.5
@@ -443,6 +444,7 @@ def _(first_engine, my_valid_share, ui, validity):
 
 @app.cell
 def _(first_engine, json_off, ui, validity):
+    # Worked answer to Exercise 2, collapsed until opened
     _on = [r for r in validity if r["grammar"] == "on"]
     ui.worked_answer(
         "Without the grammar nothing makes the model follow the schema: a 135M-parameter model "
@@ -512,6 +514,7 @@ def _(cost, my_extra_ms, ui):
 
 @app.cell
 def _(mask_ms, mini_cost, rounds, ui, vocab_size):
+    # Worked answer to Exercise 3, collapsed until opened
     _ratio = abs(mini_cost["added (ms/token)"]) / max(mini_cost["spread of free runs (ms/token)"], 1e-9)
     ui.worked_answer(
         f"The grammar's own work per token was measured above: **{mask_ms:.3f} ms** (xgrammar "

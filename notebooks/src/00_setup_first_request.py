@@ -173,6 +173,7 @@ ui.compare(my_sentence_tokens, exercise_count.usage.prompt_tokens, "tokens in th
            "tokens")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 import re
 
 # Each word alone, with the space before it (the first has none), through the same tokenizer.
@@ -378,6 +379,7 @@ ui.compare(my_long_answer_s, exercise_long.end,
            f"time to stream a {exercise_long.tokens}-token answer", "s")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _ttft_s = repeat_summary["ttft_ms_median"] / 1000
 _rate = repeat_summary["decode_tok_s_median"]
 _expected_s = _ttft_s + (exercise_long.tokens - 1) / _rate

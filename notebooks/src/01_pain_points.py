@@ -179,6 +179,7 @@ ui.compare(my_three_users_pct, exercise_users[0]["measured usage (%)"],
            f"peak KV usage, 3 users x (300 + {kv_out_tokens}) tokens", "%")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _per_user = 300 + kv_out_tokens
 _blocks = kv_usage.blocks_for(_per_user, kv.block_size)
 _usable = kv_usage.usable_blocks(kv.capacity_tokens, kv.block_size)
@@ -314,6 +315,7 @@ ui.compare(my_ttft_600_ms, exercise_600[0][1] if exercise_600 else float("nan"),
            "TTFT of a 600-token prompt (cold requests only)", "ms")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _n, _got = exercise_600[0] if exercise_600 else (600, float("nan"))
 _line = prompt_latency.ttft_slope(ttft_rows)
 _on_line = (lambda n: _line[1] + _line[0] * n / 1000) if _line else None

@@ -138,6 +138,7 @@ predict_engine_blocks = None   # your prediction: a number of blocks
        "`vllm:cache_config_info`): nothing to compare with."))
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _block_bytes = check["block_size"] * check["our_bytes_per_token"]
 if check.get("kv_memory_bytes") is not None:
     check_text = (
@@ -392,6 +393,7 @@ ui.compare(my_batch_at_double_target, slo_double.batch,
            f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 # The closed form's two terms as times: the weights (any batch) and one user's KV cache.
 _weights_ms = slo_weight_bytes / slo_bandwidth * 1e3
 _user_ms = slo_kv_per_user / slo_bandwidth * 1e3
@@ -556,6 +558,7 @@ ui.compare(my_prompts_at_double_length, ttft_double.together,
            f"{slo_ttft_ms.value} ms", "prompts", how="computed")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 _flops_double = roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
 _budget = ttft_target_s * ttft_peak
 _closed_double = math.floor(_budget / _flops_double)

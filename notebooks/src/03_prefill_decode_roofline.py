@@ -234,6 +234,7 @@ inprocess_b1 = 1e3 / decode_rows[0]["KV-cached step (ms)"]
 ui.compare(predict_batch1_tok_s, served_b1, "batch-1 decode rate through the server", "tokens/s")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 ui.worked_answer(
     f"The roof bounds batch-1 decode at **{bound_b1:,.0f} tokens/s**: every token streams "
     f"{kvcache.human_bytes(weight_bytes)} of weights at {machine.bandwidth / 1e9:,.1f} GB/s. "
@@ -422,6 +423,7 @@ ui.compare(predict_batch_tok_s, exercise_decode["tok/s total"],
            f"decode rate at batch {exercise_batch} (all requests)", "tokens/s")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 # A step costs a fixed part plus a part per sequence in it: fit step = fixed + per x batch.
 _per, _fixed = np.polyfit([r["batch"] for r in serve_decode_rows],
                           [r["TPOT ms (median)"] for r in serve_decode_rows], 1)
@@ -461,6 +463,7 @@ ui.compare(predict_ttft_768_ms, exercise_prefill["TTFT ms (median)"],
            "time to first token, 768-token prompt", "ms")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 _per_token, _fixed_ms = np.polyfit([r["prompt tokens"] for r in serve_prefill_rows],
                                    [r["TTFT ms (median)"] for r in serve_prefill_rows], 1)
 _line_ms = _fixed_ms + _per_token * 768

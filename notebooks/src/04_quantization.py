@@ -128,6 +128,7 @@ ui.compare(predict_error_group16, exercise_error_group16,
            "relative error, int4 symmetric, groups of 16")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 # Rounding to the nearest level misses a weight by 0 to half a step, a quarter step on average;
 # a symmetric group's step is its largest |w| / 7, and that largest weight is rebuilt exactly.
 _measured = {int(r["scheme"].split()[2].rstrip(",")): r["relative error"]
@@ -368,6 +369,7 @@ ui.compare(predict_group192_mib, exercise_group192_mib,
            "weights, int4 min/max in groups of 192", "MiB")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _bf16_mib = quality_rows[0]["weights (MiB)"]
 _per_weight = 0.5 + 2 * 2 / 192          # half a byte, plus 4 bytes per group of 192
 _forecast_mib = _bf16_mib - quantized_weight_count * (2 - _per_weight) / 2**20
@@ -407,6 +409,7 @@ ui.compare(predict_group192_ppl, exercise_group192_ppl,
            "perplexity, int4 min/max in groups of 192")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 import math
 
 # Near a trained minimum the loss grows with the square of a small change of the weights, so

@@ -100,6 +100,7 @@ ui.compare(predict_70b_over_dsv3, exercise_70b_over_dsv3,
            f"{llama70.name} cache per token / {dsv3.name}'s", "x", how="computed")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _gqa_layer = kvcache.kv_values_per_token_per_layer(llama70)
 _mla_layer = kvcache.kv_values_per_token_per_layer(dsv3)
 ui.worked_answer(
@@ -303,6 +304,7 @@ ui.compare(predict_mla_bytes, exercise_mla_info["kv_bytes_per_token"],
            f"KV bytes per token reported by the MLA rank-{exercise_rank} server", "bytes")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 from reference_server import dtypes
 
 _dtype = exercise_mla_info["dtype"]
@@ -469,6 +471,7 @@ ui.compare(predict_time_ratio, attn_ratio_long,
            f"time with 9 KV heads / 1 KV head at context {max(attn_contexts):,}", "x")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 from workshop import flash_attention as fa
 
 _one, _nine = attn_long_rows[0], attn_long_rows[-1]

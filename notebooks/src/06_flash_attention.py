@@ -185,6 +185,7 @@ ui.compare(my_naive_peak_mib, exercise_peak_mib, f"peak of naive attention at N 
            "MiB")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _matrix_mib = exercise_n**2 * 4 / 2**20
 _matrices = exercise_peak_mib / _matrix_mib
 ui.worked_answer(
@@ -310,6 +311,7 @@ ui.compare(my_tiled_over_naive, exercise_ratio,
            f"tiled / naive time at N = 2,048, tile {tile_size.value}")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _naive_mib = fa.naive_io_bytes(2048, 64) / 2**20
 _tiled_mib = fa.tiled_io_bytes(2048, 64, tile_size.value, causal=True) / 2**20
 _tiles = sum(1 for _i in range(0, 2048, tile_size.value) for _j in range(0, _i + tile_size.value,
@@ -412,6 +414,7 @@ ui.compare(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
            f"TTFT for a {exercise_prompt:,}-token prompt", "ms")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 _fit_sweep = fa.fixed_cost_fit(prefill_results, served_cfg)
 _got = exercise_prefill["TTFT ms (median)"]
 _flops = roofline.prefill_flops(served_cfg, exercise_prompt) / 1e9

@@ -115,6 +115,7 @@ ui.compare(predict_paged_fit, paged_fit, "ShareGPT requests that fit at once, pa
            how="computed")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _paged_each = statistics.mean(batching.reserved_slots(_t, "paged", mem_B, mem_L)
                               for _t in sharegpt_totals)
 _contig_each = batching.reserved_slots(0, "contiguous", mem_B, mem_L)
@@ -223,6 +224,7 @@ ui.compare(predict_contiguous_running, burst_rows[1]["peak running"],
            "peak requests running at once, contiguous", "requests")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _pg, _ct = burst_rows
 _info = servers["contiguous"].info
 _B, _L = int(_info["block_size"]), int(_info["max_model_len"])
@@ -373,6 +375,7 @@ ui.compare(predict_static_share_pct, static_share_pct,
            "static throughput as a share of continuous", "%")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 # The answers' lengths, in the order the static server's users sent them.
 _outs = [_r.output_tokens for _r in sorted(bench_runs["static"].records, key=lambda _r: _r.index)
          if _r.ok and not _r.warmup]
@@ -598,6 +601,7 @@ ui.compare(predict_block_speedup, gather_speedup,
            "block-by-block speed-up on scattered blocks", "x")
 
 # %%
+# Worked answer to Exercise 4, collapsed until opened
 _n = gather_threads
 _rows_block = 2 * gather_shape["layers"] * gather_shape["KV heads"] * gather_blocks   # K and V
 _rows_slot, _row_bytes = _rows_block * gather_bs, gather_shape["head_dim"] * 2

@@ -107,6 +107,7 @@ ui.compare(predict_radix_tokens, demo_rows[1]["radix: tokens reused"],
            "tokens of B the radix cache reused", "tokens", how="computed")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _b, _bs = demo_rows[1], demo_block.value
 ui.worked_answer(
     f"The teaching engine's tree compares whole blocks of {_bs}. B shares 10 tokens with A: "
@@ -226,6 +227,7 @@ measured_hit_rate = next(r["hit rate (/metrics)"] for r in kinds_rows
 ui.compare(predict_hit_rate, measured_hit_rate, "hash-cache hit rate, shared-prefix workload")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _n, _g, _bs = shared_args["num_requests"], len(shared_groups), mini_info["block_size"]
 _reused = shared_prefix_tokens // _bs * _bs
 formula_hit_rate = (_n - _g) * _reused / (_n * mean_prompt_tokens)
@@ -457,6 +459,7 @@ ui.compare(predict_cascade_speedup, cascade_speedup,
            f"cascade speed-up at {cascade_seqs.value} sequences", "x")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 _at = next(r for r in cascade_rows if r["sequences"] == cascade_seqs.value)
 _keys_ratio = _at["keys read per sequence way"] / _at["keys read cascade"]
 _one = cascade_rows[0]
@@ -562,6 +565,7 @@ if server_has_cache:
  ui.md(f"Skipped: the server ({server_name}) has no prefix cache on, so there is nothing to compare."))
 
 # %%
+# Worked answer to Exercise 4, collapsed until opened
 _hits = server_hit_requests
 _off_ms = 1e3 * statistics.median(server_runs["cache off"][i].ttft for i in _hits) if _hits else 0
 _skip = server_reusable / server_mean_prompt

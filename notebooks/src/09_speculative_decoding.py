@@ -344,6 +344,7 @@ ui.compare(my_formula_speedup, exercise_formula, "formula speed-up at k = 4", "x
            how="computed")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _c = costs["n-gram (prompt lookup)"]
 _per_step = sd.expected_tokens_per_step(exercise_alpha, 4)
 ui.worked_answer(
@@ -378,6 +379,7 @@ ui.compare(my_measured_speedup, sweep_at_4["measured speed-up"],
            f"speed-up at k = 4 ({drafter.value})", "x")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 # The same prompt, drafter and k ran in section 1's demo: its steps are the sweep's k = 4 run.
 _demo_name = ("n-gram, k = 4" if drafter.value.startswith("n-gram") else
               f"self-draft ({draft_layers.value} layers), k = 4")
@@ -495,6 +497,7 @@ ui.compare(my_chat_acceptance, mini_chat_row["acceptance rate"] or 0.0,
            "n-gram acceptance rate on open chat (teaching engine)")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 # The mechanism, in this process: section 1's loop with the same drafter (prompt lookup, up to
 # 3-grams, k = 4) on the same open-chat prompts, as many tokens as the servers generate.
 _runs = [speculative_decode(chat_ids(_p), server_tokens, 4, ngram_draft)

@@ -387,6 +387,7 @@ radix_over_hash = _r / _h if _r and _h else None
                                "workload (see the notes in the table)."))
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _prompt = next((r["mean prompt (tok)"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
 _output = next((r["mean output (tok)"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
 _cache_rows = [{"engine": _e, "prefix hit rate": hit_rate_of("shared-prefix", _e),
@@ -449,6 +450,7 @@ batching_gain = (batching_rows[best_engine]["capacity_tps"] / batching_rows[best
                              "with its synchronous probe."))
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 # Requests in flight (the client's mean) where the capacity was reached: the throughput probe
 # or the open-loop point that delivered the most.
 _best_row = batching_rows.get(best_engine)
@@ -502,6 +504,7 @@ if _row and _row["points"]:
        "in this run (no cache, or not in the run)."))
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 from workshop import sanity
 
 _seqs = workload_sequences.get("shared-prefix") or []
@@ -664,6 +667,7 @@ switch_worst = max(switch_applied, key=lambda r: r["slower than defaults"], defa
                             "sliders (more sequences, a longer shared prompt, or bf16)."))
 
 # %%
+# Worked answer to Exercise 4, collapsed until opened
 from workshop import kvcache
 
 # Bytes a decode step moves, by variant: every weight once (3 times without prepacking: the

@@ -133,6 +133,7 @@ _first = (exercise_throughput.winner or exercise_throughput.tied[0]) if _ok else
  if _ok else ui.md("Fewer than two engines kept up at any load on this workload: there is no margin to predict."))
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _v = exercise_throughput
 _pair = ([_v.winner or _v.tied[0], _v.runner_up] if _v is not None and _v.margin is not None else [])
 _by = {r["engine"]: r for r in exercise_rows if r["workload"] == exercise_workload}
@@ -301,6 +302,7 @@ exercise_goodput = decision.knee_row(goodput_run, tight_slo)["best_goodput"] if 
  if exercise_goodput is not None else ui.md("No engine has goodput on the exercise workload."))
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _old = goodput_row["points"] if tight_slo else []
 _new = decision.knee_row(goodput_run, tight_slo)["points"] if tight_slo else []
 _point_rows = [{"offered (req/s)": _a["offered"], "completed (req/s)": _a["achieved"],
@@ -392,6 +394,7 @@ stage_ratio = (stage_sync[stage_names[0]] / stage_sync[stage_names[1]]
  if stage_ratio else ui.md("Both reference runs, with the teaching engine on shared-prefix, are needed here."))
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 _bytes = {_name: {"bfloat16": 2, "float16": 2, "float32": 4}.get((_s or {}).get("dtype")) for _name, _s in stage_setups.items()}
 stage_expected = _bytes[stage_names[1]] / _bytes[stage_names[0]] if stage_ratio and all(_bytes.values()) else None
 ui.worked_answer(

@@ -244,6 +244,7 @@ p99_ratio = top_rows[PUSH_RR]["p99 s"] / top_rows[PULL]["p99 s"]
 ui.compare(my_p99_ratio, p99_ratio, "p99 of round-robin push / p99 of the shared queue", "x")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 step_line = (capacity["step fixed s"], capacity["step per request s"])
 sim_p99 = {p.route: qx.simulated_p99(p, len(cluster.workers), slots.value, step_line)
            for p in sweep_points if p.rate == sweep_rates[-1]}
@@ -358,6 +359,7 @@ zipf_replayed = zipf_live.replay_hit_rate(cluster.sizes, int(zipf_budget * max(c
 ui.compare(my_hit_rate, zipf_live.hit_rate(), "hit rate (live)")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _p = packing.zipf_weights(len(zipf_names), zipf_s.value)
 _k = len(zipf_pinned)
 _served = [r for r in zipf_live.point.records if r["hit"] is not None]
@@ -491,6 +493,7 @@ ui.compare(my_recovery_s, kill_recovery_s, "seconds from the kill to the last re
     if kill_result else ui.md("(skipped)")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 _aw = cluster.gateway.ack_wait
 _held = kill_result["held_when_killed"] if kill_result else 0
 _tokens = max((r["max_tokens"] for r in kill_records), default=0)

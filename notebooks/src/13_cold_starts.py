@@ -170,6 +170,7 @@ ui.compare(my_cold_torch_load_s, exercise_cold["seconds"],
            "seconds for a cold torch.load of the whole checkpoint", "s")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _file_gb = paths["torch.load"].stat().st_size / 1e9
 _cold_read_s = _file_gb / cache_check["first read GB/s"]
 _checksum_s = _file_gb / cache_check["second read GB/s"]
@@ -299,6 +300,7 @@ ui.compare(my_big_load_s, exercise_big["seconds"],
 cs.fit_figure(size_rows, load_fits, extra=(exercise_big_bytes, exercise_big["seconds"]))
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _line = load_fits["packed"].fixed_s + exercise_big_bytes / load_fits["packed"].bandwidth
 _off = exercise_big["seconds"] / _line - 1
 ui.worked_answer(f"The line says `fixed + size / bandwidth`: {load_fits['packed'].fixed_s * 1e3:.0f} ms + "
@@ -416,6 +418,7 @@ ui.compare(my_kv_mib, _longest["wire bytes"] / cs.MiB,
            f"MiB sent to move a {_longest['tokens']}-token request by KV copy", "MiB")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 kv_cfg = source_engine.runner.cfg
 kv_longest = max((r for r in migration_rows if r["method"] == "kv"),
                  key=lambda r: r["tokens"])

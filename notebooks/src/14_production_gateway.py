@@ -171,6 +171,7 @@ ui.compare(my_admitted, rate_admitted, "requests admitted out of 12")
 ui.table(rate_rows)
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _per = 60 / trial_per_minute.value
 _span = rate_rows[-1]["sent at s"]
 _replay = TokenBucket(trial_per_minute.value, trial_burst.value)
@@ -372,6 +373,7 @@ p99_ratio = (policy_top["concentrate"].summary["e2e_ms"]["p99"]
 ui.compare(my_p99_ratio, p99_ratio, "p99 concentrate / p99 spread at the highest load", "x")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 policy_forecast = {p: gx.forecast(p, policy_rates[-1], len(replica_list), unloaded_latency_s,
                                   per_other_s, max_per_replica.value)
                    for p in ("spread", "concentrate")}
@@ -530,6 +532,7 @@ fleet = capacity.fleet_plan(demand_tokens_per_day.value, peak_to_mean.value, pla
 ui.compare(my_peak_replicas, fleet.replicas_peak, "replicas at the peak", how="computed")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 ui.worked_answer(
     f"A day has 86,400 s: {demand_tokens_per_day.value:,.0f} tokens a day is a mean of "
     f"{fleet.mean_tokens_per_s:,.1f} tokens/s, and the peak {peak_to_mean.value:g}x that, "

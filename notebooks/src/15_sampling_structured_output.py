@@ -109,6 +109,7 @@ ui.compare(my_top_share, sampled[first_engine][top_token],
            f"share of {repr(top_token)} in {draws} draws on {first_engine}")
 
 # %%
+# Worked answer to Exercise 1, collapsed until opened
 _p = computed[first_engine][top_token]
 _q = sampled[first_engine][top_token]
 _se = (_p * (1 - _p) / draws) ** 0.5
@@ -280,6 +281,7 @@ ui.compare(my_valid_share, json_off["valid"], f"share of valid answers without t
            f"{first_engine}")
 
 # %%
+# Worked answer to Exercise 2, collapsed until opened
 _on = [r for r in validity if r["grammar"] == "on"]
 ui.worked_answer(
     "Without the grammar nothing makes the model follow the schema: a 135M-parameter model "
@@ -329,6 +331,7 @@ ui.compare(my_extra_ms, mini_cost["added (ms/token)"],
            f"ms added per token on {mini_cost['engine']}", "ms")
 
 # %%
+# Worked answer to Exercise 3, collapsed until opened
 _ratio = abs(mini_cost["added (ms/token)"]) / max(mini_cost["spread of free runs (ms/token)"], 1e-9)
 ui.worked_answer(
     f"The grammar's own work per token was measured above: **{mask_ms:.3f} ms** (xgrammar "

@@ -40,6 +40,10 @@ def order_problems(text: str) -> list[str]:
             continue
         if body.find("ui.worked_answer(", measured) < 0:
             problems.append(f"exercise {n}: no ui.worked_answer after the measurement")
+        elif f"# Worked answer to Exercise {n}," not in body[measured:]:
+            # the label a reader of the unexecuted notebook sees (GitHub, Colab before a run)
+            problems.append(f"exercise {n}: its worked answer's cell does not say "
+                            f"'# Worked answer to Exercise {n}, ...'")
     return problems
 
 
@@ -51,10 +55,11 @@ def test_each_exercise_predicts_then_measures_then_works_the_answer(name):
 def test_the_check_fails_an_answer_shown_before_the_question():
     good = ("# **Exercise 1 (predict, then measure).** How many?\n\n# %%\n"
             "guess = None    # your prediction\n\n# %%\nx = 3\nui.compare(guess, x, 'x')\n\n"
-            "# %%\nui.worked_answer(f'{x}')\n\n"
+            "# %%\n# Worked answer to Exercise 1, collapsed until opened\n"
+            "ui.worked_answer(f'{x}')\n\n"
             "# **Exercise 2 (predict, then compute).** And?\n\n# %%\n"
             "guess2 = None   # your prediction\n\n# %%\nui.compare(guess2, 4, 'y')\n"
-            "ui.worked_answer('4')\n")
+            "# Worked answer to Exercise 2, collapsed until opened\nui.worked_answer('4')\n")
     assert order_problems(good) == []
     measured_first = good.replace("guess = None    # your prediction\n\n# %%\nx = 3\n"
                                   "ui.compare(guess, x, 'x')",
@@ -64,3 +69,6 @@ def test_the_check_fails_an_answer_shown_before_the_question():
     assert "exercise 2: no ui.worked_answer after the measurement" in order_problems(
         good.replace("ui.worked_answer('4')", ""))
     assert order_problems(good.replace("Exercise 2", "Exercise 3"))[0].startswith("exercises numbered")
+    unlabelled = good.replace("# Worked answer to Exercise 1, collapsed until opened\n", "")
+    assert order_problems(unlabelled) == [
+        "exercise 1: its worked answer's cell does not say '# Worked answer to Exercise 1, ...'"]
