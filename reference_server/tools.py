@@ -20,7 +20,8 @@ the way small-model agent frameworks do, the same on every engine:
    ``content``. A stream is answered once the answer is complete (the call must be whole to
    be parsed), as OpenAI-shaped chunks.
 
-``tool_choice: "none"`` sends the conversation without the tools. At most
+``tool_choice: "none"`` sends the conversation without the tools. A constrained answer
+drops ``ignore_eos`` (a call ends where its JSON does); every other field goes on as sent. At most
 ``MAX_PARALLEL_CALLS`` calls per answer (one with ``parallel_tool_calls: false``), so a small
 model cannot spend its whole budget listing calls.
 """
@@ -179,11 +180,11 @@ def plan(request) -> ToolPlan | None:
         tools, max_calls, choice = chosen, 1, "required"
     messages = [_as_text(m.model_dump(exclude_none=True), f"messages[{i}]")
                 for i, m in enumerate(request.messages)]
-    # ignore_eos too: a call ends where its JSON does (a benchmark client sends ignore_eos)
-    drop = {"tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "messages",
-            "ignore_eos"}
+    drop = {"tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "messages"}
     fields: dict[str, Any] = {}
     if choice != "none":
+        # a call ends where its JSON does (a benchmark client sends ignore_eos)
+        drop.add("ignore_eos")
         schema = call_schema(tools, max_calls)
         if choice == "auto":
             schema = {"anyOf": [schema, ANSWER]}

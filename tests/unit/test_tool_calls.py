@@ -93,6 +93,9 @@ def test_a_conversation_with_calls_and_results_is_sent_as_text():
                            "content": '{"tool_calls":[{"name":"add","arguments":{"a":2,"b":3}}]}'},
                     {"role": "tool", "content": "5"}]
     assert plan.request.response_format is None       # "none": a plain answer,
+    kept = ChatCompletionRequest.model_validate(
+        {"model": "m", "messages": history, "tool_choice": "none", "ignore_eos": True})
+    assert tools.plan(kept).request.ignore_eos is True     # nothing the client set is lost
     text = {"choices": [{"message": {"role": "assistant", "content": '{"tool_calls": []}'}}]}
     assert plan.answer(text) == text                   # even one that looks like a call
     # fields the conversion does not consume stay, for the engine to use or refuse by name
