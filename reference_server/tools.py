@@ -21,9 +21,9 @@ the way small-model agent frameworks do, the same on every engine:
    be parsed), as OpenAI-shaped chunks.
 
 ``tool_choice: "none"`` sends the conversation without the tools. A constrained answer
-drops ``ignore_eos`` (a call ends where its JSON does); every other field goes on as sent. At most
-``MAX_PARALLEL_CALLS`` calls per answer (one with ``parallel_tool_calls: false``), so a small
-model cannot spend its whole budget listing calls.
+drops ``ignore_eos`` (a call ends where its JSON does); every other field goes on as sent.
+At most ``MAX_PARALLEL_CALLS`` calls per answer (one with ``parallel_tool_calls: false``), so
+a small model cannot spend its whole budget listing calls.
 """
 
 from __future__ import annotations
