@@ -84,10 +84,12 @@ def compare_engines(sessions: dict[str, Any], num_requests: int, concurrency: in
                     input_len: int, output_len: int, progress: bool = True) -> list[dict]:
     """The same random workload through each engine, one at a time and ``concurrency`` at once."""
     from workshop.bench import run_benchmark
+    from workshop.timing import let_servers_rest
 
     rows = []
     for engine, s in sessions.items():
         for c in (1, concurrency):
+            let_servers_rest()     # the last run's server would still spin on a core
             res = run_benchmark(base_url=s.base_url, model=s.model, workload="random",
                                 num_requests=num_requests, concurrency=c, api_key=s.api_key,
                                 input_len=input_len, output_len=output_len, progress=progress,

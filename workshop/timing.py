@@ -9,6 +9,18 @@ from typing import Callable
 from mini_engine.model_runner import keep_freed_memory
 
 
+# vLLM's worker busy-polls its shared-memory queue for 1 s after its last read
+# (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition's busy_loop_s), and
+# OpenMP threads spin briefly too: on 2 cores that spin takes a core from whatever runs next.
+SERVER_REST_S = 2.0
+
+
+def let_servers_rest(seconds: float = SERVER_REST_S) -> None:
+    """Wait until the servers' threads have stopped spinning after their last request, before
+    timing anything else on this machine (another server's run, a roof)."""
+    time.sleep(seconds)
+
+
 def best_time_s(fn: Callable[[], object], repeats: int = 3) -> float:
     """Fastest of ``repeats`` timed calls after one warm-up (the least disturbed by others).
 
@@ -41,4 +53,5 @@ __all__ = [
     "best_time_s",
     "interleaved_times",
     "keep_freed_memory",
+    "let_servers_rest",
 ]

@@ -66,19 +66,18 @@ session = workshop.session.connect()
 # it, for arithmetic. On a GPU the server runs on the GPU, so we measure that instead.
 
 # %%
-import time
-
 import numpy as np
 
 from reference_server import dtypes
-from workshop import capacity, kvcache, roofline, roofline_measure, roofline_plots, sanity, ui
+from workshop import (capacity, kvcache, roofline, roofline_measure, roofline_plots, sanity,
+                      timing, ui)
 from workshop.session import sweep
 
 on_gpu = str(session.info.get("device", "cpu")).startswith("cuda")
 
 
 def measure_roof():
-    time.sleep(2)       # the server's threads spin a while after its last request: let them rest
+    timing.let_servers_rest()     # a server's threads spin a while after its last request
     if on_gpu:
         return roofline_measure.measure_cuda_machine()   # the server runs on this GPU
     return roofline_measure.measure_machine("this CPU", mib=sweep(512, 256),

@@ -44,7 +44,9 @@ def faults(mode: str) -> int:
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's mallopt only")
 def test_freed_memory_is_reused_instead_of_faulted_in_again():
     kept = faults("keep")
-    assert kept < 100, f"{kept} page faults in 5 steps after keep_freed_memory()"
+    # A step gathers ~40 MB (10,000 pages); without the setting each step faults most of it in
+    # again. Kept, a few hundred stray faults in 5 steps were seen on CI (0-1 here, on AMX).
+    assert kept < 2000, f"{kept} page faults in 5 steps after keep_freed_memory()"
     # What it guards against, where glibc's default thresholds fall into the pattern (they
     # did on a 2-core AVX2 machine: ~15,000 faults a step); printed, not asserted.
     print(f"page faults in 5 steps: {faults('default')} by default, {kept} kept")
