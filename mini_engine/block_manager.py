@@ -118,7 +118,7 @@ class BlockManager:
         assert not seq.block_table and seq.num_computed_tokens == 0
         if self.prefix_cache is None:
             return 0
-        blocks = self.prefix_cache.match(seq.token_ids)
+        blocks = self.prefix_cache.match(seq.token_ids, seq.cache_salt)
         # At least one token must be computed to get logits for the next one.
         while blocks and len(blocks) * self.block_size >= seq.num_tokens:
             blocks.pop()
@@ -139,7 +139,8 @@ class BlockManager:
         n = seq.num_computed_tokens // self.block_size
         if self.prefix_cache is None or n <= seq.num_blocks_offered:
             return
-        self.prefix_cache.insert(seq.token_ids[:n * self.block_size], seq.block_table[:n])
+        self.prefix_cache.insert(seq.token_ids[:n * self.block_size], seq.block_table[:n],
+                                 seq.cache_salt)
         seq.num_blocks_offered = n
 
     # -- allocation ----------------------------------------------------------------------

@@ -12,6 +12,10 @@ contract, so ``block_manager.py`` does not care which one is plugged in:
   least ``n`` blocks if ``num_evictable() >= n``.
 * ``reset()``: forget every block not in use.
 
+``match`` and ``insert`` take an optional ``salt`` (the request's ``cache_salt``): only
+requests with the same salt share blocks, so one tenant's timing cannot tell whether another
+recently sent a prompt. No salt is the shared, unsalted namespace.
+
 The difference learners should see: vLLM names a block by a hash of (parent hash, its
 tokens), so lookup is a dict walk and any block can be evicted on its own; SGLang keeps a
 tree whose edges are token runs, splits edges on partial matches, and evicts leaves only.
@@ -27,8 +31,9 @@ from mini_engine.block_manager import BlockAllocator
 
 
 class PrefixCache(Protocol):
-    def match(self, token_ids: list[int]) -> list[int]: ...
-    def insert(self, token_ids: list[int], block_ids: list[int]) -> None: ...
+    def match(self, token_ids: list[int], salt: str | None = None) -> list[int]: ...
+    def insert(self, token_ids: list[int], block_ids: list[int],
+               salt: str | None = None) -> None: ...
     def evict(self, num_blocks: int) -> int: ...
     def num_evictable(self) -> int: ...
     def num_cached_blocks(self) -> int: ...
@@ -48,17 +53,17 @@ class HashPrefixCache:
         self.meta: dict[int, tuple[int, int]] = {}          # block -> (chain hash, depth)
         self.last_used: dict[int, int] = {}                 # block -> clock
 
-    def _hashes(self, token_ids: list[int]):
-        h = None
+    def _hashes(self, token_ids: list[int], salt: str | None = None):
+        h = salt    # vLLM mixes the salt into the first block's hash; the chain carries it on
         bs = self.block_size
         for i in range(len(token_ids) // bs):
             h = hash((h, tuple(token_ids[i * bs:(i + 1) * bs])))
             yield h
 
-    def match(self, token_ids: list[int]) -> list[int]:
+    def match(self, token_ids: list[int], salt: str | None = None) -> list[int]:
         out = []
         now = next(_clock)
-        for h in self._hashes(token_ids):
+        for h in self._hashes(token_ids, salt):
             b = self.table.get(h)
             if b is None:
                 break
@@ -66,9 +71,10 @@ class HashPrefixCache:
             out.append(b)
         return out
 
-    def insert(self, token_ids: list[int], block_ids: list[int]) -> None:
+    def insert(self, token_ids: list[int], block_ids: list[int],
+               salt: str | None = None) -> None:
         now = next(_clock)
-        for depth, (h, b) in enumerate(zip(self._hashes(token_ids), block_ids)):
+        for depth, (h, b) in enumerate(zip(self._hashes(token_ids, salt), block_ids)):
             known = self.table.get(h)
             if known is not None:           # already cached (maybe a twin block): keep the old one
                 self.last_used[known] = now
@@ -122,12 +128,15 @@ class _Node:
 
 
 class RadixPrefixCache:
-    """SGLang's radix cache at block granularity: edges are runs of whole blocks."""
+    """SGLang's radix cache at block granularity: edges are runs of whole blocks. One tree
+    per salt (SGLang keys the root's children by salt): trees of different salts share
+    nothing."""
 
     def __init__(self, allocator: BlockAllocator, block_size: int):
         self.allocator = allocator
         self.block_size = block_size
-        self.root = _Node((), [], None)
+        self.root = _Node((), [], None)                 # the shared, unsalted tree
+        self.roots: dict[str | None, _Node] = {None: self.root}
 
     def _first(self, tokens) -> tuple:
         return tuple(tokens[:self.block_size])
@@ -153,9 +162,10 @@ class RadixPrefixCache:
         upper.children[self._first(node.key)] = node
         return upper
 
-    def _walk(self, token_ids: list[int], split: bool):
-        """Follow the tree along ``token_ids``; return (deepest node, blocks, tokens used)."""
-        node, blocks, i = self.root, [], 0
+    def _walk(self, root: _Node, token_ids: list[int], split: bool):
+        """Follow the tree from ``root`` along ``token_ids``; return (deepest node, blocks,
+        tokens used)."""
+        node, blocks, i = root, [], 0
         now = next(_clock)
         bs = self.block_size
         while i + bs <= len(token_ids):
@@ -178,13 +188,18 @@ class RadixPrefixCache:
                 break
         return node, blocks, i
 
-    def match(self, token_ids: list[int]) -> list[int]:
+    def match(self, token_ids: list[int], salt: str | None = None) -> list[int]:
+        root = self.roots.get(salt)
+        if root is None:            # a salt with nothing cached yet
+            return []
         # Split on a partial match (as SGLang does) so the unshared tail can be evicted alone.
-        _, blocks, _ = self._walk(token_ids, split=True)
+        _, blocks, _ = self._walk(root, token_ids, split=True)
         return blocks
 
-    def insert(self, token_ids: list[int], block_ids: list[int]) -> None:
-        node, _, i = self._walk(token_ids, split=True)
+    def insert(self, token_ids: list[int], block_ids: list[int],
+               salt: str | None = None) -> None:
+        root = self.roots.setdefault(salt, _Node((), [], None))
+        node, _, i = self._walk(root, token_ids, split=True)
         rest = len(token_ids) - i
         if rest <= 0:
             return
@@ -195,7 +210,7 @@ class RadixPrefixCache:
         node.children[self._first(new.key)] = new
 
     def _nodes(self):
-        stack = list(self.root.children.values())
+        stack = [n for root in self.roots.values() for n in root.children.values()]
         while stack:
             n = stack.pop()
             yield n
@@ -226,8 +241,10 @@ class RadixPrefixCache:
             _, _, n = heapq.heappop(heap)
             freed += self._remove_leaf(n)
             p = n.parent
-            if p is not self.root and self._idle_leaf(p):
+            if p.parent is not None and self._idle_leaf(p):     # roots have no parent
                 heapq.heappush(heap, (p.last_used, id(p), p))
+        # a salt whose tree is empty again costs nothing to forget
+        self.roots = {s: r for s, r in self.roots.items() if s is None or r.children}
         return freed
 
     def reset(self) -> int:
@@ -245,16 +262,16 @@ class RadixPrefixCache:
                 assert b not in seen, "block cached twice"
                 assert self.allocator.ref_count[b] >= 1, "cached block has no reference"
                 seen.add(b)
-        for n in list(self._nodes()) + [self.root]:
+        for n in list(self._nodes()) + list(self.roots.values()):
             firsts = [self._first(c.key) for c in n.children.values()]
             assert len(firsts) == len(set(firsts))
 
-    def dump(self) -> dict:
-        """The tree as nested dicts, for drawing."""
+    def dump(self, salt: str | None = None) -> dict:
+        """The tree of ``salt`` (the unsalted one by default) as nested dicts, for drawing."""
         def rec(n: _Node) -> dict:
             return {"tokens": len(n.key), "blocks": list(n.blocks), "last_used": n.last_used,
                     "children": [rec(c) for c in n.children.values()]}
-        return rec(self.root)
+        return rec(self.roots.get(salt, _Node((), [], None)))
 
 
 def make_prefix_cache(kind: str | None, allocator: BlockAllocator, block_size: int):

@@ -43,6 +43,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # divides (positive) logits of prompt and output tokens
     logit_bias: dict[int, float] = field(default_factory=dict)   # token id -> added to its logit
     grammar: Grammar | None = None  # structured output (mini_engine.grammar): masks the logits
+    # Not sampling but the request's prefix-cache namespace (vLLM keeps it on the request): only
+    # requests with the same salt share cached blocks; None is the shared one.
+    cache_salt: str | None = None
 
     @property
     def greedy(self) -> bool:
@@ -114,6 +117,10 @@ class Sequence:
         if params.seed is not None:
             self.generator = torch.Generator().manual_seed(params.seed)
         self.grammar = params.grammar.matcher() if params.grammar is not None else None
+
+    @property
+    def cache_salt(self) -> str | None:
+        return self.params.cache_salt
 
     @property
     def num_tokens(self) -> int:

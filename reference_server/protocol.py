@@ -142,6 +142,10 @@ Penalty = Field(default=None, ge=-2.0, le=2.0)
 RepetitionPenalty = Field(default=None, gt=0.0, le=2.0)
 MinP = Field(default=None, ge=0.0, le=1.0)
 LOGIT_BIAS_LIMIT = 100.0     # OpenAI's range; vLLM clamps to it, we refuse outside it
+# vLLM 0.32's rule for cache_salt (vllm/entrypoints/generate/base/protocol.py): one rule for
+# every engine; SGLang takes any string, and treats "" as no salt
+CACHE_SALT_MAX_CHARS = 128
+CACHE_SALT_FORBIDDEN = "@/\\\x00"
 
 
 class _SamplingFields(BaseModel):
@@ -167,6 +171,9 @@ class _SamplingFields(BaseModel):
     repetition_penalty: float | None = RepetitionPenalty
     logit_bias: dict[str, float] | None = None             # token id (a string) -> bias
     response_format: ResponseFormat | None = None
+    # Prefix-cache namespace: only requests with the same salt reuse each other's cached
+    # prompt blocks, so one tenant's time to first token cannot reveal another's prompts.
+    cache_salt: str | None = None
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty",
                      "min_p", "repetition_penalty", mode="before")
@@ -198,6 +205,18 @@ class _SamplingFields(BaseModel):
                                  f"[-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}], got {bias!r}")
             out[key] = float(bias)
         return out
+
+    @field_validator("cache_salt")
+    @classmethod
+    def _cache_salt(cls, v):
+        if v is None:
+            return v
+        if not v:
+            raise ValueError("Parameter 'cache_salt' must be a non-empty string if provided.")
+        if len(v) > CACHE_SALT_MAX_CHARS or any(c in CACHE_SALT_FORBIDDEN for c in v):
+            raise ValueError(f"Parameter 'cache_salt' must be at most {CACHE_SALT_MAX_CHARS} "
+                             "characters and must not contain '@', '/', '\\', or NUL.")
+        return v
 
     @property
     def logit_bias_ids(self) -> dict[int, float]:
@@ -285,7 +304,7 @@ OpenAIRequest = Union[ChatCompletionRequest, CompletionRequest]
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "stream",
            "stream_options", "ignore_eos", "stop_token_ids", "user", "logprobs",
            "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-           "logit_bias", "response_format"}
+           "logit_bias", "response_format", "cache_salt"}
 LOCAL_FIELDS = {
     "chat": _COMMON | {"messages", "max_completion_tokens", "top_logprobs"},
     "complete": _COMMON | {"prompt"},

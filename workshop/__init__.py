@@ -26,6 +26,8 @@ figures; the notebook writes the prose. A module serves the notebooks listed for
 
 Shared underneath: ``metrics`` (a server's ``/metrics`` sampled while requests run),
 ``prompt_latency`` (time to first token against prompt length),
+``tenant_isolation`` (whether one tenant's TTFT shows another's prompts, with and without
+a cache salt per tenant; in no notebook yet),
 ``timing`` (best-of and interleaved timing), ``data/`` (model configs, GPU prices, engines'
 cited features), and ``cli`` / ``__main__`` (the ``workshop`` command). The benchmark harness
 is ``bench/`` (``python -m workshop.bench``), used by the notebooks and by ``benchmarks/``.

@@ -61,14 +61,16 @@ class Timed:
 
 
 def stream_completion(client: Any, model: str, prompt: str, max_tokens: int,
-                      ignore_eos: bool = True) -> Timed:
-    """Stream one ``/v1/completions`` request and time its first token and its end."""
+                      ignore_eos: bool = True, extra_body: dict | None = None) -> Timed:
+    """Stream one ``/v1/completions`` request and time its first token and its end;
+    ``extra_body`` adds request fields (``cache_salt``, ...)."""
     t = Timed()
     start = time.perf_counter()
     try:
         stream = client.completions.create(
             model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": ignore_eos})
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": ignore_eos, **(extra_body or {})})
         for chunk in stream:
             if chunk.usage is not None:
                 t.prompt_tokens = chunk.usage.prompt_tokens

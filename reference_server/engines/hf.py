@@ -89,6 +89,7 @@ class HFEngine(LocalEngine):
 
     async def generate(self, request_id: str, prompt_token_ids: list[int],
                        params: SamplingParams) -> AsyncIterator[GenerationStep]:
+        # params.cache_salt is accepted and needs nothing: no prefix cache, nothing is shared
         self._waiting += 1
         try:
             await self._lock.acquire()

@@ -203,7 +203,8 @@ class LocalEngine(Engine):
             top_k=max(_given(request.top_k, 0), 0), min_p=_given(request.min_p, 0.0),
             presence_penalty=_given(request.presence_penalty, 0.0),
             frequency_penalty=_given(request.frequency_penalty, 0.0),
-            repetition_penalty=_given(request.repetition_penalty, 1.0), logit_bias=bias)
+            repetition_penalty=_given(request.repetition_penalty, 1.0), logit_bias=bias,
+            cache_salt=request.cache_salt)
 
     async def _serve(self, request, prompt_ids: list[int], logprobs: int | None, chat: bool):
         params = self._sampling_params(request, len(prompt_ids), logprobs)

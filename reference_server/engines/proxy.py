@@ -406,6 +406,8 @@ class ProxyEngine(Engine):
 
     def request_body(self, request: OpenAIRequest) -> dict:
         """The JSON body sent to the child for a validated ``request``."""
+        # Every field the client set goes on, cache_salt too: vLLM and SGLang 0.5.18 both scope
+        # their prefix caches by it, and a remote server answers for itself.
         body = request.model_dump(exclude_unset=True, by_alias=True)
         body["model"] = self.served_name
         return body
