@@ -264,7 +264,8 @@ def speedup_rows(spec: Sequence[dict], base: Sequence[dict]) -> list[dict]:
     for s in spec:
         b = by_workload[s["workload"]]
         rows.append({"server": s["server"], "workload": s["workload"],
-                     "draft tokens": s["draft tokens"], "acceptance rate": s["acceptance rate"],
+                     "draft tokens": s["draft tokens"], "accepted": s["accepted"],
+                     "acceptance rate": s["acceptance rate"],
                      "accepted per draft": s["accepted per draft"],
                      "decode tok/s (spec)": s["decode tok/s"],
                      "decode tok/s (baseline)": b["decode tok/s"],

@@ -143,9 +143,12 @@ def test_speedup_rows_pair_by_workload():
     base = [{"workload": "w", "decode tok/s": 10.0, "texts": ["x"]},
             {"workload": "v", "decode tok/s": 20.0, "texts": ["y"]}]
     spec = [{"server": "s", "workload": "v", "decode tok/s": 30.0, "texts": ["y"],
-             "draft tokens": 8, "acceptance rate": 0.5, "accepted per draft": 2.0}]
+             "draft tokens": 8, "accepted": 4, "acceptance rate": 0.5,
+             "accepted per draft": 2.0}]
     (row,) = sd.speedup_rows(spec, base)
     assert row["speed-up"] == pytest.approx(1.5) and row["same text as baseline"]
+    # notebook 9 counts the rejected drafts of a run that slowed down from these two
+    assert (row["draft tokens"], row["accepted"]) == (8, 4)
 
 
 def test_acceptance_text_says_when_nothing_was_drafted():
