@@ -19,6 +19,12 @@ SCHEMA = {"type": "object",
                          "continent": {"enum": ["Africa", "America", "Asia", "Europe", "Oceania"]}},
           "required": ["city", "country", "continent"]}
 FORMAT = {"type": "json_schema", "json_schema": {"name": "capital", "schema": SCHEMA}}
+# Sampled, a free string may run on until max_tokens (SGLang once wrote '"Paris}...4608889'):
+# valid so far, never finished. Closed values end within any budget.
+CLOSED = {"type": "object",
+          "properties": {"city": {"enum": ["Paris", "Lyon", "Rome"]},
+                         "continent": SCHEMA["properties"]["continent"]},
+          "required": ["city", "continent"]}
 MSG = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
 
 
@@ -36,9 +42,10 @@ def _content(r: httpx.Response) -> str:
 
 
 def test_json_schema_answers_follow_the_schema(server):
-    for extra in ({"temperature": 0}, {"temperature": 0.8}):
-        answer = json.loads(_content(_chat(server, response_format=FORMAT, **extra)))
-        jsonschema.validate(answer, SCHEMA)
+    closed = {"type": "json_schema", "json_schema": {"name": "capital", "schema": CLOSED}}
+    for schema, fmt, temperature in ((SCHEMA, FORMAT, 0), (CLOSED, closed, 0.8)):
+        answer = json.loads(_content(_chat(server, response_format=fmt, temperature=temperature)))
+        jsonschema.validate(answer, schema)
 
 
 def test_json_object_answers_are_objects(server):
