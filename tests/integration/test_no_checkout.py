@@ -116,6 +116,9 @@ def _hosted_env(venv: Path, wheel: Path, server) -> dict[str, str]:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "MPLBACKEND": "Agg",
+        # no .pyc for every file of torch at install (a minute on 2 cores): the same packages,
+        # compiled on import instead
+        "PIP_NO_COMPILE": "1",
         # a bootstrap that ignored WORKSHOP_INSTALL_SOURCE fails on GitHub, never prompts
         "GIT_TERMINAL_PROMPT": "0",
     })
