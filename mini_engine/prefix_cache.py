@@ -135,8 +135,8 @@ class RadixPrefixCache:
     def __init__(self, allocator: BlockAllocator, block_size: int):
         self.allocator = allocator
         self.block_size = block_size
-        self.root = _Node((), [], None)                 # the shared, unsalted tree
-        self.roots: dict[str | None, _Node] = {None: self.root}
+        # salt -> its tree's root; None is the shared, unsalted tree, kept even when empty
+        self.roots: dict[str | None, _Node] = {None: _Node((), [], None)}
 
     def _first(self, tokens) -> tuple:
         return tuple(tokens[:self.block_size])
