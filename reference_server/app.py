@@ -425,7 +425,9 @@ class _EngineStream(StreamingResponse):
     The slot and the engine stream are released in ``_sse``'s clean-up, and here again in
     case Starlette never started the body (the client left before the first byte): an
     unstarted generator runs no ``finally``, and a leaked slot would shrink the server's
-    capacity for good. Releasing twice does nothing.
+    capacity for good. Releasing twice does nothing. A started body is closed here too: a
+    hang-up that cancels Starlette while it sends leaves ``_sse`` suspended at a ``yield``,
+    and its clean-up (the count, the engine's abort) would wait for the garbage collector.
     """
 
     def __init__(self, stream: AsyncIterator, state: ServerState, scope: dict) -> None:
@@ -444,6 +446,8 @@ class _EngineStream(StreamingResponse):
                 self.server_state.metrics.disconnects.inc()
                 self.server_state.request_finished()
                 await self.engine_stream.aclose()
+            else:
+                await self.body_iterator.aclose()     # nothing if _sse has ended
 
 
 async def _sse(response: _EngineStream, scope: dict) -> AsyncIterator[bytes]:

@@ -533,6 +533,50 @@ def test_client_leaving_before_the_first_byte_frees_its_slot_and_engine_stream()
     assert state.active == 0 and closed == [True]
 
 
+
+def test_client_leaving_while_a_chunk_is_being_sent_is_counted_and_its_engine_stream_closed():
+    """The hang-up cancels Starlette inside ``send`` (a slow socket), not inside the engine
+    stream: the body generator is left at a ``yield`` and must still be closed at once."""
+    from reference_server import prometheus as P
+    from reference_server.app import _EngineStream
+
+    state = _scripted_app().state.server
+    closed = []
+
+    class EngineStream:              # an endless engine answer
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            await asyncio.sleep(0)
+            return b"data: {}\n\n"
+
+        async def aclose(self):
+            closed.append(True)
+
+    async def main():
+        gone, sent = asyncio.Event(), []
+
+        async def send(message):
+            sent.append(message)
+            if len(sent) == 3:               # the second chunk: the socket stops draining
+                gone.set()
+                await asyncio.Event().wait()
+
+        async def receive():
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        count = lambda: state.metrics.registry.get_sample_value(P.SERVER_CLIENT_DISCONNECTS)
+        before = count()
+        state.request_started()
+        await _EngineStream(EngineStream(), state, {})(
+            {"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
+        # checked before asyncio.run ends: its shutdown would close a forgotten generator
+        return state.active, closed, count() - before
+
+    assert asyncio.run(main()) == (0, [True], 1)
+
 # ---- the child's own key check (it runs inside the child: here, over a stand-in app) ----
 
 # Paths vLLM 0.32 serves outside the prefixes its own key check covers (/v1, /v2, /inference,
