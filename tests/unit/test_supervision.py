@@ -505,12 +505,12 @@ def test_key_policy_everything_but_health_and_ready():
 
 
 def test_client_leaving_before_the_first_byte_frees_its_slot_and_engine_stream():
-    from reference_server.app import _EngineStream
+    from reference_server.sse import EngineStream
 
     state = _scripted_app().state.server
     closed = []
 
-    class EngineStream:
+    class EngineAnswer:
         def __aiter__(self):
             return self
 
@@ -527,7 +527,7 @@ def test_client_leaving_before_the_first_byte_frees_its_slot_and_engine_stream()
         return {"type": "http.disconnect"}
 
     state.request_started()
-    response = _EngineStream(EngineStream(), state, {})
+    response = EngineStream(EngineAnswer(), state, {})
     with pytest.raises(Exception):
         asyncio.run(response({"type": "http", "asgi": {"spec_version": "2.4"}}, receive, send))
     assert state.active == 0 and closed == [True]
@@ -538,12 +538,12 @@ def test_client_leaving_while_a_chunk_is_being_sent_is_counted_and_its_engine_st
     """The hang-up cancels Starlette inside ``send`` (a slow socket), not inside the engine
     stream: the body generator is left at a ``yield`` and must still be closed at once."""
     from reference_server import prometheus as P
-    from reference_server.app import _EngineStream
+    from reference_server.sse import EngineStream
 
     state = _scripted_app().state.server
     closed = []
 
-    class EngineStream:              # an endless engine answer
+    class EngineAnswer:              # an endless engine answer
         def __aiter__(self):
             return self
 
@@ -570,7 +570,7 @@ def test_client_leaving_while_a_chunk_is_being_sent_is_counted_and_its_engine_st
         count = lambda: state.metrics.registry.get_sample_value(P.SERVER_CLIENT_DISCONNECTS)
         before = count()
         state.request_started()
-        await _EngineStream(EngineStream(), state, {})(
+        await EngineStream(EngineAnswer(), state, {})(
             {"type": "http", "asgi": {"spec_version": "2.3"}}, receive, send)
         # checked before asyncio.run ends: its shutdown would close a forgotten generator
         return state.active, closed, count() - before
