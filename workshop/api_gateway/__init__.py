@@ -1,6 +1,6 @@
 """Notebook 14's production gateway: API keys with per-key rate limits and token quotas,
-a request log without prompt text, and a routing policy (spread or concentrate) in front of
-several OpenAI-compatible replicas.
+a request log without prompt text, and a routing policy (spread, concentrate, round robin,
+or prefix-aware: notebook 16) in front of several OpenAI-compatible replicas.
 
 Not notebook 12's queue gateway (``workshop.shared_queue.gateway``), which puts requests on
 a NATS queue for workers to pull: this one is an HTTP reverse proxy in front of ordinary

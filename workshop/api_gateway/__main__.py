@@ -1,5 +1,5 @@
 """``python -m workshop.api_gateway --upstream URL [--upstream URL ...] --keys FILE
---policy spread|concentrate --log FILE``
+--policy spread|concentrate|round_robin|prefix --log FILE``
 
 The replicas' own keys come by environment, never by flag (a flag shows in ``ps``):
 ``WORKSHOP_UPSTREAM_API_KEYS``, one key for every replica or one per ``--upstream`` in
@@ -28,6 +28,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-per-replica", type=int, default=8,
                    help="concentrate: outstanding requests a replica takes before the next "
                         "one gets any")
+    p.add_argument("--prefix-threshold", type=float, default=0.5,
+                   help="prefix: the share of a prompt's chunks a replica must have seen from "
+                        "the start to get it")
+    p.add_argument("--prefix-balance", type=int, default=4,
+                   help="prefix: the most outstanding requests the best-matching replica may "
+                        "hold beyond the least-loaded's before the request goes to the latter")
     p.add_argument("--log", default=None, help="request log (JSON lines; no prompt text)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8010)
@@ -55,7 +61,8 @@ async def serve(argv: list[str] | None = None) -> int:
     keys = load_keys(args.keys)
     gw = Gateway(list(zip(args.upstream, upstream_keys(len(args.upstream), dict(os.environ)))),
                  keys, policy=args.policy, max_per_replica=args.max_per_replica,
-                 log_path=args.log)
+                 log_path=args.log, prefix_threshold=args.prefix_threshold,
+                 prefix_balance=args.prefix_balance)
     server = uvicorn.Server(uvicorn.Config(create_app(gw), host=args.host, port=args.port,
                                            log_level="warning", access_log=False))
 

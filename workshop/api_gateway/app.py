@@ -26,7 +26,7 @@ from workshop.api_gateway import request_log
 from workshop.api_gateway.bucket import TokenBucket
 from workshop.api_gateway.keys import KeySpec, bearer_secret, digest
 from workshop.api_gateway.quota import QuotaWindow
-from workshop.api_gateway.routing import make_policy
+from workshop.api_gateway.routing import make_policy, prompt_text
 from workshop.api_gateway.usage import UsageFilter, tokens_of, wants_usage, with_usage
 
 MAX_BODY_BYTES = 4 * 2**20
@@ -68,7 +68,8 @@ class KeyState:
 class Gateway:
     def __init__(self, upstreams: Sequence[tuple[str, str | None]], keys: dict[str, KeySpec],
                  policy: str = "spread", max_per_replica: int = 8, log_path: str | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, prefix_threshold: float = 0.5,
+                 prefix_balance: int = 4) -> None:
         if not upstreams:
             raise ValueError("at least one upstream")
         self.replicas = [Replica(url.rstrip("/").removesuffix("/v1"), key, changed=clock())
@@ -77,7 +78,9 @@ class Gateway:
                                  QuotaWindow(s.quota_tokens, s.quota_window_s)
                                  if s.quota_tokens is not None else None)
                      for d, s in keys.items()}
-        self.policy = make_policy(policy, max_per_replica)
+        self.policy = make_policy(policy, max_per_replica, prefix_threshold=prefix_threshold,
+                                  prefix_balance=prefix_balance)
+        self.decisions: dict[str, int] = {}     # prefix policy: why each replica was chosen
         self.max_per_replica = max_per_replica
         self.clock = clock
         self._log = open(log_path, "a", buffering=1) if log_path else None
@@ -110,8 +113,14 @@ class Gateway:
                 headers={"Retry-After": str(math.ceil(wait))}), "rate_limit_exceeded"
         return None
 
-    def route(self) -> int:
-        i = self.policy.choose([r.outstanding for r in self.replicas])
+    def route(self, body: dict | None = None) -> int:
+        """The replica for a request (``body``, its JSON; the prefix policy reads its prompt),
+        counted as outstanding there from now."""
+        prompt = prompt_text(body) if body is not None and self.policy.name == "prefix" else None
+        i = self.policy.choose([r.outstanding for r in self.replicas], prompt)
+        why = getattr(self.policy, "last", {}).get("why")
+        if why:
+            self.decisions[why] = self.decisions.get(why, 0) + 1
         self.replicas[i].move(+1, self.clock())
         return i
 
@@ -136,6 +145,7 @@ class Gateway:
             r.move(0, now)          # bring busy_s and load_s up to now
         return {
             "policy": self.policy.name, "max_per_replica": self.max_per_replica,
+            "decisions": dict(self.decisions),
             "replicas": [{"replica": i, "url": r.url, "outstanding": r.outstanding,
                           "served": r.served, "errors": r.errors, "busy_s": r.busy_s,
                           "load_s": r.load_s} for i, r in enumerate(self.replicas)],
@@ -221,7 +231,7 @@ def create_app(gw: Gateway) -> FastAPI:
             return error_response(400, str(exc)[:200])
         base["model"] = body.get("model") if isinstance(body.get("model"), str) else None
         stream = body.get("stream") is True
-        i = gw.route()
+        i = gw.route(body)
         base["replica"] = i
         r = gw.replicas[i]
         key.requests += 1

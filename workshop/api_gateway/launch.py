@@ -47,10 +47,12 @@ class RunningGateway:
 
 def start(upstreams: Sequence[tuple[str, str | None]], keys: Sequence[dict], *,
           policy: str = "spread", max_per_replica: int = 8, log_path: str | Path | None = None,
-          admin_key: str | None = None, timeout: float = 60.0) -> RunningGateway:
+          admin_key: str | None = None, timeout: float = 60.0, prefix_threshold: float = 0.5,
+          prefix_balance: int = 4) -> RunningGateway:
     """``python -m workshop.api_gateway`` on a free port in front of ``upstreams`` ((root
     URL, key) pairs). ``keys`` as in the keys file; ``admin_key`` must be one of them with
-    ``admin: true`` (to read ``/gateway/stats``)."""
+    ``admin: true`` (to read ``/gateway/stats``). ``prefix_threshold`` and ``prefix_balance``:
+    the ``prefix`` policy's (``routing.Prefix``)."""
     if admin_key is None:
         admin_key = next((k["key"] for k in keys if k.get("admin")), None)
     fd, keys_file = tempfile.mkstemp(prefix="gateway-keys-", suffix=".json")
@@ -62,7 +64,8 @@ def start(upstreams: Sequence[tuple[str, str | None]], keys: Sequence[dict], *,
     port = server_launch.free_port()
     cmd = [sys.executable, "-m", "workshop.api_gateway", "--keys", keys_file, "--policy",
            policy, "--max-per-replica", str(max_per_replica), "--log", str(log_path),
-           "--port", str(port)]
+           "--port", str(port), "--prefix-threshold", str(prefix_threshold),
+           "--prefix-balance", str(prefix_balance)]
     for url, _ in upstreams:
         cmd += ["--upstream", url]
     env = {**os.environ, UPSTREAM_KEYS_ENV: ",".join(k or "" for _, k in upstreams)}
