@@ -87,9 +87,10 @@ def _():
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    Two engines side by side: the session's server, and the course's teaching engine (started
-    here unless the session already is one). Both sit behind the same reference server, so
-    every request below is the same OpenAI request on both.
+    The engines side by side: the session's server; SGLang, where a server is named
+    (`WORKSHOP_SGLANG_BASE_URL`) or, outside quick mode, where it is installed; and the course's
+    teaching engine (started here unless the session already is one). All sit behind the same
+    reference server, so every request below is the same OpenAI request on each.
     """)
     return
 
@@ -104,6 +105,8 @@ def _(session, workshop):
     from workshop.session import sweep
 
     engines = {session.engine_name: session}
+    if session.engine != "sglang" and (_sglang := workshop.session.beside("sglang")) is not None:
+        engines[_sglang.engine_name] = _sglang
     if session.engine != "mini":
         engines["teaching engine"] = workshop.session.start("mini")
     ui.table([{"engine": name, "server": s.base_url, "model": s.model} for name, s in engines.items()])
@@ -304,8 +307,8 @@ def _(engines, story, ui):
 
     seeds = [{"engine": _n, "seed 7": seeded(_s, 7), "seed 7 again": seeded(_s, 7),
               "seed 8": seeded(_s, 8)} for _n, _s in engines.items()]
-    ui.table([{**row, "same with the same seed": row["seed 7"] == row["seed 7 again"]}
-              for row in seeds])
+    ui.table([{**row, "same with the same seed": "refused" if row["seed 7"].startswith("refused")
+               else row["seed 7"] == row["seed 7 again"]} for row in seeds])
     return
 
 

@@ -269,6 +269,26 @@ def start(engine: str = "mini", server_args: Sequence[str] = (), model: str | No
     return session
 
 
+def beside(engine: str) -> Session | None:
+    """A second engine's server for a side-by-side comparison: the one its variable names
+    (``WORKSHOP_SGLANG_BASE_URL`` for SGLang), else, outside quick mode, one found or started
+    here where the engine is installed (a start takes a minute or two); None where neither."""
+    if (os.environ.get(env_names(engine)[0]) or "").strip():
+        return connect(engine)
+    if quick() or not installed(engine):
+        return None
+    return connect(engine)
+
+
+def installed(engine: str) -> bool:
+    """Whether this machine can start ``engine``'s server: SGLang lives in an environment of
+    its own (``scripts/setup.sh --with-sglang``); the others come with the course."""
+    if engine != "sglang":
+        return True
+    from reference_server.engines.sglang import not_installed
+    return not_installed() is None
+
+
 def start_many(engine: str, server_args: dict[str, Sequence[str]]) -> dict[str, Session]:
     """``start`` for each ``name: server_args``, side by side (a start is mostly loading
     Python and the model, one core each), quietly; the servers by name."""

@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import FULL_MATRIX
+from conftest import FULL_MATRIX, unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
@@ -50,7 +50,7 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(TIMEOUT_S + 120)]
 # Executed in marimo by default: the quick ones (seconds to a minute each in quick mode on a
 # 2-core CPU), which between them use every kind of UI element and progress bar. Notebook 0
 # runs in marimo against SGLang (SGLANG_MARIMO_NAMES), so not a second time against vLLM.
-# (Notebook 15, a minute in marimo, runs there in the full matrix only.)
+# (Notebooks 15 and 16, a minute each in marimo, run there in the full matrix only.)
 MARIMO_NAMES = ["02_kv_cache_capacity", "06_flash_attention", "11_decision_chart",
                 "12_shared_queue", "13_cold_starts"]
 if FULL_MATRIX:
@@ -62,6 +62,11 @@ if FULL_MATRIX:
 SGLANG_NAMES = ["00_setup_first_request"] + (["01_pain_points"] if FULL_MATRIX else [])
 # One marimo run shows the first cell takes WORKSHOP_ENGINE in that format too.
 SGLANG_MARIMO_NAMES = ["00_setup_first_request"]
+# Notebooks that set SGLang beside the session's vLLM (``workshop.session.beside``) when
+# WORKSHOP_SGLANG_BASE_URL names it: their Jupyter run, with SGLang, is in the SGLang section
+# (where SGLang is installed, so always on CI) instead of among the plain runs.
+SGLANG_BESIDE_NAMES = ["15_sampling_structured_output"]
+PLAIN_NAMES = [n for n in NAMES if unavailable("sglang") or n not in SGLANG_BESIDE_NAMES]
 
 
 def notebook_env(server, hf_server) -> dict[str, str]:
@@ -169,6 +174,19 @@ def test_jupyter_notebook_runs_on_sglang(name, sglang_server, hf_server, monkeyp
     assert requests_served(sglang_server) - before >= 10
 
 
+@pytest.mark.parametrize("name", SGLANG_BESIDE_NAMES)
+def test_jupyter_notebook_runs_with_sglang_beside(name, vllm_server, sglang_server, hf_server,
+                                                  monkeypatch):
+    from workshop.session import env_names
+
+    env = notebook_env(vllm_server, hf_server)
+    url_var, key_var = env_names("sglang")
+    env.update({url_var: sglang_server.base_url, key_var: sglang_server.api_key or ""})
+    before = requests_served(sglang_server)
+    run_jupyter(name, env, monkeypatch, tag=".beside-sglang")
+    assert requests_served(sglang_server) - before >= 10     # SGLang took part
+
+
 @pytest.mark.parametrize("name", SGLANG_MARIMO_NAMES)
 def test_marimo_notebook_runs_on_sglang(name, sglang_server, hf_server):
     before = requests_served(sglang_server)
@@ -187,7 +205,7 @@ MUST_SHOW = {
 }
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", PLAIN_NAMES)
 def test_jupyter_notebook_runs(name, vllm_server, hf_server, monkeypatch):
     run_jupyter(name, notebook_env(vllm_server, hf_server), monkeypatch)
     if name in MUST_SHOW:

@@ -57,6 +57,23 @@ def test_engine_display_names():
     assert s.engine_name == "SGLang"
 
 
+def test_a_second_engine_beside_the_session_only_where_named_or_worth_starting(monkeypatch):
+    """In quick mode (CI) an engine joins only where its variable names a server: starting
+    one would cost minutes; outside quick mode it joins where it is installed."""
+    started = []
+    monkeypatch.setattr(session, "connect", lambda engine: started.append(engine) or engine)
+    monkeypatch.delenv("WORKSHOP_SGLANG_BASE_URL", raising=False)
+    monkeypatch.setenv("WORKSHOP_QUICK", "1")
+    assert session.beside("sglang") is None and started == []
+    monkeypatch.setenv("WORKSHOP_SGLANG_BASE_URL", "http://127.0.0.1:9")
+    assert session.beside("sglang") == "sglang"
+    monkeypatch.delenv("WORKSHOP_SGLANG_BASE_URL")
+    monkeypatch.delenv("WORKSHOP_QUICK")
+    monkeypatch.setattr(session, "installed", lambda engine: False)
+    assert session.beside("sglang") is None
+    monkeypatch.setattr(session, "installed", lambda engine: True)
+    assert session.beside("sglang") == "sglang"
+
 def test_connect_without_server_and_without_start_fails_clearly(monkeypatch):
     monkeypatch.delenv("WORKSHOP_BASE_URL", raising=False)
     monkeypatch.delenv("WORKSHOP_ENGINE", raising=False)
