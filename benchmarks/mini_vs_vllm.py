@@ -314,7 +314,7 @@ def paged_flex_table(threads: int | None = None, dtype: str = "bfloat16") -> str
     against FlexAttention (``torch.compile``) reading the pool's blocks in place through a
     block mask made from the block tables, which is what vLLM's paged-attention kernel does,
     in PyTorch (``torch.nn.attention.experimental._paged_attention`` builds the same). Not
-    an engine switch (docs/mini_engine.md, "What is left"); the compile time of each shape
+    an engine switch (docs/runs/mini_engine_speed.md, "What is left"); the compile time of each shape
     and the largest difference from the engine's result are printed beside it."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask, flex_attention

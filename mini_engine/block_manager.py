@@ -38,7 +38,7 @@ class BlockAllocator:
     of memory. ``fifo``: the one freed longest ago (a queue; vLLM's free-block order, where
     its attention kernel reads blocks in place). After some traffic a queue hands out
     blocks from all over the pool, and a gather of 2 KB pieces scattered over a gigabyte
-    is several times slower than one over consecutive blocks (docs/mini_engine.md). The
+    is several times slower than one over consecutive blocks (docs/runs/mini_engine_speed.md). The
     default stays ``fifo``: served, the agentic workload did not measurably gain from
     ``lowest``, since decodes still interleave their new blocks.
     """

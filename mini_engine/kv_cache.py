@@ -11,7 +11,7 @@ reads a context: a block is one contiguous piece of memory per head, so a block 
 blocks come back as rows of one 2-D table, copied ``block_size`` times fewer and larger, and
 already in the order attention wants (no reshaping copy after it). On CPU the gain is mostly
 that PyTorch spreads such a first-axis gather over its threads, where the gather along the
-slot axis runs on one (docs/mini_engine.md has the figures).
+slot axis runs on one (docs/runs/mini_engine_speed.md has the figures).
 ``bytes_per_token`` is measured from the tensors actually allocated (pool bytes / slots),
 and the pool is sized by allocating the same layout for one slot on the ``meta`` device:
 no formula for "KV bytes per token" is written here, the layout is the only definition.

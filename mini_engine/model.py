@@ -149,7 +149,7 @@ EAGER_MIN_KEYS = 4096
 # PyTorch's FlashAttentionKernel.cpp), and the written-out form wins only over more keys: per
 # call on a 2-core Xeon with AMX it lost at 32 x 150 (0.81x) and 8 x 600 (0.83x), tied at
 # 16 x 600 and 8 x 1,400 (1.00x, 1.01x) and won at 32 x 600 (1.10x) and 16 x 1,400 (1.14x).
-# See docs/mini_engine.md for both.
+# See docs/runs/mini_engine_speed.md for both.
 EAGER_MIN_KEYS_AMX = 16384
 
 
@@ -184,7 +184,7 @@ def use_eager(mode: str, dtype: torch.dtype, num_seqs: int, context: int,
 # 8 x 1,200 (1.41-1.56x); with both gathers reading whole blocks, 0.94x at 8 x 608 + 200
 # own keys, 1.13x at 8 x 608 + 800, 1.39x at 8 x 1,200. In float32 with SDPA on a 2-core
 # AVX2 CPU, 30 layers: 1.0x at 4 x 640 shared + 736 own, 1.46x at 8, 1.7x at 16.
-# See docs/mini_engine.md.
+# See docs/runs/mini_engine_speed.md.
 CASCADE_MIN_SAVED_KEYS = 4096
 
 

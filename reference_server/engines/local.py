@@ -80,7 +80,7 @@ def torch_thread(name: str) -> ThreadPoolExecutor:
     workers spin between parallel regions, so they sleep and must be woken again at each
     of a step's hundreds of regions. Loading in one thread (``asyncio.to_thread``) and
     stepping in another was enough: served decode steps then kept the two cores of a 2-core
-    machine busy 1.2-1.6 of 2 instead of 2 (docs/mini_engine.md, "One thread for all of
+    machine busy 1.2-1.6 of 2 instead of 2 (docs/runs/mini_engine_speed.md, "One thread for all of
     PyTorch's work")."""
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
 

@@ -68,7 +68,7 @@ def solo_threads(cfg) -> int:
     then waits for that thread at its next barrier. For a lone decode through
     ``F.linear``'s kernel, that wait costs as much as the extra core gives: on CI's 2-core
     machine 62.5 ms a step on both threads against 60.0 on one (run 28 in
-    docs/mini_engine.md). vLLM-CPU keeps one core out of its OpenMP threads for its API
+    docs/runs/mini_engine_speed.md). vLLM-CPU keeps one core out of its OpenMP threads for its API
     server and scheduler at all times (``reserve_cpu_num`` in
     ``vllm/utils/ompmultiprocessing.py``).
 
