@@ -30,10 +30,11 @@ Definitions used by the rows (all times in seconds unless the key says ms):
 * **goodput**: requests per second (over the run's wall time) that met both objectives:
   TTFT <= ``ttft_ms`` and every gap <= ``itl_ms``;
 * **stall per long prompt**: decode time the running streams lost to the long prompts, per
-  long prompt: for each stream, (sum of its gaps) - (number of gaps x its *baseline* gap),
-  the baseline being the median of its gaps completed before the first long prompt arrived;
-  averaged over the streams, divided by the number of long prompts. In the disaggregated
-  set-up it is what taking in the KV (and any disturbance) cost the decode process;
+  long prompt: for each stream, the sum over its gaps of how much each exceeds the stream's
+  median gap (its steady pace: most of its gaps are plain decode steps), averaged over the
+  streams and divided by the number of long prompts. In the disaggregated set-up it is what
+  taking in the KV, and sharing the machine with the prefill process, cost the decode
+  process. Noise (other work on the machine) adds to it in every set-up alike;
 * **break-even link speed**: the hand-off avoids ``stall(colocated) - stall(disaggregated)``
   seconds of the streams' time per long prompt. If the decode process must wait for the KV
   bytes to arrive (no overlap of transfer and decoding), the hand-off pays while
@@ -70,8 +71,8 @@ class Request:
     request_id: str
     prompt: list[int]
     max_tokens: int
-    arrival_s: float          # after the run's start
-    kind: str                 # "stream" | "long"
+    arrival_s: float          # streams: after the run's start; long prompts: after every
+    kind: str                 # stream has its first token ("stream" | "long")
 
 
 def make_workload(vocab_size: int, streams: int = 2, stream_prompt: int = 32,
@@ -79,9 +80,11 @@ def make_workload(vocab_size: int, streams: int = 2, stream_prompt: int = 32,
                   long_tokens: int = 4, first_arrival_s: float = 1.0, spacing_s: float = 1.5,
                   seed: int = 0) -> list[Request]:
     """``streams`` short prompts at time 0, each decoding ``stream_tokens`` tokens, and
-    ``long_prompts`` prompts of ``long_len`` tokens arriving at ``first_arrival_s``,
-    ``first_arrival_s + spacing_s``, ..., each asking for ``long_tokens`` tokens. Token ids
-    are random (seeded); greedy decoding, no stop token."""
+    ``long_prompts`` prompts of ``long_len`` tokens arriving ``first_arrival_s``,
+    ``first_arrival_s + spacing_s``, ... seconds after every stream has its first token (so
+    the streams are running when they come, whatever the set-up's start-up pace), each
+    asking for ``long_tokens`` tokens. Token ids are random (seeded); greedy decoding, no
+    stop token."""
     import torch
     gen = torch.Generator().manual_seed(seed)
 
@@ -295,11 +298,19 @@ class Cluster:
         roles = list(self.controls)
         by_conn = {self.controls[r]: r for r in roles}
         by_sentinel = {self.processes[r].sentinel: r for r in roles}
+        streams = {r.request_id for r in requests if r.kind == "stream"}
         t0 = time.perf_counter()
         last_heard = t0
+        running_at = t0 if not streams else None     # when every stream has a token
+
+        def due(r: Request) -> float:                # seconds after t0; inf: not yet known
+            if r.kind == "stream":
+                return r.arrival_s
+            return running_at - t0 + r.arrival_s if running_at is not None else float("inf")
         while unfinished:
             now = time.perf_counter()
-            while todo and todo[0].arrival_s <= now - t0:
+            todo.sort(key=due)
+            while todo and due(todo[0]) <= now - t0:
                 req = todo.pop(0)
                 try:
                     self.controls[entry].send(("request", req))
@@ -311,7 +322,7 @@ class Cluster:
                                    f"({len(unfinished)} request(s) unfinished after "
                                    f"{now - t0:.0f} s)")
             limit = min(stall_s - (now - last_heard),
-                        (todo[0].arrival_s - (now - t0)) if todo else stall_s)
+                        (due(todo[0]) - (now - t0)) if todo else stall_s)
             for ready in wait(list(by_conn) + list(by_sentinel), timeout=max(0.0, limit)):
                 if ready in by_sentinel:
                     self._died(by_sentinel[ready], unfinished)
@@ -330,6 +341,8 @@ class Cluster:
                         unfinished.discard(rid)
                     if on_tokens is not None:
                         on_tokens(self, rid, toks)
+                if running_at is None and all(s in out.times for s in streams):
+                    running_at = t0 + max(out.times[s][0] for s in streams)
         out.wall_s = max(t[-1] for t in out.times.values())
         deadline = time.monotonic() + 30
         for role in roles:
@@ -383,15 +396,12 @@ def stream_gaps(run: Run) -> dict[str, list[tuple[float, float]]]:
 
 def stall_per_long_prompt(run: Run) -> float:
     """Seconds of the streams' decoding lost per long prompt (module docstring)."""
-    first = min((r.arrival_s for r in run.requests if r.kind == "long"), default=float("inf"))
     longs = sum(r.kind == "long" for r in run.requests)
     lost = []
     for gaps in stream_gaps(run).values():
-        if not gaps:
-            continue
-        before = [g for t, g in gaps if t <= first]
-        base = percentile(before or [g for _, g in gaps], 50)
-        lost.append(sum(g for _, g in gaps) - len(gaps) * base)
+        if gaps:
+            pace = percentile([g for _, g in gaps], 50)
+            lost.append(sum(max(0.0, g - pace) for _, g in gaps))
     return sum(lost) / len(lost) / max(longs, 1) if lost else float("nan")
 
 
