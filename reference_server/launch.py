@@ -37,6 +37,17 @@ _ROOT = str(Path(__file__).resolve().parent.parent)
 PARENT_PID_ENV = "WORKSHOP_PARENT_PID"
 
 
+def die_with_parent() -> None:
+    """``preexec_fn`` for a child that must not outlive the process that started it: on Linux
+    the kernel sends it SIGTERM when that process dies, even one killed outright with no
+    chance to clean up, so no orphan keeps a port or a model's memory. Elsewhere: nothing."""
+    try:
+        import ctypes
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)     # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -207,4 +218,4 @@ def launch(args: Sequence[str] = (), *, port: int | None = None,
 
 
 __all__ = ["free_port", "wait_ready", "stop", "log_tail", "Launched", "start", "launch",
-           "PARENT_PID_ENV", "watch_launcher"]
+           "PARENT_PID_ENV", "watch_launcher", "die_with_parent"]

@@ -36,7 +36,7 @@ import aiohttp
 from reference_server.config import ServerConfig, redact_args
 from reference_server.engines.base import (Engine, EngineDied, EngineError, EngineHung,
                                            EngineRestarting)
-from reference_server.launch import free_port
+from reference_server.launch import die_with_parent, free_port
 from reference_server.models import ModelSpec
 from reference_server.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
@@ -50,16 +50,6 @@ log = logging.getLogger("reference_server")
 # What ``ProxyEngine.state`` says of the child.
 STARTING, SERVING, RESTARTING, GAVE_UP, STOPPED = (
     "starting", "serving", "restarting", "gave up", "stopped")
-
-
-def _die_with_parent() -> None:
-    # Linux: if this server is killed outright, the kernel sends the engine SIGTERM too,
-    # so no orphaned engine keeps holding the model's memory.
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 _WHERE = ("the child listens on 127.0.0.1, on a port the server picks, and is reached only "
@@ -205,7 +195,7 @@ class ProxyEngine(Engine):
         cmd = self.command()
         log.info("starting %s engine: %s", self.name, " ".join(redact_args(cmd)))
         return subprocess.Popen(cmd, env=self.env(), start_new_session=True,
-                                preexec_fn=_die_with_parent)
+                                preexec_fn=die_with_parent)
 
     async def start(self) -> None:
         """Start the child and return once it serves; also how a restart starts a new one."""

@@ -9,8 +9,9 @@ teaching engine in the workers.
 * ``worker``: a process that pulls what it can serve, batches, replies, then acknowledges;
 * ``packing``: pinned models plus lazy loading and LRU eviction under a memory budget;
 * ``catalog``: the models (named copies of the bundled one) and their sizes;
-* ``cluster``: NATS + gateway + workers started and stopped together;
-* ``children``: those processes die with the notebook's, even when it cannot clean up;
+* ``cluster``: NATS + gateway + workers started and stopped together
+  (each process dies with the notebook's, even when it cannot clean up:
+  ``reference_server.launch.die_with_parent``);
 * ``experiments``: workloads, load sweeps, the knee, the Zipf run, a worker killed;
 * ``figures``: the notebook's plots, from those results.
 """

