@@ -23,12 +23,11 @@ figures; the notebook writes the prose. A module serves the notebooks listed for
 | 13 | cold starts | `cold_start` |
 | 14 | the production gateway | `api_gateway/`, `bench/` |
 | 15 | sampling, structured output, tool calls | `sampling`, `probe` |
+| 16 | routing that knows the cache, tenant isolation | `cache_aware_routing`, `api_gateway/`, `tenant_isolation`, `bench/` |
 | 17 | disaggregated prefill and decode | `disaggregation`, `cold_start` |
 
 Shared underneath: ``metrics`` (a server's ``/metrics`` sampled while requests run),
 ``prompt_latency`` (time to first token against prompt length),
-``tenant_isolation`` (whether one tenant's TTFT shows another's prompts, with and without
-a cache salt per tenant; in no notebook yet),
 ``timing`` (best-of and interleaved timing), ``data/`` (model configs, GPU prices, engines'
 cited features), and ``cli`` / ``__main__`` (the ``workshop`` command). The benchmark harness
 is ``bench/`` (``python -m workshop.bench``), used by the notebooks and by ``benchmarks/``.
