@@ -147,12 +147,11 @@ def _(Tokenizer, batching, mem_max_len, mem_requests, session, ui):
     tok = Tokenizer.load(session.model, _path if pathlib.Path(_path).is_dir() else None)
     sharegpt = batching.sharegpt_lengths(tok, int(mem_requests.value), max_len=int(mem_max_len.value))
     sharegpt_totals = [p + o for p, o in sharegpt]
-    _sorted = sorted(sharegpt_totals)
+    _len = batching.length_summary(sharegpt_totals)
     ui.md(f"{len(sharegpt):,} ShareGPT requests (tokenizer: `{pathlib.Path(tok.name).name}`"
           + ("" if tok.hf is not None else ", a whitespace stand-in: counts are approximate")
-          + f"): prompt + answer is **{statistics.mean(sharegpt_totals):,.0f} tokens on average**, "
-          f"median {statistics.median(sharegpt_totals):,.0f}, 90th percentile "
-          f"{_sorted[int(0.9 * (len(_sorted) - 1))]:,}, longest {_sorted[-1]:,}.")
+          + f"): prompt + answer is **{_len['mean']:,.0f} tokens on average**, median {_len['median']:,.0f}, "
+          f"90th percentile {_len['p90']:,}, longest {_len['longest']:,}.")
     return sharegpt, sharegpt_totals, statistics
 
 
@@ -200,21 +199,18 @@ def _(
     ui,
 ):
     # Worked answer to Exercise 1, collapsed until opened
-    _paged_each = statistics.mean(batching.reserved_slots(_t, "paged", mem_B, mem_L)
-                                  for _t in sharegpt_totals)
-    _contig_each = batching.reserved_slots(0, "contiguous", mem_B, mem_L)
-    _contig_fit = batching.fit_count(sharegpt_totals, mem_C, "contiguous", mem_B, mem_L)
+    _paged_each = statistics.mean(batching.reserved_slots(_t, "paged", mem_B, mem_L) for _t in sharegpt_totals)
     _first_each = statistics.mean([batching.reserved_slots(_t, "paged", mem_B, mem_L)
                                    for _t in sharegpt_totals[:paged_fit]] or [0])
+    _contig_each = batching.reserved_slots(0, "contiguous", mem_B, mem_L)
+    _contig_fit = batching.fit_count(sharegpt_totals, mem_C, "contiguous", mem_B, mem_L)
     ui.worked_answer(
         f"Paging holds ⌈t / {mem_B}⌉ × {mem_B} slots per request: **{_paged_each:,.0f} on average** "
-        f"(the mean length plus the unused tail of the last block). {mem_C:,} slots hold about "
-        f"{mem_C:,} / {_paged_each:,.0f} = **{mem_C / _paged_each:.1f}** average requests. Walking "
-        f"the list in order gives **{paged_fit}**: those first {paged_fit} hold "
-        f"{_first_each:,.0f} slots on average, and the next one did not fit in what they left. "
-        f"Max-length reservations take {_contig_each:,} slots whatever $t$: ⌊{mem_C:,} / "
-        f"{_contig_each:,}⌋ = {_contig_fit} requests, {paged_fit / max(_contig_fit, 1):.1f}x fewer."
-    )
+        f"(the mean length plus the unused tail of the last block), so {mem_C:,} slots hold about "
+        f"**{mem_C / _paged_each:.1f}** average requests. In order, **{paged_fit}** fit: those hold "
+        f"{_first_each:,.0f} slots on average, and the next did not fit in what they left. Max-length "
+        f"reservations take {_contig_each:,} slots whatever $t$: ⌊{mem_C:,} / {_contig_each:,}⌋ = "
+        f"{_contig_fit} requests, {paged_fit / max(_contig_fit, 1):.1f}x fewer.")
     return
 
 
@@ -241,10 +237,10 @@ def _(batching, mem_B, mem_C, mem_L, sharegpt_totals, ui):
 def _(mo):
     mo.md(r"""
     In an engine requests come and go: each step every running request adds a token, finished
-    ones free their memory, waiting ones are admitted first come, first served.
-    `batching.simulate` replays the requests so for each layout; when a paged pool has no free
-    block, the latest request is **preempted** (freed, recomputed later), as in vLLM. The bars:
-    the pool's average state over the steps when some request waited.
+    ones free their memory, waiting ones are admitted first come, first served
+    (`batching.simulate`, per layout). A paged pool with no free block **preempts** the latest
+    request (freed, recomputed later), as vLLM does. The bars: the pool's mean state while some
+    request waited.
     """)
     return
 
@@ -260,19 +256,10 @@ def _(batching, mem_B, mem_C, mem_L, sharegpt):
 
 
 @app.cell
-def _(sim_results, ui):
-    sim_rows = [{"layout": _r.layout, "steps to serve all": len(_r.steps),
-                 "mean running": _r.mean_running, "peak running": _r.peak_running,
-                 **{f"{_k} (%)": _v for _k, _v in _r.pool_shares().items()},
-                 "preemptions": _r.preemptions} for _r in sim_results]
-    ui.table(sim_rows)
-    return
-
-
-@app.cell
-def _(sharegpt, sim_results, ui):
+def _(batching, sharegpt, sim_results, ui):
     _c, _e, _p = sim_results
-    ui.md(f"**Paging ran {_p.mean_running / max(_c.mean_running, 1e-9):.1f}x as many requests at "
+    ui.md(ui.markdown_table(batching.sim_rows(sim_results)) + "\n\n"
+          f"**Paging ran {_p.mean_running / max(_c.mean_running, 1e-9):.1f}x as many requests at "
           f"once as max-length reservations and served all {len(sharegpt)} in {len(_p.steps):,} "
           f"steps instead of {len(_c.steps):,}**, for {_p.preemptions} preemptions: the price of "
           f"admitting a request before its answer's length is known.")
@@ -291,21 +278,21 @@ def _(mo):
     The teaching engine (`mini_engine`, `--engine mini`) implements both layouts on one data
     path. Three small servers get **the same KV pool** (`--num-blocks`) and context limit and
     differ from the default (paged, continuous batching) in one knob each: `paged` (none),
-    `contiguous` (`--kv-layout contiguous`), `static` (`--scheduler static`, section 4). A tiny
-    pool keeps the runs short and shows the limits with a handful of requests. A burst then goes
-    to the paged and the contiguous server (fixed prompt and answer lengths, `ignore_eos`) while
-    a thread samples `/metrics`: `vllm:num_requests_running`, `..._waiting`,
-    `vllm:kv_cache_usage_perc` (the reference server exports vLLM's names for every engine).
+    `contiguous` (`--kv-layout contiguous`), `static` (`--scheduler static`, section 4); a tiny
+    pool shows the limits with a handful of requests. A burst (fixed lengths, `ignore_eos`) goes
+    to the paged and the contiguous server while a thread samples `/metrics`:
+    `vllm:num_requests_running`, `..._waiting`, `vllm:kv_cache_usage_perc` (vLLM's names, which
+    the reference server exports for every engine).
     """)
     return
 
 
 @app.cell
-def _(ui, workshop):
+def _(batching, ui, workshop):
     srv_blocks = workshop.session.sweep(64, 32)
     srv_max_len = workshop.session.sweep(512, 256)
-    # One torch thread per engine: several engines share this machine's cores, and torch threads
-    # that compete for cores can slow every step down manyfold.
+    # One torch thread per engine: torch threads of several engines competing for this machine's
+    # cores can slow every step down manyfold.
     _common = ["--max-model-len", str(srv_max_len), "--", "--num-blocks", str(srv_blocks),
                "--threads", "1"]
     _knobs = {"paged": [], "contiguous": ["--kv-layout", "contiguous"],
@@ -313,13 +300,8 @@ def _(ui, workshop):
     servers = workshop.session.start_many("mini", {_k: _common + _v for _k, _v in _knobs.items()})
     burst_n, burst_prompt, burst_out = workshop.session.sweep(12, 4), 40, workshop.session.sweep(16, 8)
     ui.md(f"The burst: **{burst_n} requests at once**, prompts of about {burst_prompt} tokens, "
-          f"answers of {burst_out}. The servers:\n\n" + ui.markdown_table([
-              {"server": _name, **{_k: _s.info[_k] for _k in ("kv_capacity_tokens", "block_size",
-                                                              "max_model_len")},
-               **{_k: _s.info["extra"][_k] for _k in ("kv_layout", "scheduler", "chunked_prefill",
-                                                      "max_num_seqs", "max_num_batched_tokens")}}
-              for _name, _s in servers.items()]))
-    return burst_n, burst_out, burst_prompt, servers, srv_max_len
+          f"answers of {burst_out}. The servers:\n\n" + ui.markdown_table(batching.server_rows(servers)))
+    return burst_n, burst_out, burst_prompt, servers
 
 
 @app.cell(hide_code=True)
@@ -365,8 +347,7 @@ def _(batching, burst_n, burst_rows, servers, ui):
     # Worked answer to Exercise 2, collapsed until opened
     _pg, _ct = burst_rows
     _info = servers["contiguous"].info
-    _B, _L = int(_info["block_size"]), int(_info["max_model_len"])
-    _cap = int(_info["kv_capacity_tokens"])
+    _B, _L, _cap = int(_info["block_size"]), int(_info["max_model_len"]), int(_info["kv_capacity_tokens"])
     _each = batching.reserved_slots(_ct["tokens stored per request"], "contiguous", _B, _L)
     ui.worked_answer(
         f"A contiguous request reserves `max_model_len` = {_L} slots at admission, in whole blocks "
@@ -375,16 +356,8 @@ def _(batching, burst_n, burst_rows, servers, ui):
         f"the {burst_n} run at once. Measured: **{_ct['peak running']}** at the peak of the gauge"
         + (", as the arithmetic says." if _ct["peak running"] == _ct["predicted running"] else
            ": read every 50 ms, it missed the moment when most ran.")
-        + f" Paged, a request holds "
-        f"{batching.reserved_slots(_pg['tokens stored per request'], 'paged', _B, _L)} slots: "
-        f"{_pg['predicted running']} fit (measured peak: {_pg['peak running']})."
-    )
-    return
-
-
-@app.cell
-def _(burst_rows, ui):
-    ui.table(burst_rows)
+        + f" Paged, a request holds {batching.reserved_slots(_pg['tokens stored per request'], 'paged', _B, _L)} "
+        f"slots: {_pg['predicted running']} fit (measured peak: {_pg['peak running']}).")
     return
 
 
@@ -396,11 +369,11 @@ def _(burst_n, burst_rows, sanity, ui):
         f"the burst to the {_r['server']} server", _r["completed"], burst_n) + sanity.within(
         f"requests running at once on the {_r['server']} server", _r["peak running"],
         _r["predicted running"], "requests", "more running than the pool holds", ("count",), 0)]
-    ui.md(sanity.report(burst_violations) + "\n\n" + sanity.WITHHELD if burst_violations else
-          f"**Same pool, same requests: the last first token came after "
-          f"{_ct['latest first token (s)']:.1f} s on the contiguous server, "
-          f"{_pg['latest first token (s)']:.1f} s on the paged one** (up to {_ct['peak waiting']} "
-          f"requests waiting on the contiguous server, {_pg['peak waiting']} on the paged one).")
+    ui.md(ui.markdown_table(burst_rows) + "\n\n" + (
+        sanity.report(burst_violations) + "\n\n" + sanity.WITHHELD if burst_violations else
+        f"**Same pool, same requests: the last first token came after {_ct['latest first token (s)']:.1f} s "
+        f"on the contiguous server, {_pg['latest first token (s)']:.1f} s on the paged one** (up to "
+        f"{_ct['peak waiting']} requests waiting on the contiguous server, {_pg['peak waiting']} on the paged one)."))
     return
 
 
@@ -411,41 +384,37 @@ def _(mo):
 
     A paged engine admits a request when its *prompt* fits. If the answers then outgrow the
     pool, the teaching engine, like vLLM, **preempts** the latest request: frees its blocks and
-    queues it again, to be recomputed (prompt + what it had generated). The paged server gets a
-    burst whose answers do not fit together; the table compares the engine's
+    queues it again, to be recomputed (prompt + what it had generated). A burst whose answers do
+    not fit together goes to the paged server; the table compares the engine's
     `vllm:num_preemptions_total` with section 1's simulation of the same requests and pool.
     """)
     return
 
 
 @app.cell
-def _(batching, kv_usage, maker, sanity, servers, srv_max_len, ui, workshop):
+def _(batching, kv_usage, maker, sanity, servers, ui, workshop):
     pressure_n, pressure_prompt = workshop.session.sweep(8, 4), 112
     pressure_out = workshop.session.sweep(120, 24)
     _before = servers["paged"].metrics().get(batching.PREEMPTIONS, 0.0)
-    pressure_run = kv_usage.measure_kv(servers["paged"],
-                                       [maker.make(pressure_prompt) for _ in range(pressure_n)],
+    pressure_run = kv_usage.measure_kv(servers["paged"], [maker.make(pressure_prompt) for _ in range(pressure_n)],
                                        pressure_out)
     pressure_preemptions = servers["paged"].metrics().get(batching.PREEMPTIONS, 0.0) - _before
     _p_info = servers["paged"].info
     _p_tokens = pressure_run.requests[0].prompt_tokens or pressure_prompt
-    pressure_sim = batching.simulate([(_p_tokens, pressure_out)] * pressure_n,
-                                     int(_p_info["kv_capacity_tokens"]), "paged",
-                                     int(_p_info["block_size"]), int(_p_info["max_model_len"]))
-    _need = pressure_n * batching.reserved_slots(_p_tokens + pressure_out - 1, "paged",
-                                                 int(_p_info["block_size"]), srv_max_len)
+    _cap, _B, _L = (int(_p_info[_k]) for _k in ("kv_capacity_tokens", "block_size", "max_model_len"))
+    pressure_sim = batching.simulate([(_p_tokens, pressure_out)] * pressure_n, _cap, "paged", _B, _L)
+    _need = pressure_n * batching.reserved_slots(_p_tokens + pressure_out - 1, "paged", _B, _L)
     _completed = sum(_r.error is None for _r in pressure_run.requests)
     pressure_violations = sanity.completed_some("the preemption burst", _completed, pressure_n)
     ui.md(ui.markdown_table([
-        {"": "simulation", "preemptions": pressure_sim.preemptions,
-         "peak running": pressure_sim.peak_running, "completed": pressure_n},
-        {"": "paged server", "preemptions": int(pressure_preemptions),
-         "peak running": pressure_run.peak_running, "completed": _completed}]) + "\n\n"
+        {"": "simulation", "preemptions": pressure_sim.preemptions, "peak running": pressure_sim.peak_running,
+         "completed": pressure_n},
+        {"": "paged server", "preemptions": int(pressure_preemptions), "peak running": pressure_run.peak_running,
+         "completed": _completed}]) + "\n\n"
         + (sanity.report(pressure_violations) + "\n\n" + sanity.WITHHELD if pressure_violations else
-           f"{pressure_n} requests of {_p_tokens} + {pressure_out} tokens need **{_need:,} slots**; "
-           f"the pool has {_p_info['kv_capacity_tokens']:,}. **The engine preempted "
-           f"{pressure_preemptions:.0f} time(s) and {_completed} of {pressure_n} requests completed**: "
-           "a preemption costs time (tokens computed again), not an answer."))
+           f"{pressure_n} requests of {_p_tokens} + {pressure_out} tokens need **{_need:,} slots**; the pool has "
+           f"{_cap:,}. **The engine preempted {pressure_preemptions:.0f} time(s) and {_completed} of "
+           f"{pressure_n} requests completed**: a preemption costs time (tokens computed again), not an answer."))
     return (pressure_preemptions,)
 
 
@@ -502,9 +471,9 @@ def _(batch_outputs, batching, timeline_runs, ui):
     ui.md(ui.markdown_table(timeline_rows) + "\n\n"
           f"**For the same {sum(batch_outputs)} tokens the static batcher took {_s['steps']} steps, "
           f"the continuous one {_c['steps']}**: seats freed by short answers were refilled at the "
-          f"next step. A step with a prefill cost {_prefill_cost:.1f}x "
-          f"a decode-only one here, and continuous batching runs one per request that joins; the "
-          f"last columns price each run's steps at those means.")
+          f"next step. A step with a prefill cost {_prefill_cost:.1f}x a decode-only one here, and "
+          "continuous batching runs one per request that joins; the last columns price each run's "
+          "steps at those means.")
     return (timeline_rows,)
 
 
@@ -529,7 +498,7 @@ def _():
 
 
 @app.cell
-def _(predict_static_share_pct, servers, ui, workshop):
+def _(batching, predict_static_share_pct, servers, ui, workshop):
     from workshop.bench import run_benchmark
 
     bench_n, bench_conc = workshop.session.sweep(24, 6), workshop.session.sweep(6, 3)
@@ -539,14 +508,7 @@ def _(predict_static_share_pct, servers, ui, workshop):
                                        input_len=32, output_len=workshop.session.sweep(48, 8),
                                        range_ratio=0.8, seed=1)
                   for _name in ("paged", "static")}
-    bench_rows = [{"scheduler": servers[_name].info["extra"]["scheduler"],
-                   "output tokens/s": _r.summary["output_throughput"],
-                   "requests/s": _r.summary["request_throughput"],
-                   "median TTFT (ms)": _r.summary["ttft_ms"]["median"],
-                   "median latency (ms)": _r.summary["e2e_ms"]["median"],
-                   "p90 latency (ms)": _r.summary["e2e_ms"]["p90"],
-                   "completed": _r.summary["completed"]}
-                  for _name, _r in bench_runs.items()]
+    bench_rows = [batching.bench_row(servers[_name].info["extra"]["scheduler"], _r) for _name, _r in bench_runs.items()]
     static_share_pct = 100 * bench_rows[1]["output tokens/s"] / bench_rows[0]["output tokens/s"]
     ui.compare(predict_static_share_pct, static_share_pct,
                "static throughput as a share of continuous", "%")
@@ -554,37 +516,27 @@ def _(predict_static_share_pct, servers, ui, workshop):
 
 
 @app.cell
-def _(bench_conc, bench_runs, static_share_pct, timeline_rows, ui):
+def _(batching, bench_conc, bench_runs, static_share_pct, timeline_rows, ui):
     # Worked answer to Exercise 3, collapsed until opened
     # The answers' lengths, in the order the static server's users sent them.
     _outs = [_r.output_tokens for _r in sorted(bench_runs["static"].records, key=lambda _r: _r.index)
              if _r.ok and not _r.warmup]
-    _batches = [_outs[_i:_i + bench_conc] for _i in range(0, len(_outs), bench_conc)]
-    _n = len(_outs)
     _pf, _dc = (timeline_rows[0][f"mean {_k} step (ms)"] for _k in ("prefill", "decode"))
-    # Continuous: the first users join in one prefill step, every later request alone in its own;
-    # a request's first token comes from its prefill, the rest from decode steps shared by all seats.
-    _cont_ms = (1 + max(_n - bench_conc, 0)) * _pf + (sum(_outs) - _n) / bench_conc * _dc
-    # Static: one prefill step per batch, then as many decode steps as its longest answer needs.
-    _stat_ms = sum(_pf + (max(_b) - 1) * _dc for _b in _batches)
-    _forecast = 100 * _cont_ms / max(_stat_ms, 1e-9)
-    _steps_share = 100 * sum(_outs) / bench_conc / max(sum(max(_b) for _b in _batches), 1)
+    _f = batching.closed_loop_forecast(_outs, bench_conc, _pf, _dc)
     ui.worked_answer(
-        f"Count steps. The {_n} answers were {min(_outs, default=0)} to {max(_outs, default=0)} "
-        f"tokens, {sum(_outs)} in all, over {bench_conc} seats. Counting tokens per step alone, "
-        f"static reaches {_steps_share:.0f}% (continuous keeps every seat busy, a static batch "
-        f"lasts as long as its longest answer). But a step that runs a prefill cost {_pf:.0f} ms in "
-        f"section 4 against {_dc:.0f} ms for a decode step, and continuous batching runs one per "
-        f"request that joins ({1 + max(_n - bench_conc, 0)} here), static one per batch "
-        f"({len(_batches)}). Priced at those costs: {_cont_ms / 1e3:.2f} s continuous, "
-        f"{_stat_ms / 1e3:.2f} s static, so static reaches **{_forecast:.0f}%**. "
-        f"Measured: **{static_share_pct:.0f}%**, {static_share_pct / _forecast:.2f}x the forecast. "
-        "Two things the closed loop does are not in it. The time from a request's last token to "
-        "its user's next request reaching the server leaves a seat empty under continuous batching "
-        "but overlaps a static batch's remaining steps: that favours static. The user whose answer "
-        "ends a static batch sends its next request after the next batch has started, so that "
-        "batch runs a seat short: that favours continuous."
-    )
+        f"Count steps. The {len(_outs)} answers were {min(_outs, default=0)} to {max(_outs, default=0)} tokens, "
+        f"{sum(_outs)} in all, over {bench_conc} seats. By tokens per step alone static reaches "
+        f"{_f['steps_share_pct']:.0f}% (a static batch lasts as long as its longest answer). But a step with a "
+        f"prefill cost {_pf:.0f} ms in section 4 against {_dc:.0f} ms for a decode step, and continuous batching "
+        "runs one per request that joins, static one per batch (`batching.closed_loop_forecast`):\n\n"
+        + ui.markdown_table([{"batching": "continuous", "prefill steps": _f["joins"], "time (s)": _f["continuous_s"]},
+                             {"batching": "static", "prefill steps": _f["batches"], "time (s)": _f["static_s"]}])
+        + f"\n\nSo static reaches **{_f['forecast_pct']:.0f}%**. Measured: **{static_share_pct:.0f}%**, "
+        f"{static_share_pct / _f['forecast_pct']:.2f}x the forecast. The closed loop adds two effects. "
+        "Between a request's last token and its user's next request a continuous seat sits empty, "
+        "while a static batch's remaining steps overlap that wait: that favours static. The user whose "
+        "answer ends a static batch sends its next request after the next batch started, which then "
+        "runs a seat short: that favours continuous.")
     return
 
 
@@ -603,12 +555,11 @@ def _(mo):
     mo.md(r"""
     ## 5. Chunked prefill: one long prompt vs everybody's next token
 
-    Continuous batching puts a newly admitted prompt into the same step as the running decodes:
-    a long prompt makes that step long, and every running request waits for it. **Chunked
-    prefill** cuts the prompt into pieces within a per-step token budget
-    (`max_num_batched_tokens`): steps stay short, and the long prompt's first token comes a
-    little later. Below, three short requests are decoding when a long prompt arrives (in this
-    process again; unchunked, the budget must hold the whole prompt).
+    Continuous batching puts a newly admitted prompt into the running decodes' step: a long
+    prompt makes that step long, and every running request waits for it. **Chunked prefill**
+    cuts the prompt into pieces within a per-step token budget (`max_num_batched_tokens`): steps
+    stay short, the long prompt's first token comes a little later. Below, three short requests
+    are decoding when a long prompt arrives (in this process; unchunked, the budget holds it all).
     """)
     return
 
@@ -634,7 +585,6 @@ def _(batching, chunk_budget, chunk_long, engine, random, ui, workshop):
     _long_ids = [_rng_chunk.randrange(1000, 20000) for _ in range(int(chunk_long.value))]
     chunk_requests = ([([_rng_chunk.randrange(1000, 20000) for _ in range(12)], _short_out)] * 3
                       + [(_long_ids, 4)])
-    chunk_arrivals = [0, 0, 0, 4]   # the long prompt arrives at step 4
     chunk_runs = {}
     for _label, _knobs_chunk in {
             "no chunking": dict(chunked_prefill=False,
@@ -642,13 +592,8 @@ def _(batching, chunk_budget, chunk_long, engine, random, ui, workshop):
             f"chunked, budget {int(chunk_budget.value)}": dict(
                 chunked_prefill=True, max_num_batched_tokens=int(chunk_budget.value))}.items():
         batching.reschedule(engine, scheduler="continuous", max_num_seqs=64, **_knobs_chunk)
-        chunk_runs[_label] = batching.drive(engine, chunk_requests, chunk_arrivals)
-    chunk_rows = [{"run": _label,
-                   "short requests' longest gap (ms)": 1e3 * max(
-                       batching.max_gap(batching.token_times(_h, f"r{_i}")) for _i in range(3)),
-                   "long prompt's first token (ms after it arrived)": 1e3 * (
-                       batching.token_times(_h, "r3")[0] - batching.step_spans(_h)[4][0]),
-                   "steps": len(_h)} for _label, _h in chunk_runs.items()]
+        chunk_runs[_label] = batching.drive(engine, chunk_requests, [0, 0, 0, 4])   # r3 arrives at step 4
+    chunk_rows = [batching.chunk_row(_label, _h, ["r0", "r1", "r2"], "r3", 4) for _label, _h in chunk_runs.items()]
     ui.table(chunk_rows)
     return chunk_rows, chunk_runs
 
@@ -691,58 +636,35 @@ def _(batching, kv_usage, live_requests, session, workshop):
     _vllm_maker = live_requests.PromptMaker(session.model, session.info.get("model_path"), seed=7)
     vllm_run = kv_usage.measure_kv(session, [_vllm_maker.make(64) for _ in range(vllm_n)], vllm_out,
                                    interval=0.1)
-    vllm_results, vllm_samples = vllm_run.requests, vllm_run.samples
     vllm_plot = batching.plot_gauges(
-        vllm_samples, kv_usage.RUNNING, kv_usage.WAITING, kv_usage.KV_USAGE,
+        vllm_run.samples, kv_usage.RUNNING, kv_usage.WAITING, kv_usage.KV_USAGE,
         f"{session.engine_name}: {vllm_n} requests of 64 + {vllm_out} tokens at once")
     vllm_plot
-    return vllm_n, vllm_out, vllm_results, vllm_samples
+    return vllm_n, vllm_out, vllm_run
 
 
 @app.cell
-def _(
-    kv_usage,
-    sanity,
-    session,
-    ui,
-    vllm_n,
-    vllm_out,
-    vllm_results,
-    vllm_samples,
-):
-    _cap = int(session.info.get("kv_capacity_tokens") or 0)
-    _bs = int(session.info.get("block_size") or 0)
-    # The block arithmetic needs a paged pool: the Hugging Face baseline reports no block size.
-    _pred = kv_usage.predicted_usage([64 + vllm_out - 1] * vllm_n, _bs, _cap) if _cap and _bs else None
-    vllm_completed = sum(_r.error is None for _r in vllm_results)
-    vllm_errors = sorted({_r.error for _r in vllm_results if _r.error})
+def _(kv_usage, sanity, session, ui, vllm_n, vllm_out, vllm_run):
+    vllm_row = kv_usage.gauge_row(session, vllm_run, 64, vllm_out)
+    vllm_errors = sorted({_r.error for _r in vllm_run.requests if _r.error})
     # A burst that completed drew the gauges off zero while it ran, or the samples say nothing.
     vllm_violations = (
-        sanity.completed_some(f"the burst to {session.engine_name}", vllm_completed, vllm_n)
-        + sanity.nonzero("the running-requests gauge during the burst",
-                         vllm_samples.values[kv_usage.RUNNING])
-        + sanity.nonzero("the KV-usage gauge during the burst", vllm_samples.values[kv_usage.KV_USAGE]))
-    vllm_row = {"engine": session.engine_name, "sent": vllm_n, "completed": vllm_completed,
-                "peak running": vllm_samples.peak(kv_usage.RUNNING),
-                "peak waiting": vllm_samples.peak(kv_usage.WAITING),
-                "peak KV usage (%)": 100 * vllm_samples.peak(kv_usage.KV_USAGE),
-                "all at once, by the blocks (%)": None if _pred is None else 100 * _pred,
-                "KV pool (tokens)": _cap or None, "block size": _bs or None,
-                "samples": len(vllm_samples.times), "failed polls": vllm_samples.errors}
+        sanity.completed_some(f"the burst to {session.engine_name}", vllm_row["completed"], vllm_n)
+        + sanity.nonzero("the running-requests gauge during the burst", vllm_run.samples.values[kv_usage.RUNNING])
+        + sanity.nonzero("the KV-usage gauge during the burst", vllm_run.samples.values[kv_usage.KV_USAGE]))
+    _why = ("Raise the burst (`vllm_n`, `vllm_out`) until requests wait: the engine admits only what its "
+            "limits allow per step (sequences, free KV blocks, tokens per step)." if vllm_row["peak waiting"] == 0
+            else "The waiting ones were over its per-step limits (sequences, free KV blocks, tokens).")
+    # source: decode_log_interval in sglang/srt/server_args.py (0.5.18)
+    _sglang = (" SGLang refreshes these gauges every `--decode-log-interval` decode steps (40 by default; the "
+               "reference server starts it with 1)." if session.engine == "sglang" else "")
     ui.md(ui.markdown_table([vllm_row]) + "\n\n" + (
         sanity.report(vllm_violations) + "\n\n" + sanity.WITHHELD
         + (f"\n\nThe failed requests said: `{' / '.join(vllm_errors)[:600]}`" if vllm_errors else "")
         if vllm_violations else
-        f"**{session.engine_name} ran up to {vllm_row['peak running']:.0f} of the {vllm_n} requests "
-        f"at once, {vllm_row['peak waiting']:.0f} at most waited in the samples, and "
-        f"{vllm_completed} completed.** "
-        + ("Raise the burst (`vllm_n`, `vllm_out`) until requests wait: the engine admits only what "
-           "its limits allow per step (sequences, free KV blocks, tokens per step)."
-           if vllm_row["peak waiting"] == 0 else
-           "The waiting ones were over its per-step limits (sequences, free KV blocks, tokens).")
-        # source: decode_log_interval in sglang/srt/server_args.py (0.5.18)
-        + (" SGLang refreshes these gauges every `--decode-log-interval` decode steps (40 by "
-           "default; the reference server starts it with 1)." if session.engine == "sglang" else "")))
+        f"**{session.engine_name} ran up to {vllm_row['peak running']:.0f} of the {vllm_n} requests at once, "
+        f"{vllm_row['peak waiting']:.0f} at most waited in the samples, and {vllm_row['completed']} completed.** "
+        + _why + _sglang))
     return
 
 
@@ -883,20 +805,21 @@ def _(
     _rows_block = 2 * gather_shape["layers"] * gather_shape["KV heads"] * gather_blocks   # K and V
     _rows_slot, _row_bytes = _rows_block * gather_bs, gather_shape["head_dim"] * 2
     _ms_slot, _ms_block = (gather_ms["scattered", _read, _n] for _read in ("slot by slot", "block by block"))
+    _one = gather_ms["scattered", "slot by slot", 1] / gather_ms["scattered", "block by block", 1]
     ui.worked_answer(
-        f"Both reads copy the same {_rows_slot * _row_bytes / 2**20:,.1f} MiB per step: "
-        f"{_rows_slot:,} rows of {_row_bytes} bytes slot by slot, {_rows_block:,} rows of "
-        f"{gather_bs * _row_bytes:,} bytes block by block. So the speed-up lies between **1x** (if the "
-        f"copy is all bytes, at memory bandwidth) and **{gather_bs}x** (if every row costs the same "
-        f"whatever its size). Measured: **{gather_speedup:.2f}x** with {_n} thread(s), "
-        f"{gather_ms['scattered', 'slot by slot', 1] / gather_ms['scattered', 'block by block', 1]:.2f}x "
-        f"with one. Per row, slot by slot cost {1e6 * _ms_slot / _rows_slot:.1f} ns and block by "
-        f"block {1e6 * _ms_block / _rows_block:.1f} ns for {gather_bs}x the bytes, "
+        f"Both reads copy the same {_rows_slot * _row_bytes / 2**20:,.1f} MiB per step, in rows of different "
+        f"sizes (scattered blocks, {_n} thread(s)):\n\n" + ui.markdown_table([
+            {"read": _read, "rows per step": _rows, "bytes per row": _bytes, "ms per step": _ms,
+             "ns per row": 1e6 * _ms / _rows} for _read, _rows, _bytes, _ms in (
+                ("slot by slot", _rows_slot, _row_bytes, _ms_slot),
+                ("block by block", _rows_block, gather_bs * _row_bytes, _ms_block))])
+        + f"\n\nSo the speed-up lies between **1x** (the copy all bytes, at memory bandwidth) and "
+        f"**{gather_bs}x** (every row costing the same whatever its size). Measured: **{gather_speedup:.2f}x** "
+        f"({_one:.2f}x with one thread); block by block ran at "
         f"{_rows_slot * _row_bytes / (1e-3 * _ms_block) / 1e9:.1f} GB/s. "
-        + (f"If the block read is all bytes, the slot read spent {1 - _ms_block / _ms_slot:.0%} of "
-           f"its time on its {gather_bs}x more rows." if _ms_block < _ms_slot else
-           "The slot read was not slower here: its extra rows cost nothing measurable.")
-    )
+        + (f"If the block read is all bytes, the slot read spent {1 - _ms_block / _ms_slot:.0%} of its time "
+           f"on its {gather_bs}x more rows." if _ms_block < _ms_slot else
+           "The slot read was not slower here: its extra rows cost nothing measurable."))
     return
 
 

@@ -78,6 +78,24 @@ def fit_count(tokens: Sequence[int], capacity_slots: int, layout: str, block_siz
     return n
 
 
+def length_summary(tokens: Sequence[int]) -> dict:
+    """Mean, median, 90th percentile (nearest rank below) and longest of request lengths."""
+    import statistics
+
+    s = sorted(tokens)
+    return {"mean": statistics.mean(s), "median": statistics.median(s),
+            "p90": s[int(0.9 * (len(s) - 1))], "longest": s[-1]}
+
+
+def server_rows(servers: dict[str, Any]) -> list[dict]:
+    """One row per server (name -> a ``workshop.session`` handle of a teaching engine): its KV
+    pool, block size and context limit from ``/server_info``, and its scheduling knobs."""
+    return [{"server": name, **{k: s.info[k] for k in ("kv_capacity_tokens", "block_size", "max_model_len")},
+             **{k: s.info["extra"][k] for k in ("kv_layout", "scheduler", "chunked_prefill", "max_num_seqs",
+                                                "max_num_batched_tokens")}}
+            for name, s in servers.items()]
+
+
 def predicted_burst(info: dict, layout: str, tokens_each: int, n: int) -> dict:
     """``n`` equal requests of ``tokens_each`` stored tokens on a server whose ``/server_info``
     is ``info``: how many run at once (``running``) and the share of its pool they hold
@@ -273,6 +291,14 @@ def simulate(requests: Sequence[tuple[int, int]], capacity_slots: int, layout: s
     return result
 
 
+def sim_rows(results: Sequence[SimResult]) -> list[dict]:
+    """One row per simulated layout: steps to serve every request, requests running at once
+    (mean over the busy steps, and peak), the pool's mean shares (%) and the preemptions."""
+    return [{"layout": r.layout, "steps to serve all": len(r.steps), "mean running": r.mean_running,
+             "peak running": r.peak_running, **{f"{k} (%)": v for k, v in r.pool_shares().items()},
+             "preemptions": r.preemptions} for r in results]
+
+
 def sharegpt_lengths(tok: Any, num_requests: int, seed: int = 0,
                      max_len: int = 2048) -> list[tuple[int, int]]:
     """``(prompt tokens, output tokens)`` of ShareGPT first turns, as the benchmark sends them
@@ -383,6 +409,45 @@ def token_times(history: Sequence[Any], request_id: str) -> list[float]:
 def max_gap(times: Sequence[float]) -> float:
     """The longest wait between two consecutive tokens (0 with fewer than two)."""
     return max((b - a for a, b in zip(times, times[1:])), default=0.0)
+
+
+def chunk_row(label: str, history: Sequence[Any], short_ids: Sequence[str], long_id: str,
+              arrival_step: int) -> dict:
+    """One row for a long prompt arriving at step ``arrival_step`` among decoding requests
+    (``short_ids``): the longest wait between two of their tokens, how long after its
+    arrival the long prompt's first token came, and the steps taken."""
+    return {"run": label,
+            "short requests' longest gap (ms)": 1e3 * max(max_gap(token_times(history, r)) for r in short_ids),
+            "long prompt's first token (ms after it arrived)": 1e3 * (
+                token_times(history, long_id)[0] - step_spans(history)[arrival_step][0]),
+            "steps": len(history)}
+
+
+def bench_row(scheduler: str, result: Any) -> dict:
+    """One row for a ``workshop.bench`` run against a server with ``scheduler``."""
+    s = result.summary
+    return {"scheduler": scheduler, "output tokens/s": s["output_throughput"],
+            "requests/s": s["request_throughput"], "median TTFT (ms)": s["ttft_ms"]["median"],
+            "median latency (ms)": s["e2e_ms"]["median"], "p90 latency (ms)": s["e2e_ms"]["p90"],
+            "completed": s["completed"]}
+
+
+def closed_loop_forecast(outputs: Sequence[int], seats: int, prefill_ms: float, decode_ms: float) -> dict:
+    """Static vs continuous batching of answers of ``outputs`` tokens (in the order they were
+    sent) over ``seats`` seats, priced in steps. Continuous: the first ``seats`` requests join
+    in one prefill step, every later one in a prefill step of its own; every token after a
+    request's first comes from decode steps shared by all the seats. Static: one prefill step
+    per batch of ``seats``, then as many decode steps as its longest answer needs. Returns the
+    batches, the prefill steps continuous batching runs (``joins``), both times (s), the
+    static share of continuous throughput those times forecast (%), and the share the token
+    counts alone give (%)."""
+    n, batches = len(outputs), [outputs[i:i + seats] for i in range(0, len(outputs), seats)]
+    joins = 1 + max(n - seats, 0)
+    cont_ms = joins * prefill_ms + (sum(outputs) - n) / seats * decode_ms
+    stat_ms = sum(prefill_ms + (max(b) - 1) * decode_ms for b in batches)
+    return {"batches": len(batches), "joins": joins, "continuous_s": cont_ms / 1e3, "static_s": stat_ms / 1e3,
+            "forecast_pct": 100 * cont_ms / max(stat_ms, 1e-9),
+            "steps_share_pct": 100 * sum(outputs) / seats / max(sum(max(b) for b in batches), 1)}
 
 
 # -- reading a context's blocks back out of the pool ------------------------------------------

@@ -158,6 +158,23 @@ def measure_kv(session: Any, prompts: Sequence[str], max_tokens: int,
     return KVRun(results, sampler.samples)
 
 
+def gauge_row(session: Any, run: Any, prompt_tokens: int, max_tokens: int) -> dict:
+    """One row for a burst of equal requests measured with ``measure_kv`` on ``session``'s
+    server: sent and completed, the gauges' peaks, the KV usage the blocks predict with every
+    request in at once (None without a paged pool: the Hugging Face baseline reports no block
+    size), the pool, and how many samples were taken and failed."""
+    cap = int(session.info.get("kv_capacity_tokens") or 0)
+    bs = int(session.info.get("block_size") or 0)
+    n, samples = len(run.requests), run.samples
+    pred = predicted_usage([prompt_tokens + max_tokens - 1] * n, bs, cap) if cap and bs else None
+    return {"engine": session.engine_name, "sent": n, "completed": sum(r.error is None for r in run.requests),
+            "peak running": samples.peak(RUNNING), "peak waiting": samples.peak(WAITING),
+            "peak KV usage (%)": 100 * samples.peak(KV_USAGE),
+            "all at once, by the blocks (%)": None if pred is None else 100 * pred,
+            "KV pool (tokens)": cap or None, "block size": bs or None,
+            "samples": len(samples.times), "failed polls": samples.errors}
+
+
 def context_sweep(session: Any, kv: ServerKV, maker: PromptMaker, lengths: Sequence[int],
                   max_tokens: int, progress: Callable = lambda x, **_: x) -> list[dict]:
     """One request per prompt length: peak KV next to the prediction for prompt + output."""

@@ -243,3 +243,76 @@ def test_burst_row_puts_the_block_arithmetic_next_to_the_gauges():
     assert row["tokens stored per request"] == 55 and row["predicted running"] == 1
     assert row["predicted KV usage (%)"] == 100.0 and row["latest first token (s)"] == 0.5
     assert row["slowest request (s)"] == 1.5 and row["completed"] == 2
+
+
+# -- notebook 07's rows and forecasts -----------------------------------------------------------
+
+def test_length_summary():
+    s = b.length_summary([10, 30, 20, 40, 100, 50, 60, 70, 80, 90, 5])
+    assert s["mean"] == pytest.approx(555 / 11) and s["median"] == 50 and s["longest"] == 100
+    assert s["p90"] == 90          # sorted, index int(0.9 x 10) = 9
+
+
+def test_sim_rows_one_per_layout():
+    reqs = [(8, 4)] * 4
+    rows = b.sim_rows([b.simulate(reqs, 64, layout, 16, 32) for layout in b.LAYOUTS])
+    assert [r["layout"] for r in rows] == list(b.LAYOUTS)
+    for r in rows:
+        shares = [r[k] for k in r if k.endswith("(%)")]
+        assert len(shares) == 4 and sum(shares) == pytest.approx(100)
+        assert r["steps to serve all"] > 0 and r["peak running"] >= r["mean running"]
+
+
+def test_server_rows_read_server_info():
+    info = {"kv_capacity_tokens": 512, "block_size": 16, "max_model_len": 256,
+            "extra": {"kv_layout": "paged", "scheduler": "static", "chunked_prefill": True,
+                      "max_num_seqs": 64, "max_num_batched_tokens": 512, "other": 1}}
+    (row,) = b.server_rows({"static": SimpleNamespace(info=info)})
+    assert row == {"server": "static", "kv_capacity_tokens": 512, "block_size": 16, "max_model_len": 256,
+                   "kv_layout": "paged", "scheduler": "static", "chunked_prefill": True,
+                   "max_num_seqs": 64, "max_num_batched_tokens": 512}
+
+
+def test_chunk_row_reads_gaps_and_the_late_prompt_first_token():
+    # HISTORY: c arrives at step 2 (starts at 1.5 s) and gets its first token at 3.5 s
+    row = b.chunk_row("x", HISTORY, ["a", "b"], "c", 2)
+    assert row == {"run": "x", "short requests' longest gap (ms)": pytest.approx(2000),
+                   "long prompt's first token (ms after it arrived)": pytest.approx(2000), "steps": 4}
+
+
+def test_bench_row():
+    summary = {"output_throughput": 40.0, "request_throughput": 4.0, "ttft_ms": {"median": 100.0},
+               "e2e_ms": {"median": 600.0, "p90": 900.0}, "completed": 6}
+    row = b.bench_row("static", SimpleNamespace(summary=summary))
+    assert row == {"scheduler": "static", "output tokens/s": 40.0, "requests/s": 4.0, "median TTFT (ms)": 100.0,
+                   "median latency (ms)": 600.0, "p90 latency (ms)": 900.0, "completed": 6}
+
+
+def test_closed_loop_forecast_prices_steps():
+    # 2 seats, answers 4, 2, 6, 2: static batches (4, 2) and (6, 2): 2 prefills + 3 + 5 decodes;
+    # continuous: 1 + 2 prefill steps and (14 - 4) / 2 = 5 decode steps
+    f = b.closed_loop_forecast([4, 2, 6, 2], 2, prefill_ms=100, decode_ms=10)
+    assert (f["batches"], f["joins"]) == (2, 3)
+    assert f["static_s"] == pytest.approx((100 + 30 + 100 + 50) / 1e3)
+    assert f["continuous_s"] == pytest.approx((300 + 50) / 1e3)
+    assert f["forecast_pct"] == pytest.approx(100 * 350 / 280)
+    assert f["steps_share_pct"] == pytest.approx(100 * 14 / 2 / 10)
+
+
+def test_gauge_row_puts_the_blocks_next_to_the_gauges():
+    from workshop import kv_usage
+    from workshop.metrics import Samples
+
+    samples = Samples((kv_usage.RUNNING, kv_usage.WAITING, kv_usage.KV_USAGE), times=[0, 1, 2],
+                      values={kv_usage.RUNNING: [0, 4, 2], kv_usage.WAITING: [2, 0, 0],
+                              kv_usage.KV_USAGE: [0, 0.25, 0.1]}, errors=1)
+    run = SimpleNamespace(requests=[SimpleNamespace(error=None)] * 3 + [SimpleNamespace(error="boom")],
+                          samples=samples)
+    session = SimpleNamespace(engine_name="vLLM", info={"kv_capacity_tokens": 1040, "block_size": 16})
+    row = kv_usage.gauge_row(session, run, 64, 8)
+    # 4 requests of 71 tokens: 5 blocks each, of 1040 / 16 - 1 = 64 usable
+    assert row["all at once, by the blocks (%)"] == pytest.approx(100 * 20 / 64)
+    assert (row["sent"], row["completed"], row["peak running"], row["peak waiting"]) == (4, 3, 4, 2)
+    assert row["peak KV usage (%)"] == pytest.approx(25) and (row["samples"], row["failed polls"]) == (3, 1)
+    hf = kv_usage.gauge_row(SimpleNamespace(engine_name="hf", info={}), run, 64, 8)
+    assert hf["all at once, by the blocks (%)"] is None and hf["block size"] is None
