@@ -35,17 +35,15 @@ def _(mo):
     [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/llm-inference-workshop/llm-inference-workshop/blob/main/notebooks/10_engine_showdown.py)
 
     Notebooks 1 to 9 took an engine apart one mechanism at a time. This one runs whole engines
-    side by side, as you would before choosing one: the same model, the same requests, the same
-    client, one engine on the machine at a time.
+    side by side, as you would before choosing one: the same model, requests and client, one
+    engine on the machine at a time.
 
     | contender | what it is |
     |---|---|
     | **vLLM**, **SGLang** | their CPU builds behind the course's reference server (SGLang from its own environment: README, SGLang section) |
     | **mini-hash**, **mini-radix** | the course's teaching engine, with hash-chained prefix blocks (vLLM's design) or a radix tree (SGLang's), all else equal |
     | **hf** | Hugging Face `transformers`, one request at a time, no prefix cache: the floor |
-
-    On a GPU the field is vLLM and SGLang, each at its defaults and "tuned" with the flags their
-    documentation points to for these workloads.
+    | on a GPU | vLLM and SGLang, each at its defaults and "tuned" with the flags their documentation points to for these workloads |
 
     | workload | what it sends |
     |---|---|
@@ -53,19 +51,16 @@ def _(mo):
     | **agentic** | agents behind one long system prompt with tool schemas, resending their growing history every turn, forking sub-agents |
     | **shared-prefix** | groups of users behind the same system prompt |
 
-    Each engine is swept to its **knee**, the highest load it keeps up with, as `workshop bench
-    sweep` does (`docs/benchmarking.md`):
+    Each engine is swept to its **knee**, the highest load it keeps up with (`workshop bench
+    sweep`, `docs/benchmarking.md`): a **synchronous probe**, one request at a time (the unloaded
+    speed); a **throughput probe**, many at once (the most it can do); then **open-loop points**,
+    Poisson arrivals from the synchronous rate to 1.5x the maximum. A point keeps up when, over
+    its steady window, the engine completes what arrives and neither its queue, its requests in
+    flight nor its time to first token (TTFT) grow. The knee is the last point that keeps up and
+    meets the objectives (p99 TTFT and p99 inter-token latency, ITL).
 
-    1. a **synchronous probe**, one request at a time: the unloaded speed;
-    2. a **throughput probe**, many requests at once: the most the engine can do;
-    3. **open-loop points**, Poisson arrivals from the synchronous rate to 1.5x the maximum. A
-       point keeps up when, over its steady window, the engine completes what arrives and
-       neither its queue, its requests in flight nor its time to first token (TTFT) grow. The
-       knee is the last point that keeps up and meets the objectives (p99 TTFT and p99
-       inter-token latency, ITL).
-
-    The results go to a folder under `results/` that notebook 11 turns into a decision chart.
-    The same run, larger, is one command: `python benchmarks/showdown.py`.
+    The results go to a folder under `results/` that notebook 11 turns into a decision chart;
+    the same run, larger, is `python benchmarks/showdown.py`.
     """)
     return
 
@@ -110,10 +105,9 @@ def _(mo):
     mo.md(r"""
     ## 1. The field on this machine
 
-    Which contenders this machine can run, and with which server arguments. SGLang appears only
-    where its environment is installed (`bash scripts/setup.sh --with-sglang`). Engines already
-    running are used as they are; the others are started here one at a time and stopped after
-    their runs.
+    Which contenders this machine can run, and with which server arguments (SGLang only where
+    `bash scripts/setup.sh --with-sglang` installed it). Engines already running are used as
+    they are; the others are started here one at a time and stopped after their runs.
     """)
     return
 
@@ -129,9 +123,7 @@ def _(session, workshop):
     if os.environ.get("WORKSHOP_HF_BASE_URL"):
         running_servers["hf"] = workshop.session.connect("hf", verbose=False)
     field_all = showdown.default_field(running=running_servers)
-    ui.table([{"label": c.label, "engine": c.engine, "server args": " ".join(c.server_args) or "(defaults)",
-               "server": "already running" if c.label in running_servers else "started here",
-               "note": c.note} for c in field_all])
+    ui.table(showdown.field_rows(field_all, running_servers))
     return decision, field_all, running_servers, showdown, ui
 
 
@@ -145,25 +137,19 @@ def _(mo):
     | **quick** (CI) | shared-prefix | 4 | 2 | the two teaching engines and the engine already running | a few minutes |
     | **full** (`benchmarks/showdown.py`) | all three | 24 (agentic: 20 sessions of 6) | 3 | all | vLLM 27 min, SGLang 64, each teaching engine 23, hf 32 (2 AVX2 cores, 2026-12-03) |
 
-    Four requests per point are too few to judge a knee: section 5 draws such points hollow,
-    and the comparisons fall back to each engine's capacity and its lightest load. The full run
-    above is committed as `benchmarks/reference_results/showdown-cpu/`.
+    Four requests per point are too few to judge a knee: the comparisons then fall back to
+    capacity and the lightest load. The full run is in `benchmarks/reference_results/showdown-cpu/`.
 
-    The **objectives** are yours to state. Left at 0, an objective is derived from the run (the
-    factor below times the best unloaded latency, section 4). In Jupyter, re-run the cells below
-    after changing a control; marimo re-runs them.
+    The **objectives** are yours to state; left at 0, one is derived from the run (section 4).
+    In Jupyter, re-run the cells below after changing a control; marimo re-runs them.
     """)
     return
 
 
 @app.cell
 def _(field_all, running_servers, showdown, ui, workshop):
-    # Quick mode (CI) runs the two teaching-engine contenders, which start in seconds, and the
-    # engine already up (not the baseline): starting vLLM or SGLang afresh takes a minute or more
-    # each, and the baseline, one request at a time, is the slowest to sweep. vLLM was left out
-    # while it emulated bf16 on CI's 2 AVX2 cores (its quick sweep alone took five minutes); in
-    # float32 its quick sweep took 22 s there, and the whole notebook 149 s with it and without
-    # it (2026-12-02, the machine shared with other jobs).
+    # Quick mode (CI): the teaching engines (they start in seconds) and the engine already up; not the
+    # baseline (the slowest to sweep), nor vLLM or SGLang started afresh (a minute or more each).
     _quick_field = [c.label for c in field_all
                     if c.engine == "mini" or (c.label in running_servers and c.engine != "hf")]
     engines_text = ui.text(",".join(workshop.session.sweep([c.label for c in field_all], _quick_field)),
@@ -173,7 +159,6 @@ def _(field_all, running_servers, showdown, ui, workshop):
     slo_itl = ui.slider(0, 2000, 0, 1, "objective: p99 ITL (ms; 0: derive it from the run)")
     slo_factor = ui.slider(1.5, 10, showdown.Plan().slo_factor, 0.5,
                            "a derived objective: x the best unloaded latency")
-    ui.md("Set the contenders, the plan and the objectives:")
     return engines_text, plan_choice, slo_factor, slo_itl, slo_ttft
 
 
@@ -239,42 +224,23 @@ def _(mo):
     mo.md(r"""
     ## 2. The workloads, before any engine sees them
 
-    Computed from the requests themselves. **Prefix reuse** is the fraction of prompt tokens a
-    perfect, unbounded prefix cache could skip, because an earlier request (its prompt or its
-    answer) began the same way: the ceiling of every engine's cache hit rate below.
+    **Prefix reuse**, computed from the requests: the share of prompt tokens a perfect prefix
+    cache could skip (an earlier prompt or answer began the same way), every hit rate's ceiling.
     """)
     return
 
 
 @app.cell
-def _(plan, session, ui):
+def _(plan, session, showdown, ui):
     from workshop.bench.tokenizer import Tokenizer
-    from workshop.bench.workloads import build_workload, describe, prefix_reuse_ratio
-    from workshop.bench.workloads import plan as planned_requests
+    from workshop.bench.workloads import prefix_reuse_ratio
 
-    _tok = Tokenizer.load(session.model)
-    workload_rows = []
-    workload_sequences = {}   # workload -> (prompt ids, reply ids) of each request, in send order
-    for _w in plan.workloads:
-        _wl = build_workload(_w, _tok, num_requests=plan.num_requests, seed=plan.seed, **plan.kwargs_for(_w))
-        _d = describe(_wl)
-        workload_sequences[_w] = [(_tok.prompt_ids(_s.request), _tok.encode(_s.reply))
-                                  for _s in planned_requests(_wl)]
-        workload_rows.append({"workload": _w, "sessions": _d["sessions"], "requests": _d.get("requests"),
-                              "mean prompt (tok)": _d["prompt_tokens_mean"],
-                              "mean output (tok)": _d["output_tokens_mean"],
-                              "prefix reuse": _d.get("prefix_reuse_ratio")})
-    ui.table(workload_rows)
-    return prefix_reuse_ratio, workload_rows, workload_sequences
-
-
-@app.cell
-def _(ui, workload_rows):
+    workload_rows, workload_sequences = showdown.describe_workloads(plan, Tokenizer.load(session.model))
     _most = max(workload_rows, key=lambda r: r["prefix reuse"] or 0)
-    ui.md(f"**On {_most['workload']}, a perfect cache could skip {_most['prefix reuse']:.0%} of the "
-          f"prompt tokens** ({_most['prefix reuse'] * _most['mean prompt (tok)']:.0f} of "
-          f"{_most['mean prompt (tok)']:.0f} per request on average).")
-    return
+    _skip, _prompt = _most["prefix reuse"], _most["mean prompt (tok)"]
+    ui.md(ui.markdown_table(workload_rows) + f"\n\n**On {_most['workload']}, a perfect cache could skip {_skip:.0%} "
+          f"of the prompt tokens** ({_skip * _prompt:.0f} of {_prompt:.0f} per request on average).")
+    return prefix_reuse_ratio, workload_rows, workload_sequences
 
 
 @app.cell(hide_code=True)
@@ -300,17 +266,15 @@ def _(mo):
     mo.md(r"""
     ## 3. Run it
 
-    Every contender in turn: start (unless already running), check its answers, sweep every
-    workload, stop. The prefix cache is emptied before each load point, so no point profits from
-    the one before. After each contender a line says where its knee is and why.
+    Every contender in turn: start (unless running), check its answers, sweep every workload,
+    stop. The prefix cache is emptied before each load point; a line says where each knee is.
 
-    **Answers first.** A benchmark counts tokens, not whether they are right: a layer computed
-    wrongly costs the same FLOPs, so a broken configuration can top the table. Before its sweep,
-    each contender answers a fixed set of chat prompts greedily (short prompts sent three times,
-    so the repeats come from the prefix cache; questions behind one long system prompt; ShareGPT
-    first turns), compared token by token with Hugging Face `transformers` in float32 on the
-    same checkpoint (`workshop bench verify`). A contender that answers wrongly is recorded and
-    not swept.
+    **Answers first.** A benchmark counts tokens, not whether they are right: a wrong layer
+    costs the same FLOPs, so a broken configuration can top the table. Before its sweep, each
+    contender answers fixed chat prompts greedily (short ones sent three times, so the repeats
+    come from the prefix cache; questions behind one long system prompt; ShareGPT first turns),
+    compared token by token with Hugging Face `transformers` in float32 on the same checkpoint
+    (`workshop bench verify`). A contender that answers wrongly is recorded and not swept.
     """)
     return
 
@@ -329,9 +293,8 @@ def _(contenders, decision, plan, plan_choice, session, showdown, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    What ran, and whether it answered right: each contender's configuration as its server
-    reported it (`/server_info`), next to the gate's verdict. Every number below belongs to a
-    row of this table.
+    What ran (each server's `/server_info`) and whether it answered right (the gate). Every
+    number below belongs to a row of this table.
     """)
     return
 
@@ -345,25 +308,18 @@ def _(decision, showdown_results, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    Where an answer departed from the reference. Two correct engines that add the same numbers
-    in another order (bf16 rounding, another kernel) can flip a **near tie**: a token the
-    reference scored within the gate's margin (in logits) of its own choice. A departure far
-    below the reference's choice is **wrong**.
+    Where an answer departed from the reference. Two correct engines that add in another order
+    (bf16 rounding, another kernel) can flip a **near tie**: a token the reference scored within
+    the gate's margin (in logits) of its own choice. A departure far below that is **wrong**.
     """)
     return
 
 
 @app.cell
-def _(showdown_results, ui):
+def _(decision, showdown_results, ui):
     from workshop.bench import verify
 
-    departure_rows = [{"engine": _e, "prompt": _c["kind"] + (f" (repeat {_c['repeat']})" if _c["repeat"] else ""),
-                       "question": _c["question"][:50], "verdict": _c["verdict"], "at token": _c["departed_at"],
-                       "gap (logits)": _c["gap"], "reference's top two": " / ".join(map(repr, _c["reference_top2"])),
-                       "got": (_c["got"] or "")[:60]}
-                      for _e in showdown_results.engines
-                      for _c in ((showdown_results.first_run(_e).gate or {}).get("checks") or [])
-                      if _c["verdict"] not in ("agree",)]
+    departure_rows = decision.departure_rows(showdown_results)
     ui.table(departure_rows, floatfmt=".3f") if departure_rows else ui.md(
         "Every answer of every contender matched the reference token for token.")
     return (verify,)
@@ -387,20 +343,16 @@ def _(session, ui, verify):
     _top = _logits[0].topk(3)
     first_token_gap = float(_top.values[0] - _top.values[1])
     reference_answer = _ref.text(_ids)
-    ui.table([{"rank": _i + 1, "token": repr(_ref.tok.decode([_t])), "logit": _v}
-              for _i, (_t, _v) in enumerate(zip(_top.indices.tolist(), _top.values.tolist()))], floatfmt=".3f")
-    return first_token_gap, reference_answer, resolve_model
-
-
-@app.cell
-def _(first_token_gap, reference_answer, ui, verify):
-    ui.md(f"The reference answers {reference_answer!r}; its top two first tokens are "
+    ui.md(ui.markdown_table([{"rank": _i + 1, "token": repr(_ref.tok.decode([_t])), "logit": _v}
+                              for _i, (_t, _v) in enumerate(zip(_top.indices.tolist(), _top.values.tolist()))],
+                             floatfmt=".3f")
+          + f"\n\nThe reference answers {reference_answer!r}; its top two first tokens are "
           f"**{first_token_gap:.3f} logits** apart, against the gate's margin of {verify.TIE_MARGIN:g}: "
           + ("**a near tie**: an engine in another dtype may begin with the second token and still be "
              "right, and a check that only looked for the reference's words would fail it."
              if first_token_gap <= verify.TIE_MARGIN else
              "**a clear choice**: an engine that begins otherwise is wrong."))
-    return
+    return (resolve_model,)
 
 
 @app.cell(hide_code=True)
@@ -425,41 +377,27 @@ def _(showdown, showdown_sweeps, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    An objective you did not state is derived from that table, times the factor you set:
-
-    * **TTFT**: the unloaded p99 TTFT;
-    * **ITL**: the unloaded p99 ITL **plus** the p99 TTFT. A continuous batcher prefills a
-      newcomer's prompt in the same step as everybody's next token, so under any load the
-      longest gap of an answer is about one decode step plus one prefill.
-
-    On each workload take the best (lowest) engine's value, then the highest over the
-    workloads. Computed here, next to what the run recorded in `showdown.json` (which judged
-    every knee below):
+    An objective you did not state is derived from that table, times the factor you set: for
+    **TTFT** the unloaded p99 TTFT; for **ITL** the unloaded p99 ITL **plus** the p99 TTFT (a
+    continuous batcher prefills a newcomer's prompt in the same step as everybody's next token,
+    so under load an answer's longest gap is about one decode step plus one prefill). Take the
+    best (lowest) engine on each workload, then the highest workload
+    (`showdown.derive_objectives`). Derived here, next to what the run recorded in
+    `showdown.json` and judged every knee below with:
     """)
     return
 
 
 @app.cell
 def _(plan, showdown, showdown_results, ui, unloaded_rows):
-    derived_here = {}
-    for _key, _terms in showdown.DERIVED_FROM.items():   # ttft_ms: (ttft_ms,); itl_ms: (itl_ms, ttft_ms)
-        _best = {}
-        for _r in unloaded_rows:
-            if all(_r[_t] is not None for _t in _terms):
-                _best[_r["workload"]] = min(_best.get(_r["workload"], float("inf")), sum(_r[_t] for _t in _terms))
-        derived_here[_key] = plan.slo_factor * max(_best.values()) if _best else None
+    derived_here = showdown.derive_objectives(unloaded_rows, plan.slo_factor)
     objectives_used = showdown_results.newest.manifest["slo"]
-    ui.table([{"objective": f"p99 {_name} (ms)",
-               "derived here": derived_here[_key],
-               "used by the run": objectives_used[_key],
-               "how": "stated" if objectives_used["how"][_key].get("stated") else "derived"}
-              for _key, _name in showdown.OBJECTIVES], floatfmt=",.0f")
-    return
-
-
-@app.cell
-def _(showdown_results, ui):
-    ui.md(f"Objectives of this run: {showdown_results.newest.objectives}.")
+    ui.md(ui.markdown_table([{"objective": f"p99 {_name} (ms)",
+                               "derived here": (derived_here[_key] or {}).get("ms"),
+                               "used by the run": objectives_used[_key],
+                               "how": "stated" if objectives_used["how"][_key].get("stated") else "derived"}
+                              for _key, _name in showdown.OBJECTIVES], floatfmt=",.0f")
+          + f"\n\nObjectives of this run: {showdown_results.newest.objectives}.")
     return
 
 
@@ -468,9 +406,9 @@ def _(mo):
     mo.md(r"""
     ## 5. The curves
 
-    Top row: throughput achieved against load offered, in requests/s over each point's steady
-    window. On the dashed line an engine keeps up; where its curve bends away it saturates. A
-    star is a knee; a hollow point held too few requests to judge. Bottom row: p99 TTFT against
+    Top row: throughput achieved against load offered (requests/s over each point's steady
+    window): on the dashed line an engine keeps up, where its curve bends away it saturates; a
+    star is a knee, a hollow point held too few requests to judge. Bottom row: p99 TTFT against
     load (log scale), the objective dotted: queueing shows here before throughput flattens.
     """)
     return
@@ -500,17 +438,13 @@ def _(plot_showdown, showdown_sweeps):
 
 
 @app.cell
-def _(showdown_sweeps, ui):
-    ttft_growth = [{"workload": _w, "engine": _e,
-                    "p99 TTFT, lightest load (ms)": _sw.points[0].summary["ttft_ms"]["p99"],
-                    "p99 TTFT, heaviest load (ms)": _sw.points[-1].summary["ttft_ms"]["p99"]}
-                   for _w, _per in showdown_sweeps.items() for _e, _sw in _per.items() if _sw.points]
-    _g = max(ttft_growth, key=lambda r: r["p99 TTFT, heaviest load (ms)"] / r["p99 TTFT, lightest load (ms)"],
-             default=None)
+def _(decision, showdown_sweeps, ui):
+    ttft_growth = decision.ttft_growth(showdown_sweeps)
+    _g = max(ttft_growth, key=lambda r: r["growth"] or 0, default=None)
     ui.md(f"**From its lightest load to its heaviest, {_g['engine']}'s p99 TTFT on {_g['workload']} grew "
-          f"{_g['p99 TTFT, heaviest load (ms)'] / _g['p99 TTFT, lightest load (ms)']:.1f}x** "
-          f"({_g['p99 TTFT, lightest load (ms)']:,.0f} to {_g['p99 TTFT, heaviest load (ms)']:,.0f} ms), "
-          "the most of any engine here." if _g else "No engine completed a load point in this run.")
+          f"{_g['growth']:.1f}x** ({_g['p99 TTFT, lightest load (ms)']:,.0f} to "
+          f"{_g['p99 TTFT, heaviest load (ms)']:,.0f} ms), the most of any engine here."
+          if _g and _g["growth"] else "No engine completed a load point in this run.")
     return
 
 
@@ -523,103 +457,48 @@ def _(mo):
     latency percentiles, **goodput** (requests/s that met both objectives), the server's prefix
     hit rate and peak KV use; and, knee or not, its **capacity**: the most output tokens/s at
     any load tried (throughput probe included), objectives aside. The rules are in
-    `workshop/decision.py`'s docstring; notebook 11 charts the same rows.
-
-    Three exercises read this table: the cell below computes it, and it is shown after them.
+    `workshop/decision.py`'s docstring; notebook 11 charts them. Three exercises read it first.
     """)
     return
 
 
 @app.cell
-def _(decision, showdown_results, ui):
+def _(decision, predict_radix_over_hash, showdown_results, ui):
     knee_rows = decision.knee_table(showdown_results)
-
-
-    def row_of(workload, engine):
-        """The row of ``engine`` on ``workload`` (None when it did not run there)."""
-        return next((r for r in knee_rows if r["workload"] == workload and r["engine"] == engine), None)
-
-
-    def capacity_of(workload, engine):
-        """The most output tok/s ``engine`` delivered on ``workload`` at any load tried."""
-        r = row_of(workload, engine)
-        return r["capacity_tps"] if r else None
-
-
-    def hit_rate_of(workload, engine):
-        """The mean prefix hit rate ``engine``'s server reported over its load points (None: none)."""
-        r = row_of(workload, engine)
-        rates = [p["prefix_hit_rate"] for p in (r["points"] if r else []) if p["prefix_hit_rate"] is not None]
-        return sum(rates) / len(rates) if rates else None
-
-
-    ui.md(f"{len(knee_rows)} rows computed.")
-    return capacity_of, hit_rate_of, knee_rows, row_of
-
-
-@app.cell
-def _(capacity_of, predict_radix_over_hash, ui):
-    _r = capacity_of("shared-prefix", "mini-radix")
-    _h = capacity_of("shared-prefix", "mini-hash")
-    radix_over_hash = _r / _h if _r and _h else None
+    _r, _h = (decision.row_of(knee_rows, "shared-prefix", _e) for _e in ("mini-radix", "mini-hash"))
+    radix_over_hash = (_r["capacity_tps"] / _h["capacity_tps"]
+                       if _r and _h and _r["capacity_tps"] and _h["capacity_tps"] else None)
     (ui.compare(predict_radix_over_hash, radix_over_hash, "radix / hash capacity (output tok/s), shared-prefix")
      if radix_over_hash else ui.md("Exercise 1 needs both teaching-engine contenders to finish the shared-prefix "
                                    "workload (see the notes in the table)."))
-    return (radix_over_hash,)
+    return knee_rows, radix_over_hash
 
 
 @app.cell
-def _(
-    capacity_of,
-    decision,
-    hit_rate_of,
-    plan,
-    plan_choice,
-    radix_over_hash,
-    row_of,
-    ui,
-    workload_rows,
-):
+def _(decision, knee_rows, plan, radix_over_hash, ui, workload_rows):
     # Worked answer to Exercise 1, collapsed until opened
-    _prompt = next((r["mean prompt (tok)"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
-    _output = next((r["mean output (tok)"] for r in workload_rows if r["workload"] == "shared-prefix"), None)
-    _cache_rows = [{"engine": _e, "prefix hit rate": hit_rate_of("shared-prefix", _e),
-                    "prompt tokens computed per request": _prompt * (1 - (hit_rate_of("shared-prefix", _e) or 0)),
-                    "one-at-a-time tok/s": row_of("shared-prefix", _e)["synchronous_tps"],
-                    "capacity tok/s": capacity_of("shared-prefix", _e),
-                    "capacity at": row_of("shared-prefix", _e)["capacity_at"]}
-                   for _e in ("mini-hash", "mini-radix")] if radix_over_hash else []
-    # Work per request: the prompt tokens the cache did not skip, plus the output tokens.
-    expected_radix_over_hash = ((_cache_rows[0]["prompt tokens computed per request"] + _output)
-                                / (_cache_rows[1]["prompt tokens computed per request"] + _output)
-                                if _cache_rows else None)
-    _sync_ratio = (_cache_rows[1]["one-at-a-time tok/s"] / _cache_rows[0]["one-at-a-time tok/s"]
-                   if _cache_rows and all(r["one-at-a-time tok/s"] for r in _cache_rows) else None)
+    _shared = next(r for r in workload_rows if r["workload"] == "shared-prefix") if radix_over_hash else None
+    _cache_rows = (decision.cache_work_rows(knee_rows, "shared-prefix", ("mini-hash", "mini-radix"),
+                                            _shared["mean prompt (tok)"]) if _shared else [])
+    _out = _shared["mean output (tok)"] if _shared else 0   # work per request: uncached prompt + output
+    _hash, _radix = ([r["prompt tokens computed per request"] for r in _cache_rows] if _cache_rows else (0, 0))
+    expected_radix_over_hash = (_hash + _out) / (_radix + _out) if _cache_rows else None
     _off = radix_over_hash and abs(radix_over_hash / expected_radix_over_hash - 1) >= decision.TIE_WITHIN
+    _sync = [r["one-at-a-time tok/s"] or 0 for r in _cache_rows] or [0, 0]
     ui.worked_answer(
-        "Our radix tree matches **whole blocks**, like the hash chain (notebook 8), so on the same "
-        "requests both find the same cached tokens, and both engines run the same model code. "
-        "Capacity is output tokens per second of work, and the work per request is the prompt "
-        "tokens the cache did not skip plus the output tokens:\n\n"
-        + ui.markdown_table(_cache_rows, floatfmt=".3g")
-        + f"\n\nExpected: ({_cache_rows[0]['prompt tokens computed per request']:.0f} + {_output:.0f}) / "
-          f"({_cache_rows[1]['prompt tokens computed per request']:.0f} + {_output:.0f}) = "
-          f"**{expected_radix_over_hash:.2f}** (hash's work over radix's). Measured: "
-          f"**{radix_over_hash:.2f}**. "
-        + (f"Outside the {decision.TIE_WITHIN:.0%} tie band around the expected ratio: the cached "
-           "tokens do not account for this gap. "
-           + (f"One at a time, where the two run the same code on the same cached tokens, the radix "
-              f"engine delivered {_sync_ratio:.2f}x the hash engine's tok/s"
-              + (": the machine was not the same for the two runs, so this run "
-                 "cannot rank the cache designs. " if abs(_sync_ratio - 1) >= decision.TIE_WITHIN else ". ")
-              if _sync_ratio else "")
-           + f"Each capacity above is the best of one throughput probe and {plan.sweep_points} load "
-           f"points of {plan.num_requests} requests each"
-           + (": the quick plan's, too few to read a winner into." if plan_choice.value == "quick" else ".")
+        "Our radix tree matches **whole blocks**, like the hash chain (notebook 8): both find the same "
+        "cached tokens and run the same model code. Capacity is output tokens per second of work; the "
+        "work per request is the uncached prompt tokens plus the output:\n\n" + ui.markdown_table(_cache_rows)
+        + f"\n\nExpected: ({_hash:.0f} + {_out:.0f}) / ({_radix:.0f} + {_out:.0f}) = "
+          f"**{expected_radix_over_hash:.2f}** (hash's work over radix's). Measured: **{radix_over_hash:.2f}**, "
+        + (f"outside the {decision.TIE_WITHIN:.0%} tie band: the cached tokens do not explain it. One at a time, "
+           f"on the same cached tokens, radix delivered {_sync[1] / max(_sync[0], 1e-9):.2f}x hash's tok/s"
+           + (": the machine differed between the runs" if abs(_sync[1] / max(_sync[0], 1e-9) - 1)
+              >= decision.TIE_WITHIN else "") + f". Each capacity is the best of a throughput probe and "
+           f"{plan.sweep_points} points of {plan.num_requests} requests, too few to rank in a quick run."
            if _off else
-           f"Inside the {decision.TIE_WITHIN:.0%} tie band, as the mechanism predicts: the lookup and "
-           "eviction cost little next to a model step. SGLang's own tree matches token by token "
-           "(page size 1), which is where a radix cache can find more than whole blocks.")
+           f"inside the {decision.TIE_WITHIN:.0%} tie band: the lookup costs little next to a model step. "
+           "SGLang's tree matches token by token (page size 1), where a radix cache can find more.")
         if radix_over_hash else "Both teaching-engine contenders must finish the shared-prefix workload.")
     return
 
@@ -644,7 +523,7 @@ def _():
 @app.cell
 def _(knee_rows, predict_batching_gain, ui):
     batching_rows = {r["engine"]: r for r in knee_rows
-             if r["workload"] == "shared-prefix" and r["capacity_tps"] and r["synchronous_tps"]}
+                     if r["workload"] == "shared-prefix" and r["capacity_tps"] and r["synchronous_tps"]}
     best_engine = max(batching_rows, key=lambda e: batching_rows[e]["capacity_tps"]) if batching_rows else None
     batching_gain = (batching_rows[best_engine]["capacity_tps"] / batching_rows[best_engine]["synchronous_tps"]
                      if best_engine else None)
@@ -656,31 +535,29 @@ def _(knee_rows, predict_batching_gain, ui):
 
 
 @app.cell
-def _(batching_gain, batching_rows, best_engine, showdown_sweeps, ui):
+def _(
+    batching_gain,
+    batching_rows,
+    best_engine,
+    decision,
+    showdown_sweeps,
+    ui,
+):
     # Worked answer to Exercise 2, collapsed until opened
-    # Requests in flight (the client's mean) where the capacity was reached: the throughput probe
-    # or the open-loop point that delivered the most.
     _best_row = batching_rows.get(best_engine)
-    _sweep = showdown_sweeps["shared-prefix"][best_engine] if best_engine else None
-    _at_probe = bool(_best_row) and _best_row["capacity_at"] == "throughput probe"
-    _at_point = next((_sweep.points[_i] for _i, _p in enumerate(_best_row["points"])
-                      if _p["output_tps"] == _best_row["capacity_tps"]), None) if _best_row and not _at_probe else None
-    _at = _sweep.probes["throughput"] if _at_probe else _at_point
-    batching_in_flight = (_at.summary.get("mean_concurrency") if _at is not None else None)
+    batching_in_flight = decision.in_flight_at_capacity(
+        showdown_sweeps["shared-prefix"].get(best_engine) if best_engine else None, _best_row)
     ui.worked_answer(
-        "One at a time, every decode step serves one sequence. A batcher serves every request in "
-        "flight in one step, and a decode step reads all the weights once whatever the batch "
-        "(notebook 3). If a step of N sequences cost what a step of one costs, batching would buy "
-        f"N. At its capacity ({_best_row['capacity_at']}) {best_engine} had **{batching_in_flight:.1f} "
-        f"requests in flight** on average: expected **at most {batching_in_flight:.1f}x**.\n\n"
-        f"Measured: {_best_row['synchronous_tps']:.1f} tok/s one at a time, "
-        f"{_best_row['capacity_tps']:.1f} tok/s at capacity, **{batching_gain:.2f}x**. "
-        + (f"So a step of {batching_in_flight:.1f} sequences took about "
-           f"{batching_in_flight / batching_gain:.2f}x as long as a step of one: on a CPU the "
-           "matmuls' arithmetic grows with the batch, and each newcomer's prefill joins a step."
+        "One at a time, every decode step serves one sequence; a batcher serves every request in "
+        "flight in one step, reading all the weights once whatever the batch (notebook 3). If a step "
+        f"of N cost what a step of one costs, batching would buy N. At its capacity "
+        f"({_best_row['capacity_at']}) {best_engine} had **{batching_in_flight:.1f} requests in flight** on "
+        f"average: expected **at most {batching_in_flight:.1f}x**. Measured: {_best_row['synchronous_tps']:.1f} "
+        f"tok/s one at a time, {_best_row['capacity_tps']:.1f} at capacity, **{batching_gain:.2f}x**"
+        + (f": a step of {batching_in_flight:.1f} sequences took {batching_in_flight / batching_gain:.2f}x a step of "
+           "one (on a CPU the matmuls' arithmetic grows with the batch, and newcomers' prefills join steps)."
            if batching_gain <= batching_in_flight else
-           "More than the requests in flight: each request's own work was cheaper under load than "
-           "alone, which one step per batch does not explain.")
+           ", more than the requests in flight: each request's work was cheaper under load than alone.")
         if batching_gain and batching_in_flight else
         "Needs a contender with a capacity and a synchronous probe on shared-prefix.")
     return
@@ -705,17 +582,12 @@ def _():
 
 
 @app.cell
-def _(contenders, predict_hit_rate, row_of, session, ui):
-    # The contender running the connected engine (for the teaching engine: its first label, hash),
-    # else the first contender.
+def _(contenders, decision, knee_rows, predict_hit_rate, session, ui):
+    # The contender running the connected engine (the teaching engine: mini-hash), else the first.
     hit_label = next((c.label for c in contenders if c.engine == session.engine),
                      contenders[0].label if contenders else None)
-    _row = row_of("shared-prefix", hit_label) if hit_label else None
-    hit_at, hit_measured = None, None
-    if _row and _row["points"]:
-        hit_at, hit_measured = (("its knee", _row["prefix_hit_rate"]) if not _row["no_knee"] else
-                                (f"its lightest load ({_row['points'][0]['offered']:.3g} req/s; no knee)",
-                                 _row["points"][0]["prefix_hit_rate"]))
+    _knee, _offered, hit_measured = decision.hit_rate_reading(decision.row_of(knee_rows, "shared-prefix", hit_label))
+    hit_at = None if _knee is None else "its knee" if _knee else f"its lightest load ({_offered:.3g} req/s; no knee)"
     (ui.compare(predict_hit_rate, hit_measured, f"{hit_label} prefix hit rate at {hit_at}, shared-prefix")
      if hit_at and hit_measured is not None else
      ui.md(f"{hit_label or session.engine_name} reported no prefix-cache hit rate on the shared-prefix workload "
@@ -745,21 +617,18 @@ def _(
                                     "above the workload's prefix reuse", ("count", "cache"))
                       if hit_measured is not None else [])
     _prompts = sum(len(_p) for _p, _ in _seqs)
+    # prompt tokens whole blocks allow to skip, less those the engine skipped
     _gap = (reuse_blocks - hit_measured) * _prompts if hit_measured is not None else 0
     ui.md(sanity.report(hit_violations)) if hit_violations else ui.worked_answer(
-        f"The workload's prefix reuse (the ceiling) was **{reuse_tokens:.3f}**: a cache skips at most "
-        f"that share of the prompt tokens, and only if it matches token by token. {hit_label} stores whole blocks of "
-        f"**{hit_block} tokens**, so of each request's shared prefix it finds only the whole blocks: "
-        f"the part past the last block boundary is computed again. Over this workload's "
-        f"{len(_seqs)} requests ({_prompts:,} prompt tokens) that is **{reuse_blocks:.3f}** "
-        f"(`prefix_reuse_ratio(..., block={hit_block})`). Measured at {hit_at}: **{hit_measured:.3f}**. "
-        + ("The engine found every whole block it could."
-           if abs(_gap) < 1 else
-           f"{_gap:,.0f} prompt tokens fewer than whole blocks allow: requests that arrived while an "
-           "earlier one with the same prefix was still being prefilled found its blocks not yet "
-           "written, and computed them too." if _gap > 0 else
-           f"{-_gap:,.0f} prompt tokens more than whole blocks allow: the server counts something "
-           "other than this workload's prompts in its hit rate.")
+        f"The workload's prefix reuse (the ceiling) was **{reuse_tokens:.3f}**, for a cache matching "
+        f"token by token. {hit_label} stores whole blocks of **{hit_block} tokens** and recomputes the "
+        f"part of a shared prefix past its last whole block: over these {len(_seqs)} requests "
+        f"({_prompts:,} prompt tokens) it can skip **{reuse_blocks:.3f}** (`prefix_reuse_ratio(..., "
+        f"block={hit_block})`). Measured at {hit_at}: **{hit_measured:.3f}**, "
+        + ("every whole block it could find." if abs(_gap) < 1 else
+           f"{_gap:,.0f} prompt tokens short: a request that arrived while an earlier one with its "
+           "prefix was still being prefilled found those blocks not yet written." if _gap > 0 else
+           f"{-_gap:,.0f} prompt tokens over: the server counts more than this workload's prompts.")
         if hit_measured is not None else f"{hit_label} reported no hit rate.")
     return
 
@@ -774,21 +643,11 @@ def _(mo):
 
 @app.cell
 def _(decision, knee_rows, ui):
-    ui.table(decision.display_rows(knee_rows))
-    return
-
-
-@app.cell
-def _(knee_rows, ui):
-    _tops = []
-    for _w in dict.fromkeys(r["workload"] for r in knee_rows):
-        _by = sorted([r for r in knee_rows if r["workload"] == _w and r["capacity_tps"]], key=lambda r: -r["capacity_tps"])
-        if _by:
-            _tops.append(f"{_w}: {_by[0]['engine']}, {_by[0]['capacity_tps']:.0f} tok/s"
-                         + (f", {_by[0]['capacity_tps'] / _by[1]['capacity_tps']:.2f}x {_by[1]['engine']}"
-                            if len(_by) > 1 else ""))
-    ui.md("**The most capacity** (output tok/s at any load tried): " + "; ".join(_tops) + "."
-          if _tops else "No engine delivered any output in this run.")
+    capacity_leaders = decision.capacity_leaders(knee_rows)
+    _leads = "; ".join(f"{_c['workload']}: {_c['engine']}, {_c['capacity tok/s']:.0f} tok/s"
+                       + (f", {_c['x runner-up']:.2f}x {_c['runner-up']}" if _c["runner-up"] else "") for _c in capacity_leaders)
+    ui.md(ui.markdown_table(decision.display_rows(knee_rows)) + "\n\n**The most capacity** (output tok/s at any load "
+          f"tried): {_leads or 'none in this run'}.")
     return
 
 
@@ -797,9 +656,8 @@ def _(mo):
     mo.md(r"""
     ## 7. What this run shows, and what it does not
 
-    Each workload's throughput verdict, from the table above (margins under 10 % are ties:
-    `decision.TIE_WITHIN`). Where no contender kept up within the objectives at any load, the
-    verdict ranks **capacity alone** and says so.
+    Each workload's throughput verdict (margins under 10 % are ties: `decision.TIE_WITHIN`).
+    Where no contender kept up within the objectives at any load, it ranks **capacity alone**.
     """)
     return
 
@@ -807,42 +665,35 @@ def _(mo):
 @app.cell
 def _(decision, knee_rows, ui):
     run_verdicts = [decision.decide(knee_rows, _w, "throughput") for _w in dict.fromkeys(r["workload"] for r in knee_rows)]
-    ui.table([{_k: _row[_k] for _k in ("workload", "result", "values", "measured", "left out")}
-              for _row in decision.verdict_rows(run_verdicts)]) if run_verdicts else ui.md(
-        "No contender finished a sweep in this run.")
-    return (run_verdicts,)
-
-
-@app.cell
-def _(run_verdicts, ui):
     _wins = [v for v in run_verdicts if v.outcome == "win"]
-    ui.md(("**" + "; ".join(f"{v.workload}: {v.winner}, {v.margin_text} {v.runner_up}"
-                            + (" (capacity, objectives ignored)" if v.ignores_objectives else "")
-                            for v in _wins) + ".**")
-          if _wins else "**No workload has a winner in this run**: "
-          + "; ".join(f"on {v.workload}, {len(v.excluded)} of {len(v.excluded) + len(v.values)} "
-                      "contenders left out" + (f", a tie between {', '.join(v.tied)}" if v.tied else "")
-                      for v in run_verdicts) + " (the table says why).")
+    ui.md(ui.markdown_table([{_k: _row[_k] for _k in ("workload", "result", "values", "measured", "left out")}
+                             for _row in decision.verdict_rows(run_verdicts)]) + "\n\n"
+          + (("**" + "; ".join(f"{v.workload}: {v.winner}, {v.margin_text} {v.runner_up}"
+                               + (" (capacity, objectives ignored)" if v.ignores_objectives else "")
+                               for v in _wins) + ".**")
+             if _wins else "**No workload has a winner in this run**: "
+             + "; ".join(f"on {v.workload}, {len(v.excluded)} of {len(v.excluded) + len(v.values)} "
+                         "contenders left out" + (f", a tie between {', '.join(v.tied)}" if v.tied else "")
+                         for v in run_verdicts) + " (the table says why).")
+          if run_verdicts else "No contender finished a sweep in this run.")
     return
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    What it does **not** show. This is a 135M-parameter model on a laptop-class CPU; an H100
-    serving an 8B or 70B model differs in ways that change the ranking:
+    What it does **not** show. A 135M-parameter model on a laptop-class CPU differs from an
+    H100 serving an 8B or 70B model in ways that change the ranking:
 
-    * **Kernels.** Here each engine runs its CPU kernels (vLLM's and SGLang's CPU attention,
-      oneDNN matmuls; the teaching engine's plain PyTorch). On a GPU both production engines run
-      FlashAttention/FlashInfer-class kernels and CUDA graphs, and the per-step overheads that
-      dominate a tiny model here shrink next to a big one's matmuls. A speed difference here
-      mostly says how good each CPU path is.
-    * **What carries over** is mechanism: batching against one at a time (the baseline's gap
-      grows with model size), whether a prefix cache finds the shared prompt (a property of the
-      workload and the cache design, not of the hardware), and how queues build past the knee.
+    * **Kernels.** Here each engine runs CPU kernels; on a GPU the production engines run
+      FlashAttention-class kernels and CUDA graphs, and the per-step overheads that dominate a
+      tiny model shrink next to a big one's matmuls. A speed difference here mostly says how
+      good each CPU path is.
+    * **What carries over** is mechanism: batching against one at a time, whether a prefix cache
+      finds the shared prompt (workload and cache design, not hardware), how queues build.
     * **A shared machine.** Two cores shared with the client: a point can fall behind because
-      the client was late (the sweep flags such points as client-limited and retries them once).
-      Run the full plan on a quiet machine before you believe a difference under about 10 %.
+      the client was late (flagged client-limited, retried once). Run the full plan on a quiet
+      machine before you believe a difference under about 10 %.
     """)
     return
 
@@ -852,8 +703,7 @@ def _(mo):
     mo.md(r"""
     ## 8. Inside the teaching engine: what each speed switch buys here
 
-    A speed difference on a CPU mostly measures how good each engine's CPU path is (section 7).
-    For one engine you can take that path apart: the teaching engine keeps a switch for each
+    For one engine you can take its CPU path apart: the teaching engine keeps a switch for each
     technique that made it faster, the same flags its server takes.
 
     | switch | what it turns off |
@@ -863,11 +713,9 @@ def _(mo):
     | `--decode-attention sdpa` | attention written out (two matmuls and a softmax) for big bf16/fp16 decode batches; PyTorch's SDPA kernel runs for every batch |
     | `--no-cascade-attention` | the batch reading the shared system prompt's keys once; each sequence reads them itself (notebook 8, section 4) |
 
-    One engine per variant (the defaults, then each switch off on its own) holds the same batch:
-    sequences behind one system prompt, radix cache on, so they share its blocks. The engines
-    take decode steps in turn, round-robin, so a slow moment of the machine falls on all of them
-    alike. The bundled model runs in this process, in the dtype the course's server computes in
-    here (bf16 where the CPU has native bf16, float32 otherwise); the dropdown changes it.
+    One engine per variant (the defaults, then each switch off alone), in this process, holds
+    the same batch behind one system prompt (radix cache: its blocks shared), in the server's dtype
+    here (bf16 where the CPU has it); they step round-robin, so a slow moment falls on all alike.
     """)
     return
 
@@ -982,79 +830,55 @@ def _(predict_worst_ratio, switch_rows, ui):
 
 @app.cell
 def _(
+    engine_switches,
     switch_dtype,
     switch_own,
     switch_rounds,
     switch_rows,
     switch_seqs,
     switch_shared,
-    switch_worst,
     ui,
 ):
     # Worked answer to Exercise 4, collapsed until opened
     from workshop import kvcache
 
-    # Bytes a decode step moves, by variant: every weight once (3 times without prepacking: the
-    # reorder reads and writes each weight before the matmul reads it), and the keys and values of
-    # each sequence's context (the shared prompt's once per batch with cascade attention).
     _cfg = kvcache.load_model("smollm2-135m")
-    _dtype_bytes = 2 if switch_dtype.value == "bfloat16" else 4
-    _weights = _cfg.params * _dtype_bytes
+    _weights = _cfg.params * (2 if switch_dtype.value == "bfloat16" else 4)
     _kv_token = kvcache.kv_bytes_per_token(_cfg, switch_dtype.value)
     _b, _sh, _own = int(switch_seqs.value), int(switch_shared.value), int(switch_own.value) + int(switch_rounds.value) // 2
-    _applies = {r["variant"]: r["applies here"] for r in switch_rows}
-    _kv_each = _b * (_sh + _own) * _kv_token
-    _kv_cascade = (_sh + _b * _own) * _kv_token if _applies["--no-cascade-attention"] else _kv_each
-    switch_bytes = {"defaults": _weights + _kv_cascade,
-                    "--no-prepack": (3 if _applies["--no-prepack"] else 1) * _weights + _kv_cascade,
-                    "--kv-read slot": _weights + _kv_cascade,
-                    "--decode-attention sdpa": _weights + _kv_cascade,
-                    "--no-cascade-attention": _weights + _kv_each}
-    _byte_rows = [{"variant": r["variant"], "MB moved per step": switch_bytes[r["variant"]] / 1e6,
-                   "expected (bytes / defaults' bytes)": switch_bytes[r["variant"]] / switch_bytes["defaults"],
-                   "measured (time / defaults' time)": r["slower than defaults"]} for r in switch_rows]
-    switch_expected_worst = max(_byte_rows[1:], key=lambda r: r["expected (bytes / defaults' bytes)"])
-    _expected_worst_ratio = switch_expected_worst["expected (bytes / defaults' bytes)"]
-    _defaults_gbs = switch_bytes["defaults"] / (switch_rows[0]["ms per step"] / 1e3) / 1e9
+    switch_bytes = engine_switches.bytes_rows(switch_rows, weight_bytes=_weights, kv_bytes_per_token=_kv_token,
+                                              batch=_b, shared=_sh, own=_own)
+    switch_expected_worst = max(switch_bytes[1:], key=lambda r: r["bytes / defaults'"])
+    _expected_worst = switch_expected_worst["bytes / defaults'"]
+    _defaults_mb, _defaults_ms = switch_bytes[0]["MB moved per step"], switch_rows[0]["ms per step"]
     ui.worked_answer(
-        "Notebook 3's roofline: a decode step of a small batch is bound by memory traffic. It reads "
-        "every weight once, and every sequence's keys and values. If its time were those bytes, "
-        "each variant's ratio would be its bytes over the defaults' bytes. At these settings "
-        f"({_weights / 1e6:,.0f} MB of {switch_dtype.value} weights, {_kv_token:,.0f} bytes of KV "
-        f"per token, {_b} sequences of {_sh} shared + {_own} own tokens halfway through the timed "
-        "steps):\n\n" + ui.markdown_table(_byte_rows, floatfmt=".3g")
-        + f"\n\nBy bytes, **`{switch_expected_worst['variant']}`** would matter most, "
-          f"**{_expected_worst_ratio:.2f}x**; `--kv-read slot` "
-          "and `--decode-attention sdpa` move the same bytes as the defaults (in more, smaller "
-          "copies, or through another kernel), so bytes predict 1.00x for them. "
-        + (f"Measured, `{switch_worst['variant']}` mattered most, **{switch_worst['slower than defaults']:.2f}x**. "
-           if switch_worst else "")
-        + f"The defaults moved {switch_bytes['defaults'] / 1e9:.2f} GB in "
-          f"{switch_rows[0]['ms per step']:.1f} ms, **{_defaults_gbs:.1f} GB/s**: where a measured "
-          "ratio departs from the bytes, a step here is not memory traffic alone (per-call "
-          "overheads of many small copies and kernels, arithmetic that grows with the batch).")
+        "Notebook 3's roofline: a small batch's decode step is bound by memory traffic: every weight "
+        "once (three times without prepacking: the reorder reads and writes each first) and each "
+        "sequence's keys and values (the shared prompt's once per batch with cascade attention). "
+        f"Here {_weights / 1e6:,.0f} MB of {switch_dtype.value} weights, {_kv_token:,.0f} bytes of KV per "
+        f"token, {_b} sequences of {_sh} shared + {_own} own tokens (halfway through the timed steps):"
+        "\n\n" + ui.markdown_table(switch_bytes, floatfmt=".3g")
+        + f"\n\nBy bytes, **`{switch_expected_worst['variant']}`** would matter most, **{_expected_worst:.2f}x**; "
+          "slot reads and SDPA move the defaults' bytes (in smaller copies, another kernel). The defaults "
+          f"moved {_defaults_mb / 1e3:.2f} GB in {_defaults_ms:.1f} ms, **{_defaults_mb / _defaults_ms:.1f} "
+          "GB/s**: where a measured ratio departs from the bytes, a step is more than memory traffic "
+          "(per-call overheads, arithmetic that grows with the batch).")
     return
 
 
 @app.cell
 def _(switch_applied, switch_rows, switch_worst, ui):
-    _same_code = [r for r in switch_rows[1:] if not r["applies here"]]
-    _noise = [r["slower than defaults"] for r in _same_code]
-    _slot = next(r for r in switch_rows if r["variant"] == "--kv-read slot")
+    _same_code = [r["slower than defaults"] for r in switch_rows[1:] if not r["applies here"]]
     _differ = ", ".join(f"`{r['variant']}`" for r in switch_applied if not r["same tokens"])
-    _same_names = ", ".join(f"`{r['variant']}`" for r in _same_code)
-    ui.md((f"**Without `{switch_worst['variant']}`'s technique a decode step took "
-           f"{switch_worst['slower than defaults']:.2f}x the defaults' time**, the most of the "
-           f"{len(switch_applied)} switches that change the code here." if switch_worst else
-           "**No switch changes the code at these settings.**")
-          + (f" The variants that ran the defaults' code ({_same_names}) "
-             f"came out at {min(_noise):.2f}-{max(_noise):.2f}x: the spread of two identical engines "
-             "on this machine in this run." if _same_code else "")
+    _slot = next(r for r in switch_rows if r["variant"] == "--kv-read slot")
+    ui.md((f"**Without `{switch_worst['variant']}`'s technique a step took {switch_worst['slower than defaults']:.2f}x "
+           f"the defaults' time**, the most of {len(switch_applied)} switches that change the code here."
+           if switch_worst else "**No switch changes the code at these settings.**")
+          + (f" Variants running the defaults' code: {min(_same_code):.2f}-{max(_same_code):.2f}x, this run's noise."
+             if _same_code else "")
           + (" Slot-by-slot reads wrote the defaults' tokens exactly (checked)." if _slot["same tokens"] else
-             " **Slot-by-slot reads copy the same numbers, yet their tokens differed from the defaults': "
-             "a bug.**")
-          + (f" Tokens differed from the defaults' for {_differ}: these sum "
-             "in another order, and in bf16 a near tie can flip." if _differ else ""))
+             " **Slot-by-slot reads copy the same numbers, yet their tokens differed: a bug.**")
+          + (f" Tokens differed for {_differ}: another order of sums can flip a bf16 near tie." if _differ else ""))
     return
 
 
@@ -1063,32 +887,26 @@ def _(mo):
     mo.md(r"""
     ## What the real engines do
 
-    * **Their own benchmark clients.** vLLM ships `vllm bench serve` (datasets `sharegpt`,
-      `random`, `prefix_repetition`; `--request-rate`, `--max-concurrency`, `--goodput` with
-      SLOs) and SGLang `python -m sglang.bench_serving` (`--dataset-name sharegpt`,
-      `generated-shared-prefix`). Each engine's published comparisons are made with its own
-      client and its own workloads, which is one reason they disagree; notebook 11 cites some
-      beside yours, separately.
-    * **Sweeps to a knee.** GuideLLM (`guidellm benchmark --profile sweep`) runs the same
-      three phases as this notebook: synchronous, throughput, then rates in between, and leaves
-      a warm-up and a cool-down out of each measurement.
+    * **Their own benchmark clients.** vLLM ships `vllm bench serve` (datasets `sharegpt`, `random`,
+      `prefix_repetition`; `--request-rate`, `--max-concurrency`, `--goodput` with SLOs), SGLang
+      `python -m sglang.bench_serving` (`--dataset-name sharegpt`, `generated-shared-prefix`). Each
+      engine's published comparisons use its own client and workloads, one reason they disagree.
+    * **Sweeps to a knee.** GuideLLM (`guidellm benchmark --profile sweep`) runs this notebook's
+      three phases (synchronous, throughput, rates in between) and leaves a warm-up and a
+      cool-down out of each measurement.
     * **Tuning for a workload.** vLLM: `--max-num-seqs` and `--max-num-batched-tokens` (batch
-      size and prefill chunk), prefix caching on by default in its V1 engine. SGLang:
-      `--schedule-policy lpm` (serve the request with the longest cached prefix first),
-      `--chunked-prefill-size`, `--max-running-requests`. Production comparisons (e.g. the
-      engines' own release posts) report the flags they used; a comparison without them is not
-      reproducible.
-    * **Switching their speed techniques off, one at a time** (section 8 did it for the teaching
-      engine). vLLM documents a flag per piece of its compilation stack, for debugging: in its
-      guide "How to debug the vLLM-torch.compile integration"
-      ([docs.vllm.ai](https://docs.vllm.ai/en/stable/design/debug_vllm_compile/)),
-      `--enforce-eager` turns off both torch.compile and CUDA graphs, `-cc.mode=0` only
-      torch.compile, `-cc.cudagraph_mode=NONE` only CUDA graphs and `-cc.backend=eager` only
-      TorchInductor; the same guide gives their roles: torch.compile generates optimized
-      kernels, CUDA graphs eliminate CPU overhead (a step replayed as one launch). SGLang has
-      `--disable-cuda-graph` and `--disable-radix-cache`. The teaching engine has neither
-      compiler nor graphs (on this course's CPUs torch.compile made its steps slower:
-      `docs/mini_engine.md`, "What is left").
+      size, prefill chunk), prefix caching on by default in V1. SGLang: `--schedule-policy lpm`
+      (the longest cached prefix first), `--chunked-prefill-size`, `--max-running-requests`.
+      Production comparisons report their flags; one without them is not reproducible.
+    * **Switching their speed techniques off, one at a time** (section 8). vLLM's guide "How to
+      debug the vLLM-torch.compile integration"
+      ([docs.vllm.ai](https://docs.vllm.ai/en/stable/design/debug_vllm_compile/)) gives a flag
+      per piece: `--enforce-eager` turns off torch.compile and CUDA graphs, `-cc.mode=0` only
+      torch.compile, `-cc.cudagraph_mode=NONE` only CUDA graphs, `-cc.backend=eager` only
+      TorchInductor (torch.compile generates optimized kernels; CUDA graphs eliminate CPU
+      overhead, a step replayed as one launch). SGLang has `--disable-cuda-graph` and
+      `--disable-radix-cache`. The teaching engine has neither compiler nor graphs (on this
+      course's CPUs torch.compile made its steps slower: `docs/mini_engine.md`, "What is left").
     """)
     return
 

@@ -394,6 +394,23 @@ def setup_rows(results: "Results") -> list[dict[str, Any]]:
     return out
 
 
+def departure_rows(results: "Results") -> list[dict[str, Any]]:
+    """One row per gate answer that departed from the reference (a near tie, a wrong answer,
+    a failed request): engine, prompt, where it departed, the reference's top-two gap there
+    (logits), the reference's top two tokens and what came back (truncated)."""
+    rows = []
+    for e in results.engines:
+        for c in (results.first_run(e).gate or {}).get("checks") or []:
+            if c.get("verdict") == "agree":
+                continue
+            rows.append({"engine": e, "prompt": c["kind"] + (f" (repeat {c['repeat']})" if c.get("repeat") else ""),
+                         "question": c["question"][:50], "verdict": c["verdict"], "at token": c.get("departed_at"),
+                         "gap (logits)": c.get("gap"),
+                         "reference's top two": " / ".join(map(repr, c.get("reference_top2") or ())),
+                         "got": (c.get("got") or "")[:60]})
+    return rows
+
+
 def _check_line(c: dict[str, Any]) -> str:
     if c.get("verdict") == "error":
         return f"{c.get('question')!r}: request failed: {c.get('error')}"
@@ -631,6 +648,87 @@ def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "peak KV": "-" if r["peak_kv"] is None else f"{100 * r['peak_kv']:.0f}%",
             "note": r["note"] if r["status"].startswith("ok") else f"run {r['status']}",
         })
+    return out
+
+
+def row_of(rows: Sequence[dict[str, Any]], workload: str, engine: str) -> dict[str, Any] | None:
+    """The knee-table row of ``engine`` on ``workload`` (None when it did not run there)."""
+    return next((r for r in rows if r["workload"] == workload and r["engine"] == engine), None)
+
+
+def mean_hit_rate(row: dict[str, Any] | None) -> float | None:
+    """The mean prefix hit rate a row's server reported over its load points (None: none)."""
+    rates = [p["prefix_hit_rate"] for p in (row or {}).get("points") or [] if p["prefix_hit_rate"] is not None]
+    return sum(rates) / len(rates) if rates else None
+
+
+def hit_rate_reading(row: dict[str, Any] | None) -> tuple[bool | None, float | None, float | None]:
+    """Where to read a row's prefix hit rate, and the rate: (True, None, rate at the knee); without
+    a knee (False, offered req/s of the lightest load point, the rate there); (None, None, None)
+    without points."""
+    if not row or not row["points"]:
+        return None, None, None
+    if not row["no_knee"]:
+        return True, None, row["prefix_hit_rate"]
+    return False, row["points"][0]["offered"], row["points"][0]["prefix_hit_rate"]
+
+
+def capacity_leaders(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per workload, the engine with the most capacity (output tok/s at any load tried), that
+    capacity, the runner-up and best / runner-up (None without one). Workloads where no
+    engine delivered anything are left out."""
+    out = []
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        by = sorted((r for r in rows if r["workload"] == w and r["capacity_tps"]), key=lambda r: -r["capacity_tps"])
+        if by:
+            out.append({"workload": w, "engine": by[0]["engine"], "capacity tok/s": by[0]["capacity_tps"],
+                        "runner-up": by[1]["engine"] if len(by) > 1 else None,
+                        "x runner-up": by[0]["capacity_tps"] / by[1]["capacity_tps"] if len(by) > 1 else None})
+    return out
+
+
+def cache_work_rows(rows: Sequence[dict[str, Any]], workload: str, engines: Sequence[str],
+                    prompt_tokens: float) -> list[dict[str, Any]]:
+    """Per engine on ``workload``: its mean prefix hit rate, the prompt tokens it computed per
+    request of ``prompt_tokens`` (those the cache did not skip), its one-at-a-time output tok/s,
+    its capacity and where it reached it. Engines without a row are left out."""
+    out = []
+    for e in engines:
+        r = row_of(rows, workload, e)
+        if r is None:
+            continue
+        hit = mean_hit_rate(r)
+        out.append({"engine": e, "prefix hit rate": hit,
+                    "prompt tokens computed per request": prompt_tokens * (1 - (hit or 0)),
+                    "one-at-a-time tok/s": r["synchronous_tps"], "capacity tok/s": r["capacity_tps"],
+                    "capacity at": r["capacity_at"]})
+    return out
+
+
+def in_flight_at_capacity(sweep: SweepResult | None, row: dict[str, Any] | None) -> float | None:
+    """Requests in flight (the client's mean) where ``row`` reached its capacity: the
+    throughput probe or the open-loop point that delivered the most (None: not known)."""
+    if sweep is None or not row or row.get("capacity_tps") is None:
+        return None
+    if row["capacity_at"] == "throughput probe":
+        at = (sweep.probes or {}).get("throughput")
+    else:
+        at = next((sweep.points[i] for i, p in enumerate(row["points"])
+                   if p["output_tps"] == row["capacity_tps"]), None)
+    return at.summary.get("mean_concurrency") if at is not None else None
+
+
+def ttft_growth(sweeps: dict[str, dict[str, SweepResult]]) -> list[dict[str, Any]]:
+    """Per workload and engine with points: p99 TTFT at its lightest and its heaviest load
+    point (ms), and heaviest / lightest."""
+    out = []
+    for w, per in sweeps.items():
+        for e, sw in per.items():
+            if not sw.points:
+                continue
+            light, heavy = (sw.points[i].summary["ttft_ms"]["p99"] for i in (0, -1))
+            out.append({"workload": w, "engine": e, "p99 TTFT, lightest load (ms)": light,
+                        "p99 TTFT, heaviest load (ms)": heavy, "growth": heavy / light if light else None})
     return out
 
 

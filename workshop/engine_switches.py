@@ -150,3 +150,26 @@ def switches_figure(rows: Sequence[dict], step_ms: dict[str, list[float]], title
 
 
 __all__ = ["DEFAULTS", "SWITCHES", "engine_dtype", "applies", "decode_step_rows", "switches_figure"]
+
+
+def bytes_rows(rows: Sequence[dict], *, weight_bytes: float, kv_bytes_per_token: float,
+               batch: int, shared: int, own: int) -> list[dict]:
+    """Per variant of ``decode_step_rows``'s ``rows``: the MB a decode step moves if its time
+    were memory traffic, those bytes over the defaults' bytes, and the measured time over the
+    defaults' time. A step moves every weight once (three times without prepacking: the
+    reorder reads and writes each weight before the matmul reads it) and the keys and values
+    of each of ``batch`` sequences' ``shared`` + ``own`` tokens (the shared prompt's once per
+    batch with cascade attention). A switch that does not apply (``applies here``) runs the
+    defaults' code; ``--kv-read slot`` and ``--decode-attention sdpa`` move the defaults' bytes."""
+    applied = {r["variant"]: r["applies here"] for r in rows}
+    kv_each = batch * (shared + own) * kv_bytes_per_token
+    kv_cascade = (shared + batch * own) * kv_bytes_per_token if applied.get("--no-cascade-attention") else kv_each
+    moved = {DEFAULTS: weight_bytes + kv_cascade,
+             "--no-prepack": (3 if applied.get("--no-prepack") else 1) * weight_bytes + kv_cascade,
+             "--no-cascade-attention": weight_bytes + kv_each}
+    out = []
+    for r in rows:
+        b = moved.get(r["variant"], moved[DEFAULTS])
+        out.append({"variant": r["variant"], "MB moved per step": b / 1e6,
+                    "bytes / defaults'": b / moved[DEFAULTS], "time / defaults'": r["slower than defaults"]})
+    return out

@@ -554,3 +554,56 @@ def test_the_committed_amx_run_is_a_full_cpu_field_whose_answers_were_checked(tm
     assert decision_chart.write_report([stages["Xeon with AMX"]], tmp_path) == 0
     assert _section((tmp_path / "decision.md").read_text(), "Winners") == \
         _section((stages["Xeon with AMX"] / "decision.md").read_text(), "Winners")
+
+
+# --------------------------------------------------------------------------- notebook 10's readings
+
+def test_the_knee_table_read_for_notebook_10(tmp_path):
+    """Notebook 10's exercises read one row (row_of), its hit rate (mean over the points, or at
+    the knee / lightest load), the capacity leaders, the work per request behind a cache, the
+    requests in flight at capacity and how p99 TTFT grew with load."""
+    runs = {("fast", "shared-prefix"): make_sweep([1, 2, 4, 8], 2, each=dict(hit=[0.2, 0.4, 0.4, 0.4]),
+                                                  probe=(0.5, 0.04)),
+            ("slow", "shared-prefix"): make_sweep([1, 2, 4, 6], None, hit=0.3,
+                                                  each=dict(ttft=[0.1, 0.2, 0.4, 0.8]))}
+    res = decision.load(make_root(tmp_path / "s", runs))
+    rows = decision.knee_table(res)
+    fast, slow = (decision.row_of(rows, "shared-prefix", e) for e in ("fast", "slow"))
+    assert decision.row_of(rows, "shared-prefix", "absent") is None
+    assert decision.mean_hit_rate(fast) == pytest.approx(0.35) and decision.mean_hit_rate(None) is None
+    assert decision.hit_rate_reading(fast) == (True, None, pytest.approx(0.4))
+    assert decision.hit_rate_reading(slow) == (False, pytest.approx(1), pytest.approx(0.3))
+    assert decision.hit_rate_reading(None) == (None, None, None)
+
+    lead, = decision.capacity_leaders(rows)
+    assert fast["capacity_tps"] > slow["capacity_tps"]
+    assert (lead["engine"], lead["runner-up"]) == ("fast", "slow")
+    assert lead["x runner-up"] == pytest.approx(fast["capacity_tps"] / slow["capacity_tps"])
+    assert decision.capacity_leaders([]) == []
+
+    work = decision.cache_work_rows(rows, "shared-prefix", ("fast", "absent", "slow"), 100.0)
+    assert [r["engine"] for r in work] == ["fast", "slow"]
+    assert [r["prompt tokens computed per request"] for r in work] == [pytest.approx(65), pytest.approx(70)]
+    assert work[0]["capacity tok/s"] == fast["capacity_tps"]
+
+    sweep = res.sweeps()["shared-prefix"]["fast"]
+    best = max(range(len(fast["points"])), key=lambda i: fast["points"][i]["output_tps"])
+    assert decision.in_flight_at_capacity(sweep, fast) == sweep.points[best].summary["mean_concurrency"]
+    assert decision.in_flight_at_capacity(None, fast) is None
+
+    growth = {r["engine"]: r for r in decision.ttft_growth(res.sweeps())}
+    assert growth["slow"]["p99 TTFT, lightest load (ms)"] == pytest.approx(100)
+    assert growth["slow"]["growth"] == pytest.approx(8)
+
+
+def test_departures_from_the_reference_are_listed_and_agreements_are_not(tmp_path):
+    root = make_root(tmp_path / "s", {("a", "w"): make_sweep([1, 2], 1)})
+    manifest = json.loads((root / "showdown.json").read_text())
+    check = {"kind": "short", "repeat": 1, "question": "What is the capital of Italy?", "verdict": "near tie",
+             "departed_at": 2, "gap": 0.25, "reference_top2": ["io", "ri"], "got": "Il Corriere"}
+    manifest["engines"]["a"]["gate"] = {"passed": True, "checks": [{**check, "verdict": "agree"}, check]}
+    (root / "showdown.json").write_text(json.dumps(manifest))
+    rows = decision.departure_rows(decision.load(root))
+    assert rows == [{"engine": "a", "prompt": "short (repeat 1)", "question": "What is the capital of Italy?",
+                     "verdict": "near tie", "at token": 2, "gap (logits)": 0.25,
+                     "reference's top two": "'io' / 'ri'", "got": "Il Corriere"}]

@@ -134,3 +134,22 @@ def test_a_label_names_this_machines_contender():
     assert cpu["vllm"].server_args == ("--", "--max-num-seqs", str(showdown.MAX_RUNNING))
     assert "mini-radix" in cpu and "vllm-tuned" in cpu
     assert showdown.known_contenders(gpu=True)["vllm"].server_args == ()
+
+
+def test_workloads_are_described_before_any_engine_sees_them():
+    from workshop.bench.tokenizer import Tokenizer
+
+    plan = showdown.Plan.quick()
+    rows, seqs = showdown.describe_workloads(plan, Tokenizer.load("smollm2-135m"))
+    (row,) = rows
+    assert row["workload"] == "shared-prefix" and row["requests"] == len(seqs["shared-prefix"])
+    assert 0 < row["prefix reuse"] < 1 and row["mean prompt (tok)"] > row["mean output (tok)"] > 0
+    prompt, reply = seqs["shared-prefix"][0]
+    assert len(prompt) > 0 and len(reply) > 0
+
+
+def test_the_field_says_which_servers_run_already():
+    rows = showdown.field_rows(showdown.CPU_FIELD, {"vllm"})
+    by = {r["label"]: r for r in rows}
+    assert by["vllm"]["server"] == "already running" and by["mini-hash"]["server"] == "started here"
+    assert by["hf"]["server args"] == "(defaults)"

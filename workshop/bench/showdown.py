@@ -186,6 +186,15 @@ def default_field(gpu: bool | None = None, running: Iterable[str] = ()) -> tuple
     return field_
 
 
+def field_rows(field: Sequence[Contender], running: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """A row per contender: label, engine, server arguments, whether its server is already
+    running (``running``: labels) or started here, and its note."""
+    running = set(running)
+    return [{"label": c.label, "engine": c.engine, "server args": " ".join(c.server_args) or "(defaults)",
+             "server": "already running" if c.label in running else "started here", "note": c.note}
+            for c in field]
+
+
 def known_contenders(gpu: bool | None = None) -> dict[str, Contender]:
     """Every contender by label. The two fields share labels ("vllm", "sglang") with other
     arguments: this machine's field wins (the GPU field on a GPU, else the CPU field)."""
@@ -217,6 +226,23 @@ def unloaded_latency(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
             rows.append({"workload": w, "engine": label,
                          **{key: probe.summary[key]["p99"] for key, _ in OBJECTIVES}})
     return rows
+
+
+def describe_workloads(plan: "Plan", tok: Any) -> tuple[list[dict[str, Any]], dict[str, list[tuple[list[int], list[int]]]]]:
+    """The plan's workloads before any engine sees them: a row each (sessions, requests, mean
+    prompt and output tokens, prefix reuse: the share of prompt tokens a perfect prefix cache
+    could skip), and per workload the (prompt ids, reply ids) of each request in send order."""
+    from .workloads import build_workload, describe, plan as planned_requests
+
+    rows, sequences = [], {}
+    for w in plan.workloads:
+        wl = build_workload(w, tok, num_requests=plan.num_requests, seed=plan.seed, **plan.kwargs_for(w))
+        d = describe(wl)
+        sequences[w] = [(tok.prompt_ids(s.request), tok.encode(s.reply)) for s in planned_requests(wl)]
+        rows.append({"workload": w, "sessions": d["sessions"], "requests": d.get("requests"),
+                     "mean prompt (tok)": d["prompt_tokens_mean"], "mean output (tok)": d["output_tokens_mean"],
+                     "prefix reuse": d.get("prefix_reuse_ratio")})
+    return rows, sequences
 
 
 def derive_objectives(unloaded: Sequence[dict[str, Any]], factor: float) -> dict[str, dict[str, Any] | None]:
