@@ -277,8 +277,15 @@ class Cluster:
                 self._died(role, unfinished)
 
     def _died(self, role: str, unfinished: set[str]):
+        """Raise ``WorkerDied`` naming the process that ended (``role``, or one that ended
+        with an error before it: a prefill process whose decode peer is gone exits cleanly
+        after it) and what was unfinished."""
         proc = self.processes[role]
         proc.join(timeout=1)
+        others = [r for r, p in self.processes.items()
+                  if r != role and not p.is_alive() and p.exitcode not in (None, 0)]
+        if proc.exitcode == 0 and others:
+            role, proc = others[0], self.processes[others[0]]
         raise WorkerDied(f"the {role} process (pid {proc.pid}) died with exit code "
                          f"{proc.exitcode}" + (f" while {len(unfinished)} request(s) were "
                                                f"unfinished: {sorted(unfinished)}"

@@ -84,3 +84,16 @@ def test_a_decode_process_dying_mid_request_is_a_clear_error_not_a_hang(engine):
     finally:
         cluster.close()
     assert not any(p.is_alive() for p in cluster.processes.values())
+
+
+def test_a_prefill_process_dying_is_named_as_such(engine):
+    work = dg.make_workload(engine.runner.cfg.vocab_size, streams=1, stream_prompt=16,
+                            stream_tokens=400, long_prompts=1, long_len=32, first_arrival_s=30)
+
+    def kill_prefill(cluster, request_id, tokens):
+        if cluster.processes["prefill"].is_alive():
+            cluster.processes["prefill"].kill()
+
+    with dg.Cluster("disaggregated", kv_cache_gib=0.05) as cluster:
+        with pytest.raises(dg.WorkerDied, match=r"the prefill process .* died with exit code -9"):
+            cluster.run(work, stall_s=30, timeout_s=60, on_tokens=kill_prefill)
