@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from reference_server import __version__
 from reference_server.config import ServerConfig
 from reference_server.engines import Engine
-from reference_server.errors import engine_error_response, error_response  # noqa: F401  the gateway imports both from here
+from reference_server.errors import error_response
 from reference_server.routes import openai, ops
 from reference_server.sse import STREAM_FAILED
 from reference_server.state import EngineUnavailable, ServerState

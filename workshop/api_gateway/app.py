@@ -3,7 +3,7 @@
 Thin on purpose: the decisions are the pure modules' (``bucket``, ``quota``, ``routing``,
 ``usage``, ``request_log``); this file reads the request, asks them, and relays. Every
 refusal (401, 429 for the rate, 429 for the quota) is answered before a byte goes upstream.
-Errors have the reference server's OpenAI shape (``reference_server.app.error_response``).
+Errors have the reference server's OpenAI shape (``reference_server.errors.error_response``).
 """
 
 from __future__ import annotations
@@ -20,8 +20,8 @@ import aiohttp
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
-from reference_server.app import engine_error_response, error_response
 from reference_server.engines.proxy import error_answer
+from reference_server.errors import engine_error_response, error_response
 from workshop.api_gateway import request_log
 from workshop.api_gateway.bucket import TokenBucket
 from workshop.api_gateway.keys import KeySpec, bearer_secret, digest
