@@ -906,7 +906,7 @@ def _(mo):
       TorchInductor (torch.compile generates optimized kernels; CUDA graphs eliminate CPU
       overhead, a step replayed as one launch). SGLang has `--disable-cuda-graph` and
       `--disable-radix-cache`. The teaching engine has neither compiler nor graphs (on this
-      course's CPUs torch.compile made its steps slower: `docs/mini_engine.md`, "What is left").
+      course's CPUs torch.compile made its steps slower: `docs/runs/mini_engine_speed.md`).
     """)
     return
 

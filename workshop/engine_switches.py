@@ -1,7 +1,7 @@
 """The teaching engine's speed switches, each turned off alone, timed on this machine.
 
-``mini_engine`` keeps a switch for each technique that made it faster (docs/mini_engine.md,
-"What each change bought"): weights packed once for oneDNN, K/V read back block by block,
+``mini_engine`` keeps a switch for each technique that made it faster
+(docs/runs/mini_engine_speed.md, "What each change bought"): weights packed once for oneDNN, K/V read back block by block,
 attention written out for big decode batches, cascade attention over a shared prefix.
 ``decode_step_rows`` builds one engine per variant (the defaults, then each switch off on its
 own), gives every engine the same batch (sequences behind one system prompt, radix cache on,
