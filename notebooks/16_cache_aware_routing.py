@@ -482,12 +482,23 @@ def _(tenant, ui):
 
 
 @app.cell
+def _(car, plain, salted, tenant):
+    car.tenant_figure(tenant["rows"], [plain["threshold (ms)"], salted["threshold (ms)"]])
+    return
+
+
+@app.cell
 def _(n_probes, plain, probe_tokens, salted, tenant, ui):
     _hit = {s: sum(r["cached_tokens"] or 0 for r in tenant["rows"]
                    if r["salts"] == s and r["sent_by_a"]) / (probe_tokens * (n_probes // 2))
             for s in (False, True)}
     ui.md(f"**Without salts B's timing told A's prompts apart {plain['accuracy']:.0%} of the time; "
-          f"with a salt per tenant {salted['accuracy']:.0%}.** The cost: B's probes of a prompt A "
+          f"with a salt per tenant {salted['accuracy']:.0%}** (median TTFT of the two kinds of probe "
+          f"{plain['median TTFT, A sent it (ms)']:.0f} against "
+          f"{plain['median TTFT, A did not (ms)']:.0f} ms without salts, "
+          f"{salted['median TTFT, A sent it (ms)']:.0f} against "
+          f"{salted['median TTFT, A did not (ms)']:.0f} ms with them; with {n_probes} probes a "
+          "threshold fitted to them scores above 0.5 on noise alone). The cost: B's probes of a prompt A "
           f"had just sent found {_hit[False]:.0%} of it cached without salts and {_hit[True]:.0%} "
           "with them. Salts split the cache by tenant: a system prompt that many tenants share is "
           "cached once per tenant, and cache-aware routing should hash the salt with the prompt "

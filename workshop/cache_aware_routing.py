@@ -272,5 +272,36 @@ def figure(rows: Sequence[dict], ceiling: float | None = None, keeps: float | No
     return fig
 
 
+def tenant_figure(rows: Sequence[dict], threshold_ms: Sequence[float | None] = ()):
+    """Tenant B's time to first token per probe (``tenant_isolation.measure``'s rows): probes
+    of a prompt A had just sent against fresh ones, without salts (left) and with a salt per
+    tenant (right); dashed, per setting, the best threshold if given (``threshold_ms``, in the
+    settings' order: without, then with)."""
+    from workshop.plots import new_figure
+
+    fig = new_figure((10.5, 3.8))
+    axes = fig.subplots(1, 2, sharey=True)
+    rng = np.random.default_rng(0)                  # horizontal jitter only
+    for k, (ax, salted) in enumerate(zip(axes, (False, True))):
+        for x, sent, color, what in ((0, True, "tab:red", "A had sent it"),
+                                     (1, False, "tab:blue", "fresh prompt")):
+            y = [r["ttft_ms"] for r in rows if r["salts"] == salted and r["sent_by_a"] == sent
+                 and r["ttft_ms"] is not None]
+            ax.scatter(x + rng.uniform(-0.12, 0.12, len(y)), y, color=color, alpha=0.7,
+                       label=what)
+        t = threshold_ms[k] if k < len(threshold_ms) else None
+        if t is not None:
+            ax.axhline(t, color="grey", linestyle="--", linewidth=1, label="best threshold")
+        ax.set_xticks([0, 1], ["A had sent it", "fresh"])
+        ax.set_xlim(-0.5, 1.5)
+        ax.set_title("a salt per tenant" if salted else "no salts (one shared cache)")
+        ax.set_xlabel("what tenant B probed")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+    axes[0].set_ylabel("B's time to first token (ms)")
+    axes[0].set_ylim(bottom=0)
+    return fig
+
+
 __all__ = ["ChatSession", "Fleet", "figure", "hit_ceiling", "imbalance", "replica_args",
-           "run_point", "session_blocks", "session_workload", "start_fleet"]
+           "run_point", "session_blocks", "session_workload", "start_fleet", "tenant_figure"]

@@ -99,3 +99,16 @@ def test_the_figure_has_both_panels_and_tolerates_a_missing_value():
     ax1, ax2 = fig.axes
     assert [line.get_label() for line in ax1.lines][:2] == ["spread", "prefix"]
     assert ax2.get_ylabel() == "seconds"
+
+
+def test_the_tenant_figure_splits_the_probes_by_setting_and_kind():
+    rows = [{"salts": salted, "sent_by_a": sent, "ttft_ms": ms}
+            for salted, sent, ms in ((False, True, 10.0), (False, False, 50.0),
+                                     (True, True, 48.0), (True, False, 52.0),
+                                     (True, False, None))]
+    fig = car.tenant_figure(rows, [10.0, None])
+    left, right = fig.axes
+    assert [len(c.get_offsets()) for c in left.collections] == [1, 1]
+    assert [len(c.get_offsets()) for c in right.collections] == [1, 1]   # the None is left out
+    assert left.collections[0].get_offsets()[0][1] == 10.0
+    assert len(left.lines) == 1 and len(right.lines) == 0                # thresholds given
