@@ -334,6 +334,11 @@ def _(session_counts, sweep_rows, top, ui):
     _gain = (_pre["hit rate"] or 0.0) - (_best["hit rate"] or 0.0)
     _p99 = {p: r["p99 TTFT ms"] / 1e3 for p, r in top.items()}
     _tok = {p: r["output tok/s"] for p, r in top.items()}
+    _lead = max(((n, (next(r["hit rate"] for r in sweep_rows if r["sessions"] == n
+                           and r["policy"] == "prefix") or 0.0)
+                   - max(r["hit rate"] or 0.0 for r in sweep_rows
+                         if r["sessions"] == n and r["policy"] != "prefix"))
+                  for n in session_counts), key=lambda x: x[1])
     _verdict = ("**Prefix-aware routing won**" if _gain > 0.05 else
                 "**Prefix-aware routing lost**" if _gain < -0.05 else
                 "**No clear winner**")
@@ -343,6 +348,8 @@ def _(session_counts, sweep_rows, top, ui):
           f"{_p99[_best['policy']]:.2f} s and {_tok['prefix']:.1f} output tokens/s against "
           f"{_tok[_best['policy']]:.1f}. Requests per replica, max over mean: "
           + ", ".join(f"{p} {r['imbalance']:.2f}" for p, r in top.items())
+          + f". Prefix-aware routing's largest lead in hit rate over the best of the rest: "
+          f"{_lead[1] * 100:+.0f} percentage points, at {_lead[0]} sessions"
           + ". At 2 sessions every policy " + ("found about as much."
                                                if max(r["hit rate"] or 0 for r in sweep_rows
                                                       if r["sessions"] == 2)
@@ -498,7 +505,7 @@ def _(n_probes, plain, probe_tokens, salted, tenant, ui):
           f"{plain['median TTFT, A did not (ms)']:.0f} ms without salts, "
           f"{salted['median TTFT, A sent it (ms)']:.0f} against "
           f"{salted['median TTFT, A did not (ms)']:.0f} ms with them; with {n_probes} probes a "
-          "threshold fitted to them scores above 0.5 on noise alone). The cost: B's probes of a prompt A "
+          "threshold fitted to them can score above 0.5 on noise alone). The cost: B's probes of a prompt A "
           f"had just sent found {_hit[False]:.0%} of it cached without salts and {_hit[True]:.0%} "
           "with them. Salts split the cache by tenant: a system prompt that many tenants share is "
           "cached once per tenant, and cache-aware routing should hash the salt with the prompt "
