@@ -267,12 +267,12 @@ sd.formula_figure([0.0, 0.5, 0.7, 0.8, 0.9], c=0.1, k_max=10)
 # of the rounds kept (`timing.interleaved_times`): timed one after the other, each would
 # meet a different moment of a shared machine, and their ratios would say more about the
 # machine's other work than about the model. Then the measurements are checked against what
-# the arithmetic allows (`spec_decoding.cost_violations`): the self-draft does its layers plus
-# the output layer, a share of the full forward's FLOPs computed from the model's shapes
-# (`spec_decoding.draft_share`), and may cost neither markedly more nor markedly less than
-# that share (the same kernels run a part of the same work); a verify forward of
-# k + 1 tokens does at most k + 1 one-token forwards' work, and a forward of more tokens does
-# not take less time than one of fewer.
+# the arithmetic allows (`spec_decoding.cost_violations`): the self-draft does all of a full
+# forward's work but the skipped layers, so its cost lies between its layers' share k / L and
+# the whole forward; a verify forward of k + 1 tokens does at most k + 1 one-token forwards'
+# work, and a forward of more tokens does not take less time than one of fewer. The table also
+# gives the draft's share of the FLOPs (`spec_decoding.draft_share`), the output layer
+# included: compare it with the time.
 
 # %%
 from workshop import sanity, timing
@@ -295,7 +295,7 @@ verify_costs = {k: s / decode_s for k, s in verify_s.items()}
 self_draft_share = sd.draft_share(runner.cfg, draft_layers.value, _ctx)
 cost_violations = sd.cost_violations(
     f"a self-draft forward ({draft_layers.value} of {runner.cfg.num_layers} layers)",
-    costs["self-draft (first layers)"], self_draft_share, verify_costs)
+    costs["self-draft (first layers)"], draft_layers.value / runner.cfg.num_layers, verify_costs)
 ui.table([{"what": "one decode forward (all layers, 1 token)", "ms": decode_s * 1e3,
            "time relative to a decode forward": 1.0, "FLOPs relative to a decode forward": 1.0},
           {"what": f"one self-draft forward ({draft_layers.value} of {runner.cfg.num_layers} "

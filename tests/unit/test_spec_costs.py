@@ -1,6 +1,6 @@
 """Notebook 09's cost measurement and its gates: the self-draft's share of the work computed
 from the shapes (hand-checked on SmolLM2-135M's), interleaved timing, and the checks that flag
-a draft dearer than its share (the reference run's c = 1.52 for 8 of 30 layers), a verify
+a draft dearer than the whole model (the reference run's c = 1.52 for 8 of 30 layers) or cheaper than its layers' share, a verify
 forward dearer than its tokens, and a speed-up larger than the tokens per forward."""
 
 from __future__ import annotations
@@ -34,24 +34,31 @@ def test_draft_share_counts_the_output_layer():
 
 def test_reference_runs_costs_are_flagged():
     # slides/reference_run/09: c = 1.52 for 8 of 30 layers; 3 tokens verified at 5.07x, 5 at 4.05x
-    v = sd.cost_violations("self-draft", 1.52, sd.draft_share(SMOL, 8, 100), {2: 5.07, 4: 4.05})
+    v = sd.cost_violations("self-draft", 1.52, 8 / 30, {2: 5.07, 4: 4.05})
     checks = [x.check for x in v]
-    assert checks.count("a part costs more than its share") == 2      # the draft, 3 tokens
+    assert "a part costs more than the whole" in checks                # the draft
+    assert checks.count("a part costs more than its share") == 1      # 3 tokens verified
     assert "shorter for more work" in checks                           # 5 tokens faster than 3
     assert sanity.MARK in sanity.report(v)
 
 
 def test_a_draft_far_cheaper_than_its_share_is_flagged():
     # a run on a loaded machine (decode 688 ms against 38 ms quiet) timed c = 0.15 for 0.42
-    (v,) = sd.cost_violations("self-draft", 0.15, sd.draft_share(SMOL, 8, 100), {})
+    (v,) = sd.cost_violations("self-draft", 0.15, 8 / 30, {})
     assert v.check == "a part costs less than its share" and "0.15" in v.what
-    assert sd.cost_violations("self-draft", 0.36, 0.42, {}) == []          # within the error
+    assert sd.cost_violations("self-draft", 0.24, 8 / 30, {}) == []        # within the error
+
+
+def test_a_draft_cheaper_than_its_flop_share_but_not_its_layers_share_passes():
+    # CI-like run, 2026-12-06 (2-core AMX Xeon): c = 0.336 for 8 of 30 layers, whose FLOP
+    # share is 0.416 (the output layer's matmul runs nearer the roof): no physics broken
+    assert sd.draft_share(SMOL, 8, 100) > 0.336 * (1 + sanity.MEASUREMENT_ERROR)
+    assert sd.cost_violations("self-draft", 0.336, 8 / 30, {2: 1.16, 4: 1.59}) == []
 
 
 def test_quiet_machines_costs_pass():
     # a quiet run of the same notebook (2-core AMX Xeon): c = 0.413, 1.16x and 1.59x
-    assert sd.cost_violations("self-draft", 0.413, sd.draft_share(SMOL, 8, 100),
-                              {2: 1.16, 4: 1.59}) == []
+    assert sd.cost_violations("self-draft", 0.413, 8 / 30, {2: 1.16, 4: 1.59}) == []
 
 
 def test_sweep_violations_bound_is_tokens_per_forward():
