@@ -50,9 +50,9 @@ pytestmark = [pytest.mark.engine, pytest.mark.timeout(TIMEOUT_S + 120)]
 # Executed in marimo by default: the quick ones (seconds to a minute each in quick mode on a
 # 2-core CPU), which between them use every kind of UI element and progress bar. Notebook 0
 # runs in marimo against SGLang (SGLANG_MARIMO_NAMES), so not a second time against vLLM.
-# (Notebooks 15, 16 and 17, a minute or more each in marimo, run there in the full matrix only.)
+# (Notebooks 15 and 16, about a minute each in marimo, run there in the full matrix only.)
 MARIMO_NAMES = ["02_kv_cache_capacity", "06_flash_attention", "11_decision_chart",
-                "12_shared_queue", "13_cold_starts"]
+                "12_shared_queue", "13_cold_starts", "17_disaggregated_prefill_decode"]
 if FULL_MATRIX:
     MARIMO_NAMES = NAMES
 
