@@ -90,17 +90,15 @@ def _(mo):
     mo.md(r"""
     ## 1. Two ways to find a prefix you have seen
 
-    Both designs work on notebook 7's paged KV cache: a request's block table lists the blocks
-    of `block_size` tokens that hold its keys and values. Reusing a prefix means pointing a new
-    request's block table at blocks an earlier request filled, and taking a reference on them.
+    Both work on notebook 7's paged KV cache: reusing a prefix means pointing a new request's
+    block table at blocks an earlier request filled, and taking a reference on them.
 
-    **Hash-chained blocks (vLLM).** A full block is named by a hash of *its parent block's hash*
-    and *its own tokens*, so equal hashes mean equal prefixes from the first token; a lookup walks
-    the prompt's blocks through a dictionary and stops at the first miss. **A radix tree
-    (SGLang,** [arXiv:2312.07104](https://arxiv.org/abs/2312.07104)**)**: edges are runs of
-    tokens, prompts that share a start share the path from the root, and an edge is split where
-    they part. SGLang's tree can match token by token; the teaching engine's compares **whole
-    blocks**, because a block is shared whole or not at all. Both, as the teaching engine has them:
+    **Hash-chained blocks (vLLM).** A full block is named by a hash of *its parent's hash* and
+    *its own tokens*, so equal hashes mean equal prefixes; a lookup walks the prompt's blocks
+    through a dictionary to the first miss. **A radix tree (SGLang,**
+    [arXiv:2312.07104](https://arxiv.org/abs/2312.07104)**)**: edges are runs of tokens, shared
+    starts share the path from the root, an edge splits where prompts part. The teaching engine's
+    tree compares **whole blocks** (a block is shared whole or not at all). Both, as it has them:
     """)
     return
 
@@ -121,10 +119,9 @@ def _():
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    No model is needed to see what each cache matches: `prefix_caching.replay` sends token lists
-    through the engine's own block manager and cache, one request after another (look up,
-    allocate, offer the full blocks to the cache, finish). **B** shares its first 10 tokens with
-    **A**, then differs. Pick a block size (in Jupyter, re-run the cells below after moving it).
+    No model needed: `prefix_caching.replay` sends token lists through the engine's own block
+    manager and cache, one request after another. **B** shares its first 10 tokens with **A**.
+    Pick a block size (in Jupyter, re-run the cells below after moving it).
     """)
     return
 
@@ -184,18 +181,16 @@ def _(demo_block, demo_rows, ui):
         + f" Computed: radix **{_b['radix: tokens reused']}**, hash {_b['hash: tokens reused']}"
         + (": at block granularity both find the same prefix." if _b["radix: tokens reused"]
            == _b["hash: tokens reused"] else ".")
-        + " SGLang's tree, with a page of one token, would find all 10."
-    )
+        + " SGLang's tree, with a page of one token, would find all 10.")
     return
 
 
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    Every prompt through both caches, and the radix tree after the four (an edge per line, with
-    its blocks: a shared start is stored once). Neither cache hands out the block holding a
-    prompt's last token (C's, when it ends on a boundary): the engine must compute at least one
-    token to get the next token's logits.
+    Every prompt through both caches, and the radix tree after the four (an edge per line: a
+    shared start is stored once). Neither cache hands out the block holding a prompt's last token
+    (C's, on a boundary): the engine must compute one token to get the next token's logits.
     """)
     return
 
@@ -212,25 +207,22 @@ def _(demo_block, demo_prompts, demo_rows, prefix_caching, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    The designs also differ in **eviction**, when the pool runs out of free blocks. The hash
-    cache can drop any block no running request holds, least recently used first (deepest first
-    among equals, as vLLM's free-block queue does). The radix tree drops whole **leaf edges**,
-    least recently used first, so a shared start outlives the tails that hang off it. Section 3
-    measures what that does to the hit rate.
+    They also differ in **eviction**. The hash cache drops any block no running request holds,
+    least recently used (deepest) first, like vLLM's free-block queue; the radix tree drops whole
+    **leaf edges**, so a shared start outlives its tails. Section 3 measures the effect.
 
     ## 2. The teaching engine: no cache, hash, radix
 
     Three teaching-engine servers, identical but for the prefix cache (`--no-prefix-caching`,
-    `-- --prefix-cache hash`, `-- --prefix-cache radix`), run two workloads of the benchmark
-    harness (`workshop/bench/workloads.py`), one session at a time:
+    `-- --prefix-cache hash`, `-- --prefix-cache radix`), run two harness workloads
+    (`workshop/bench/workloads.py`), one session at a time:
 
-    * **shared prefix**: requests in a few groups, each group sharing a long system prompt
-      followed by a short question of its own (like SGLang's generated-shared-prefix benchmark);
-    * **agentic**: an agent with a long system prompt takes turns, resending its whole history;
-      after its first turn it forks sub-agents that inherit that history (they send at the same
-      moment, so timing plays a part there), then merges their reports.
+    * **shared prefix**: a few groups, each sharing a long system prompt before a short question
+      of its own (like SGLang's generated-shared-prefix benchmark);
+    * **agentic**: an agent resends its whole history each turn, forks sub-agents that inherit it
+      (they send at the same moment, so timing plays a part), then merges their reports.
 
-    In Jupyter, re-run the cells from the one that starts the servers after moving a control.
+    In Jupyter, re-run from the cell that starts the servers after moving a control.
     """)
     return
 
@@ -261,9 +253,6 @@ def _(ui, workshop):
 
 @app.cell
 def _(agent_branches, prefix_caching, prefix_groups, prefix_len, ui, workshop):
-    import os
-    import statistics
-
     from workshop.bench.workloads import Tokenizer, shared_prefix_workload
 
     cache_flags = {"none": ["--no-prefix-caching"], "hash": ["--", "--prefix-cache", "hash"],
@@ -288,29 +277,23 @@ def _(agent_branches, prefix_caching, prefix_groups, prefix_len, ui, workshop):
                       final_output=workshop.session.sweep(24, 4))
     shared_wl = shared_prefix_workload(mini_tok, **shared_args)
     shared_tokens = prefix_caching.workload_tokens(shared_wl)
-    shared_groups: dict[str, list] = {}
-    for _s, (_p, _o) in zip(shared_wl.sessions, shared_tokens):
-        shared_groups.setdefault(_s.request.tag, []).append(_p)
     # Tokens every prompt of a group shares (chat template + system prompt + the user turn's start).
-    shared_prefix_tokens = min((len(os.path.commonprefix(g)) for g in shared_groups.values()
-                                if len(g) > 1), default=0)
-    mean_prompt_tokens = statistics.mean(len(p) for p, _ in shared_tokens)
+    shared_stats = prefix_caching.group_stats(shared_wl, shared_tokens)
+    shared_prefix_tokens, mean_prompt_tokens = shared_stats["shared tokens"], shared_stats["mean prompt"]
     ui.md(f"The shared-prefix workload: {shared_args['num_requests']} requests in "
-          f"{len(shared_groups)} groups; a prompt has **{mean_prompt_tokens:.0f} tokens** on average "
-          f"(chat template applied), of which the first **{shared_prefix_tokens}** are the same for "
-          f"every request of its group; the engine's block size is "
-          f"**{mini_info['block_size']} tokens**.")
+          f"{shared_stats['groups']} groups; a prompt has **{mean_prompt_tokens:.0f} tokens** on "
+          f"average (chat template applied), the first **{shared_prefix_tokens}** the same across its "
+          f"group; the engine's block size is **{mini_info['block_size']} tokens**.")
     return (
         agent_args,
         mean_prompt_tokens,
         mini,
         mini_info,
         shared_args,
-        shared_groups,
         shared_prefix_tokens,
+        shared_stats,
         shared_tokens,
         shared_wl,
-        statistics,
     )
 
 
@@ -348,12 +331,12 @@ def _(
     measured_hit_rate,
     mini_info,
     shared_args,
-    shared_groups: dict[str, list],
     shared_prefix_tokens,
+    shared_stats,
     ui,
 ):
     # Worked answer to Exercise 2, collapsed until opened
-    _n, _g, _bs = shared_args["num_requests"], len(shared_groups), mini_info["block_size"]
+    _n, _g, _bs = shared_args["num_requests"], shared_stats["groups"], mini_info["block_size"]
     _reused = shared_prefix_tokens // _bs * _bs
     formula_hit_rate = (_n - _g) * _reused / (_n * mean_prompt_tokens)
     ui.worked_answer(
@@ -367,8 +350,7 @@ def _(
         + (", the formula to three decimals." if abs(measured_hit_rate - formula_hit_rate) < 5e-4 else
            f", {measured_hit_rate - formula_hit_rate:+.3f} from the formula, which takes every "
            "group's shared start to be the shortest group's and each group's first request to come "
-           "first.")
-    )
+           "first."))
     return
 
 
@@ -396,11 +378,7 @@ def _(kinds_rows, prefix_caching):
 
 @app.cell
 def _(kinds_rows, prefix_caching, ui):
-    _row = {(r["cache"], r["workload"]): r for r in kinds_rows}
-    _hit = {(_k, _w): _row[_k, _w]["hit rate (/metrics)"] for _k in ("hash", "radix")
-            for _w in ("shared-prefix", "agentic")}
-    _gain = {_w: _row["none", _w]["median TTFT (ms)"] / _row["hash", _w]["median TTFT (ms)"]
-             for _w in ("shared-prefix", "agentic")}
+    _hit, _gain = (prefix_caching.kinds_summary(kinds_rows)[_k] for _k in ("hit", "gain"))
     kinds_same_tokens = _hit["hash", "shared-prefix"] == _hit["radix", "shared-prefix"]
     _d = prefix_caching.decimals_to_tell_apart(_hit["hash", "agentic"], _hit["radix", "agentic"])
     ui.md(f"**Median TTFT without a cache / with the hash cache: {_gain['shared-prefix']:.2f}x on the "
@@ -427,36 +405,31 @@ def _(mo):
     mo.md(r"""
     ## 3. Eviction: when the pool is too small to keep everything
 
-    Cached blocks that no request holds count as free: when a request needs blocks and none are
-    free, the cache gives some back, and a later request that would have found them recomputes
-    them. So the hit rate depends on the **pool size**. The curve replays the shared-prefix
-    workload's token lists through the engine's block manager and both caches, step by step
-    like the engine (the prompt in chunks of its token budget, then a token per step), for a
-    range of pool sizes; below the largest request's size (red line) a request cannot run.
+    Cached blocks no request holds count as free: when a request needs blocks and none are free,
+    the cache gives some back, and a later request recomputes them. So the hit rate depends on
+    the **pool size**. The curve replays the shared-prefix token lists through the engine's block
+    manager and both caches, step by step like the engine (prompt in chunks of its token budget,
+    then a token per step); below the largest request's size (red line) a request cannot run.
     """)
     return
 
 
 @app.cell
 def _(measured_hit_rate, mini_info, prefix_caching, shared_tokens, ui):
-    pool_min_blocks = prefix_caching.blocks_needed(shared_tokens, mini_info["block_size"])
-    _all_blocks = sum(-(-(len(p) + len(o)) // mini_info["block_size"]) for p, o in shared_tokens)
-    pool_sizes = sorted({int(pool_min_blocks * f) for f in (1, 1.25, 1.5, 2, 2.5, 3, 4, 6)
-                         if pool_min_blocks * f < _all_blocks} | {_all_blocks})
+    pool_min_blocks, _all_blocks, pool_sizes = prefix_caching.pool_sizes(shared_tokens,
+                                                                          mini_info["block_size"])
     pool_chunk = int(mini_info.get("extra", {}).get("max_num_batched_tokens") or 512)
     pool_rows = prefix_caching.pool_sweep(shared_tokens, pool_sizes, mini_info["block_size"],
                                           chunk=pool_chunk)
-    _big = max(r["pool (blocks)"] for r in pool_rows)
-    replay_big_hit = next(r["hit rate"] for r in pool_rows
-                          if r["pool (blocks)"] == _big and r["cache"] == "hash")
+    replay_big_hit = prefix_caching.pool_summary(pool_rows)["hash"][_all_blocks]
     # At the largest pool nothing is evicted: the replay must count what the live server counted.
     ui.md(f"The largest request needs **{pool_min_blocks} blocks**; all of them together, nothing "
-          f"shared, {_all_blocks}. Pools replayed: {pool_sizes} blocks. At {_big} blocks the replay "
+          f"shared, {_all_blocks}. Pools replayed: {pool_sizes} blocks. At {_all_blocks} the replay "
           f"finds **{replay_big_hit:.4f}** of the prompt tokens, the live hash server counted "
           f"**{measured_hit_rate:.4f}**"
-          + (": the same requests in the same order, the same hits." if abs(replay_big_hit
-                                                                         - measured_hit_rate) < 1e-6
-             else ": the replay misses something the engine does; the curve is an approximation."))
+          + (": the same requests in the same order, the same hits." if abs(
+              replay_big_hit - measured_hit_rate) < 1e-6 else ": the replay misses something the "
+             "engine does; the curve is an approximation."))
     return pool_chunk, pool_min_blocks, pool_rows
 
 
@@ -518,22 +491,18 @@ def _(pool_rows, ui):
 
 
 @app.cell
-def _(pool_live_rows, pool_rows, ui):
-    _h = {r["pool (blocks)"]: r["hit rate"] for r in pool_rows if r["cache"] == "hash"}
-    _r = {r["pool (blocks)"]: r["hit rate"] for r in pool_rows if r["cache"] == "radix"}
-    _enough = min(p for p in _h if _h[p] >= _h[max(_h)] - 1e-9)
-    _radix_lower = sorted(p for p in _h if _r[p] < _h[p] - 1e-9)
+def _(pool_live_rows, pool_rows, prefix_caching, ui):
+    _s = prefix_caching.pool_summary(pool_rows)
+    _h, _r, _lo, _big, _small = (_s[k] for k in ("hash", "radix", "radix lower", "largest", "smallest"))
     ui.md(
-        f"**The hash cache found {_h[max(_h)]:.1%} of the prompt tokens with {max(_h)} blocks, "
-        f"needed {_enough} blocks to keep all of it, and found {_h[min(_h)]:.1%} with "
-        f"{min(_h)}.** "
-        + (f"The radix cache found less at {len(_radix_lower)} of the pool sizes (at "
-           f"{_radix_lower[0]} blocks: {_r[_radix_lower[0]]:.1%} against "
-           f"{_h[_radix_lower[0]]:.1%}): a group's first request leaves one leaf edge holding the "
-           "system prompt *and* its own question and reply, and until a second request splits that "
-           "edge, evicting the leaf evicts the system prompt with it. The hash cache gives back "
+        f"**The hash cache found {_h[_big]:.1%} of the prompt tokens with {_big} blocks, needed "
+        f"{_s['enough']} blocks to keep all of it, and found {_h[_small]:.1%} with {_small}.** "
+        + (f"The radix cache found less at {len(_lo)} of the pool sizes (at {_lo[0]} blocks: "
+           f"{_r[_lo[0]]:.1%} against {_h[_lo[0]]:.1%}): a group's first request leaves one leaf edge "
+           "holding the system prompt *and* its own question and reply, and until a second request "
+           "splits it, evicting the leaf evicts the system prompt too. The hash cache gives back "
            "only the blocks it must, deepest first. "
-           if _radix_lower else "The radix cache found as much as the hash cache at every size. ")
+           if _lo else "The radix cache found as much as the hash cache at every size. ")
         + (f"The live small-pool server found {pool_live_rows[0]['hit rate']:.2%}, the replay "
            f"{pool_live_rows[0]['replay hit rate']:.2%}." if pool_live_rows else ""))
     return
@@ -544,16 +513,15 @@ def _(mo):
     mo.md(r"""
     ## 4. After the hit: reading a shared prefix once (cascade attention)
 
-    A hit saves the shared prompt's *prefill*, once. The *decode* steps after it still read the
-    shared keys and values, every step, every layer, once **per sequence**: eight agents on one
-    600-token system prompt read the same 600 keys eight times.
+    A hit saves the shared prompt's *prefill*, once. Every *decode* step after it still reads the
+    shared keys and values, every layer, once **per sequence**: eight agents on one 600-token
+    system prompt read the same 600 keys eight times.
 
-    **Cascade attention** reads them once: the whole batch's queries meet the shared keys (`P`
-    of them) in *one* matmul, each sequence's queries its own keys in a second, and one softmax
-    over both sets of scores is attention over the whole context. A fused kernel such as SDPA
-    cannot share a softmax between two calls, but it returns each query's **log-sum-exp**, and
-    two partial results weighted by their share of the total denominator make the whole (the
-    rescaling of FlashAttention's online softmax, notebook 6). The teaching engine's version:
+    **Cascade attention** reads them once: the batch's queries meet the `P` shared keys in *one*
+    matmul, each sequence's queries its own keys in a second, and one softmax over both is
+    attention over the whole context. SDPA cannot share a softmax between two calls, but it
+    returns each query's **log-sum-exp**, and two partial results weighted by their share of the
+    denominator make the whole (FlashAttention's online-softmax rescaling, notebook 6):
     """)
     return
 
@@ -570,13 +538,11 @@ def _(inspect, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    Below, one decode step's attention over all the model's layers, both ways, from a KV pool
-    shaped like the served model's, read through block tables as the engine reads it
-    (`KVCache.read_blocks`): **per sequence** reads each sequence's whole context; **cascade**
-    reads the shared blocks once, then each sequence's own (scattered, as after some traffic).
-    Either way runs in the attention form the dropdown picks: **written out**
-    (`eager_attention`: two matmuls and a float32 softmax) or **SDPA** (PyTorch's kernel; for
-    cascade, two calls merged); it starts at the one the engine would pick (`use_eager`). In
+    Below, one decode step's attention over all layers, both ways, from a KV pool shaped like the
+    served model's, read through block tables (`KVCache.read_blocks`): **per sequence** reads each
+    whole context; **cascade** reads the shared blocks once, then each sequence's own (scattered).
+    The dropdown picks the form: **written out** (`eager_attention`: two matmuls, float32 softmax)
+    or **SDPA** (for cascade, two calls merged), starting at the engine's pick (`use_eager`). In
     Jupyter, re-run the cells below after moving a control.
     """)
     return
@@ -724,9 +690,9 @@ def _(
 ):
     # Worked answer to Exercise 3, collapsed until opened
     _at = next(r for r in cascade_rows if r["sequences"] == cascade_seqs.value)
-    _keys_ratio = _at["keys read per sequence way"] / _at["keys read cascade"]
     _one = cascade_rows[0]
-    _one_ratio = _one["keys read per sequence way"] / _one["keys read cascade"]
+    _keys_ratio, _one_ratio = (_r["keys read per sequence way"] / _r["keys read cascade"]
+                               for _r in (_at, _one))
     ui.worked_answer(
         f"Per sequence, {_at['sequences']} sequences read {_at['sequences']} x ({cascade_P} + "
         f"{cascade_own_len}) = {_at['keys read per sequence way']:,} keys (and as many values) per "
@@ -736,8 +702,7 @@ def _(
         f"leaves out costs the same both ways: a query still scores all {cascade_P + cascade_own_len} "
         f"keys and takes one softmax over them, and cascade adds a merge. At "
         f"{_one['sequences']} sequences the count says {_one_ratio:.2f}x and the step ran "
-        f"{_one['speed-up']:.2f}x."
-    )
+        f"{_one['speed-up']:.2f}x.")
     return
 
 
@@ -778,21 +743,21 @@ def _(mo):
     ## 5. The course server's own prefix cache, on and off
 
     The course's server runs with its prefix cache **on** (vLLM's and SGLang's default). For
-    "off", we empty it (`POST /reset_prefix_cache`, passed on to vLLM's reset and SGLang's
-    `/flush_cache`) before **every** request, before its clock starts. The same shared-prefix
-    requests go one at a time, both ways (quick mode: the first group's only); an engine without
-    a prefix cache (the Hugging Face baseline) skips this. Hits are whole blocks of:
+    "off", we empty it (`POST /reset_prefix_cache`, vLLM's reset or SGLang's `/flush_cache`)
+    before **every** request, before its clock starts. The same shared-prefix requests go one at
+    a time, both ways (quick mode: the first group's only); an engine without a prefix cache (the
+    Hugging Face baseline) skips this. Hits are whole blocks of:
     """)
     return
 
 
 @app.cell
 def _(
+    prefix_caching,
     session,
     shared_prefix_tokens,
     shared_tokens,
     shared_wl,
-    statistics,
     ui,
     workshop,
 ):
@@ -801,12 +766,9 @@ def _(
     # Quick mode (CI) sends the first group's requests only: on CI's 2 CPU cores vLLM took 10 to
     # 20 s to prefill a prompt longer than one of its 128-token blocks (2026-12-02), and a hit
     # needs a prompt that long.
-    _server_tags = list(dict.fromkeys(_s.request.tag for _s in shared_wl.sessions))
-    _server_tags = _server_tags[:workshop.session.sweep(len(_server_tags), 1)]
-    _server_idx = [i for i, _s in enumerate(shared_wl.sessions) if _s.request.tag in _server_tags]
-    server_requests = [shared_wl.sessions[i].request for i in _server_idx]
-    server_groups = len(_server_tags)
-    server_mean_prompt = statistics.mean(len(shared_tokens[i][0]) for i in _server_idx)
+    _sel = prefix_caching.group_stats(shared_wl, shared_tokens, workshop.session.sweep(None, 1))
+    server_requests = [shared_wl.sessions[i].request for i in _sel["requests"]]
+    server_mean_prompt = _sel["mean prompt"]
     server_has_cache = bool(session.info.get("prefix_caching"))
     server_reusable = shared_prefix_tokens // server_block * server_block if server_block else 0
     _why_not = (session.info.get("extra") or {}).get("prefix_cache_note")
@@ -851,11 +813,10 @@ def _(
     server_name,
     server_requests,
     session,
-    statistics,
     ui,
 ):
     server_runs, server_rows = {}, []
-    server_hit_requests, server_leaked, server_ttft_ratio = [], 0, float("nan")
+    server_pairs = {"hits": [], "leaked": 0, "off ms": float("nan"), "ratio": float("nan")}
     if server_has_cache:
         for _label, _reset in ui.progress([("cache off", True), ("cache on", False)],
                                           title=f"{server_name} runs"):
@@ -865,69 +826,45 @@ def _(
             server_rows.append(prefix_caching.sequential_row(server_runs[_label], _before,
                                                              session.metrics(), _label))
         # Pair the same requests: those that hit with the cache on and found nothing with it "off".
-        server_hit_requests = [i for i, (_a, _b) in enumerate(zip(server_runs["cache on"],
-                                                                  server_runs["cache off"]))
-                               if _a.ok and _b.ok and _a.cached_tokens and not _b.cached_tokens]
-        server_leaked = sum(1 for r in server_runs["cache off"] if r.cached_tokens)
-        if server_hit_requests:
-            server_ttft_ratio = (
-                statistics.median(server_runs["cache on"][i].ttft for i in server_hit_requests)
-                / statistics.median(server_runs["cache off"][i].ttft for i in server_hit_requests))
-    (ui.compare(predict_ttft_ratio, server_ttft_ratio,
+        server_pairs = prefix_caching.paired_hits(server_runs)
+    (ui.compare(predict_ttft_ratio, server_pairs["ratio"],
                 f"TTFT with / without the server's prefix cache ({server_name}; requests that hit)")
      if server_has_cache else
      ui.md(f"Skipped: the server ({server_name}) has no prefix cache on, so there is nothing to compare."))
-    return (
-        server_hit_requests,
-        server_leaked,
-        server_rows,
-        server_runs,
-        server_ttft_ratio,
-    )
+    return server_pairs, server_rows, server_runs
 
 
 @app.cell
 def _(
     server_has_cache,
-    server_hit_requests,
-    server_leaked,
     server_mean_prompt,
     server_name,
+    server_pairs,
     server_requests,
     server_reusable,
-    server_runs,
-    server_ttft_ratio,
-    statistics,
     ui,
 ):
     # Worked answer to Exercise 4, collapsed until opened
-    _hits = server_hit_requests
-    _off_ms = 1e3 * statistics.median(server_runs["cache off"][i].ttft for i in _hits) if _hits else 0
-    _skip = server_reusable / server_mean_prompt
+    _p, _skip = server_pairs, server_reusable / server_mean_prompt
+    _off_ms, _ok = _p["off ms"], server_has_cache and bool(_p["hits"]) and _skip > 0
     # off = fixed + prefill, on = fixed + prefill x (1 - skipped share): the fixed part they imply
-    _fixed_ms = _off_ms * (server_ttft_ratio - (1 - _skip)) / _skip if _hits and _skip else 0
+    _fixed_ms = _off_ms * (_p["ratio"] - (1 - _skip)) / _skip if _ok else 0
+    _reading = (f"Read as *fixed + prefill*, that puts **{_fixed_ms:,.0f} ms** of the {_off_ms:,.0f} "
+                "outside the prefill (HTTP, tokenising, scheduling, and what a forward pass costs "
+                "whatever its length, such as reading the weights), which no cache saves."
+                if 0 <= _fixed_ms < _off_ms else "The first token came no sooner with the cache: the "
+                f"prefill of {server_reusable} tokens is too short to show next to the rest."
+                if _fixed_ms >= _off_ms else "Below the all-prefill ratio: the skipped tokens cost "
+                "more than their share, as attention over a longer context costs more per token.")
     ui.worked_answer(
         f"A hit skips the prefill of {server_reusable} of a prompt's {server_mean_prompt:.0f} tokens "
         f"on average ({_skip:.0%}). If the first token cost nothing but prefill, in proportion to "
         f"the tokens computed, the ratio would be 1 − {_skip:.2f} = **{1 - _skip:.2f}**. Measured "
-        f"over the {len(_hits)} request(s) that hit: **{server_ttft_ratio:.2f}**, from "
-        f"{_off_ms:,.0f} ms without the cache. "
-        + (f"Read as *fixed + prefill*, that puts **{_fixed_ms:,.0f} ms** of the {_off_ms:,.0f} "
-           "outside the prefill (HTTP, tokenising, scheduling, and what a forward pass costs "
-           "whatever its length, such as reading the weights), which no cache saves."
-           if 0 <= _fixed_ms < _off_ms else
-           f"The first token came no sooner with the cache: here the prefill of {server_reusable} "
-           f"tokens is too short to show next to the rest of the {_off_ms:,.0f} ms."
-           if _fixed_ms >= _off_ms else
-           "Below the all-prefill ratio: the skipped tokens cost more than their share, as "
-           "attention over a longer context costs more per token.")
-        if server_has_cache and _hits and _skip else
-        "No request hit with the cache on and missed with it off in this run"
-        + (f" ({server_leaked} of {len(server_requests)} replies reported cached tokens after a reset)"
-           if server_leaked else "")
-        + ", so there is no ratio to work out." if server_has_cache else
-        f"Skipped: {server_name} has no prefix cache on."
-    )
+        f"over the {len(_p['hits'])} request(s) that hit: **{_p['ratio']:.2f}**, from "
+        f"{_off_ms:,.0f} ms without the cache. " + _reading if _ok else
+        f"No request hit with the cache on and missed with it off ({_p['leaked']} of "
+        f"{len(server_requests)} replies reported cached tokens after a reset): no ratio to work out."
+        if server_has_cache else f"Skipped: {server_name} has no prefix cache on.")
     return
 
 
@@ -946,20 +883,19 @@ def _(prefix_caching, server_name, server_runs, ui):
 
 
 @app.cell
-def _(server_leaked, server_requests, server_rows, ui):
+def _(server_pairs, server_requests, server_rows, ui):
     _on = server_rows[1] if server_rows else {}
-    _other = (_on.get("hit rate (/metrics)") is not None and _on.get("hit rate (usage)") is not None
-              and abs(_on["hit rate (/metrics)"] - _on["hit rate (usage)"]) > 0.02)
+    _u, _m, _leak = _on.get("hit rate (usage)"), _on.get("hit rate (/metrics)"), server_pairs["leaked"]
     server_cache_text = ui.md(
         f"**With the cache on, the replies' own `usage` (`prompt_tokens_details.cached_tokens`) give "
-        f"a hit rate of {(_on['hit rate (usage)'] or 0):.3f}, the server's counters "
-        f"{(_on['hit rate (/metrics)'] or 0):.3f}**"
-        + (" (the counters are server-wide: other clients' requests count too)." if _other else ".")
-        + (" With a reset before every request, no reply reported a cached token." if not server_leaked
-           else f" {server_leaked} of {len(server_requests)} replies still reported cached tokens "
-           "after a reset: the engine refuses to empty its cache while other requests hold blocks, "
-           "and those requests are left out of the comparison.")
-        if server_rows else "")
+        f"a hit rate of {(_u or 0):.3f}, the server's counters {(_m or 0):.3f}**"
+        + (" (the counters are server-wide: other clients' requests count too)."
+           if _u is not None and _m is not None and abs(_u - _m) > 0.02 else ".")
+        + (f" {_leak} of {len(server_requests)} replies still reported cached tokens after a reset: "
+           "the engine refuses to empty its cache while other requests hold blocks, and those "
+           "requests are left out of the comparison." if _leak else
+           " With a reset before every request, no reply reported a cached token.")
+        if server_rows else "_(skipped: no prefix cache on this server)_")
     server_cache_text
     return
 

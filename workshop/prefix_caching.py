@@ -18,6 +18,8 @@ size, and the attention time of a decode step with and without cascade attention
 from __future__ import annotations
 
 import asyncio
+import math
+import os
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -176,6 +178,45 @@ def blocks_needed(requests: Sequence[tuple[Sequence[int], Sequence[int]]], block
     return max(-(-(len(p) + len(o)) // block_size) for p, o in requests)
 
 
+def pool_sizes(requests: Sequence[tuple[Sequence[int], Sequence[int]]], block_size: int,
+               factors: Sequence[float] = (1, 1.25, 1.5, 2, 2.5, 3, 4, 6),
+               ) -> tuple[int, int, list[int]]:
+    """(blocks the largest request needs, blocks all requests need with nothing shared, the
+    pool sizes to replay: those multiples of the first that are below the second, and the
+    second, where nothing is ever evicted)."""
+    least = blocks_needed(requests, block_size)
+    total = sum(-(-(len(p) + len(o)) // block_size) for p, o in requests)
+    return least, total, sorted({int(least * f) for f in factors if least * f < total} | {total})
+
+
+def pool_summary(rows: Sequence[dict]) -> dict:
+    """A ``pool_sweep``'s hash and radix hit rates by pool size, and what the notebook words:
+    the largest and smallest pool, the smallest pool where hash keeps its best hit rate, and
+    the pools where radix found less than hash."""
+    h = {r["pool (blocks)"]: r["hit rate"] for r in rows if r["cache"] == "hash"}
+    x = {r["pool (blocks)"]: r["hit rate"] for r in rows if r["cache"] == "radix"}
+    return {"hash": h, "radix": x, "largest": max(h), "smallest": min(h),
+            "enough": min(p for p in h if h[p] >= h[max(h)] - 1e-9),
+            "radix lower": sorted(p for p in h if p in x and x[p] < h[p] - 1e-9)}
+
+
+def group_stats(workload, tokens: Sequence[tuple[Sequence[int], Sequence[int]]],
+                groups: int | None = None) -> dict:
+    """A shared-prefix workload's groups (``request.tag``), from its planned ``tokens``
+    (``workload_tokens``), keeping the first ``groups`` of them (all when None): the indices of
+    their requests, how many groups, the tokens every prompt of a group shares (the least over
+    groups of two or more) and the mean prompt length."""
+    tags = list(dict.fromkeys(s.request.tag for s in workload.sessions))[:groups]
+    idx = [i for i, s in enumerate(workload.sessions) if s.request.tag in tags]
+    by_tag: dict[str, list] = {}
+    for i in idx:
+        by_tag.setdefault(workload.sessions[i].request.tag, []).append(list(tokens[i][0]))
+    return {"requests": idx, "groups": len(tags),
+            "shared tokens": min((len(os.path.commonprefix(g)) for g in by_tag.values()
+                                  if len(g) > 1), default=0),
+            "mean prompt": statistics.mean(len(tokens[i][0]) for i in idx)}
+
+
 # --------------------------------------------------------------------------- live runs
 
 
@@ -299,6 +340,30 @@ def sequential_row(records, before: dict, after: dict, cache: str) -> dict:
 
 
 # --------------------------------------------------------------------------- plots
+
+
+def kinds_summary(rows: Sequence[dict]) -> dict:
+    """From ``run_kinds``'s rows: the hit rate (``/metrics``) per (cache, workload) for hash and
+    radix, and per workload the median TTFT without a cache over that with the hash cache."""
+    row = {(r["cache"], r["workload"]): r for r in rows}
+    works = list(dict.fromkeys(r["workload"] for r in rows))
+    return {"hit": {(k, w): row[k, w]["hit rate (/metrics)"] for k in ("hash", "radix")
+                    for w in works if (k, w) in row},
+            "gain": {w: row["none", w]["median TTFT (ms)"] / row["hash", w]["median TTFT (ms)"]
+                     for w in works if ("none", w) in row and ("hash", w) in row}}
+
+
+def paired_hits(runs: dict[str, Sequence]) -> dict:
+    """``sequential_run`` records "cache on" and "cache off" paired request by request: the
+    requests that hit with the cache on and found nothing with it off, how many "off" replies
+    still reported cached tokens (a reset refused), and over the pairs the median TTFT off
+    (ms) and the ratio median on / median off (nan when no pair)."""
+    on, off = runs["cache on"], runs["cache off"]
+    hits = [i for i, (a, b) in enumerate(zip(on, off))
+            if a.ok and b.ok and a.cached_tokens and not b.cached_tokens]
+    off_s = statistics.median(off[i].ttft for i in hits) if hits else math.nan
+    return {"hits": hits, "leaked": sum(1 for r in off if r.cached_tokens), "off ms": 1e3 * off_s,
+            "ratio": statistics.median(on[i].ttft for i in hits) / off_s if hits else math.nan}
 
 
 def kinds_figure(rows: Sequence[dict], metric: str, title: str, ylabel: str, scale: float = 1.0):
@@ -536,4 +601,5 @@ def decimals_to_tell_apart(a: float, b: float, at_least: int = 3, at_most: int =
 __all__ = ["ReplayResult", "replay", "match_rows", "radix_text", "workload_tokens", "pool_sweep",
            "blocks_needed", "bench_row", "run_kinds", "sequential_run", "sequential_row",
            "kinds_figure", "per_request_figure", "pool_figure", "cascade_figure", "CACHE_COLORS",
-           "common_prefix", "decimals_to_tell_apart", "CascadeBench"]
+           "common_prefix", "decimals_to_tell_apart", "CascadeBench", "pool_sizes",
+           "pool_summary", "group_stats", "kinds_summary", "paired_hits"]

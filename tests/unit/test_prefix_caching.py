@@ -241,3 +241,54 @@ def test_cascade_bench_computes_the_same_attention_both_ways_and_times_them():
     assert [(r["sequences"], r["keys read per sequence way"], r["keys read cascade"],
              r["engine would cascade"]) for r in rows] == [(1, 16, 16, False), (3, 48, 32, True)]
     assert all(r["speed-up"] > 0 for r in rows)
+
+
+def test_pool_sizes():
+    reqs = [(list(range(8)), [1]), (list(range(5)), []), (list(range(7)), [])]
+    # largest: ceil(9 / 4) = 3; all: 3 + 2 + 2 = 7; multiples of 3 below 7: 3, 3.75, 4.5, 6.
+    assert pc.pool_sizes(reqs, 4) == (3, 7, [3, 4, 6, 7])
+
+
+def test_pool_summary():
+    rows = [{"pool (blocks)": p, "cache": k, "hit rate": h} for p, k, h in
+            [(4, "hash", 0.1), (4, "radix", 0.05), (8, "hash", 0.5), (8, "radix", 0.5),
+             (16, "hash", 0.5), (16, "radix", 0.5)]]
+    s = pc.pool_summary(rows)
+    assert (s["largest"], s["smallest"], s["enough"], s["radix lower"]) == (16, 4, 8, [4])
+    assert s["hash"][4] == 0.1 and s["radix"][4] == 0.05
+
+
+def test_group_stats():
+    wl = SimpleNamespace(sessions=[SimpleNamespace(request=SimpleNamespace(tag=t))
+                                   for t in ("g0", "g1", "g0", "g1", "g2")])
+    toks = [([1, 2, 3, 4, 9], []), ([5, 6, 7], []), ([1, 2, 3, 8], []), ([5, 6, 0, 0, 0], []),
+            ([4, 4], [])]
+    s = pc.group_stats(wl, toks)
+    # g0 shares 3, g1 shares 2, g2 has one prompt (not counted): the least is 2.
+    assert s == {"requests": [0, 1, 2, 3, 4], "groups": 3, "shared tokens": 2,
+                 "mean prompt": pytest.approx(19 / 5)}
+    first = pc.group_stats(wl, toks, 1)
+    assert (first["requests"], first["groups"], first["shared tokens"]) == ([0, 2], 1, 3)
+    assert first["mean prompt"] == pytest.approx(4.5)
+
+
+def test_kinds_summary():
+    rows = [{"cache": k, "workload": w, "hit rate (/metrics)": h, "median TTFT (ms)": t}
+            for k, w, h, t in [("none", "a", 0.0, 300.0), ("hash", "a", 0.6, 100.0),
+                               ("radix", "a", 0.6, 110.0)]]
+    s = pc.kinds_summary(rows)
+    assert s["hit"] == {("hash", "a"): 0.6, ("radix", "a"): 0.6}
+    assert s["gain"] == {"a": pytest.approx(3.0)}
+
+
+def test_paired_hits():
+    on = [_rec(0, 0.5, 100, 0), _rec(1, 0.2, 100, 64), _rec(2, 0.1, 100, 64),
+          _rec(3, 0.1, 100, 64)]
+    off = [_rec(0, 0.5, 100, 0), _rec(1, 0.4, 100, 0), _rec(2, 0.4, 100, 0),
+           _rec(3, 0.4, 100, 64)]            # request 3: the reset was refused
+    s = pc.paired_hits({"cache on": on, "cache off": off})
+    assert (s["hits"], s["leaked"]) == ([1, 2], 1)
+    assert s["off ms"] == pytest.approx(400.0)
+    assert s["ratio"] == pytest.approx(0.15 / 0.4)
+    none = pc.paired_hits({"cache on": on[:1], "cache off": off[:1]})
+    assert none["hits"] == [] and none["ratio"] != none["ratio"]     # nan
