@@ -28,6 +28,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from reference_server import prometheus
+from reference_server.kv import blocks_for
 from workshop.bench import run_benchmark
 from workshop.bench.server_metrics import PREFIX_HITS, PREFIX_QUERIES
 from workshop.bench.tokenizer import Tokenizer, filler
@@ -87,13 +88,21 @@ def session_workload(tok: Tokenizer, num_sessions: int, prefix_len: int = 256, t
                          seed=seed, hot=hot), tok)
 
 
+def _prompt_tokens(turn: int, prefix_len: int, question_len: int, output_len: int,
+                   template_tokens: int) -> int:
+    """About the prompt tokens of a session's turn ``turn`` (from 0): the template and system
+    prompt, ``turn + 1`` questions (each with some 8 tokens of label and role markers) and
+    ``turn`` replies."""
+    return template_tokens + prefix_len + (turn + 1) * (question_len + 8) + turn * output_len
+
+
 def session_blocks(prefix_len: int, turns: int, question_len: int, output_len: int,
                    block_size: int = 16, template_tokens: int = 30, **_: Any) -> int:
     """KV blocks one session's last turn fills (prompt + reply), about: what a replica must
     keep to serve that session's next turn from its cache. ``template_tokens``: the chat
     template's role markers and the system prompt's opening words."""
-    tokens = template_tokens + prefix_len + turns * (question_len + 8) + turns * output_len
-    return -(-tokens // block_size)
+    last = _prompt_tokens(turns - 1, prefix_len, question_len, output_len, template_tokens)
+    return blocks_for(last + output_len, block_size)
 
 
 # -- the fleet -------------------------------------------------------------------------------
@@ -221,7 +230,7 @@ def hit_ceiling(turns: int, prefix_len: int, question_len: int, output_len: int,
     sent = found = 0
     prev = 0
     for t in range(turns):
-        prompt = template_tokens + prefix_len + (t + 1) * (question_len + 8) + t * output_len
+        prompt = _prompt_tokens(t, prefix_len, question_len, output_len, template_tokens)
         sent += prompt
         found += (prev // block_size) * block_size if t else 0
         prev = prompt + output_len

@@ -15,7 +15,7 @@ from typing import Any, Sequence
 from workshop.bench.plots import engine_colors
 from workshop.decision import (CONSTRAINTS, TIE_WITHIN, WRONG_ANSWERS, Results, Verdict, common_load,
                                decisions, display_rows, feature_rows, figure_rows, knee_table, load,
-                               setup_label, setup_rows, slo_of, verdict_rows)
+                               row_of, setup_label, setup_rows, slo_of, verdict_rows)
 
 
 def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:
@@ -138,7 +138,7 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
     ymax = max([r["output_tps"] or 0 for r in rows] + [r.get("capacity_tps") or 0 for r in rows] + [1e-9])
     for k, e in enumerate(engines):
         for i, w in enumerate(workloads):
-            r = next((r for r in rows if r["engine"] == e and r["workload"] == w), None)
+            r = row_of(rows, w, e)
             x = i + (k - (len(engines) - 1) / 2) * width
             if r is None:
                 continue

@@ -55,7 +55,7 @@ from multiprocessing.connection import wait
 from typing import Callable, Sequence
 
 from workshop.bench.metrics import percentile
-from workshop.cold_start import kv_from_bytes, kv_to_bytes
+from workshop.cold_start import kv_from_bytes, kv_to_bytes, network_seconds  # noqa: F401  (notebook 17's)
 
 SETUPS = ("colocated, chunked", "colocated, whole prompts", "disaggregated")
 COLORS = {"colocated, chunked": "#1f77b4", "colocated, whole prompts": "#d62728",
@@ -475,11 +475,6 @@ def breakeven(colocated: Run, disaggregated: Run, long_request: str | None = Non
             "break-even link (Gb/s)": kv_bytes * 8 / saved / 1e9 if saved > 0 else None}
 
 
-def network_seconds(size: float, gbps: float) -> float:
-    """Seconds ``size`` bytes take on a ``gbps`` gigabit-per-second link (bandwidth only)."""
-    return size * 8 / (gbps * 1e9)
-
-
 # -- figure ---------------------------------------------------------------------------------------
 
 def gaps_figure(runs: Sequence[Run]):
@@ -491,9 +486,10 @@ def gaps_figure(runs: Sequence[Run]):
     top = max((g for run in runs for v in stream_gaps(run).values() for _, g in v), default=1)
     for ax, run in zip(axes, runs):
         c = COLORS.get(run.setup, "grey")
-        for i, (rid, pts) in enumerate(stream_gaps(run).items()):
+        gaps = stream_gaps(run)
+        for i, (rid, pts) in enumerate(gaps.items()):
             ax.plot([t for t, _ in pts], [g * 1e3 for _, g in pts], ".-", color=c,
-                    alpha=0.9 - 0.5 * i / max(1, len(stream_gaps(run))), lw=1, ms=4,
+                    alpha=0.9 - 0.5 * i / max(1, len(gaps)), lw=1, ms=4,
                     label="running streams" if i == 0 else None)
         for j, r in enumerate(x for x in run.requests if x.kind == "long"):
             ax.axvline(run.sent[r.request_id], color="black", ls="--", lw=1,

@@ -1,8 +1,9 @@
 """The teaching engine's speed switches, each turned off alone, timed on this machine.
 
 ``mini_engine`` keeps a switch for each technique that made it faster
-(docs/runs/mini_engine_speed.md, "What each change bought"): weights packed once for oneDNN, K/V read back block by block,
-attention written out for big decode batches, cascade attention over a shared prefix.
+(docs/runs/mini_engine_speed.md, "What each change bought"): weights packed once for oneDNN,
+K/V read back block by block, attention written out for big decode batches, cascade attention
+over a shared prefix.
 ``decode_step_rows`` builds one engine per variant (the defaults, then each switch off on its
 own), gives every engine the same batch (sequences behind one system prompt, radix cache on,
 so the prompt's blocks are shared), and times their decode steps in turn, round-robin: a
@@ -149,9 +150,6 @@ def switches_figure(rows: Sequence[dict], step_ms: dict[str, list[float]], title
     return fig
 
 
-__all__ = ["DEFAULTS", "SWITCHES", "engine_dtype", "applies", "decode_step_rows", "switches_figure"]
-
-
 def bytes_rows(rows: Sequence[dict], *, weight_bytes: float, kv_bytes_per_token: float,
                batch: int, shared: int, own: int) -> list[dict]:
     """Per variant of ``decode_step_rows``'s ``rows``: the MB a decode step moves if its time
@@ -173,3 +171,7 @@ def bytes_rows(rows: Sequence[dict], *, weight_bytes: float, kv_bytes_per_token:
         out.append({"variant": r["variant"], "MB moved per step": b / 1e6,
                     "bytes / defaults'": b / moved[DEFAULTS], "time / defaults'": r["slower than defaults"]})
     return out
+
+
+__all__ = ["DEFAULTS", "SWITCHES", "engine_dtype", "applies", "decode_step_rows", "switches_figure",
+           "bytes_rows"]

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, Sequence
 
+from reference_server.kv import blocks_for
+
 CACHE_COLORS = {"none": "tab:gray", "hash": "tab:blue", "radix": "tab:green",
                 "cache off": "tab:gray", "cache on": "tab:purple"}
 
@@ -175,7 +177,7 @@ def pool_sweep(requests: Sequence[tuple[Sequence[int], Sequence[int]]], pools: S
 
 def blocks_needed(requests: Sequence[tuple[Sequence[int], Sequence[int]]], block_size: int) -> int:
     """Blocks the largest single request needs: a pool below this cannot serve it at all."""
-    return max(-(-(len(p) + len(o)) // block_size) for p, o in requests)
+    return max(blocks_for(len(p) + len(o), block_size) for p, o in requests)
 
 
 def pool_sizes(requests: Sequence[tuple[Sequence[int], Sequence[int]]], block_size: int,
@@ -185,7 +187,7 @@ def pool_sizes(requests: Sequence[tuple[Sequence[int], Sequence[int]]], block_si
     pool sizes to replay: those multiples of the first that are below the second, and the
     second, where nothing is ever evicted)."""
     least = blocks_needed(requests, block_size)
-    total = sum(-(-(len(p) + len(o)) // block_size) for p, o in requests)
+    total = sum(blocks_for(len(p) + len(o), block_size) for p, o in requests)
     return least, total, sorted({int(least * f) for f in factors if least * f < total} | {total})
 
 

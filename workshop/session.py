@@ -273,11 +273,8 @@ def beside(engine: str) -> Session | None:
     """A second engine's server for a side-by-side comparison: the one its variable names
     (``WORKSHOP_SGLANG_BASE_URL`` for SGLang), else, outside quick mode, one found or started
     here where the engine is installed (a start takes a minute or two); None where neither."""
-    if (os.environ.get(env_names(engine)[0]) or "").strip():
-        return connect(engine)
-    if quick() or not installed(engine):
-        return None
-    return connect(engine)
+    named = (os.environ.get(env_names(engine)[0]) or "").strip()
+    return connect(engine) if named or (not quick() and installed(engine)) else None
 
 
 def installed(engine: str) -> bool:
