@@ -91,23 +91,22 @@ def _(mo):
     mo.md(r"""
     ## 1. Bytes per token, from real configs
 
-    For every token in a conversation, every layer keeps what attention needs to look back at it.
-    In standard and grouped-query attention (GQA) that is one key and one value vector per KV head:
+    For every token, every layer keeps what attention needs to look back at it; in standard and
+    grouped-query attention (GQA), one key and one value vector per KV head:
 
     $$\text{bytes per token} = 2 \times \text{layers} \times \text{KV heads} \times \text{head dim} \times \text{bytes per number}$$
 
     Two newer designs change the formula:
 
-    * **Multi-head latent attention** (MLA, DeepSeek-V2/V3) caches one compressed vector per layer
-      and token (`kv_lora_rank` numbers) plus one small shared positional key
-      (`qk_rope_head_dim`), and rebuilds per-head keys and values from it:
+    * **Multi-head latent attention** (MLA, DeepSeek-V2/V3) caches per layer and token one
+      compressed vector (`kv_lora_rank`) and a shared positional key (`qk_rope_head_dim`):
       $\text{layers} \times (\text{kv\_lora\_rank} + \text{qk\_rope\_head\_dim}) \times \text{bytes}$
       ([DeepSeek-V2 paper](https://arxiv.org/abs/2405.04434), section 2.1).
     * **Sliding-window layers** (gpt-oss alternates them with full layers) keep only the last
       `sliding_window` tokens, so past that length they stop growing.
 
-    The configs ship in `workshop/data/models/`, copied from the linked `config.json` files.
-    "Naive" counts every attention head at the weights' precision: the mistake to avoid.
+    Configs: `workshop/data/models/`, copied from the linked `config.json` files. "Naive" counts
+    every attention head at the weights' precision: the mistake to avoid.
     """)
     return
 
@@ -147,11 +146,10 @@ def _(mo):
     mo.md(r"""
     ## 2. Check the formula against the live engine
 
-    vLLM sizes its cache itself: it takes a KV budget in bytes (on CPU
-    `VLLM_CPU_KVCACHE_SPACE` or `--kv-cache-memory-bytes`; on GPU what `--gpu-memory-utilization`
-    leaves after the weights), cuts it into **blocks** of `block_size` tokens, and publishes
-    both in `/metrics` (`vllm:cache_config_info`). The model's terms come from the `config.json`
-    the server loaded, when it is on this machine.
+    vLLM takes a KV budget in bytes (CPU: `VLLM_CPU_KVCACHE_SPACE` or `--kv-cache-memory-bytes`;
+    GPU: what `--gpu-memory-utilization` leaves after the weights), cuts it into **blocks** of
+    `block_size` tokens and publishes both in `/metrics` (`vllm:cache_config_info`). The model's
+    terms come from the `config.json` the server loaded, when it is on this machine.
     """)
     return
 
@@ -237,20 +235,16 @@ def _(mo):
     mo.md(r"""
     ## 3. A capacity and cost calculator
 
-    Pick a model, a GPU from the catalogue, the precision of the weights and, separately, of the
-    KV cache, a context length per user and a number of users. (In Jupyter, re-run the cells
-    after the controls once you change them; marimo does it for you.)
+    Pick a model, a GPU, the precision of the weights and of the KV cache, a context per user and
+    a number of users (in Jupyter, re-run the cells below after changing them). Its assumptions:
 
-    What the calculator assumes, so you can argue with it:
-
-    * the engine may use 90% of GPU memory (vLLM's default `--gpu-memory-utilization`): the
-      weights first, the KV cache the rest; activations and fragmentation are ignored;
-    * one decode step reads all weights once (mixture-of-experts models: the shared part and
-      every expert some user's token was routed to) plus every user's KV cache, and produces one
-      token per user. It takes at least *bytes / bandwidth* and at least *2 x active parameters x
-      users / peak FLOP/s*. These are **bounds**: notebook 3 measures how close a machine gets;
-    * cost per million tokens = hourly price / tokens per hour at that bound: a **lower bound**.
-      Specs are datasheet figures, prices indicative list prices (sources at the end).
+    * the engine may use 90% of GPU memory (vLLM's default `--gpu-memory-utilization`): weights
+      first, KV cache the rest; activations and fragmentation are ignored;
+    * a decode step reads all weights once (mixture of experts: the shared part and every expert
+      some user's token reached) plus every user's KV cache, makes one token per user, and takes
+      at least *bytes / bandwidth* and *2 x active parameters x users / peak FLOP/s*: **bounds**,
+      which notebook 3 measures against; cost per million tokens is therefore a **lower bound**
+      (datasheet specs, indicative list prices: sources at the end).
     """)
     return
 
@@ -435,13 +429,10 @@ def _(mo):
     mo.md(r"""
     ## 4. The other direction: from a latency target to users and cost
 
-    The calculator above starts from a number of users. A service often starts from a promise
-    instead: each user sees a new token at least every *TPOT* milliseconds (time per output
-    token). How many users can then decode together, and what does a token cost?
-
-    A decode step produces one token for every user in the batch, so the step time *is* the
-    TPOT. With the same assumptions as above (the roofline model, which notebook 3 measures on
-    this machine), a step for a batch of $B$ users takes at least
+    A service often starts from a promise instead: each user sees a new token at least every
+    *TPOT* ms (time per output token). How many users can decode together, at what cost? A
+    decode step makes one token per user, so the step time *is* the TPOT; with the assumptions
+    above (the roofline, measured in notebook 3) a step for $B$ users takes at least
 
     $$\text{TPOT}(B) = \max\left(\frac{\text{weight bytes read} + B \times \text{KV bytes per user}}{\text{bandwidth}},\ \frac{B \times 2 \times \text{active parameters}}{\text{peak FLOP/s}}\right)$$
 
@@ -454,8 +445,7 @@ def _(mo):
     KV cache fits in memory; it produces $B / \text{TPOT}$ tokens per second, so a million tokens
     cost $\text{price per hour} \times \text{GPUs} / (3600 \times B / \text{TPOT}) \times 10^6$.
 
-    Model, GPU, precisions, context and GPU count are the controls of section 3; choose the
-    target here. (In Jupyter, re-run the cells below after moving it.)
+    Section 3's controls apply; choose the target here (in Jupyter, re-run the cells below).
     """)
     return
 
@@ -675,10 +665,9 @@ def _(mo):
     mo.md(r"""
     ## 5. From a time-to-first-token target to requests per second and cost
 
-    The other promise: the first token arrives within *TTFT* (time to first token). Before it,
-    the engine **prefills** the prompt: every prompt token passes through every weight, so one
-    pass over the weights serves hundreds of tokens and a prefill is compute-bound already for
-    one prompt of a few hundred tokens (notebook 3). A prompt of $L$ tokens costs
+    The other promise: the first token within *TTFT* (time to first token). First the engine
+    **prefills** the prompt; one pass over the weights serves all its tokens, so a prefill of a
+    few hundred tokens is already compute-bound (notebook 3). A prompt of $L$ tokens costs
 
     $$F(L) = 2L \times \text{active parameters} + 2L^2 \times \text{layers} \times \text{heads} \times \text{head dim} - 2(L-1) \times \text{LM-head parameters}$$
 
@@ -698,11 +687,8 @@ def _(mo):
     the target. Back to back, steps of $N'$ prompts (the largest within half the target) serve
     $N' / \text{TTFT}(N')$ requests per second; a million prompt tokens cost
     $\text{price per hour} \times \text{GPUs} / (3600 \times \text{requests/s} \times L) \times 10^6$.
-    The GPUs here only prefill (decoding takes time of its own, section 4): the rate is an upper
-    bound, the cost a lower bound.
-
-    Model, GPU, precisions and GPU count are the controls of section 3; choose the target and
-    the prompt length here. (In Jupyter, re-run the cells below after moving them.)
+    The GPUs here only prefill (decoding takes time of its own): the rate is an upper bound, the
+    cost a lower bound. Section 3's controls apply; choose the target and prompt length here.
     """)
     return
 
@@ -920,15 +906,12 @@ def _(
     _flops_double = roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
     _budget = ttft_target_s * ttft_peak
     _closed_double = math.floor(_budget / _flops_double)
-    if ttft_double.limited_by != "latency target":
-        _full_why = "."
-    elif ttft_double.together == _closed_double:
+    _full_why = "."
+    if ttft_double.limited_by == "latency target" and ttft_double.together == _closed_double:
         _full_why = ", the same as the closed form: these prefills are compute-bound."
-    elif ttft_double.together < _closed_double:
+    elif ttft_double.limited_by == "latency target" and ttft_double.together < _closed_double:
         _full_why = (": fewer, because reading the weights and writing the prompts' KV caches "
                      "takes longer than their FLOPs.")
-    else:
-        _full_why = "."
     ui.worked_answer(
         f"A compute-bound prefill gets target x peak = {_budget:.3g} FLOPs. F(L) is "
         f"{ttft_flops_per_prompt:.3g} FLOPs at {ttft_prompt:,} tokens and {_flops_double:.3g} at "
@@ -959,10 +942,9 @@ def _(mo):
 @app.cell
 def _(gpu_catalogue, ui):
     ui.table([{"GPU": g.name, "memory (MiB, driver)": g.memory_bytes // 2**20,
-               "memory (GiB)": round(g.memory_bytes / 2**30, 1),
-               "bandwidth (GB/s)": round(g.bandwidth_bytes_s / 1e9),
-               "bf16 TFLOP/s": round(g.flops / 1e12), "spec source": g.spec_source,
-               "memory source": g.memory_source,
+               "memory (GiB)": round(g.memory_bytes / 2**30, 1), "bandwidth (GB/s)":
+               round(g.bandwidth_bytes_s / 1e9), "bf16 TFLOP/s": round(g.flops / 1e12),
+               "spec source": g.spec_source, "memory source": g.memory_source,
                "$/hour": g.price_usd_hour, "price source": g.price_source}
               for g in gpu_catalogue.values()])
     return

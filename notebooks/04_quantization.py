@@ -150,16 +150,14 @@ def _(quant, ui):
     _q8, _s8 = quant.quantize_int8_per_channel(gate_weight)
     _rows = [{"scheme": "int8 per channel",
               "bytes per weight": (_q8.numel() + _s8.numel() * 2) / gate_weight.numel(),
-              "relative error": quant.relative_error(gate_weight,
-                                                              quant.dequantize_int8(_q8, _s8))}]
+              "relative error": quant.relative_error(gate_weight, quant.dequantize_int8(_q8, _s8))}]
     for _g, _sym in ((128, True), (64, True), (32, True), (32, False)):
         if gate_weight.shape[1] % _g:
             continue
         _qw = quant.quantize_int4_groupwise(gate_weight, _g, _sym)
         _rows.append({"scheme": f"int4 group {_g}, {'symmetric' if _sym else 'min/max'}",
                       "bytes per weight": _qw.nbytes() / gate_weight.numel(),
-                      "relative error": quant.relative_error(gate_weight,
-                                                                      quant.dequantize_int4(_qw))})
+                      "relative error": quant.relative_error(gate_weight, quant.dequantize_int4(_qw))})
     weight_error_rows = _rows
     ui.table(weight_error_rows)
     return gate_weight, model_file, model_path, safe_open, weight_error_rows
@@ -728,8 +726,8 @@ def _(mo):
     Weights are read once per step for the whole batch; the KV cache is per user. Storing it in
     8 bits (vLLM: `--kv-cache-dtype fp8`, which the CPU backend supports) takes 1 byte per number
     instead of the 2 of a 16-bit cache (4 of float32), so the same memory holds 2x (4x) the
-    tokens. The first row is the KV dtype this server stores, as it reports it. The capacity below is **computed** from the
-    running engine's KV budget with the formula that notebook 2 checked against that engine.
+    tokens. The first row is the KV dtype this server stores, as it reports it; the capacity
+    below is **computed** from the running engine's KV budget with notebook 2's checked formula.
     """)
     return
 
