@@ -306,8 +306,9 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
                                "exercise 4: its step time / the defaults'"),
     },
     "11_decision_chart": {
-        "data": (r"^\*\*(Your showdown data|These are not your measurements)", "whose data the chart is drawn from"),
-        "folders": (r"(\d+) folder\(s\) found in", "showdown folders merged (yours)"),
+        # bold when the folders are yours, a warning heading when they are the committed ones
+        "data": (r"^(?:\*\*|## ⚠ )(Your showdown data|These are not your measurements)",
+                 "whose data the chart is drawn from"),
         "newest_model": (r"These numbers come from \*\*([^*]+)\*\* on", "model of the newest folder"),
         "newest_mode": (r"These numbers come from .+?, in a \*\*(\w+)\*\* run", "mode of the newest folder"),
         "objectives": (r"^Comparing \*\*[^*]+\*\* on \*\*[^*]+\*\*, objectives (.+?), ties within",
