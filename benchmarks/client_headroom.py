@@ -29,6 +29,7 @@ def timer_floor(rate: float, seconds: float) -> float:
     """p99 lateness (ms) of a bare asyncio loop waking at ``rate``/s with the harness's timer
     strategy and doing nothing else: what the OS alone costs (high on a busy machine)."""
     import asyncio
+
     import numpy as np
 
     async def go() -> float:

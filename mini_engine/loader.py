@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from mini_engine.model import DecoderLayer, Transformer
 from mini_engine.linear import make_linear
+from mini_engine.model import DecoderLayer, Transformer
 
 
 @dataclass

@@ -18,7 +18,6 @@ import torch
 
 from mini_engine.grammar import Grammar, advance
 
-
 SAMPLING_EPS = 1e-5   # vLLM's: a temperature below it is greedy (dividing by it would overflow)
 
 

@@ -112,7 +112,7 @@ def _load(where: str | Path) -> dict:
         return json.loads(path.read_text())
     text = str(where)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
-        from huggingface_hub import hf_hub_download   # a hub id: the engine cached it
+        from huggingface_hub import hf_hub_download  # a hub id: the engine cached it
         return json.loads(Path(hf_hub_download(text, "config.json")).read_text())
     raise FileNotFoundError(f"no config.json at {where}")
 

@@ -17,8 +17,15 @@ from __future__ import annotations
 import re
 from typing import Any, Generic, Literal, TypeVar, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 # ---- errors ----------------------------------------------------------------------------
 

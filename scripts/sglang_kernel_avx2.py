@@ -26,7 +26,6 @@ from __future__ import annotations
 import pathlib
 import sys
 
-
 UNAVAILABLE = """\
 // Written by the workshop's scripts/sglang_kernel_avx2.py: operators whose only x86 code is
 // AVX-512, registered so that the library loads on AVX2 and says why if one is called.

@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reference_server import launch as launcher, prometheus
+from reference_server import launch as launcher
+from reference_server import prometheus
 
 API_KEY = "sk-workshop-test"
 MODEL = "smollm2-135m"

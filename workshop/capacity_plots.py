@@ -11,10 +11,16 @@ from typing import Sequence
 import numpy as np
 
 from reference_server.model_config import ModelArch
-from workshop.capacity import (GPU, Step, decode_step, latency_plan, plan, prefill_step,
-                               ttft_plan)
-from workshop.kvcache import (human_bytes, kv_bytes_per_sequence, kv_bytes_per_token,
-                              list_models, load_model, naive_kv_bytes_per_token, weight_bytes)
+from workshop.capacity import GPU, Step, decode_step, latency_plan, plan, prefill_step, ttft_plan
+from workshop.kvcache import (
+    human_bytes,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    list_models,
+    load_model,
+    naive_kv_bytes_per_token,
+    weight_bytes,
+)
 from workshop.plots import figure
 
 

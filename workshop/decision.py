@@ -63,7 +63,12 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from workshop.bench.metrics import SLO
-from workshop.bench.showdown import WRONG_ANSWERS, find_roots, objectives_text, results_dir
+from workshop.bench.showdown import (
+    WRONG_ANSWERS,  # noqa: F401 (re-exported: workshop.decision_chart imports it from here)
+    find_roots,
+    objectives_text,
+    results_dir,
+)
 from workshop.bench.sweep import SweepResult
 
 TIE_WITHIN = 0.10

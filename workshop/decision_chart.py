@@ -13,9 +13,25 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workshop.bench.plots import engine_colors
-from workshop.decision import (CONSTRAINTS, TIE_WITHIN, WRONG_ANSWERS, Results, Verdict, common_load,
-                               decisions, display_rows, feature_rows, figure_rows, knee_table, load,
-                               row_of, setup_label, setup_rows, slo_of, verdict_rows)
+from workshop.decision import (
+    CONSTRAINTS,
+    TIE_WITHIN,
+    WRONG_ANSWERS,
+    Results,
+    Verdict,
+    common_load,
+    decisions,
+    display_rows,
+    feature_rows,
+    figure_rows,
+    knee_table,
+    load,
+    row_of,
+    setup_label,
+    setup_rows,
+    slo_of,
+    verdict_rows,
+)
 
 
 def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:

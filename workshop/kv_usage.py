@@ -18,7 +18,13 @@ from typing import Any, Callable, Sequence
 from reference_server import dtypes, prometheus
 from reference_server.kv import blocks_for, kv_bytes_per_token
 from reference_server.model_config import ModelArch
-from workshop.live_requests import PromptMaker, Timed, reset_prefix_cache, run_together, stream_completion
+from workshop.live_requests import (
+    PromptMaker,
+    Timed,
+    reset_prefix_cache,
+    run_together,
+    stream_completion,
+)
 from workshop.metrics import MetricsSampler, Samples
 
 KV_USAGE = prometheus.KV_CACHE_USAGE

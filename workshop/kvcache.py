@@ -21,8 +21,12 @@ import json
 from pathlib import Path
 
 from reference_server import dtypes, prometheus
-from reference_server.kv import (engine_capacity_tokens, kv_bytes_per_sequence,  # noqa: F401
-                                 kv_bytes_per_token, kv_values_per_token_per_layer)
+from reference_server.kv import (  # noqa: F401
+    engine_capacity_tokens,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    kv_values_per_token_per_layer,
+)
 from reference_server.model_config import ModelArch, count_safetensors_params, read_arch
 
 DATA_DIR = Path(__file__).parent / "data"

@@ -22,7 +22,6 @@ from torch import nn
 from workshop.bench.workloads import sharegpt_conversations
 from workshop.prefix_caching import common_prefix
 
-
 QUESTIONS: tuple[str, ...] = (
     "What is the capital of France?",
     "How many days are there in a week?",

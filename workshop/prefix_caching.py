@@ -68,7 +68,8 @@ def replay(requests: Iterable[tuple[Sequence[int], Sequence[int]]], kind: str, b
     """
     from mini_engine.block_manager import BlockManager
     from mini_engine.prefix_cache import make_prefix_cache
-    from mini_engine.sequence import SamplingParams, Sequence as Seq
+    from mini_engine.sequence import SamplingParams
+    from mini_engine.sequence import Sequence as Seq
 
     bm = BlockManager(num_blocks, block_size, max_model_len=1 << 30)
     bm.prefix_cache = make_prefix_cache(kind, bm.allocator, block_size)

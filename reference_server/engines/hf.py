@@ -18,8 +18,13 @@ from mini_engine.sampler import Row, logprob_of, sample
 from reference_server import dtypes
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineInfo
-from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
-                                            SamplingParams, torch_thread)
+from reference_server.engines.local import (
+    EngineStats,
+    GenerationStep,
+    LocalEngine,
+    SamplingParams,
+    torch_thread,
+)
 from reference_server.kv import kv_bytes_per_token
 from reference_server.model_config import read_arch
 from reference_server.models import ModelSpec

@@ -15,7 +15,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 # One sampler for every in-process engine: the teaching engine's parameters and logprob type
@@ -27,11 +27,21 @@ from reference_server.config import ServerConfig
 from reference_server.engines.base import Engine, EngineDied, EngineError, engine_fault
 from reference_server.metrics import EngineMetrics
 from reference_server.models import ModelSpec
-from reference_server.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk,
-                                       ChatCompletionRequest, ChatCompletionResponse,
-                                       ChatStreamChoice, CompletionChoice, CompletionChunk,
-                                       CompletionRequest, CompletionResponse, DeltaMessage,
-                                       Usage, unsupported_fields)
+from reference_server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    Usage,
+    unsupported_fields,
+)
 
 __all__ = ["EngineStats", "GenerationStep", "LocalEngine", "SamplingParams", "TokenLogprob",
            "torch_thread"]

@@ -34,8 +34,13 @@ from typing import Any, AsyncIterator
 import aiohttp
 
 from reference_server.config import ServerConfig, redact_args
-from reference_server.engines.base import (Engine, EngineDied, EngineError, EngineHung,
-                                           EngineRestarting)
+from reference_server.engines.base import (
+    Engine,
+    EngineDied,
+    EngineError,
+    EngineHung,
+    EngineRestarting,
+)
 from reference_server.launch import die_with_parent, free_port
 from reference_server.models import ModelSpec
 from reference_server.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest

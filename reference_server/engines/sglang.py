@@ -50,7 +50,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from reference_server import dtypes, prometheus as P
+from reference_server import dtypes
+from reference_server import prometheus as P
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo
 from reference_server.engines.proxy import PROJECT_ROOT, ProxyEngine

@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
 from conftest import DONE, sse_events
+
 from workshop.api_gateway import launch as gateway
 
 pytestmark = pytest.mark.engine

@@ -7,8 +7,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from conftest import launch, stop, wait_ready
+
 from workshop.bench.verify import verify_server
 
 pytestmark = pytest.mark.engine

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import UPSTREAM_KEY, RunningServer, launch_remote, stop, wait_ready
 
 from reference_server import launch as launcher
 from reference_server import prometheus as P
-
-from conftest import UPSTREAM_KEY, RunningServer, launch_remote, stop, wait_ready
 
 pytestmark = pytest.mark.engine
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from workshop.api_gateway.routing import (Concentrate, Prefix, RoundRobin, Spread, chunk_hashes,
-                                          make_policy, prompt_text)
+from workshop.api_gateway.routing import (
+    Concentrate,
+    Prefix,
+    RoundRobin,
+    Spread,
+    chunk_hashes,
+    make_policy,
+    prompt_text,
+)
 
 
 def test_spread_takes_the_least_loaded_and_breaks_ties_round_robin():

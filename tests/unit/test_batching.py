@@ -14,7 +14,6 @@ from mini_engine.config import EngineConfig
 from mini_engine.scheduler import ContinuousScheduler, StaticScheduler
 from workshop import batching as b
 
-
 # -- reservations ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tokens, layout, expected", [

@@ -86,8 +86,9 @@ def test_sweep_empties_the_prefix_cache_before_every_point_unless_told_not_to(mo
     sw = SweepResult.load(tmp_path / "kept")
     assert sw.config["reset_cache"] is False and all("prefix_cache_reset" not in p.config for p in sw.points)
     # `bench run` keeps its opt-in --reset-cache
-    from workshop.bench.cli import add_subcommands
     import argparse
+
+    from workshop.bench.cli import add_subcommands
     parser = argparse.ArgumentParser()
     add_subcommands(parser.add_subparsers(dest="command"))
     assert parser.parse_args(["bench", "run"]).reset_cache is False

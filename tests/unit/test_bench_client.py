@@ -4,12 +4,12 @@ import asyncio
 
 import pytest
 
+from reference_server import prometheus
 from workshop.bench.client import Load, OpenAIClient, Runner, arrival_times
 from workshop.bench.metrics import summarize
 from workshop.bench.mock_server import MockServer
 from workshop.bench.results import BenchResult
 from workshop.bench.run import arun_benchmark
-from reference_server import prometheus
 from workshop.bench.server_metrics import ServerSamples
 from workshop.bench.workloads import Request, Session, SingleRequest
 

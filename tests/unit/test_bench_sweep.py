@@ -1,9 +1,16 @@
 """Knee detection on synthetic load curves; sweep and compare folders round-trip."""
 
+import math
 
+import numpy as np
+import pytest
+
+from workshop.bench import sweep_load
+from workshop.bench.client import arrival_times
 from workshop.bench.compare import compare_folders, compare_table
 from workshop.bench.metrics import RequestRecord, summarize
 from workshop.bench.results import BenchResult
+from workshop.bench.saturation import Baseline, judge, offered_vs_asked, sampling_band
 from workshop.bench.sweep import SweepResult, _knee, find_knee, find_knee_closed
 
 
@@ -77,17 +84,6 @@ def test_sweep_and_compare_round_trip(tmp_path):
 # most C / S requests per second. It runs in its own process so that the client under test
 # does not share a GIL (or an event loop) with it. Tolerances are wide on purpose: the test
 # machine is a loaded 2-core box, and the sweep's points are a fifth of the capacity apart.
-
-import math
-import re
-
-import numpy as np
-import pytest
-
-from workshop.bench import sweep_load
-from workshop.bench.client import arrival_times
-from workshop.bench.saturation import Baseline, judge, offered_vs_asked, sampling_band
-
 
 # Few chunks per request (CPU stays low) and a service time long against the machine's
 # scheduling stalls.
@@ -163,8 +159,6 @@ def test_a_fixed_session_count_sizes_the_points_not_the_synchronous_probe(mock_e
 
 
 # --------------------------------------------------------------------------- the verdict on timelines
-
-from workshop.bench.metrics import RequestRecord  # noqa: E402
 
 
 def _timeline(arrivals, lengths, ttfts=None):

@@ -6,8 +6,16 @@ import json
 import pytest
 
 from workshop.bench.workloads import (
-    Request, Reply, Tokenizer, build_workload, describe, iter_json_array, plan, prefix_reuse_ratio,
-    sharegpt_conversations)
+    Reply,
+    Request,
+    Tokenizer,
+    build_workload,
+    describe,
+    iter_json_array,
+    plan,
+    prefix_reuse_ratio,
+    sharegpt_conversations,
+)
 
 
 @pytest.fixture(scope="module")
@@ -142,6 +150,7 @@ def test_truncated_json_array_keeps_complete_items(tmp_path, chunk):
 
 def test_sharegpt_conversations_are_read_lazily(tmp_path, monkeypatch):
     import builtins
+
     from workshop.bench import workloads
     items = [{"id": str(i), "conversations": [{"from": "human", "value": str(i) * 100}]}
              for i in range(20_000)]

@@ -4,7 +4,8 @@ request rates and cost; the tables and figures notebook 2 draws from them."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workshop import capacity as cap
 from workshop import capacity_plots as cp

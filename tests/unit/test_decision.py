@@ -4,7 +4,6 @@ missing and failed runs, several folders merged, SLO re-scoring, and the cited-f
 from __future__ import annotations
 
 import json
-import math
 import re
 from pathlib import Path
 

@@ -6,7 +6,8 @@ import json
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from workshop import kvcache as kv
 

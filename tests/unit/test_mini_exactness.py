@@ -196,6 +196,7 @@ VARIANTS = {"int8": {"quant": "int8"}, "int4": {"quant": "int4"}, "mqa": {"atten
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_matches_hf_with_same_weights(path, prompts, name):
     from transformers import AutoConfig, LlamaForCausalLM
+
     from mini_engine import LLMEngine, SamplingParams
     few = prompts[:3] + prompts[10:13]
     eng = LLMEngine(path, num_threads=THREADS, kv_cache_gib=0.1, **VARIANTS[name])

@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mini_engine.block_manager import BlockAllocator, BlockManager
-from mini_engine.prefix_cache import HashPrefixCache, RadixPrefixCache, make_prefix_cache
 from mini_engine.config import EngineConfig
+from mini_engine.prefix_cache import HashPrefixCache, RadixPrefixCache, make_prefix_cache
 from mini_engine.scheduler import ContinuousScheduler, Scheduler, StaticScheduler, make_scheduler
-from mini_engine.sequence import SamplingParams, Sequence, SeqStatus
+from mini_engine.sequence import SamplingParams, SeqStatus, Sequence
 
 
 def make(num_blocks=64, block_size=4, prefix=None, mode="paged", **sched):

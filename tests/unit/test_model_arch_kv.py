@@ -11,8 +11,12 @@ from dataclasses import replace
 import pytest
 
 from reference_server import dtypes
-from reference_server.kv import (blocks_for, engine_capacity_tokens, kv_bytes_per_sequence,
-                                 kv_bytes_per_token)
+from reference_server.kv import (
+    blocks_for,
+    engine_capacity_tokens,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+)
 from reference_server.model_config import read_arch
 
 # Abridged from huggingface.co/<id>/blob/main/config.json: only the keys that matter here.

@@ -12,8 +12,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from reference_server.model_config import read_arch
-from workshop import (engine_comparison, kv_usage, live_requests, metrics, probe, prompt_latency,
-                      session, ui)
+from workshop import (
+    engine_comparison,
+    kv_usage,
+    live_requests,
+    metrics,
+    probe,
+    prompt_latency,
+    session,
+    ui,
+)
 
 # -- session -----------------------------------------------------------------------------------
 

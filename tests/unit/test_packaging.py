@@ -4,10 +4,10 @@ wheel that Colab and molab build from the repository must hold what the notebook
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -10,11 +10,21 @@ from pydantic import ValidationError
 
 from reference_server.config import ServerConfig, parse_args, redact_args
 from reference_server.engines.base import EngineError
-from reference_server.engines.local import (EngineStats, GenerationStep,
-                                            IncrementalDetokenizer, LocalEngine, _find_stop)
+from reference_server.engines.local import (
+    EngineStats,
+    GenerationStep,
+    IncrementalDetokenizer,
+    LocalEngine,
+    _find_stop,
+)
 from reference_server.models import ModelError, ModelSpec, resolve_model
-from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                       RequestLimits, check_limits, unsupported_fields)
+from reference_server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestLimits,
+    check_limits,
+    unsupported_fields,
+)
 
 LIMITS = RequestLimits(max_n=4, max_logprobs=5, max_sequences_per_request=6)
 

@@ -17,8 +17,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import sse_events
+
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineHung, EngineInfo
 from reference_server.engines.proxy import ProxyEngine

@@ -43,8 +43,9 @@ def compare_table(results: Sequence[BenchResult]) -> str:
 
 def compare_figure(results: Sequence[BenchResult]):
     """TTFT and ITL percentiles per run, output throughput, and prefix reuse, in one figure."""
-    from .plots import _STATS, _plt
     import numpy as np
+
+    from .plots import _STATS, _plt
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))
     labels = [r.label if len({x.label for x in results}) == len(results) else f"{r.label}/{r.config.get('workload')}"

@@ -232,7 +232,8 @@ def describe_workloads(plan: "Plan", tok: Any) -> tuple[list[dict[str, Any]], di
     """The plan's workloads before any engine sees them: a row each (sessions, requests, mean
     prompt and output tokens, prefix reuse: the share of prompt tokens a perfect prefix cache
     could skip), and per workload the (prompt ids, reply ids) of each request in send order."""
-    from .workloads import build_workload, describe, plan as planned_requests
+    from .workloads import build_workload, describe
+    from .workloads import plan as planned_requests
 
     rows, sequences = [], {}
     for w in plan.workloads:
