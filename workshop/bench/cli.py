@@ -137,7 +137,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         c = sw.config
         print(f"probes: synchronous {c['synchronous_rate']:.3g} req/s, maximum throughput "
               f"{c['max_throughput_rate']:.3g} req/s (closed loop at {c['probe_concurrency']}) -> rates "
-              + ", ".join(f"{l:.3g}" for l in sw.loads))
+              + ", ".join(f"{load:.3g}" for load in sw.loads))
     print(sw.table())
     print(sw.knee_note())
     print(f"results: {out}")

@@ -108,7 +108,7 @@ class SweepResult:
         if self.mode != "rate":
             return list(self.loads)
         per = self.config.get("requests_per_session", 1.0)
-        return [_steady(p, "offered_rate", l) * per for l, p in zip(self.loads, self.points)]
+        return [_steady(p, "offered_rate", load) * per for load, p in zip(self.loads, self.points)]
 
     def achieved(self) -> list[float]:
         """Throughput of each point in requests/s; see ``achieved_basis``."""
@@ -246,10 +246,10 @@ class SweepResult:
         head = (f"| {self.mode} | offered req/s | achieved req/s | output tok/s | TTFT p99 ms | ITL p99 ms "
                 f"| errors | lag p99 ms |" + (" waiting peak | verdict |" if rate else ""))
         rows = [head, "|" + "---|" * (10 if rate else 8)]
-        for i, (l, p, o, a) in enumerate(zip(self.loads, self.points, self.offered(), self.achieved())):
+        for i, (load, p, o, a) in enumerate(zip(self.loads, self.points, self.offered(), self.achieved())):
             s = p.summary
             mark = " (knee)" if i == self.knee_index else ""
-            row = (f"| {l:g}{mark} | {o:.2f} | {a:.2f} | {s['output_throughput']:.1f} | "
+            row = (f"| {load:g}{mark} | {o:.2f} | {a:.2f} | {s['output_throughput']:.1f} | "
                    f"{_fmt(s['ttft_ms']['p99'])} | {_fmt(s['itl_ms']['p99'])} | {s['errors']} | "
                    f"{_fmt(s['schedule_lag_ms']['p99'], 2)} |")
             if rate:
@@ -397,8 +397,8 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
         for kind, p in probes.items():
             p.config["probe"] = kind
     loads = sorted(request_rates if mode == "rate" else concurrencies)
-    sizes = [max(num_requests, math.ceil(math.ceil(l * duration_s) * per_session)) if mode == "rate" and duration_s
-             else num_requests for l in loads]
+    sizes = [max(num_requests, math.ceil(math.ceil(load * duration_s) * per_session)) if mode == "rate" and duration_s
+             else num_requests for load in loads]
     if baseline is not None:
         left.drain_s = baseline.session_p90_s
     points: list[BenchResult] = []
@@ -440,7 +440,7 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
         config.update(sweep_points=sweep_points, overshoot=overshoot,
                       synchronous_rate=sync_rate, max_throughput_rate=max_rate,
                       probe_concurrency=c)
-    result = SweepResult(mode, [float(l) for l in loads], points, knee, config, probes)
+    result = SweepResult(mode, [float(load) for load in loads], points, knee, config, probes)
     if output_dir is not None:
         result.save(output_dir)
     return result
@@ -494,7 +494,7 @@ class _TimeLeft:
             self.drain_s = max(res.summary["duration_s"] - span, 0.0)
 
     def line(self, mode: str, loads: Sequence[float], sizes: Sequence[int], total: int) -> str:
-        each = [self.point_s(mode, l, n) for l, n in zip(loads, sizes)]
+        each = [self.point_s(mode, load, n) for load, n in zip(loads, sizes)]
         i = total - len(loads) + 1
         unit = "req/s" if mode == "rate" and self.per_session == 1 else "sessions/s" if mode == "rate" else "concurrent"
         out = f"sweep: point {i} of {total}, {loads[0]:.3g} {unit}, {sizes[0]} requests"

@@ -145,7 +145,7 @@ class Point:
         lat = [r["latency_s"] if r["latency_s"] is not None and not r["error"] else None
                for r in rec]
         shortest = min((r["max_tokens"] for r in rec), default=0)
-        short = [l for l, r in zip(lat, rec) if r["max_tokens"] == shortest]
+        short = [latency for latency, r in zip(lat, rec) if r["max_tokens"] == shortest]
         activity = self.activity
         batches = [b for a in activity.values() for b in a["batches"]]
         busy = [a["busy"] for a in activity.values()]
