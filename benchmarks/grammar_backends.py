@@ -151,8 +151,9 @@ def main() -> None:
     tokens = tokenizer.encode(json.dumps(ANSWER, separators=(",", ":"))) + stop
     schema = json.dumps(SCHEMA)
     m = machine()
-    print(f"{m['cpu']}, {m['cores']} cores, {', '.join(m['cpu_features']) or 'no AVX-512/AMX'}\nmodel {args.model}: vocabulary {vocab:,}; the answer is "
-          f"{len(tokens)} tokens; {args.repeats} repeats\n")
+    print(f"{m['cpu']}, {m['cores']} cores, "
+          f"{', '.join(m['cpu_features']) or 'no AVX-512/AMX'}\nmodel {args.model}: vocabulary "
+          f"{vocab:,}; the answer is {len(tokens)} tokens; {args.repeats} repeats\n")
     rows = []
     for name, make in BACKENDS.items():
         try:

@@ -62,7 +62,8 @@ def read_arch(config: dict | str | Path, name: str | None = None,
     if not isinstance(config, dict):
         source = str(config)
         where = Path(config).expanduser()
-        default_name = (where if where.is_dir() else where.parent).name if where.exists() else source
+        default_name = ((where if where.is_dir() else where.parent).name if where.exists()
+                        else source)
         config = _load(config)
     d: dict[str, Any] = dict(config)
     if "num_hidden_layers" not in d and isinstance(d.get("text_config"), dict):

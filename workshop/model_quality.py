@@ -146,7 +146,8 @@ def forced_greedy_agreement(model: nn.Module, tokenizer, questions: Sequence[str
 
 
 @torch.inference_mode()
-def linear_input_ranges(model: nn.Module, tokenizer, text: str, max_tokens: int = 256) -> list[dict]:
+def linear_input_ranges(model: nn.Module, tokenizer, text: str,
+                        max_tokens: int = 256) -> list[dict]:
     """For every ``nn.Linear``: the largest and the mean absolute value of its input.
 
     Per-tensor int8 activation quantization spends its 127 steps on the largest value; when

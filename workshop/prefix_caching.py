@@ -114,7 +114,8 @@ def match_rows(prompts: dict[str, Sequence[int]], block_size: int,
     seen: list[Sequence[int]] = []
     for i, (name, p) in enumerate(prompts.items()):
         common = max((common_prefix(p, q) for q in seen), default=0)
-        row = {"prompt": name, "tokens": len(p), "longest prefix shared with an earlier prompt": common}
+        row = {"prompt": name, "tokens": len(p),
+               "longest prefix shared with an earlier prompt": common}
         for k in kinds:
             row[f"{k}: tokens reused"] = results[k].hit_tokens[i]
         rows.append(row)
@@ -513,7 +514,8 @@ class CascadeBench:
         ``[kv_heads, B, query heads per KV head, head_dim]``."""
         import torch
 
-        return torch.randn(self.kv_heads, B, self.q_per_kv, self.head_dim).to(self.pool.layers[0][0].dtype)
+        return torch.randn(self.kv_heads, B, self.q_per_kv,
+                           self.head_dim).to(self.pool.layers[0][0].dtype)
 
     def per_sequence(self, layer: int, q: Any, B: int) -> Any:
         """Every sequence reads its whole context (shared blocks, then its own) from the pool."""

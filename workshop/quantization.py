@@ -87,7 +87,8 @@ class QuantLinear(nn.Module):
     def __init__(self, linear: nn.Linear, bits: int, group_size: int = 128,
                  symmetric: bool = True):
         super().__init__()
-        self.bits, self.in_features, self.out_features = bits, linear.in_features, linear.out_features
+        self.bits, self.in_features, self.out_features = (bits, linear.in_features,
+                                                          linear.out_features)
         w = linear.weight.detach()
         if bits == 8:
             q, scale = quantize_int8_per_channel(w)

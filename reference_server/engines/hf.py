@@ -59,7 +59,8 @@ class HFEngine(LocalEngine):
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.spec.path, dtype=getattr(torch, dtypes.canonical(self.dtype))).to(self.device).eval()
+            self.spec.path, dtype=getattr(torch,
+                                          dtypes.canonical(self.dtype))).to(self.device).eval()
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit:
             self.max_model_len = min(self.max_model_len, limit)

@@ -237,7 +237,8 @@ class LocalEngine(Engine):
         with self._grammar_lock:
             if self._grammars is None:
                 eos = self.tokenizer.eos_token_id
-                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size or len(self.tokenizer),
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size
+                                                 or len(self.tokenizer),
                                                  [eos] if eos is not None else [])
         try:
             return self._grammars.compile(response_format.model_dump(by_alias=True))
@@ -445,7 +446,8 @@ def _completion_logprobs(entries: list[dict]) -> dict:
     """The legacy completions layout: parallel lists instead of one object per token."""
     return {"tokens": [e["token"] for e in entries],
             "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                             for e in entries],
             "text_offset": []}
 
 

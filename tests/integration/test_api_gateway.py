@@ -170,7 +170,8 @@ def test_a_busy_replica_s_retry_after_reaches_the_client(busy_upstream):
     try:
         for stream in (False, True):
             r = httpx.post(gw.base_url + "/v1/completions", headers=auth(STREAMER), timeout=30,
-                           json={"model": "busy", "prompt": "hi", "max_tokens": 2, "stream": stream})
+                           json={"model": "busy", "prompt": "hi", "max_tokens": 2,
+                                 "stream": stream})
             assert r.status_code == 429 and r.headers.get("retry-after") == "7", (r.headers, r.text)
             assert r.json()["error"]["type"] == "rate_limit_error"
         r = chat(gw, STREAMER)

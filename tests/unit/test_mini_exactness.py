@@ -74,7 +74,8 @@ def prompts(path) -> list[list[int]]:
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(path)
     chat = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                    tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+                                    tokenize=True, return_dict=True)["input_ids"]
+                                    for q in QUESTIONS]
     raw = [tok.encode(t) for t in RAW]
     return [list(p) for p in chat + raw]
 

@@ -74,7 +74,8 @@ def test_no_leak_after_thousands_of_requests_and_aborts(prefix, mode):
     total = 0
     for step in range(3000):
         if rng.random() < 0.6 and total < 2000:
-            prompt = (shared[:rng.randrange(13)] + [rng.randrange(6) for _ in range(rng.randrange(1, 20))])
+            prompt = (shared[:rng.randrange(13)]
+                      + [rng.randrange(6) for _ in range(rng.randrange(1, 20))])
             seq = Sequence(prompt, SamplingParams(max_tokens=rng.randrange(1, 24)))
             sched.add(seq)
             live.append(seq)

@@ -95,7 +95,7 @@ def test_auto_is_the_models_own_dtype_and_nothing_else():
         dtypes.resolve("auto", None)
 
 
-# -- KV bytes per token -----------------------------------------------------------------------------
+# -- KV bytes per token ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("config,dtype,expected", [
     (LLAMA_31_8B, "bfloat16", 128 * 1024),           # 2 x 32 layers x 8 KV heads x 128 x 2 B

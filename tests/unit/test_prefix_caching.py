@@ -232,7 +232,8 @@ def test_cascade_bench_computes_the_same_attention_both_ways_and_times_them():
     cfg = types.SimpleNamespace(num_kv_heads=2, num_heads=4, head_dim=8, num_layers=2)
     bench = pc.CascadeBench.build(cfg, torch.float32, block_size=4, shared=10, own=5, max_batch=3)
     assert (bench.shared, bench.own) == (8, 8)            # whole blocks: 10 down, 5 up
-    assert bench.own_blocks.shape == (3, 2) and not set(bench.own_blocks.flatten().tolist()) & {0, 1}
+    assert bench.own_blocks.shape == (3, 2) and not set(bench.own_blocks.flatten().tolist()) & {0,
+                                                                                                1}
     for written_out in (True, False):
         bench.written_out = written_out
         errors = bench.errors(3)

@@ -445,7 +445,8 @@ def test_vllm_command_follows_the_eager_rule(monkeypatch, tmp_path):
         assert e.dtype == "bfloat16" and (e.compile_note is None) is eager
         # "auto" is the checkpoint's bf16: compiled on AMX, and its attention named as such
         auto = VLLMEngine(ServerConfig(engine="vllm", device="cpu", dtype="auto"), model)
-        assert auto.eager is eager and auto.attention == ("CPU_ATTN (vector)" if eager else "CPU_ATTN (AMX)")
+        assert auto.eager is eager and auto.attention == ("CPU_ATTN (vector)" if eager
+                                                          else "CPU_ATTN (AMX)")
 
 
 def test_vllm_serves_float32_for_bfloat16_where_the_cpu_would_emulate_it():

@@ -3,8 +3,8 @@ restarted a bounded number of times; the HTTP layer counts and reports every fai
 
 The child here is a real process serving real HTTP: a tiny stand-in for an engine server
 that answers /health and then exits (or, stopped with SIGSTOP, hangs; or is SIGKILLed by
-the test), so the supervision code runs exactly as with vLLM. The HTTP-layer tests at the end use a scripted in-process
-engine: what they check is the server's own logic.
+the test), so the supervision code runs exactly as with vLLM. The HTTP-layer tests at the end use a
+scripted in-process engine: what they check is the server's own logic.
 """
 
 from __future__ import annotations
@@ -479,7 +479,8 @@ def test_full_server_answers_429_with_retry_after():
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "queue_full"
         state.active = 0
-        assert client.post("/v1/completions", json={"model": "m", "prompt": "hi"}).status_code == 200
+        assert client.post("/v1/completions",
+                           json={"model": "m", "prompt": "hi"}).status_code == 200
 
 
 def test_deeply_nested_json_is_a_400():
