@@ -116,7 +116,7 @@ class Gateway:
     def route(self, body: dict | None = None) -> int:
         """The replica for a request (``body``, its JSON; the prefix policy reads its prompt),
         counted as outstanding there from now."""
-        prompt = prompt_text(body) if body is not None and self.policy.name == "prefix" else None
+        prompt = prompt_text(body) if body is not None and self.policy.reads_prompt else None
         i = self.policy.choose([r.outstanding for r in self.replicas], prompt)
         why = getattr(self.policy, "last", {}).get("why")
         if why:
