@@ -39,22 +39,17 @@ def _(mo):
     pass costs little more than scoring 1. **Speculative decoding** (Leviathan, Kalman and
     Matias 2023, [arXiv:2211.17192](https://arxiv.org/abs/2211.17192); Chen et al. 2023,
     [arXiv:2302.01318](https://arxiv.org/abs/2302.01318)) uses that spare capacity: something
-    cheap *drafts* the next k tokens, the model *verifies* all of them in one forward pass, and
-    every draft token that matches what the model would have produced anyway is kept. With
-    greedy decoding the output is **identical** to plain decoding, token for token; only the
-    number of forward passes changes.
+    cheap *drafts* the next k tokens, the model *verifies* them all in one forward pass and keeps
+    every draft token it would have produced anyway. With greedy decoding the output is
+    **identical** to plain decoding, token for token; only the number of forward passes changes.
 
-    This notebook:
-
-    1. writes the draft/verify loop in a few lines on the bundled model, in this process, with
-       the teaching engine's acceptance rule and drafters, and checks the token ids against
-       plain decoding;
-    2. measures acceptance and speed-up against the draft length k, next to the expected
-       speed-up formula of Leviathan et al.;
-    3. sends a repetitive workload (edit a given text) and an open chat through the teaching
-       engine's server with n-gram drafts (prompt lookup), and reads its counters on `/metrics`;
-    4. does the same with vLLM's own n-gram speculative decoding;
-    5. ends with what the real engines offer.
+    This notebook (1) writes the draft/verify loop on the bundled model, in this process, with
+    the teaching engine's acceptance rule and drafters, and checks its token ids against plain
+    decoding; (2) measures acceptance and speed-up against the draft length k, next to the
+    expected speed-up of Leviathan et al.; (3) sends an editing and an open-chat workload through
+    the teaching engine's server with n-gram drafts (prompt lookup), reading its counters on
+    `/metrics`; (4) does the same with vLLM's own n-gram speculation; (5) ends with what the real
+    engines offer.
     """)
     return
 
@@ -100,11 +95,10 @@ def _(mo):
     ## 1. The draft/verify loop
 
     We load the bundled model into this process with the teaching engine's model runner
-    (`mini_engine/model_runner.py`: the model, plus a paged KV cache that this notebook owns
-    whole). One function does everything the loop needs from the model: run some new tokens
-    at positions `start, start+1, ...` (their keys and values go into the cache, attention
-    reads everything before them from it) and return the model's **greedy choice after each of
-    the last `num_logits` tokens**.
+    (`mini_engine/model_runner.py`), with a paged KV cache this notebook owns whole. One function
+    gives the loop all it needs from the model: run new tokens at positions `start, start+1, ...`
+    (their keys and values go into the cache; attention reads the earlier ones from it) and
+    return the model's **greedy choice after each of the last `num_logits` tokens**.
     """)
     return
 
@@ -155,13 +149,11 @@ def _():
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **The acceptance rule.** The verify pass feeds the last known token followed by the k
-    drafts, and gets back k + 1 greedy choices: the model's own token after each of them. Draft
-    i is kept if it equals the model's choice at its position, and everything after the first
-    mismatch is thrown away; the model's choice at the mismatch (or after the last draft, a
-    *bonus* token when all were kept) is emitted too. So a step always emits at least one
-    token, exactly the one plain decoding would have produced. This is the teaching engine's
-    code, printed from `mini_engine/spec_decode.py`:
+    **The acceptance rule.** The verify pass feeds the last known token and the k drafts, and
+    gets back k + 1 greedy choices. Draft i is kept if it equals the model's choice at its
+    position; everything after the first mismatch is dropped, and the model's choice there (or
+    after the last draft: a *bonus* token) is emitted too. So a step emits at least one token,
+    the one plain decoding would have produced. The engine's code, `mini_engine/spec_decode.py`:
     """)
     return
 
@@ -175,15 +167,13 @@ def _(accept_greedy, inspect, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Two drafters.** *Prompt lookup* (n-gram): find the latest earlier place where the last
-    few tokens occurred, and propose what followed them there. It costs no model call at all,
-    and is right whenever the answer copies the prompt. *Self-draft* (LayerSkip-style, Elhoushi
-    et al. 2024, [arXiv:2404.16710](https://arxiv.org/abs/2404.16710)): run only the first
-    `draft layers` of the same model, then its final norm and output layer. It shares the
-    model's KV cache for those layers, costs per draft token its layers plus the output layer
-    (section 2 computes that share and measures it), and is right when the early layers already
-    know the answer. The engine's
-    n-gram proposer:
+    **Two drafters.** *Prompt lookup* (n-gram) finds the latest earlier place where the last few
+    tokens occurred and proposes what followed them there: no model call, and right whenever the
+    answer copies the prompt. *Self-draft* (LayerSkip-style, Elhoushi et al. 2024,
+    [arXiv:2404.16710](https://arxiv.org/abs/2404.16710)) runs only the first `draft layers` of
+    the same model, then its final norm and output layer, sharing the model's KV cache for those
+    layers (section 2 measures its cost); it is right when the early layers already know the
+    answer. The engine's n-gram proposer:
     """)
     return
 
@@ -235,12 +225,11 @@ def _(sweep, ui):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    Now the loop. `tokens` is the prompt plus everything emitted so far; the cache always holds
-    the keys and values of all tokens but the last. One step: draft, verify all drafts in **one**
-    forward, keep the matching prefix plus the model's own token. Keys and values written for
-    rejected drafts need no undo: they sit beyond the last kept token, and the next step
-    overwrites them. With k = 0 there are no drafts and this is plain greedy decoding, one
-    forward per token: the baseline comes from the same code.
+    Now the loop. `tokens` is the prompt plus everything emitted so far; the cache holds the keys
+    and values of all tokens but the last. One step: draft, verify all drafts in **one** forward,
+    keep the matching prefix plus the model's own token. Keys and values written for rejected
+    drafts need no undo: they sit beyond the last kept token, and the next step overwrites them.
+    With k = 0 this is plain greedy decoding, one forward per token: the baseline, same code.
     """)
     return
 
@@ -282,9 +271,9 @@ def _(NgramProposer, accept_greedy, draft_layers, forward):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    Three runs on the first prompt of the chosen workload: plain decoding, prompt lookup and the
-    self-draft, both with k = 4. The prompt goes through the model's chat template, as the
-    servers of sections 3 and 4 will send it.
+    Three runs on the chosen workload's first prompt, sent through the model's chat template as
+    the servers of sections 3 and 4 will send it: plain decoding, prompt lookup and the
+    self-draft, both with k = 4.
     """)
     return
 
@@ -315,37 +304,29 @@ def _(
                                      (f"self-draft ({draft_layers.value} layers), k = 4", 4,
                                       self_draft)]}
     demo_plain = demo_runs["plain (k = 0)"][0]
-    ui.table([{"run": name, "tokens": len(ids), "target forwards": len(steps),
-               "tokens per forward": len(ids) / len(steps),
-               "draft tokens": sum(d for d, _ in steps), "accepted": sum(a for _, a in steps),
-               "same token ids as plain": ids == demo_plain}
-              for name, (ids, steps) in demo_runs.items()])
+    ui.table(sd.demo_rows(demo_runs))     # the first run, plain decoding, is the baseline
     return chat_ids, demo_plain, demo_prompt, demo_runs
 
 
 @app.cell
 def _(demo_plain, demo_runs, draft_layers, sd, tokenizer, ui, workload):
-    _same = all(ids == demo_plain for ids, _ in demo_runs.values())
-    _fewest = min(demo_runs.items(), key=lambda kv: len(kv[1][1]))
+    _fewest = min(demo_runs, key=lambda name: len(demo_runs[name][1]))
     _self_rate = sd.acceptance_rate(demo_runs[f"self-draft ({draft_layers.value} layers), k = 4"][1])
     ui.md(
         f"The prompt: *{sd.WORKLOADS[workload.value][0][:90]}...* The model's answer starts: "
         f"*{tokenizer.decode(demo_plain[:40])}...*\n\n"
         + (f"All three runs produced **the same {len(demo_plain)} token ids**: verification only "
-           f"keeps what plain greedy decoding would have chosen. "
-           if _same else
-           "**The runs did not all produce the same token ids.** In exact arithmetic they must; in "
-           "floating point a verify forward computes a position in another batch shape than plain "
-           "decoding, which can flip a near-tie between two tokens (docs/near_ties.md), but this "
-           "run does not check that this is what happened. ")
-        + f"The fewest target forwards: **{_fewest[0]}**, {len(_fewest[1][1])} forwards for "
-        f"{len(_fewest[1][0])} tokens, against {len(demo_plain)} for plain decoding. "
-        + (f"The self-draft's first {draft_layers.value} layers agreed with the full model on "
-           f"only {_self_rate:.0%} of its draft tokens: this model was not trained to exit early "
-           f"(LayerSkip trains for it), so its early layers rarely know the final answer."
-           if _self_rate < 0.3 else
-           f"The self-draft's first {draft_layers.value} layers agreed with the full model on "
-           f"{_self_rate:.0%} of its draft tokens.")
+           "keeps what plain greedy decoding would have chosen. "
+           if all(ids == demo_plain for ids, _ in demo_runs.values()) else
+           "**The runs did not all produce the same token ids.** In exact arithmetic they must; a "
+           "verify forward computes a position in another batch shape than plain decoding, which "
+           "can flip a near-tie (docs/near_ties.md), but this run does not check that it did. ")
+        + f"The fewest target forwards: **{_fewest}**, {len(demo_runs[_fewest][1])} forwards for "
+        f"{len(demo_runs[_fewest][0])} tokens, against {len(demo_plain)} for plain decoding. The "
+        f"self-draft's first {draft_layers.value} layers agreed with the full model on "
+        f"{_self_rate:.0%} of its draft tokens"
+        + (": this model was not trained to exit early (LayerSkip trains for it), so its early "
+           "layers rarely know the final answer." if _self_rate < 0.3 else ".")
     )
     return
 
@@ -357,12 +338,11 @@ def _(mo):
 
     Leviathan et al. (section 3 of the paper) model each draft token as accepted with
     probability α, independently. Verification stops at the first rejection, so a step with k
-    drafts emits 1 + α + α² + ... + αᵏ tokens on average. A step costs one target forward plus
-    k draft forwards at c each, c being a draft forward's cost relative to the target's. The
-    paper takes the verify forward of k + 1 tokens to cost as much as a one-token
-    decode, which is true while decoding is memory-bound; we keep that as a parameter,
-    `verify_cost` (1 in the paper), because on a CPU it may not hold. From
-    `workshop/spec_decoding.py`:
+    drafts emits 1 + α + α² + ... + αᵏ tokens on average, and costs one target forward plus k
+    draft forwards at c each (c: a draft forward's cost relative to the target's). The paper
+    takes a verify forward of k + 1 tokens to cost a one-token decode, true while decoding is
+    memory-bound; we keep that as a parameter, `verify_cost` (1 in the paper), because on a CPU
+    it may not hold. From `workshop/spec_decoding.py`:
     """)
     return
 
@@ -394,18 +374,15 @@ def _(sd):
 @app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
-    **Measuring c and the verify cost.** We time one forward of the full model for one token at
-    the demo's context, one self-draft forward (its first layers) and one n-gram proposal, and a
-    verify forward of k + 1 tokens. They are timed interleaved, each once per round and the best
-    of the rounds kept (`timing.interleaved_times`): timed one after the other, each would
-    meet a different moment of a shared machine, and their ratios would say more about the
-    machine's other work than about the model. Then the measurements are checked against what
-    the arithmetic allows (`spec_decoding.cost_violations`): the self-draft does all of a full
-    forward's work but the skipped layers, so its cost lies between its layers' share k / L and
-    the whole forward; a verify forward of k + 1 tokens does at most k + 1 one-token forwards'
-    work, and a forward of more tokens does not take less time than one of fewer. The table also
-    gives the draft's share of the FLOPs (`spec_decoding.draft_share`), the output layer
-    included: compare it with the time.
+    **Measuring c and the verify cost.** At the demo's context we time a one-token forward of
+    the full model, a self-draft forward, an n-gram proposal and verify forwards of k + 1 tokens,
+    interleaved (`timing.interleaved_times`: each once per round, the best round kept) so that a
+    shared machine's other work does not land on one of them alone. Then the arithmetic checks
+    them (`spec_decoding.cost_violations`): a self-draft does a full forward's work minus the
+    skipped layers, so it costs between its layers' share k / L and the whole forward; a verify
+    forward of k + 1 tokens costs at most k + 1 one-token forwards, and more tokens never take
+    less time. The last column is the draft's share of the FLOPs (`spec_decoding.draft_share`),
+    the output layer included: compare it with the time.
     """)
     return
 
@@ -440,22 +417,13 @@ def _(
     verify_costs = {k: s / decode_s for k, s in verify_s.items()}
     # The share is of FLOPs: the draft runs its layers and, like the full model, the output layer.
     self_draft_share = sd.draft_share(runner.cfg, draft_layers.value, _ctx)
-    cost_violations = sd.cost_violations(
-        f"a self-draft forward ({draft_layers.value} of {runner.cfg.num_layers} layers)",
-        costs["self-draft (first layers)"], draft_layers.value / runner.cfg.num_layers, verify_costs)
-    ui.table([{"what": "one decode forward (all layers, 1 token)", "ms": decode_s * 1e3,
-               "time relative to a decode forward": 1.0, "FLOPs relative to a decode forward": 1.0},
-              {"what": f"one self-draft forward ({draft_layers.value} of {runner.cfg.num_layers} "
-                       "layers)", "ms": self_draft_s * 1e3,
-               "time relative to a decode forward": costs["self-draft (first layers)"],
-               "FLOPs relative to a decode forward": self_draft_share},
-              {"what": "one n-gram proposal of 4 tokens (NumPy, no model)", "ms": ngram_s * 1e3,
-               "time relative to a decode forward": costs["n-gram (prompt lookup)"],
-               "FLOPs relative to a decode forward": 0.0}]
-             + [{"what": f"one verify forward of {k + 1} tokens", "ms": s * 1e3,
-                 "time relative to a decode forward": verify_costs[k],
-                 "FLOPs relative to a decode forward": k + 1}
-                for k, s in verify_s.items()])
+    _layers = f"{draft_layers.value} of {runner.cfg.num_layers} layers"
+    cost_violations = sd.cost_violations(f"a self-draft forward ({_layers})",
+                                         costs["self-draft (first layers)"],
+                                         draft_layers.value / runner.cfg.num_layers, verify_costs)
+    ui.table(sd.cost_rows(decode_s, {
+        f"one self-draft forward ({_layers})": (self_draft_s, self_draft_share),
+        "one n-gram proposal of 4 tokens (NumPy, no model)": (ngram_s, 0.0)}, verify_s))
     return (
         cost_violations,
         costs,
@@ -485,11 +453,10 @@ def _(
           f"{runner.cfg.num_layers} layers and the output layer); a proposal by prompt lookup "
           f"c = **{costs['n-gram (prompt lookup)']:.3f}**. Verifying {_k + 1} tokens in one forward "
           f"took **{verify_costs[_k]:.2f}x** a one-token decode: "
-          + ("close to the paper's assumption of 1, so the extra tokens rode along almost for free."
+          + ("close to the paper's assumption of 1: the extra tokens rode along almost for free."
              if verify_costs[_k] < 1.3 else
-             "well above the paper's assumption of 1: on this machine a forward's time grew with "
-             "the tokens it processed, so verification was not free, and the formula with verify "
-             "cost 1 will overestimate the speed-up."))
+             "well above the paper's assumption of 1: here a forward's time grew with its tokens, "
+             "so the formula with verify cost 1 will overestimate the speed-up."))
     return
 
 
@@ -505,8 +472,7 @@ def _(mo):
 
 @app.cell
 def _(costs, demo_runs, sd, ui):
-    _ids, _steps = demo_runs["n-gram, k = 4"]
-    exercise_alpha = sd.alpha_from_steps(_steps)
+    exercise_alpha = sd.alpha_from_steps(demo_runs["n-gram, k = 4"][1])
     ui.md(f"Measured α (n-gram, k = 4, this workload): **{exercise_alpha:.2f}**; "
           f"c = {costs['n-gram (prompt lookup)']:.3f}.")
     return (exercise_alpha,)
@@ -595,7 +561,6 @@ def _(
     costs,
     decode_s,
     demo_runs,
-    draft_layers,
     drafter,
     sanity,
     sweep_at_4,
@@ -606,30 +571,25 @@ def _(
 ):
     # Worked answer to Exercise 2, collapsed until opened
     # The same prompt, drafter and k ran in section 1's demo: its steps are the sweep's k = 4 run.
-    _demo_name = ("n-gram, k = 4" if drafter.value.startswith("n-gram") else
-                  f"self-draft ({draft_layers.value} layers), k = 4")
-    _ids, _steps = demo_runs[_demo_name]
+    _demo = next(name for name in demo_runs if name.startswith(drafter.value.split(" (")[0]))
+    _ids, _steps = demo_runs[_demo]
     _c, _v = costs[drafter.value], verify_costs[4]
-    _plain_s = len(_ids) * decode_s
-    _spec_s = len(_steps) * (_v + 4 * _c) * decode_s
-    _forecast = _plain_s / _spec_s
-    _base = next(r for r in sweep_rows if r["k"] == 0)
+    _plain_s, _spec_s = len(_ids) * decode_s, len(_steps) * (_v + 4 * _c) * decode_s
+    _measured = sweep_at_4["measured speed-up"]
     ui.worked_answer(
         f"Count forwards. Plain decoding made {len(_ids)} one-token forwards; the demo's k = 4 run "
-        f"({_demo_name}) made **{len(_steps)} steps**, each a verify forward of up to 5 tokens "
+        f"({_demo}) made **{len(_steps)} steps**, each a verify forward of up to 5 tokens "
         f"({_v:.2f}x a one-token forward, measured in section 2) and 4 drafts at c = {_c:.3f}. "
         f"Forecast: {len(_ids)} / ({len(_steps)} x ({_v:.2f} + 4 x {_c:.3f})) = "
-        f"**{_forecast:.2f}x**. "
-        + (f"Measured: {sweep_at_4['measured speed-up']:.2f}x, but the costs or the sweep failed a "
-           "sanity check:\n\n" + sanity.report(cost_violations + sweep_violations) + "\n\n"
-           + sanity.WITHHELD
+        f"**{_plain_s / _spec_s:.2f}x**. "
+        + (f"Measured: {_measured:.2f}x, but the costs or the sweep failed a sanity check:\n\n"
+           + sanity.report(cost_violations + sweep_violations) + "\n\n" + sanity.WITHHELD
            if cost_violations or sweep_violations else
-           f"Measured: **{sweep_at_4['measured speed-up']:.2f}x**, "
-           f"{sweep_at_4['measured speed-up'] / _forecast:.2f}x the forecast. The timed runs also "
-           "include what speculation does not shorten, the same for every k (the prefill, the "
-           "loop's own work), which pulls a measured speed-up towards 1: k = 0 took "
-           f"{_base['seconds']:.2f} s, of which its {len(_ids)} forwards at section 2's "
-           f"{decode_s * 1e3:.1f} ms account for {_plain_s:.2f} s.")
+           f"Measured: **{_measured:.2f}x**, {_measured * _spec_s / _plain_s:.2f}x the forecast. "
+           "The timed runs also include what speculation does not shorten, the same for every k "
+           "(the prefill, the loop's own work), which pulls a measured speed-up towards 1: k = 0 "
+           f"took {sweep_rows[0]['seconds']:.2f} s, of which its {len(_ids)} forwards at "
+           f"section 2's {decode_s * 1e3:.1f} ms account for {_plain_s:.2f} s.")
     )
     return
 
@@ -648,37 +608,28 @@ def _(costs, drafter, sd, sweep_rows):
 
 @app.cell
 def _(cost_violations, drafter, sanity, sd, sweep_rows, sweep_violations, ui):
-    _spec = [r for r in sweep_rows if r["k"]]
-    _best = max(_spec, key=lambda r: r["measured speed-up"])
-    _over = sd.mean(r["formula speed-up"] / r["measured speed-up"] for r in _spec)
-    _over_v = sd.mean(r["formula with measured verify cost"] / r["measured speed-up"] for r in _spec)
-    if abs(_over_v - 1) <= sanity.MEASUREMENT_ERROR:
-        _gap = ("The formula with the measured verify cost matches the measurement within "
-                f"{sanity.MEASUREMENT_ERROR:.0%}. ")
-    elif abs(_over_v - 1) < 0.5 * abs(_over - 1):
-        _gap = ("The measured verify cost explains most of the paper formula's gap: a forward of "
-                "k + 1 tokens cost more than a forward of one here. ")
-    else:
-        _gap = ("The measured verify cost does not explain the gap, and this run measures nothing "
-                "else that would: it cannot say where the rest comes from. ")
+    _s = sd.sweep_summary(sweep_rows, sanity.MEASUREMENT_ERROR)
+    _gap = {"matches": "The formula with the measured verify cost matches the measurement within "
+                       f"{sanity.MEASUREMENT_ERROR:.0%}. ",
+            "explained": "The measured verify cost explains most of the paper formula's gap: a "
+                         "forward of k + 1 tokens cost more than a forward of one here. ",
+            "unexplained": "The measured verify cost does not explain the gap, and this run "
+                           "measures nothing else that would: it cannot say where the rest comes "
+                           "from. "}[_s["gap"]]
     ui.md(
         sanity.report(cost_violations + sweep_violations) + "\n\n" + sanity.WITHHELD
         if cost_violations or sweep_violations else
-        f"With the {drafter.value} drafter, acceptance ranged from "
-        f"{min(r['acceptance rate'] for r in _spec):.0%} to "
-        f"{max(r['acceptance rate'] for r in _spec):.0%} of draft tokens over k = "
-        f"{', '.join(str(r['k']) for r in _spec)}. The best measured speed-up was "
-        f"**{_best['measured speed-up']:.2f}x at k = {_best['k']}**"
-        + (" (speculation paid off on this machine). " if _best["measured speed-up"] > 1.05 else
-           " (speculation did not pay off on this machine). ")
-        + f"On average the paper's formula predicted {_over:.2f}x what was measured, the formula "
-        f"with the measured verify cost {_over_v:.2f}x. " + _gap
+        f"With the {drafter.value} drafter, acceptance ranged from {_s['acceptance'][0]:.0%} to "
+        f"{_s['acceptance'][1]:.0%} of draft tokens over k = {_s['ks']}. The best measured "
+        f"speed-up was **{_s['best speed-up']:.2f}x at k = {_s['best k']}** (speculation "
+        + ("paid off" if _s["best speed-up"] > 1.05 else "did not pay off") + " on this machine). "
+        f"On average the paper's formula predicted {_s['formula / measured']:.2f}x what was "
+        f"measured, the formula with the measured verify cost "
+        f"{_s['with verify cost / measured']:.2f}x. " + _gap
         + ("Acceptance fell as k grew: the later a draft token, the more chances that an earlier "
-           "one was already wrong." if _spec[0]["acceptance rate"] > _spec[-1]["acceptance rate"]
-           else "")
-        + (f" All runs returned the same token ids as k = 0." if all(r["same ids as k=0"]
-                                                                      for r in sweep_rows) else
-           " **Not every run returned the same token ids as k = 0** (see the table).")
+           "one was already wrong. " if _s["acceptance fell"] else "")
+        + ("All runs returned the same token ids as k = 0." if _s["same ids"] else
+           "**Not every run returned the same token ids as k = 0** (see the table).")
     )
     return
 
@@ -693,12 +644,11 @@ def _(mo):
 
     Prompt lookup needs the answer to repeat something already in the context. We send two
     workloads, greedy, one request at a time: **editing a given text** (the answer copies most
-    of the prompt) and **open chat** (nothing to copy, except what the model repeats of itself).
-    Two servers of the teaching engine: one with `--spec ngram --num-spec-tokens 4`, one without
-    (the baseline). The server exports vLLM's counter names on `/metrics`
-    (`reference_server/prometheus.py`): `vllm:spec_decode_num_drafts_total`,
-    `vllm:spec_decode_num_draft_tokens_total`, `vllm:spec_decode_num_accepted_tokens_total`; we
-    read them before and after each workload.
+    of the prompt) and **open chat** (nothing to copy but what the model repeats of itself), to
+    two teaching-engine servers, one with `--spec ngram --num-spec-tokens 4` and a baseline
+    without. Before and after each workload we read vLLM's counters, which the server exports on
+    `/metrics` (`reference_server/prometheus.py`): `vllm:spec_decode_num_drafts_total`,
+    `vllm:spec_decode_num_draft_tokens_total`, `vllm:spec_decode_num_accepted_tokens_total`.
     """)
     return
 
@@ -715,8 +665,7 @@ def _(sd, sweep, ui, workshop):
     _extra = mini_ngram.info.get("extra", {})
     ui.md(f"Started two teaching-engine servers: {mini_base.base_url} (no speculation) and "
           f"{mini_ngram.base_url} (its `/server_info` says `spec={_extra.get('spec')}`, "
-          f"`num_spec_tokens={_extra.get('num_spec_tokens')}`), "
-          f"dtype {mini_ngram.info.get('dtype')}.")
+          f"`num_spec_tokens={_extra.get('num_spec_tokens')}`), dtype {mini_ngram.info.get('dtype')}.")
     return mini_base, mini_ngram, server_prompts, server_tokens
 
 
@@ -751,8 +700,7 @@ def _(
         mini_runs.append(sd.run_workload(mini_base, _prompts, server_tokens, "mini, no spec", _name))
         mini_runs.append(sd.run_workload(mini_ngram, _prompts, server_tokens, "mini, n-gram k=4",
                                          _name))
-    mini_rows = sd.speedup_rows([r for r in mini_runs if r["server"] != "mini, no spec"],
-                                [r for r in mini_runs if r["server"] == "mini, no spec"])
+    mini_rows = sd.speedup_rows(*sd.split_runs(mini_runs, "mini, no spec"))
     mini_chat_row = next(r for r in mini_rows if r["workload"] == "open chat")
     ui.compare(my_chat_acceptance, mini_chat_row["acceptance rate"] or 0.0,
                "n-gram acceptance rate on open chat (teaching engine)")
@@ -778,29 +726,25 @@ def _(
     # 3-grams, k = 4) on the same open-chat prompts, as many tokens as the servers generate.
     _runs = [speculative_decode(chat_ids(_p), server_tokens, 4, ngram_draft)
              for _p in server_prompts["open chat"]]
-    _steps = [_st for _, _st_list in _runs for _st in _st_list]
-    chat_loop_acceptance = sd.acceptance_rate(_steps)
-    _drafted = sum(_d for _d, _ in _steps)
-    _loop_texts = [tokenizer.decode(_ids[:_ids.index(tokenizer.eos_token_id) + 1]
-                                    if tokenizer.eos_token_id in _ids else _ids,
-                                    skip_special_tokens=True) for _ids, _ in _runs]
-    _server_texts = next(r["texts"] for r in mini_runs
-                         if r["server"] == "mini, n-gram k=4" and r["workload"] == "open chat")
-    _measured = mini_chat_row["acceptance rate"] or 0.0
+    _n = sd.step_counts([_st for _, _st_list in _runs for _st in _st_list])
+    chat_loop_acceptance = _n["acceptance rate"]
+    _texts = sd.texts_until_eos(tokenizer, [_ids for _ids, _ in _runs])
+    _same = _texts == next(r["texts"] for r in mini_runs
+                           if r["server"] == "mini, n-gram k=4" and r["workload"] == "open chat")
     ui.worked_answer(
         "Prompt lookup proposes only when the last 1 to 3 tokens occurred earlier in the context, "
         "and then proposes what followed them there. An open-chat answer copies little of its "
-        f"prompt, so few steps find a match. Section 1's loop, run here on the same "
-        f"{'prompt' if len(_runs) == 1 else f'{len(_runs)} prompts'} with the same drafter and k, "
-        f"proposed draft tokens in {sum(1 for _d, _ in _steps if _d)} of {len(_steps)} steps, "
-        f"{_drafted} in all, of which {sum(_a for _, _a in _steps)} accepted: **"
-        + (f"{chat_loop_acceptance:.0%}**" if _drafted else "no draft tokens**")
-        + f". The server measured **{_measured:.0%}** of {mini_chat_row['draft tokens']} draft "
-        f"tokens (its `/metrics` counters). Its answers were "
+        "prompt, so few steps find a match. Section 1's loop, run here on the same "
+        + ("prompt" if len(_runs) == 1 else f"{len(_runs)} prompts") + " with the same drafter and "
+        f"k, proposed draft tokens in {_n['drafting steps']} of {_n['steps']} steps, "
+        f"{_n['draft tokens']} in all, of which {_n['accepted']} accepted: "
+        f"**{chat_loop_acceptance:.0%}**. The server "
+        f"measured **{mini_chat_row['acceptance rate'] or 0.0:.0%}** of "
+        f"{mini_chat_row['draft tokens']} draft tokens (its `/metrics` counters). Its answers were "
         + ("the same texts as this loop's. One difference remains in how drafts are made: the "
            "server drafts only within the room left before `max_tokens` "
            "(`_lookahead` in `mini_engine/scheduler.py`), where this loop always drafts 4."
-           if _loop_texts == _server_texts else
+           if _same else
            f"not the same texts as this loop's (the server computes in "
            f"{mini_ngram.info.get('dtype')}, this loop in float32), so the two matched different "
            "contexts.")
@@ -853,12 +797,10 @@ def _(mo):
 
     vLLM configures speculative decoding with one JSON argument, `--speculative-config`
     (`vllm/config/speculative.py`): `method` `"ngram"` with `num_speculative_tokens` and
-    `prompt_lookup_max` / `prompt_lookup_min` (the longest and shortest n-gram it matches). We
-    start one extra vLLM server with it (this takes a while on a CPU) and compare with the
-    course's shared vLLM server, which runs without speculation, on the same two workloads.
-    vLLM exports the same three counters, plus acceptance per draft position. This section
-    needs the course's server to be vLLM: on another engine (`WORKSHOP_ENGINE`) it says so and
-    skips, since the comparison would mix two engines.
+    `prompt_lookup_max` / `prompt_lookup_min` (the longest and shortest n-gram it matches). One
+    extra vLLM server runs with it (slow to start on a CPU), against the course's shared vLLM
+    server without speculation, on the same workloads and counters. On another engine
+    (`WORKSHOP_ENGINE`) this section says so and skips: the comparison would mix two engines.
     """)
     return
 
@@ -870,20 +812,19 @@ def _(session, ui, workshop):
     vllm_spec_config = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3}
     vllm_spec, vllm_spec_error = None, None
     if session.engine != "vllm":
-        vllm_spec_error = (f"skipped: the course's server runs `{session.engine}`, not vLLM, so there is "
-                           "no vLLM without speculation to compare with")
+        vllm_spec_error = (f"skipped: the course's server runs {session.engine}, not vLLM, so there "
+                           "is no vLLM without speculation to compare with")
     else:
         try:
             vllm_spec = workshop.session.start(
                 "vllm", ["--kv-cache-gib", "0.25", "--", "--speculative-config",
                          json.dumps(vllm_spec_config)], verbose=False)
         except Exception as _exc:      # shown, not hidden: a refusal is a result too
-            vllm_spec_error = f"{type(_exc).__name__}: {_exc}"
+            vllm_spec_error = "did not start: `" + f"{type(_exc).__name__}: {_exc}"[-600:] + "`"
     ui.md(f"vLLM with `--speculative-config '{json.dumps(vllm_spec_config)}'`: "
           + (f"started at {vllm_spec.base_url} ({vllm_spec.info.get('engine')} "
              f"{vllm_spec.info.get('engine_version', '')}, {vllm_spec.info.get('dtype')})."
-             if vllm_spec else f"**did not start**: `{vllm_spec_error[-600:]}`"
-             if session.engine == "vllm" else f"**{vllm_spec_error}**."))
+             if vllm_spec else f"**{vllm_spec_error}**."))
     return vllm_spec, vllm_spec_error
 
 
@@ -896,8 +837,7 @@ def _(sd, server_prompts, server_tokens, session, ui, vllm_spec):
                                              _name))
             vllm_runs.append(sd.run_workload(vllm_spec, _prompts, server_tokens,
                                              "vLLM, n-gram k=4", _name))
-    vllm_rows = sd.speedup_rows([r for r in vllm_runs if r["server"] != "vLLM, no spec"],
-                                [r for r in vllm_runs if r["server"] == "vLLM, no spec"])
+    vllm_rows = sd.speedup_rows(*sd.split_runs(vllm_runs, "vLLM, no spec"))
     vllm_log_warnings = (sd.log_warnings(vllm_spec.log_path, "speculative")
                          if vllm_spec is not None and vllm_spec.log_path else [])
     ui.table(vllm_rows) if vllm_rows else ui.md("_(no vLLM runs)_")
@@ -932,7 +872,7 @@ def _(
                if vllm_log_warnings else ""))
     else:
         vllm_summary = ui.md(f"vLLM's n-gram speculative decoding could not be measured here: "
-                             f"`{vllm_spec_error}`")
+                             f"{vllm_spec_error}.")
     vllm_summary
     return
 

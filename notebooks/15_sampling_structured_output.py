@@ -417,7 +417,7 @@ def _():
 
 
 @app.cell
-def _(engines, response_format, sampling, schema, sweep, ui):
+def _(engines, math, response_format, sampling, schema, sweep, ui):
     ask_json = [{"role": "user", "content": "What is the capital of France? Answer as JSON with "
                  "the keys city, country and continent."}]
     json_answers = sweep(16, 8)
@@ -425,14 +425,19 @@ def _(engines, response_format, sampling, schema, sweep, ui):
     for _name, _s in ui.progress(list(engines.items()), title="answers with and without the grammar"):
         for _constrained in (False, True):
             _extra = {"response_format": response_format} if _constrained else {}
-            _r = _s.openai().chat.completions.create(model=_s.model, messages=ask_json, max_tokens=64,
-                                                     temperature=0.7, n=json_answers, **_extra)
-            _verdicts = [sampling.check_json(c.message.content, schema) for c in _r.choices]
+            # the answers in requests of at most the server's largest n (/server_info's limits)
+            _n = min(json_answers, (_s.info.get("limits") or {}).get("max_n") or json_answers)
+            _choices = []
+            for _ in range(math.ceil(json_answers / _n)):
+                _choices += _s.openai().chat.completions.create(
+                    model=_s.model, messages=ask_json, max_tokens=64, temperature=0.7, n=_n,
+                    **_extra).choices
+            _verdicts = [sampling.check_json(c.message.content, schema) for c in _choices]
             validity.append({"engine": _name, "grammar": "on" if _constrained else "off",
                              "valid": _verdicts.count("valid") / len(_verdicts),
                              "wrong shape": _verdicts.count("wrong shape") / len(_verdicts),
                              "not JSON": _verdicts.count("not JSON") / len(_verdicts),
-                             "one answer": _r.choices[0].message.content[:70]})
+                             "one answer": _choices[0].message.content[:70]})
     ui.table(validity, floatfmt=".2f")
     return ask_json, validity
 

@@ -66,6 +66,15 @@ def equivalent_kv_heads(arch: ModelArch) -> float:
     return kv_bytes_per_token(arch, "bf16") / kv_bytes_per_token(variant_arch(arch, "mqa"), "bf16")
 
 
+def config_columns(arch: ModelArch) -> dict:
+    """A model's row head for the catalogue table: its config linked, layers, query heads, and
+    what one layer caches per token (KV heads x head size, or MLA's latent + RoPE key)."""
+    cached = (f"MLA: latent {arch.kv_lora_rank} + RoPE key {arch.qk_rope_head_dim}"
+              if arch.attention == "mla" else f"{arch.num_kv_heads} KV x {arch.head_dim}")
+    return {"model": f"[{arch.name}]({arch.source})", "layers": arch.num_layers,
+            "query heads": arch.num_heads, "cached per layer": cached}
+
+
 def users_that_fit(budget_bytes: float, bytes_per_user: float) -> int:
     """Whole users of ``bytes_per_user`` each in ``budget_bytes`` (0 when none fits)."""
     if bytes_per_user <= 0:
@@ -198,6 +207,19 @@ def attention_time_rows(fn: Callable, kv_heads: Sequence[int], contexts: Sequenc
     return rows
 
 
+def cache_fit(mib: Sequence[float], caches: dict[str, int]) -> dict | None:
+    """This CPU's largest data cache and whether each size in ``mib`` (MiB) fits in it.
+
+    ``caches`` maps level to bytes, as ``flash_attention.cpu_caches`` returns them. Returns
+    ``{"cache": level, "MiB": its size, "fits": [bool per size]}``, or None when it is empty.
+    """
+    if not caches:
+        return None
+    level = max(caches, key=caches.get)
+    return {"cache": level, "MiB": caches[level] / 2**20,
+            "fits": [m * 2**20 <= caches[level] for m in mib]}
+
+
 # ---------------------------------------------------------------------------------------
 # Figures
 # ---------------------------------------------------------------------------------------
@@ -228,7 +250,9 @@ def quality_figure(rows: Sequence[dict], bytes_key: str, metrics: Sequence[str])
     for j, m in enumerate(metrics):
         xs = [i + (j - (len(metrics) - 1) / 2) * width for i in range(len(rows))]
         ax.bar(xs, [r[m] for r in rows], width, label=m)
-    ax.set_xticks(range(len(rows)), [f"{r['variant']}\n{r[bytes_key]:,} B/token" for r in rows])
+    # three short lines per label: eight variants side by side stay legible
+    ax.set_xticks(range(len(rows)), [f"{r['variant']}\n{r[bytes_key]:,}\nB/token" for r in rows],
+                  fontsize=9)
     ax.set_ylim(0, 1.05)
     ax.legend(fontsize=8)
     return fig
@@ -272,7 +296,7 @@ def window_figure(series: dict[str, Sequence[dict]], window_label: str):
     return fig
 
 
-__all__ = ["variant_arch", "with_window", "equivalent_kv_heads", "users_that_fit", "window_rows",
-           "next_tokens", "greedy_tokens", "match_share", "greedy_token_share", "decode_inputs",
-           "reference_decode", "attention_time_rows", "bytes_figure", "quality_figure",
-           "time_figure", "window_figure"]
+__all__ = ["variant_arch", "with_window", "equivalent_kv_heads", "config_columns",
+           "users_that_fit", "window_rows", "next_tokens", "greedy_tokens", "match_share",
+           "greedy_token_share", "decode_inputs", "reference_decode", "attention_time_rows",
+           "cache_fit", "bytes_figure", "quality_figure", "time_figure", "window_figure"]

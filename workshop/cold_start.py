@@ -540,7 +540,9 @@ def formats_figure(rows: list[dict]):
                       hatch=hatch, edgecolor="black", linewidth=0.5)
         ax.bar_label(bars, fmt="%.2f", fontsize=8)
     ax.set_xticks(x, fmts)
-    ax.legend()
+    # headroom above the tallest bar for the legend, so it never covers a bar
+    ax.set_ylim(0, np.nanmax(list(by.values())) * 1.3)
+    ax.legend(loc="upper center", ncol=2)
     return fig
 
 

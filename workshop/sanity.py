@@ -32,6 +32,7 @@ CAUSES = {
     "count": "a FLOP or byte count that does not match what the engine computes",
     "kernel": "a roof timed with a slower kernel than the engine's",
     "idle": "the load never reached the server, or every request failed",
+    "warm-up": "the side timed first paid a fresh server's warm-up",
 }
 
 
@@ -83,6 +84,20 @@ def cold(label: str, cached_tokens: Iterable[int | None]) -> list[Violation]:
                       "served from the prefix cache", ("cache",))]
 
 
+def hit_within_floor(label: str, ratio: float, skipped: float,
+                     error: float = MEASUREMENT_ERROR) -> list[Violation]:
+    """A prefix-cache hit's TTFT over the same request's cold TTFT is at least 1 - ``skipped``
+    (the share of the prompt the hit skips): the tokens it computes still attend to the whole
+    prompt, and the rest of the request costs what it cost cold."""
+    floor = 1 - skipped
+    if not math.isfinite(ratio) or ratio * (1 + error) >= floor:
+        return []
+    return [Violation("a cache hit cheaper than the work it skips",
+                      f"{label}: TTFT with / without the cache {ratio:.2f}, below 1 - "
+                      f"{skipped:.2f} = {floor:.2f}, what skipping only the cached tokens allows",
+                      ("warm-up", "busy", "few"))]
+
+
 def completed_some(label: str, completed: int, sent: int) -> list[Violation]:
     """A conclusion about waiting, admission or speed needs at least one finished request."""
     if sent <= 0 or completed > 0:
@@ -119,5 +134,5 @@ def report(violations: Sequence[Violation]) -> str:
 
 
 __all__ = ["MEASUREMENT_ERROR", "MARK", "WITHHELD", "CAUSES", "Violation", "within",
-           "bandwidth_within_roof", "part_within_whole", "cold", "completed_some", "grows_with",
-           "nonzero", "report"]
+           "bandwidth_within_roof", "part_within_whole", "cold", "hit_within_floor",
+           "completed_some", "grows_with", "nonzero", "report"]

@@ -93,6 +93,24 @@ def tokens_per_step(steps: Iterable[Step]) -> float:
     return sum(a + 1 for _, a in steps) / len(steps) if steps else 0.0
 
 
+def step_counts(steps: Iterable[Step]) -> dict:
+    """Steps, steps that drafted anything, draft tokens, accepted tokens and their rate."""
+    steps = list(steps)
+    return {"steps": len(steps), "drafting steps": sum(1 for d, _ in steps if d),
+            "draft tokens": sum(d for d, _ in steps), "accepted": sum(a for _, a in steps),
+            "acceptance rate": acceptance_rate(steps)}
+
+
+def demo_rows(runs: dict[str, tuple[list[int], list[Step]]]) -> list[dict]:
+    """One table row per ``name: (ids, steps)`` run; the first run is the baseline whose ids
+    the others are compared with."""
+    base = next(iter(runs.values()))[0]
+    return [{"run": name, "tokens": len(ids), "target forwards": len(steps),
+             "tokens per forward": len(ids) / len(steps) if steps else 0.0,
+             "draft tokens": sum(d for d, _ in steps), "accepted": sum(a for _, a in steps),
+             "same token ids as plain": ids == base} for name, (ids, steps) in runs.items()]
+
+
 # -- what a draft and a verify forward cost ------------------------------------------------------
 
 def forward_flops(cfg: Any, layers: int, context: int, tokens: int = 1) -> float:
@@ -112,6 +130,19 @@ def draft_share(cfg: Any, draft_layers: int, context: int) -> float:
     """The share of a full one-token forward's FLOPs that a self-draft forward of the first
     ``draft_layers`` layers does: its layers plus the output layer it runs too."""
     return forward_flops(cfg, draft_layers, context) / forward_flops(cfg, cfg.num_layers, context)
+
+
+def cost_rows(decode_s: float, parts: dict[str, tuple[float, float]],
+              verify_s: dict[int, float]) -> list[dict]:
+    """The cost table: a one-token decode forward, each ``what: (seconds, FLOPs share)`` part,
+    and a verify forward of k + 1 tokens per ``verify_s[k]``, each in ms and relative to the
+    decode forward."""
+    rows = [("one decode forward (all layers, 1 token)", decode_s, 1.0), *(
+        (what, s, share) for what, (s, share) in parts.items())]
+    rows += [(f"one verify forward of {k + 1} tokens", s, float(k + 1))
+             for k, s in verify_s.items()]
+    return [{"what": what, "ms": s * 1e3, "time relative to a decode forward": s / decode_s,
+             "FLOPs relative to a decode forward": share} for what, s, share in rows]
 
 
 def cost_violations(label: str, c: float, layer_share: float,
@@ -193,6 +224,28 @@ def draft_length_sweep(decode: Decode, ks: Sequence[int], c: float,
     return rows
 
 
+def sweep_summary(rows: Sequence[dict], error: float) -> dict:
+    """What the sweep's closing sentence needs, from ``draft_length_sweep`` rows (with the
+    measured verify cost): the acceptance range and the ks of the speculative runs, the best
+    run, the mean ratio of each formula to the measurement, whether acceptance fell from the
+    first k to the last and all ids matched k = 0, and ``gap``: "matches" (the formula with
+    the measured verify cost within ``error`` of the measurement), "explained" (it closes over
+    half of the paper formula's gap) or "unexplained"."""
+    spec = [r for r in rows if r["k"]]
+    best = max(spec, key=lambda r: r["measured speed-up"])
+    over = mean(r["formula speed-up"] / r["measured speed-up"] for r in spec)
+    over_v = mean(r["formula with measured verify cost"] / r["measured speed-up"] for r in spec)
+    gap = ("matches" if abs(over_v - 1) <= error else
+           "explained" if abs(over_v - 1) < 0.5 * abs(over - 1) else "unexplained")
+    return {"ks": ", ".join(str(r["k"]) for r in spec),
+            "acceptance": (min(r["acceptance rate"] for r in spec),
+                           max(r["acceptance rate"] for r in spec)),
+            "best k": best["k"], "best speed-up": best["measured speed-up"],
+            "formula / measured": over, "with verify cost / measured": over_v, "gap": gap,
+            "acceptance fell": spec[0]["acceptance rate"] > spec[-1]["acceptance rate"],
+            "same ids": all(r["same ids as k=0"] for r in rows)}
+
+
 # -- workloads ----------------------------------------------------------------------------------
 
 # Our own paragraph: a task whose answer repeats most of the prompt (edit, fix, quote).
@@ -259,6 +312,12 @@ def run_workload(session: Any, prompts: Sequence[str], max_tokens: int, label: s
             "texts": [r["text"] for r in done]}
 
 
+def split_runs(runs: Sequence[dict], base_label: str) -> tuple[list[dict], list[dict]]:
+    """(the speculative runs, the baseline runs): those whose server is ``base_label``."""
+    return ([r for r in runs if r["server"] != base_label],
+            [r for r in runs if r["server"] == base_label])
+
+
 def speedup_rows(spec: Sequence[dict], base: Sequence[dict]) -> list[dict]:
     """Pair each speculative run with the baseline run of the same workload: decode speed-up
     and whether the texts were identical."""
@@ -310,6 +369,16 @@ def log_warnings(path: Any, word: str) -> list[str]:
         if m and word.lower() in m.group(1).lower() and m.group(1) not in found:
             found.append(m.group(1).strip())
     return found
+
+
+def texts_until_eos(tokenizer: Any, id_lists: Iterable[Sequence[int]]) -> list[str]:
+    """Each id list decoded up to its first end-of-sequence token, special tokens skipped: the
+    text a server would have returned for it."""
+    eos, out = tokenizer.eos_token_id, []
+    for ids in map(list, id_lists):
+        out.append(tokenizer.decode(ids[:ids.index(eos) + 1] if eos in ids else ids,
+                                    skip_special_tokens=True))
+    return out
 
 
 def without_texts(rows: Sequence[dict]) -> list[dict]:

@@ -4,9 +4,9 @@
 # [![Open in Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/{{github_repo}}/blob/main/notebooks/05_attention_variants.ipynb)
 # [![Open in molab](https://marimo.io/molab-shield.svg)](https://molab.marimo.io/github/{{github_repo}}/blob/main/notebooks/05_attention_variants.py)
 #
-# During decode, every new token reads the whole KV cache of its conversation, and the cache
-# decides how many conversations fit in memory (notebook 2). The attention design decides
-# how big that cache is. Four designs are in use:
+# During decode every new token reads its conversation's whole KV cache, and the cache decides
+# how many conversations fit in memory (notebook 2). The attention design decides how big that
+# cache is. Four designs are in use:
 #
 # * **MHA** (multi-head attention, the original Transformer): every query head has its own
 #   key and value head.
@@ -22,14 +22,11 @@
 # A **sliding window** is a separate idea: some or all layers only look at the last W tokens,
 # so their cache stops growing.
 #
-# This notebook:
-#
-# 1. computes the cache per token of real models under each design, and why DeepSeek's MLA
-#    looks huge against MHA and modest against GQA;
-# 2. serves the course's model **live** as GQA (as shipped), MQA and MLA, and checks the
-#    cache size each server reports against the formula, and what each costs in quality;
-# 3. times decode attention on this machine as the number of KV heads changes;
-# 4. works out what a sliding window does to capacity.
+# This notebook (1) computes the cache per token of real models under each design, and why
+# DeepSeek's MLA looks huge against MHA and modest against GQA; (2) serves the course's model
+# **live** as GQA (as shipped), MQA and MLA, checking each server's cache size against the
+# formula, and what each costs in quality; (3) times decode attention on this machine as the
+# number of KV heads changes; (4) works out what a sliding window does to capacity.
 # %%
 # Make the course importable: from this checkout, or, on Colab and molab (no checkout),
 # installed from its repository with what this runtime lacks (vLLM too, its CPU build without
@@ -129,19 +126,12 @@ def variant_bytes(arch):
             "MQA (1 KV head)": per_token(av.variant_arch(arch, "mqa"), "bf16")}
 
 
-config_rows = []
-for _key in kvcache.list_models():
-    _arch = kvcache.load_model(_key)
-    _terms = (f"MLA: latent {_arch.kv_lora_rank} + RoPE key {_arch.qk_rope_head_dim}"
-              if _arch.attention == "mla" else f"{_arch.num_kv_heads} KV x {_arch.head_dim}")
-    config_rows.append({"model": f"[{_arch.name}]({_arch.source})", "layers": _arch.num_layers,
-                        "query heads": _arch.num_heads, "cached per layer": _terms,
-                        **{k: round(v) for k, v in variant_bytes(_arch).items()}})
-ui.table(config_rows)
+catalogue = [kvcache.load_model(_k) for _k in kvcache.list_models()]
+ui.table([{**av.config_columns(_a), **{k: round(v) for k, v in variant_bytes(_a).items()}}
+          for _a in catalogue])
 
 # %%
-av.bytes_figure([{"model": kvcache.load_model(_k).name, **variant_bytes(kvcache.load_model(_k))}
-                 for _k in kvcache.list_models()])
+av.bytes_figure([{"model": _a.name, **variant_bytes(_a)} for _a in catalogue])
 
 # %% [markdown]
 # ### DeepSeek's MLA: against MHA, and against GQA
@@ -189,11 +179,9 @@ ui.md(
     f"{gqa_model.head_dim}, {gqa_model.num_layers} layers) the GQA model caches "
     f"**{gqa_bytes / mla_bytes:.1f}x** DeepSeek-V3's. Quote a saving with its baseline. In GQA "
     f"terms the latent caches as much as **{av.equivalent_kv_heads(dsv3):.2f} KV heads** of "
-    f"{dsv3.head_dim}: the paper's \"2.25 groups\", recomputed from the config. "
-    + ("The formula on the config and the count from the papers agree."
-       if mla_bytes == mla_bytes_by_hand else
-       "**The formula on the config and the count from the papers differ**: the catalogue's "
-       "config or the formula does not match the papers.")
+    f"{dsv3.head_dim}: the paper's \"2.25 groups\", recomputed from the config. The formula on "
+    f"the config and the count from the papers "
+    f"**{'agree' if mla_bytes == mla_bytes_by_hand else 'differ (check the config)'}**."
 )
 
 # %% [markdown]
@@ -208,17 +196,16 @@ ui.md(
 # * `--attention mla --mla-rank R`: the stacked key and value projections factored by SVD
 #   into a rank-R "down" matrix (its output, R numbers, is all that is cached) and an "up"
 #   matrix that rebuilds keys and values at every step. Unlike DeepSeek's MLA it keeps no
-#   separate RoPE key (RoPE is applied after rebuilding), and the model was never trained
-#   for it, so again quality can only drop. At R = 384 = 2 x 3 x 64 the factorisation is
-#   exact.
+#   separate RoPE key (RoPE is applied after rebuilding) and was never trained for, so again
+#   quality can only drop. At R = 384 = 2 x 3 x 64 the factorisation is exact.
 #
 # Each variant is its own server (`workshop.session.start`), started, measured and stopped in
-# turn. The formula predicts each server's cache size from the config alone; the server
-# reports what it allocated (its pool's bytes / its token slots): two independent numbers.
+# turn. The formula predicts its cache size from the config alone; the server reports what it
+# allocated (its pool's bytes / its token slots): two independent numbers.
 #
-# Which MLA ranks to serve (each costs a server start, several seconds; quick mode serves
-# one). Rank 128 caches exactly as much as MQA (2 x 64 numbers per layer), so serving it puts
-# the two conversions side by side at equal memory; rank 384 caches as much as GQA.
+# Which MLA ranks to serve (a server start each, several seconds; quick mode serves one)? Rank
+# 128 caches as much as MQA (2 x 64 numbers per layer), side by side at equal memory; rank 384
+# as much as GQA.
 
 # %%
 from workshop.session import sweep
@@ -227,8 +214,7 @@ mla_ranks_text = ui.text(sweep("64, 128, 192, 256, 320, 384", "256"), "MLA ranks
 mla_ranks_text
 
 # %%
-mla_ranks = sorted({int(_r) for _r in mla_ranks_text.value.replace(" ", "").split(",")
-                    if _r}) or [256]
+mla_ranks = sorted({int(_r) for _r in mla_ranks_text.value.split(",") if _r.strip()}) or [256]
 exercise_rank = 256 if 256 in mla_ranks else mla_ranks[-1]      # the rank exercise 2 asks about
 live_variants = [("gqa", 0), ("mqa", 0)] + [("mla", _r) for _r in mla_ranks]
 smol = kvcache.load_model("smollm2-135m")
@@ -247,21 +233,20 @@ ui.md(f"Variants to serve: {_names}. "
 predict_mla_bytes = None    # your prediction in bytes, e.g. 10000
 
 # %% [markdown]
-# Quality. A perplexity needs the probability of every token of a given text, which a server
-# gives only if it can score the prompt (vLLM's `prompt_logprobs`, or `echo` with `logprobs`
-# in the legacy completions API). The teaching engine refuses both; the next cell shows its
-# answer. What it can give exactly is its greedy next token after any prefix, so we measure:
+# Quality. A perplexity needs the probability of every token of a given text: the server must
+# score the prompt (vLLM's `prompt_logprobs`, or `echo` with `logprobs` in the legacy
+# completions API). The teaching engine refuses both (the next cell shows its answer), but it
+# gives its greedy next token after any prefix exactly, so we measure:
 #
 # * **next-token accuracy**: over the positions of a held-out ShareGPT reply, the share where
-#   the server's greedy token is the text's actual next token (teacher forcing: every prefix
-#   is the true text, so one mistake does not derail the rest). Like perplexity it scores the
-#   model against real text; unlike perplexity it ignores how confident the model was;
-# * **agreement with GQA**: at the same positions, the share where the variant picks the same
-#   token as the shipped model;
-# * **greedy answers**: a few chat questions answered greedily; the share of the GQA server's
-#   answer tokens the variant reproduces at the same position (one divergence shifts the rest,
-#   so this is the harsh, user-visible measure).
-
+#   the greedy token is the text's actual next token (teacher forcing: every prefix is the true
+#   text, so one mistake does not derail the rest). Like perplexity it scores the model
+#   against real text; unlike perplexity it ignores how confident the model was;
+# * **agreement with GQA**: at the same positions, the share where the variant picks the
+#   shipped model's token;
+# * **greedy answers**: the share of the GQA server's greedy answer tokens to a few chat
+#   questions that the variant reproduces at the same place (one divergence shifts the rest:
+#   the harsh, user-visible measure).
 
 # %%
 from transformers import AutoTokenizer
@@ -317,12 +302,9 @@ ui.worked_answer(
     f"{smol.num_layers * exercise_rank:,} numbers per token. This server reports dtype "
     f"`{_dtype}`, {_bytes_each:g} bytes a number: **{_forecast:,.0f} bytes**. (MQA, 1 KV head of "
     f"{smol.head_dim}, caches 2 x {smol.head_dim} = {2 * smol.head_dim} numbers per layer; GQA "
-    f"as shipped {kvcache.kv_values_per_token_per_layer(smol)}.) Reported: "
-    f"**{_reported:,}**"
-    + (": the same number, counted by the server from the pool it allocated."
-       if _reported == _forecast else
-       f", {_reported / _forecast:.2f}x the count: the server allocated something the formula "
-       "does not describe; the table below shows which variants disagree.")
+    f"as shipped {kvcache.kv_values_per_token_per_layer(smol)}.) Reported, counted by the server "
+    f"from the pool it allocated: **{_reported:,}**, {_reported / _forecast:.2f} x the forecast "
+    f"(the table below checks every variant)."
 )
 
 # %% [markdown]
@@ -356,15 +338,11 @@ ui.table(live_rows)
 live_checks_agree = all(r["KV B/token predicted"] == r["KV B/token reported"]
                         and r["capacity predicted (tokens)"] == r["capacity reported (tokens)"]
                         for r in live_rows)
-ui.md(
-    f"Prediction vs report: "
-    + ("**every server allocated exactly the bytes per token and the capacity the formula "
-       "predicts.**" if live_checks_agree else
-       "**at least one server disagrees with the formula** (see the table): look at its "
-       "dtype and at `/server_info` before trusting either number.")
-    + f" Held-out text: {len(heldout_positions)} positions of one ShareGPT reply; "
-    f"{len(questions)} chat questions of up to {answer_tokens} tokens."
-)
+_verdict = ("every server allocated exactly the bytes per token and the capacity the formula "
+            "predicts" if live_checks_agree else "at least one server disagrees with the formula "
+            "(see the table): check its dtype and `/server_info` before trusting either number")
+ui.md(f"Prediction vs report: **{_verdict}.** Held-out text: {len(heldout_positions)} positions "
+      f"of one ShareGPT reply; {len(questions)} chat questions of up to {answer_tokens} tokens.")
 
 # %% [markdown]
 # What those shares look like: each server's greedy answer to the first question.
@@ -382,37 +360,26 @@ av.quality_figure(live_rows, "KV B/token reported",
 
 # %%
 gqa_row, mqa_row = live_rows[0], next(r for r in live_rows if r["variant"] == "mqa")
-_gqa, _mqa = gqa_row, mqa_row
-_mla = [r for r in live_rows if r["variant"].startswith("mla")]
-_same_bytes = [r for r in _mla if r["KV B/token reported"] == _mqa["KV B/token reported"]]
-_lines = [
-    f"* **MQA** caches {_gqa['KV B/token reported'] / _mqa['KV B/token reported']:.0f}x less than "
-    f"GQA; without retraining its next-token accuracy went from "
-    f"{_gqa['next-token accuracy']:.0%} to {_mqa['next-token accuracy']:.0%}, and it picked "
-    f"GQA's token at {_mqa['agreement with GQA']:.0%} of the positions."]
-for _r in _mla:
+_B = "KV B/token reported"
+_lines = [f"* **{_r['variant']}** caches {gqa_row[_B] / _r[_B]:.2g}x less than GQA ({_r[_B]:,} "
+          f"bytes per token); untrained, its next-token accuracy is "
+          f"{_r['next-token accuracy']:.0%} (GQA {gqa_row['next-token accuracy']:.0%}) and it "
+          f"picked GQA's token at {_r['agreement with GQA']:.0%} of the positions."
+          for _r in live_rows[1:]]
+_twin = next((r for r in live_rows if r["variant"].startswith("mla") and r[_B] == mqa_row[_B]),
+             None)
+if _twin:
     _lines.append(
-        f"* **{_r['variant']}** caches {_r['KV B/token reported']:,} bytes per token "
-        f"({_gqa['KV B/token reported'] / _r['KV B/token reported']:.2g}x less than GQA): "
-        f"next-token accuracy {_r['next-token accuracy']:.0%}, agreement with GQA "
-        f"{_r['agreement with GQA']:.0%}.")
-if _same_bytes:
-    _m = _same_bytes[0]
-    _better = ("MLA" if _m["agreement with GQA"] > _mqa["agreement with GQA"] else
-               "MQA" if _m["agreement with GQA"] < _mqa["agreement with GQA"] else "neither")
-    _lines.append(
-        f"* At the **same cache size** ({_m['KV B/token reported']:,} bytes per token) "
-        f"{_m['variant']} agreed with GQA at {_m['agreement with GQA']:.0%} of positions and MQA "
-        f"at {_mqa['agreement with GQA']:.0%}: in this run {_better} kept more of the model. "
-        f"An SVD keeps the directions of the keys and values that matter most; averaging heads "
-        f"throws away whatever the heads did not share.")
+        f"* At the **same cache size** ({_twin[_B]:,} bytes per token) {_twin['variant']} agreed "
+        f"with GQA at {_twin['agreement with GQA']:.0%} of positions and MQA at "
+        f"{mqa_row['agreement with GQA']:.0%}. An SVD keeps the directions of the keys and values "
+        f"that matter most; averaging heads throws away whatever the heads did not share.")
 _lines.append(
-    "* Both conversions here are untrained. The GQA paper converts checkpoints the same way "
-    "and then \"uptrains\" them with about 5% of the original pre-training compute, which it "
-    "reports brings GQA close to the original multi-head quality "
-    "([arXiv:2305.13245](https://arxiv.org/abs/2305.13245)); DeepSeek trains with MLA from "
-    "the start. So read the quality columns as the cost of a conversion without training, "
-    "and the bytes columns as what each design saves, whatever the training.")
+    "* Both conversions here are untrained. The GQA paper converts checkpoints the same way, "
+    "then \"uptrains\" them with about 5% of the original pre-training compute, which it reports "
+    "brings GQA close to multi-head quality ([arXiv:2305.13245](https://arxiv.org/abs/2305.13245));"
+    " DeepSeek trains with MLA from the start. So the quality columns are the cost of a "
+    "conversion without training; the bytes columns are what each design saves, either way.")
 ui.md("\n".join(_lines))
 
 # %% [markdown]
@@ -476,17 +443,11 @@ from workshop import flash_attention as fa
 
 _one, _nine = attn_long_rows[0], attn_long_rows[-1]
 _bytes_ratio = _nine["KV read (MiB)"] / _one["KV read (MiB)"]
-_caches = fa.cpu_caches()
-_largest = max(_caches.items(), key=lambda kv: kv[1]) if _caches else None
-
-
-def _where(mib):
-    if _largest is None:
-        return "this machine's cache sizes are not readable"
-    return (f"{'fits in' if mib * 2**20 <= _largest[1] else 'is larger than'} this CPU's "
-            f"{_largest[0]} ({_largest[1] / 2**20:.0f} MiB)")
-
-
+_fit = av.cache_fit([_one["KV read (MiB)"], _nine["KV read (MiB)"]], fa.cpu_caches())
+_where = (f"This CPU's largest cache, {_fit['cache']}, holds {_fit['MiB']:.0f} MiB: the 1-head "
+          f"cache {'fits' if _fit['fits'][0] else 'does not fit'}, the 9-head cache "
+          f"{'fits' if _fit['fits'][1] else 'does not'}." if _fit else
+          "This machine's cache sizes are not readable.")
 ui.worked_answer(
     f"Every query head scores every cached token whatever the number of KV heads: 9 x "
     f"{max(attn_contexts):,} x 64 multiply-adds for the scores and as many for the values, the "
@@ -496,8 +457,7 @@ ui.worked_answer(
     f"{_bytes_ratio:.0f}x; if arithmetic did, 1x. Measured: **{attn_ratio_long:.1f}x**. Time "
     f"is bytes / read rate, and the read rates were {_one['GB/s']:.1f} GB/s with 1 KV head and "
     f"{_nine['GB/s']:.1f} GB/s with 9, so the measurement is {_bytes_ratio:.0f} x "
-    f"{_one['GB/s']:.1f} / {_nine['GB/s']:.1f} = {attn_ratio_long:.1f}x. The 1-head cache "
-    f"{_where(_one['KV read (MiB)'])}; the 9-head cache {_where(_nine['KV read (MiB)'])}."
+    f"{_one['GB/s']:.1f} / {_nine['GB/s']:.1f} = {attn_ratio_long:.1f}x. {_where}"
 )
 
 # %%
@@ -512,12 +472,10 @@ attn_ratio_short = _short[-1]["time (ms)"] / _short[0]["time (ms)"]
 ui.md(
     f"**With 9 KV heads instead of 1 (9x the bytes), a decode step took {attn_ratio_long:.1f}x "
     f"as long at {max(attn_contexts):,} tokens and {attn_ratio_short:.1f}x at "
-    f"{min(attn_contexts):,} tokens.** The effective "
-    f"read rate at the long context was "
-    f"{min(r['GB/s'] for r in attn_long_rows):.1f} to "
-    f"{max(r['GB/s'] for r in attn_long_rows):.1f} GB/s "
-    f"(notebook 3 measures this machine's memory bandwidth). A serving engine multiplies this "
-    f"by layers and users: at batch 64 and 30 layers one step reads {64 * 30:,} such caches."
+    f"{min(attn_contexts):,} tokens.** The effective read rate at the long context was "
+    f"{min(r['GB/s'] for r in attn_long_rows):.1f} to {max(r['GB/s'] for r in attn_long_rows):.1f}"
+    f" GB/s (notebook 3 measures this machine's memory bandwidth). A serving engine multiplies "
+    f"this by layers and users: at batch 64 and 30 layers one step reads {64 * 30:,} such caches."
 )
 
 # %% [markdown]
@@ -582,10 +540,9 @@ ui.md(
     f"{gqa_model.name}'s GQA {gqa_bytes / mla_bytes:.1f}x less. Quote savings with their "
     f"baseline.\n"
     f"* Live, the servers' own KV bytes per token and capacities "
-    f"{'matched the formula exactly' if live_checks_agree else 'did NOT all match the formula'}"
-    f"; MQA held "
-    f"{mqa_row['capacity reported (tokens)'] / gqa_row['capacity reported (tokens)']:.1f}x "
-    f"as many tokens in the same 1 GiB, and its untrained conversion agreed with GQA's next "
+    f"{'matched the formula exactly' if live_checks_agree else 'did NOT all match the formula'}; "
+    f"MQA held {mqa_row['capacity reported (tokens)'] / gqa_row['capacity reported (tokens)']:.1f}x"
+    f" as many tokens in the same 1 GiB, and its untrained conversion agreed with GQA's next "
     f"token at {mqa_row['agreement with GQA']:.0%} of positions.\n"
     f"* Decode attention with 9 KV heads took {attn_ratio_long:.1f}x the time of 1 KV head at "
     f"{max(attn_contexts):,} tokens on this machine.\n"

@@ -75,6 +75,23 @@ def test_window_rows_by_hand():
         av.with_window(mistral, 4096, 33)
 
 
+def test_config_columns():
+    ds, smol = kvcache.load_model("deepseek-v3"), kvcache.load_model("smollm2-135m")
+    row = av.config_columns(ds)
+    assert row["model"] == f"[{ds.name}]({ds.source})" and row["layers"] == 61
+    assert row["query heads"] == 128
+    assert row["cached per layer"] == "MLA: latent 512 + RoPE key 64"
+    assert av.config_columns(smol)["cached per layer"] == "3 KV x 64"
+    assert list(av.config_columns(smol)) == ["model", "layers", "query heads", "cached per layer"]
+
+
+def test_cache_fit():
+    caches = {"L1": 48 * 2**10, "L2": 2 * 2**20, "L3": 32 * 2**20}
+    fit = av.cache_fit([1.0, 32.0, 33.0], caches)
+    assert fit == {"cache": "L3", "MiB": 32.0, "fits": [True, True, False]}
+    assert av.cache_fit([1.0], {}) is None
+
+
 def test_users_that_fit():
     assert av.users_that_fit(10, 3) == 3
     assert av.users_that_fit(2, 3) == 0

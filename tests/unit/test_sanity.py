@@ -52,6 +52,14 @@ def test_cached_tokens_in_a_cold_timing():
     assert len(v) == 1 and "496" in v[0].what
 
 
+def test_a_cache_hit_cannot_beat_the_share_of_the_prompt_it_skips():
+    # with 91 % of the prompt skipped, 0.18 is plausible; 0.05 beats computing the 9 % left
+    assert sanity.hit_within_floor("vLLM", 0.18, 0.91) == []
+    assert sanity.hit_within_floor("vLLM", float("nan"), 0.91) == []
+    v = sanity.hit_within_floor("vLLM", 0.05, 0.91)
+    assert len(v) == 1 and "0.09" in v[0].what and v[0].line().startswith(sanity.MARK)
+
+
 def test_nothing_completed_and_flat_gauges():
     assert len(sanity.completed_some("12 requests", 0, 12)) == 1
     assert sanity.completed_some("12 requests", 1, 12) == []

@@ -90,3 +90,46 @@ def test_sweep_rounds_keep_the_fastest_run(monkeypatch):
     rows = sd.draft_length_sweep(decode, [2], c=0.0, rounds=2)
     assert [r["seconds"] for r in rows] == [1.0, 2.0]          # neither the first nor the last
     assert rows[1]["measured speed-up"] == pytest.approx(0.5)
+
+
+def test_cost_rows_relative_to_the_decode_forward():
+    rows = sd.cost_rows(0.040, {"self-draft": (0.010, 0.3), "n-gram": (0.0004, 0.0)},
+                        {2: 0.050, 4: 0.080})
+    assert [r["what"] for r in rows] == [
+        "one decode forward (all layers, 1 token)", "self-draft", "n-gram",
+        "one verify forward of 3 tokens", "one verify forward of 5 tokens"]
+    assert [r["ms"] for r in rows] == pytest.approx([40, 10, 0.4, 50, 80])
+    assert [r["time relative to a decode forward"] for r in rows] == pytest.approx(
+        [1, 0.25, 0.01, 1.25, 2])
+    assert [r["FLOPs relative to a decode forward"] for r in rows] == [1, 0.3, 0, 3, 5]
+
+
+def _sweep_row(k, acc, measured, formula, with_verify, same=True):
+    return {"k": k, "acceptance rate": acc if k else None, "measured speed-up": measured,
+            "formula speed-up": formula, "formula with measured verify cost": with_verify,
+            "same ids as k=0": same}
+
+
+def test_sweep_summary_of_notebook_9s_reference_run():
+    # the 2-core Xeon's quick run: k = 2 and 4, the verify cost explained most of the gap
+    rows = [_sweep_row(0, None, 1, 1, 1), _sweep_row(2, 0.6, 1.38, 2.28, 2.01),
+            _sweep_row(4, 0.536, 1.61, 3.21, 1.98)]
+    s = sd.sweep_summary(rows, error=0.25)
+    assert s["ks"] == "2, 4" and s["acceptance"] == (0.536, 0.6)
+    assert (s["best k"], s["best speed-up"]) == (4, 1.61)
+    assert s["formula / measured"] == pytest.approx((2.28 / 1.38 + 3.21 / 1.61) / 2)
+    assert s["with verify cost / measured"] == pytest.approx((2.01 / 1.38 + 1.98 / 1.61) / 2)
+    assert s["gap"] == "explained" and s["acceptance fell"] and s["same ids"]
+
+
+def test_sweep_summary_gap_verdicts():
+    def gap(with_verify, error=0.25):
+        rows = [_sweep_row(0, None, 1, 1, 1), _sweep_row(4, 0.5, 1.0, 2.0, with_verify)]
+        return sd.sweep_summary(rows, error)["gap"]
+    assert gap(1.1) == "matches"              # within the error
+    assert gap(1.4) == "explained"            # 0.4 from 1, under half the paper formula's 1.0
+    assert gap(1.8) == "unexplained"
+    rows = [_sweep_row(0, None, 1, 1, 1), _sweep_row(2, 0.3, 1.1, 1.2, 1.1, same=False),
+            _sweep_row(4, 0.5, 1.2, 1.3, 1.2)]
+    s = sd.sweep_summary(rows, 0.25)
+    assert not s["acceptance fell"] and not s["same ids"] and s["best k"] == 4

@@ -253,3 +253,37 @@ def test_noise_note_only_where_nothing_was_accepted():
     assert sd.noise_note(dict(row, **{"acceptance rate": 0.8})) == ""     # a real gain
     assert sd.noise_note(dict(row, **{"speed-up": 1.02})) == ""           # no change to explain
     assert sd.noise_note(dict(row, **{"speed-up": 0.8})) == ""            # rejected drafts cost
+
+
+# -- notebook 9's tables and counts, as data -------------------------------------------------------
+
+def test_step_counts_and_demo_rows():
+    steps = [(4, 4), (0, 0), (4, 1)]
+    assert sd.step_counts(steps) == {"steps": 3, "drafting steps": 2, "draft tokens": 8,
+                                     "accepted": 5, "acceptance rate": 5 / 8}
+    assert sd.step_counts([])["acceptance rate"] == 0.0
+    plain, spec, wrong = [1, 2, 3, 4], [1, 2, 3, 4], [1, 2, 9, 4]
+    rows = sd.demo_rows({"plain": (plain, [(0, 0)] * 4), "spec": (spec, [(4, 3)]),
+                         "wrong": (wrong, [(2, 1), (2, 1)])})
+    assert [r["run"] for r in rows] == ["plain", "spec", "wrong"]      # the first is the base
+    assert [r["target forwards"] for r in rows] == [4, 1, 2]
+    assert rows[1]["tokens per forward"] == 4.0 and rows[1]["accepted"] == 3
+    assert [r["same token ids as plain"] for r in rows] == [True, True, False]
+
+
+def test_split_runs_by_the_baseline_label():
+    runs = [{"server": "base", "workload": "w"}, {"server": "spec", "workload": "w"},
+            {"server": "base", "workload": "v"}]
+    spec, base = sd.split_runs(runs, "base")
+    assert spec == [runs[1]] and base == [runs[0], runs[2]]
+
+
+def test_texts_until_eos_cut_after_the_first_eos():
+    class Tok:
+        eos_token_id = 0
+
+        def decode(self, ids, skip_special_tokens):
+            assert skip_special_tokens                    # the end-of-sequence token not shown
+            return "".join(chr(96 + i) for i in ids if i != self.eos_token_id)
+
+    assert sd.texts_until_eos(Tok(), [[1, 2, 0, 3], [3, 2], (1, 0)]) == ["ab", "cb", "a"]
