@@ -54,7 +54,8 @@ PARTS = [
     Part(3, "Attention variants, FlashAttention, paged attention, prefix caching, "
             "speculative decoding", range(5, 10)),
     Part(4, "The showdown and the decision chart", range(10, 12)),
-    Part(5, "The shared queue, cold starts, the gateway, what applications send", range(12, 100)),
+    Part(5, "The shared queue, cold starts, the gateway, what applications send, many replicas",
+         range(12, 100)),
 ]
 
 FRONT_MATTER = """---

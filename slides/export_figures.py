@@ -182,6 +182,16 @@ FIGURES: dict[str, list[FigureSpec]] = {
         FigureSpec("grammar", r"sampling\.allowed_figure\(", r"^What the grammar allows",
                    "tokens a JSON schema's grammar allows before each token of a valid answer"),
     ],
+    "16_cache_aware_routing": [
+        FigureSpec("routing", r"car\.figure\(", r"^Prefix-cache hit rate, whole fleet",
+                   "hit rate and p99 TTFT per routing policy as the sessions outgrow the caches"),
+        FigureSpec("tenants", r"car\.tenant_figure\(", r"no salts",
+                   "another tenant's probe TTFT, with and without a salt per tenant"),
+    ],
+    "17_disaggregated_prefill_decode": [
+        FigureSpec("gaps", r"dg\.gaps_figure\(", r"disaggregated",
+                   "gaps between running streams' tokens while long prompts arrive, per set-up"),
+    ],
 }
 
 # Notebooks 10 and 11 print each contender's configuration as a table (decision.setup_rows:
@@ -237,6 +247,10 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "measured_hit_rate": (r"hash server's counters \(`vllm:prefix_cache_hits_total`.*?\*\*([\d.]+)\*\*",
                               "hit rate the hash-cache server counted on /metrics"),
         "vllm_block": (r"block size \*\*(\d+) tokens\*\*, prefix", "vLLM's block size on this server"),
+        "off_ms": (r"^\| cache off \| (?:[^|\n]*\| ){4}([\d.,]+) \|",
+                   "median TTFT with a reset before every request (ms)"),
+        "on_miss_ms": (r"^\| cache on \| (?:[^|\n]*\| ){6}([\d.,]+) \|",
+                       "median TTFT of the cache-on run's misses (ms)"),
     },
     "09_speculative_decoding": {
         "tokens_per_step_08_4": (r"= \*\*([\d.]+)\*\* tokens for one target forward",
@@ -424,6 +438,36 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "added_ms": (r"Measured through the server: \*\*([+\-\d.]+) ms\*\* per token",
                      "exercise 3: ms per token added, teaching engine"),
     },
+    "16_cache_aware_routing": {
+        "verdict": (r"^\*\*(Prefix-aware routing won|Prefix-aware routing lost|No clear winner)\*\*",
+                    "the verdict at the largest session count"),
+        "sessions": (r"\*\* at (\d+) sessions: it found", "sessions at the largest point"),
+        "hit_prefix": (r"sessions: it found \*\*(\d+%)\*\* of prompt tokens", "prefix-aware hit rate"),
+        "hit_other": (r"in a cache against (\d+%) for", "hit rate of the best other policy"),
+        "other": (r"\d+% for (\S+) \(the best of the rest\)", "the best other policy"),
+        "p99_prefix": (r"p99 time to first token of ([\d.]+) s against", "prefix-aware p99 TTFT (s)"),
+        "p99_other": (r"p99 time to first token of [\d.]+ s against ([\d.]+) s", "the other's p99 TTFT (s)"),
+        "lead_pp": (r"largest lead in hit rate over the best of the rest: ([+\-]\d+) percentage",
+                    "prefix-aware routing's largest lead in hit rate (percentage points)"),
+        "lead_sessions": (r"over the best of the rest: [+\-]\d+ percentage points, at (\d+) sessions",
+                          "sessions where that lead was measured"),
+        "told_plain": (r"told A's prompts apart (\d+%) of the time", "probes told apart, no salts"),
+        "told_salted": (r"with a salt per tenant (\d+%)\*\*", "probes told apart, a salt per tenant"),
+        "cached_plain": (r"found (\d+%) of it cached without salts", "probe tokens cached, no salts"),
+    },
+    "17_disaggregated_prefill_decode": {
+        "kv_per_token": (r"\*\*([\d,]+) bytes of KV per token\*\*", "KV bytes per token, measured on the pool"),
+        "kv_mib": (r"tokens: \d[\d,]* x [\d,]+ = \*\*([\d.]+) MiB\*\*", "exercise 1: KV handed off, long prompt"),
+        "best_setup": (r"\*\*Lowest p99 gap of the running streams: ([^,]+), [\d,]+ ms\*\*",
+                       "set-up with the lowest p99 stream gap"),
+        "p99_disagg": (r"\(disaggregated ([\d,]+) ms, colocated", "p99 gap, disaggregated (ms)"),
+        "p99_chunked": (r"colocated chunked ([\d,]+) ms, whole", "p99 gap, colocated chunked (ms)"),
+        "p99_whole": (r"whole prompts ([\d,]+) ms\)", "p99 gap, colocated whole prompts (ms)"),
+        "busy_prefill": (r"prefill process was busy (\d+%) of the run", "prefill process busy share"),
+        "busy_decode": (r"the decode process (\d+%)\.\*\*", "decode process busy share"),
+        "break_even": (r"= \*\*([\d.]+) Gb/s\*\*", "exercise 3: break-even link (Gb/s)"),
+        "death_s": (r"heard of the death after ([\d.]+) s", "seconds until the caller heard of the death"),
+    },
 }
 
 
@@ -596,14 +640,16 @@ def _output_html(out: dict, md) -> str:
 
 # -- executing -----------------------------------------------------------------------------
 
-# Loaded by the kernel before any cell: beside each Figure's PNG, record its axes' titles.
+# Loaded by the kernel before any cell: beside each Figure's PNG, record its titles.
 _STARTUP = f'''
 try:
     from IPython import get_ipython
     from matplotlib.figure import Figure
 
     def _workshop_titles(fig):
-        return {{"titles": [ax.get_title() for ax in fig.axes]}}
+        # each axes' titles at every position (left, centre, right), then the suptitle
+        return {{"titles": [ax.get_title(loc) for ax in fig.axes
+                            for loc in ("left", "center", "right")] + [fig.get_suptitle()]}}
 
     _f = get_ipython().display_formatter
     from IPython.core.formatters import JSONFormatter

@@ -464,7 +464,7 @@ cascade_text
 # The course's server runs with its prefix cache **on** (vLLM's and SGLang's default). For
 # "off", we empty it (`POST /reset_prefix_cache` or SGLang's `/flush_cache`) before **every**
 # request, before its clock starts. The same shared-prefix requests go one at a time, after a
-# first pass that warms the server (quick mode: the first group's only); an engine without a
+# first pass that is not compared (quick mode: the first group's only); an engine without a
 # prefix cache (the Hugging Face baseline) skips this. Hits are whole blocks of:
 
 # %%
@@ -500,8 +500,8 @@ from workshop import sanity
 server_runs, server_rows = {}, []
 server_pairs = {"hits": [], "leaked": 0, "off ms": float("nan"), "ratio": float("nan")}
 if server_has_cache:
-    # A first pass, not compared: a fresh server's first requests run slower than the same work
-    # later (the table's first row), which would flatter whichever side went second.
+    # A first pass, not compared (the table's first row): a side timed first on a fresh server
+    # could pay its warm-up; this row shows whether it does.
     _before = session.metrics()
     _first = prefix_caching.sequential_run(session, server_requests, reset_each=True)
     server_rows.append(prefix_caching.sequential_row(_first, _before, session.metrics(),

@@ -286,6 +286,30 @@ def test_committed_figures_match_the_manifest_and_every_existing_deck_builds_as_
         assert "{{" not in md.read_text(), md.name
 
 
+# The notebooks whose committed reference run may still be quick mode, and why.
+QUICK_REFERENCE_RUNS = {
+    "10_engine_showdown": "its full plan runs the whole engine field for about three hours on 2 "
+                          "cores; the full showdowns are committed under "
+                          "benchmarks/reference_results/ instead",
+}
+
+
+def test_the_reference_run_covers_every_notebook_in_full_mode_one_at_a_time():
+    """Issue 35: readers without a machine learn from these numbers, so every notebook has a
+    run, in full mode, and no run shared the machine with another."""
+    runs = json.loads((SLIDES / "figures" / "manifest.json").read_text())["runs"]
+    assert set(bd.existing_notebooks()) <= set(runs), "notebooks without a reference run"
+    quick = sorted(n for n, r in runs.items()
+                   if r["mode"] != "full" and n not in QUICK_REFERENCE_RUNS)
+    assert not quick, f"reference runs in quick mode: {quick}"
+    spans = sorted((ef.dt.datetime.fromisoformat(r["started"].replace("Z", "+00:00")),
+                    r["wall_s"], n) for n, r in runs.items())
+    # any overlap shows between two runs that started one after the other
+    overlaps = [(a[2], b[2]) for a, b in zip(spans, spans[1:])
+                if a[0] + ef.dt.timedelta(seconds=a[1]) > b[0]]
+    assert not overlaps, f"runs that shared the machine: {overlaps}"
+
+
 def test_every_figure_selector_still_matches_one_cell_of_its_notebook():
     """Catches a renamed plotting call now, not at the next --refresh."""
     for name, specs in ef.FIGURES.items():
