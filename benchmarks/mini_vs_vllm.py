@@ -314,8 +314,8 @@ def paged_flex_table(threads: int | None = None, dtype: str = "bfloat16") -> str
     against FlexAttention (``torch.compile``) reading the pool's blocks in place through a
     block mask made from the block tables, which is what vLLM's paged-attention kernel does,
     in PyTorch (``torch.nn.attention.experimental._paged_attention`` builds the same). Not
-    an engine switch (docs/runs/mini_engine_speed.md, "What is left"); the compile time of each shape
-    and the largest difference from the engine's result are printed beside it."""
+    an engine switch (docs/runs/mini_engine_speed.md, "What is left"); the compile time of each
+    shape and the largest difference from the engine's result are printed beside it."""
     import torch
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
@@ -497,7 +497,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--log-dir", default=tempfile.gettempdir(),
                     help="where each server logs: mini_vs_vllm-<label>.log, the label's spaces "
                          "and '=' as '_' (the JSON's 'server_logs' lists the paths)")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "mini_vs_vllm.json"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results",
+                                                  "mini_vs_vllm.json"))
     ap.add_argument("--profile", action="store_true", help="also profile mini offline")
     ap.add_argument("--profile-only", action="store_true")
     ap.add_argument("--attention-only", action="store_true",
@@ -511,7 +512,8 @@ def parse_args(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--attention-dtype", default="bfloat16", choices=("bfloat16", "float32"),
                     help="dtype of the offline tables (--attention-only, --agentic-steps)")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; ratios of the medians")
+    ap.add_argument("--rounds", type=int, default=3,
+                    help="alternating rounds; ratios of the medians")
     ap.add_argument("--one-at-a-time", action="store_true",
                     help="start the engines in turn instead of side by side")
     return ap.parse_args(argv), extra

@@ -3,7 +3,8 @@
 Both are measured on the *same* vLLM process: the harness runs the reference server itself
 (``--serve-proxy``), which hands it the child's address and private key in a file only this
 user can read (the server never publishes them), and alternates between the two URLs, so
-engine state, warm caches and machine load are shared and only the extra hop differs. Targets (issue 2): output tokens/s within 5 %, TTFT p50 within 3 ms.
+engine state, warm caches and machine load are shared and only the extra hop differs. Targets (issue
+2): output tokens/s within 5 %, TTFT p50 within 3 ms.
 
 ``--engine mock`` puts the harness's mock streaming server (fixed 50 ms to first token, 20 ms
 between tokens, almost no CPU) behind the same proxy code instead of vLLM: what remains is the
@@ -82,7 +83,8 @@ def start_server(port: int, model: str, engine: str, upstream_file: str) -> laun
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--engine", choices=("vllm", "mock"), default="vllm")
     ap.add_argument("--serve-proxy", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--upstream-file", help=argparse.SUPPRESS)

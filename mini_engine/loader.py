@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-from mini_engine.model import DecoderLayer, Transformer
 from mini_engine.linear import make_linear
+from mini_engine.model import DecoderLayer, Transformer
 
 
 @dataclass
@@ -122,7 +122,7 @@ def load_model(model_path: str, *, dtype: torch.dtype = torch.float32, device: s
             down=linear(get(p + "mlp.down_proj.weight")),
             up_k=up_k, up_v=up_v))
     norm = get("model.norm.weight")
-    del sd
+    sd.clear()      # release the checkpoint's tensors (not `del sd`: get and opt close over it)
     # The head is never quantized (in SmolLM2 it is the embedding matrix). Packed, it is a
     # second copy of a tied embedding: the lookup needs the plain rows.
     return Transformer(cfg, layers, embed=embed, norm=norm,

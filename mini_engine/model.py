@@ -239,7 +239,8 @@ class Transformer:
         n = self.embed.numel() * self.embed.element_size()
         if self.lm_head.weight is not self.embed:     # untied, or tied but packed: a copy
             n += self.lm_head.nbytes()
-        return n + sum(m.nbytes() for l in self.layers for m in (l.qkv, l.o, l.gate_up, l.down))
+        return n + sum(m.nbytes() for layer in self.layers
+                       for m in (layer.qkv, layer.o, layer.gate_up, layer.down))
 
     @torch.inference_mode()
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata, kv: KVCache,

@@ -61,7 +61,8 @@ class Int4Linear:
     byte. Each group stores its own scale and zero point, which is what keeps 4 bits usable:
     one outlier only spoils its own group."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, group_size: int = 64):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                 group_size: int = 64):
         out_f, in_f = weight.shape
         if in_f % group_size or group_size % 2:
             raise ValueError(f"in_features {in_f} not divisible by group size {group_size}")

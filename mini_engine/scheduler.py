@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from mini_engine.block_manager import BlockManager
 from mini_engine.config import EngineConfig
-from mini_engine.sequence import Sequence, SeqStatus
+from mini_engine.sequence import SeqStatus, Sequence
 
 
 @dataclass

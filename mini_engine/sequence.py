@@ -18,7 +18,6 @@ import torch
 
 from mini_engine.grammar import Grammar, advance
 
-
 SAMPLING_EPS = 1e-5   # vLLM's: a temperature below it is greedy (dividing by it would overflow)
 
 
@@ -106,7 +105,7 @@ class Sequence:
         self.num_prompt_tokens = len(prompt_token_ids)
         self.num_computed_tokens = 0
         self.block_table: list[int] = []
-        self.num_cached_tokens = 0       # prompt tokens served by the prefix cache (first admission)
+        self.num_cached_tokens = 0  # prompt tokens served by the prefix cache (first admission)
         self.status = SeqStatus.WAITING
         self.finish_reason: str | None = None
         self.logprobs: list = []         # TokenLogprob-like tuples, one per output token

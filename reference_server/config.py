@@ -126,7 +126,8 @@ def parse_args(argv: list[str] | None = None) -> ServerConfig:
     p.add_argument("--upstream-read-timeout", type=float, default=d.upstream_read_timeout,
                    help="child or remote engine: longest silence (s) while a request runs")
     p.add_argument("--upstream-probe-timeout", type=float, default=d.upstream_probe_timeout,
-                   help="child or remote engine: timeout (s) of /health, /metrics and similar calls")
+                   help="child or remote engine: timeout (s) of /health, /metrics and similar "
+                        "calls")
     p.add_argument("--liveness-interval", type=float, default=d.liveness_interval)
     p.add_argument("--liveness-failures", type=int, default=d.liveness_failures,
                    help="failed liveness probes in a row after which the child is hung")

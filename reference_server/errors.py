@@ -16,4 +16,5 @@ def error_response(status: int, message: str, type: str = "invalid_request_error
 
 
 def engine_error_response(exc: EngineError | EngineDied) -> JSONResponse:
-    return JSONResponse(status_code=exc.status_code, content=exc.body(), headers=getattr(exc, "headers", None))
+    return JSONResponse(status_code=exc.status_code, content=exc.body(),
+                        headers=getattr(exc, "headers", None))

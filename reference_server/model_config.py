@@ -62,7 +62,8 @@ def read_arch(config: dict | str | Path, name: str | None = None,
     if not isinstance(config, dict):
         source = str(config)
         where = Path(config).expanduser()
-        default_name = (where if where.is_dir() else where.parent).name if where.exists() else source
+        default_name = ((where if where.is_dir() else where.parent).name if where.exists()
+                        else source)
         config = _load(config)
     d: dict[str, Any] = dict(config)
     if "num_hidden_layers" not in d and isinstance(d.get("text_config"), dict):
@@ -112,7 +113,7 @@ def _load(where: str | Path) -> dict:
         return json.loads(path.read_text())
     text = str(where)
     if text.count("/") == 1 and not text.startswith((".", "/", "~")):
-        from huggingface_hub import hf_hub_download   # a hub id: the engine cached it
+        from huggingface_hub import hf_hub_download  # a hub id: the engine cached it
         return json.loads(Path(hf_hub_download(text, "config.json")).read_text())
     raise FileNotFoundError(f"no config.json at {where}")
 

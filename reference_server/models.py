@@ -60,7 +60,8 @@ def resolve_model(name_or_path: str, prepare: bool = True) -> ModelSpec:
         folder = bundled_model_dir()
         if not is_prepared(folder):
             if not prepare:
-                raise ModelError(f"{BUNDLED_MODEL} is not prepared yet: run `workshop model prepare`")
+                raise ModelError(f"{BUNDLED_MODEL} is not prepared yet: run `workshop model "
+                                 "prepare`")
             prepare_model(folder)
         return ModelSpec(BUNDLED_MODEL, str(folder), True)
     path = Path(name_or_path).expanduser()

@@ -25,7 +25,7 @@ REQUEST_SUCCESS = "vllm:request_success_total"
 TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"    # histogram
 INTER_TOKEN_LATENCY = "vllm:inter_token_latency_seconds"    # histogram
 E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"    # histogram
-CACHE_CONFIG_INFO = "vllm:cache_config_info"                # labels: block_size, num_gpu_blocks, ...
+CACHE_CONFIG_INFO = "vllm:cache_config_info"  # labels: block_size, num_gpu_blocks, ...
 SPEC_DECODE_DRAFTS = "vllm:spec_decode_num_drafts_total"
 SPEC_DECODE_DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 SPEC_DECODE_ACCEPTED_TOKENS = "vllm:spec_decode_num_accepted_tokens_total"
@@ -39,7 +39,7 @@ SGLANG_TOKEN_USAGE = "sglang:token_usage"
 SGLANG_CACHE_HIT_RATE = "sglang:cache_hit_rate"             # a running rate, not a counter
 SGLANG_NUM_RUNNING = "sglang:num_running_reqs"
 SGLANG_NUM_QUEUED = "sglang:num_queue_reqs"
-SGLANG_NUM_USED_TOKENS = "sglang:num_used_tokens"          # KV tokens held (exact; token_usage is rounded)
+SGLANG_NUM_USED_TOKENS = "sglang:num_used_tokens"  # KV tokens held (exact; token_usage is rounded)
 SGLANG_MAX_TOTAL_TOKENS = "sglang:max_total_num_tokens"     # KV-cache capacity in tokens
 SGLANG_PROMPT_TOKENS = "sglang:prompt_tokens_total"
 SGLANG_GENERATION_TOKENS = "sglang:generation_tokens_total"
@@ -57,7 +57,8 @@ SERVER_IN_FLIGHT = "reference_server_requests_in_flight"
 SERVER_CLIENT_DISCONNECTS = "reference_server_client_disconnects_total"
 SERVER_STREAM_FAILURES = "reference_server_stream_failures_total"
 SERVER_ENGINE_UP = "reference_server_engine_up"
-SERVER_ENGINE_RESTARTS = "reference_server_engine_restarts_total"   # new engine processes after a death
+# new engine processes after a death
+SERVER_ENGINE_RESTARTS = "reference_server_engine_restarts_total"
 
 
 @dataclass(frozen=True)

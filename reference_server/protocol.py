@@ -17,8 +17,15 @@ from __future__ import annotations
 import re
 from typing import Any, Generic, Literal, TypeVar, Union
 
-from pydantic import (BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator,
-                      model_validator)
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    field_validator,
+    model_validator,
+)
 
 # ---- errors ----------------------------------------------------------------------------
 
@@ -298,8 +305,8 @@ OpenAIRequest = Union[ChatCompletionRequest, CompletionRequest]
 
 # ---- what an in-process engine implements -----------------------------------------------
 
-# "user" is accepted and ignored, the one such field (docs/reference_server.md, "Every engine gets the same
-# answers"): an end-user id for the provider's abuse monitoring, which never reaches the
+# "user" is accepted and ignored, the one such field (docs/reference_server.md, "Every engine gets
+# the same answers"): an end-user id for the provider's abuse monitoring, which never reaches the
 # model, so ignoring it is all a server without such monitoring can do with it.
 _COMMON = {"model", "max_tokens", "temperature", "top_p", "n", "seed", "stop", "stream",
            "stream_options", "ignore_eos", "stop_token_ids", "user", "logprobs",

@@ -26,7 +26,6 @@ from __future__ import annotations
 import pathlib
 import sys
 
-
 UNAVAILABLE = """\
 // Written by the workshop's scripts/sglang_kernel_avx2.py: operators whose only x86 code is
 // AVX-512, registered so that the library loads on AVX2 and says why if one is called.
@@ -61,7 +60,7 @@ at::Tensor fused_experts_cpu(at::Tensor&, at::Tensor&, at::Tensor&, at::Tensor&,
                              const std::optional<double>&, bool, const std::optional<std::string>&) {
   SGL_AVX2_UNAVAILABLE("fused_experts_cpu");
 }
-"""
+"""  # noqa: E501 (C++ source written out as it stands)
 
 
 def replace_once(path: pathlib.Path, old: str, new: str) -> None:
@@ -85,7 +84,8 @@ def main(root: str) -> None:
         -DCPU_CAPABILITY=AVX2
         -DCPU_CAPABILITY_AVX2
 ''')
-    replace_once(cmake, 'if(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")\n    add_compile_definitions',
+    replace_once(cmake, 'if(CMAKE_SYSTEM_PROCESSOR MATCHES "aarch64|arm64")\n    '
+                        'add_compile_definitions',
                  'if(TRUE)  # AVX2 build: the AVX-512-only kernels are left out as on Arm64\n'
                  '    add_compile_definitions')
     replace_once(cpu / "shm.cpp", '#if defined(__x86_64__)\n#include "x86_64/shm.h"\n',

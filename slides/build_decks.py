@@ -106,7 +106,8 @@ def plan(notebooks: list[str], decks: Path = DECKS) -> tuple[dict[int, list[str]
         orphans = sorted(p.stem for p in (decks / f"part{part.number}").glob("[0-9]*.md")
                          if p.stem not in mine)
         for n in orphans:
-            notes.append(f"part {part.number}: skipping slides for {n}: the notebook does not exist")
+            notes.append(f"part {part.number}: skipping slides for {n}: the notebook does not "
+                         "exist")
         if with_slides:
             included[part.number] = with_slides
         else:
@@ -138,7 +139,8 @@ def expand(text: str, manifest: dict, image_prefix: str = "../") -> str:
             number = notebook_number(fig["notebook"])
             where = f"notebook {number}, “{fig['section']}”, cell {fig['cell']}"
             return (f"![{size}]({image_prefix}{fig['file']})\n\n"
-                    f"<div class=\"caption\">{where} · {run_caption(manifest, fig['notebook'])}</div>")
+                    f"<div class=\"caption\">{where} · "
+                    f"{run_caption(manifest, fig['notebook'])}</div>")
         if kind == "value":
             notebook, _, key = ref.partition("/")
             value = manifest.get("values", {}).get(notebook, {}).get(key)
@@ -156,8 +158,9 @@ def sources_slide(manifest: dict, notebooks: list[str]) -> str:
     for n in notebooks:
         run = manifest["runs"][n]
         figs = [f for f in manifest["figures"].values() if f["notebook"] == n]
+        cells = ", ".join(str(f["cell"]) for f in sorted(figs, key=lambda f: f["cell"]))
         lines.append(f"- **{n}**: {run_caption(manifest, n)}; {len(figs)} figures, "
-                     f"cells {', '.join(str(f['cell']) for f in sorted(figs, key=lambda f: f['cell']))}; "
+                     f"cells {cells}; "
                      f"whole run: `slides/{run['reference_page']}`")
     lines += ["", "Regenerate with `bash scripts/build_slides.sh --refresh` (re-runs the "
               "notebooks on your machine). Figures carry no hand-edited values; facts not "
@@ -188,7 +191,8 @@ def browser_path() -> str | None:
 def render(md: Path, browser: str) -> list[Path]:
     """HTML and PDF of one deck through Marp CLI, with the given Chromium."""
     if not MARP.exists():
-        raise BuildError(f"{MARP} is missing: run `npm ci` in slides/ (scripts/build_slides.sh does)")
+        raise BuildError(f"{MARP} is missing: run `npm ci` in slides/ (scripts/build_slides.sh "
+                         "does)")
     env = dict(os.environ, CHROME_PATH=browser)
     if hasattr(os, "geteuid") and os.geteuid() == 0:
         env["CHROME_NO_SANDBOX"] = "1"   # Chromium refuses to start as root with its sandbox

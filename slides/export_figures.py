@@ -73,11 +73,13 @@ FIGURES: dict[str, list[FigureSpec]] = {
                    "one streamed answer: arrival time of every token (TTFT, then decode)"),
     ],
     "01_pain_points": [
-        FigureSpec("kv_vs_context", r"^context_plot\s*$", r"KV cache of one request grows with its context",
+        FigureSpec("kv_vs_context", r"^context_plot\s*$",
+                   r"KV cache of one request grows with its context",
                    "KV-cache memory vs tokens held: engine gauge next to the formula"),
         FigureSpec("kv_vs_users", r"^users_plot\s*$", r"KV cache grows with simultaneous users",
                    "KV-cache memory vs simultaneous users"),
-        FigureSpec("ttft_vs_prompt", r"^ttft_plot\s*$", r"Time to first token grows with the prompt",
+        FigureSpec("ttft_vs_prompt", r"^ttft_plot\s*$",
+                   r"Time to first token grows with the prompt",
                    "time to first token vs prompt length"),
         FigureSpec("engines", r"^engines_plot\s*$", r"Same requests, four ways",
                    "Hugging Face baseline vs vLLM, sequential and concurrent"),
@@ -117,7 +119,8 @@ FIGURES: dict[str, list[FigureSpec]] = {
                    "prefill time vs prompt length on the live server"),
     ],
     "07_paged_attention_batching": [
-        FigureSpec("pool_shares", r"batching\.plot_pool_shares\(", r"ShareGPT requests through a pool",
+        FigureSpec("pool_shares", r"batching\.plot_pool_shares\(",
+                   r"ShareGPT requests through a pool",
                    "KV pool shares (tokens, internal and external waste) per layout, simulated"),
         FigureSpec("timeline", r"plot_timeline\(\s*timeline_runs", r"^static, .+ \| continuous, ",
                    "static vs continuous batching: the engine's step trace as a timeline"),
@@ -125,7 +128,8 @@ FIGURES: dict[str, list[FigureSpec]] = {
                    "a long prompt arriving among decodes, without and with chunked prefill"),
     ],
     "08_prefix_caching": [
-        FigureSpec("pool", r"prefix_caching\.pool_figure\(", r"^Prefix-cache hit rate as the KV pool shrinks",
+        FigureSpec("pool", r"prefix_caching\.pool_figure\(",
+                   r"^Prefix-cache hit rate as the KV pool shrinks",
                    "hit rate vs KV pool size, hash vs radix eviction (replay)"),
         FigureSpec("vllm", r"prefix_caching\.per_request_figure\(", r"^vLLM: time to first token",
                    "vLLM: TTFT of each request with its prefix cache emptied vs kept"),
@@ -136,7 +140,8 @@ FIGURES: dict[str, list[FigureSpec]] = {
         FigureSpec("sweep", r"sd\.sweep_figure\(", r"^Speculative decoding on this machine",
                    "measured speed-up and acceptance vs draft length, next to the formula"),
         FigureSpec("workloads", r"sd\.workload_figure\(", r"drafts: repetitive vs open-chat",
-                   "n-gram drafts on an editing and an open-chat workload, teaching engine and vLLM"),
+                   "n-gram drafts on an editing and an open-chat workload, teaching engine "
+                   "and vLLM"),
     ],
     # The showdown's panels are titled by workload only (the figure's own title is a suptitle,
     # which the run does not record): the pattern accepts any of the harness's workloads.
@@ -147,11 +152,13 @@ FIGURES: dict[str, list[FigureSpec]] = {
         FigureSpec("itl", r"plot_showdown\(showdown_sweeps, \"itl_ms\"\)",
                    r"^(sharegpt|agentic|shared-prefix)( \| |$)",
                    "achieved vs offered load and p99 ITL vs load, every contender, per workload"),
-        FigureSpec("switches", r"engine_switches\.switches_figure\(", r"^Decode steps of \d+ sequences",
+        FigureSpec("switches", r"engine_switches\.switches_figure\(",
+                   r"^Decode steps of \d+ sequences",
                    "the teaching engine's decode step with each speed technique switched off"),
     ],
     "11_decision_chart": [
-        FigureSpec("chart", r"decision_chart\.plot_decision\(", r"^winner and margin \(best / runner-up\)",
+        FigureSpec("chart", r"decision_chart\.plot_decision\(",
+                   r"^winner and margin \(best / runner-up\)",
                    "winner and margin per workload and constraint, and throughput at each knee"),
     ],
     "12_shared_queue": [
@@ -160,12 +167,15 @@ FIGURES: dict[str, list[FigureSpec]] = {
         FigureSpec("zipf", r"qfig\.zipf_figure\(", r"^Hit rate: requests whose model was resident",
                    "LRU packing: hit rate vs Zipf skew (replay, Che) and the live run's latencies"),
         FigureSpec("encoding", r"qfig\.encoding_figure\(", r"^Bytes on the wire / raw bytes",
-                   "JSON numbers vs base64-in-JSON vs MessagePack bin: size and encode+decode time"),
+                   "JSON numbers vs base64-in-JSON vs MessagePack bin: size and encode+decode "
+                   "time"),
         FigureSpec("kill", r"qfig\.kill_figure\(", r"^A worker killed mid-request",
-                   "every request of a burst when one worker is SIGKILLed: redelivery after ack_wait"),
+                   "every request of a burst when one worker is SIGKILLed: redelivery after "
+                   "ack_wait"),
     ],
     "13_cold_starts": [
-        FigureSpec("formats", r"cs\.formats_figure\(", r"^Loading the same checkpoint, every byte read",
+        FigureSpec("formats", r"cs\.formats_figure\(",
+                   r"^Loading the same checkpoint, every byte read",
                    "cold and warm load time of one checkpoint in four formats"),
         FigureSpec("fit", r"cs\.fit_figure\(", r"^Cold load time vs checkpoint size",
                    "cold load time vs checkpoint size, the fitted fixed cost + size / bandwidth"),
@@ -177,8 +187,10 @@ FIGURES: dict[str, list[FigureSpec]] = {
                    "spread vs concentrate routing: latency and each replica's busy time vs load"),
     ],
     "15_sampling_structured_output": [
-        FigureSpec("distribution", r"sampling\.distribution_figure\(", r"^First token at temperature",
-                   "the first token's softmax at T computed from the log-probabilities vs the draws"),
+        FigureSpec("distribution", r"sampling\.distribution_figure\(",
+                   r"^First token at temperature",
+                   "the first token's softmax at T computed from the log-probabilities vs the "
+                   "draws"),
         FigureSpec("grammar", r"sampling\.allowed_figure\(", r"^What the grammar allows",
                    "tokens a JSON schema's grammar allows before each token of a valid answer"),
     ],
@@ -207,7 +219,8 @@ QUICK_CONTENDERS = ("vllm", "mini-hash", "mini-radix")
 
 def _setup_cell(engine: str, column: str) -> tuple[str, str]:
     i = SETUP_COLUMNS.index(column)
-    return (rf"^\| {re.escape(engine)} \| (?=right|wrong|not checked)(?:[^|\n]*\| ){{{i}}}([^|\n]*?) \|",
+    return (rf"^\| {re.escape(engine)} \| (?=right|wrong|not checked)(?:[^|\n]*\| "
+            rf"){{{i}}}([^|\n]*?) \|",
             f"{engine}'s {column}, as its server reported it (the setup table)")
 
 
@@ -244,9 +257,11 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "formula_terms": (r"= (\(\d+ − \d+\) × \d+ / \(\d+ × \d+\)) = \*\*",
                           "the hit-rate formula with this run's numbers"),
         "formula_hit_rate": (r"\(\d+ × \d+\) = \*\*([\d.]+)\*\*", "hit rate the formula predicts"),
-        "measured_hit_rate": (r"hash server's counters \(`vllm:prefix_cache_hits_total`.*?\*\*([\d.]+)\*\*",
+        "measured_hit_rate": (r"hash server's counters "
+                              r"\(`vllm:prefix_cache_hits_total`.*?\*\*([\d.]+)\*\*",
                               "hit rate the hash-cache server counted on /metrics"),
-        "vllm_block": (r"block size \*\*(\d+) tokens\*\*, prefix", "vLLM's block size on this server"),
+        "vllm_block": (r"block size \*\*(\d+) tokens\*\*, prefix",
+                       "vLLM's block size on this server"),
         "off_ms": (r"^\| cache off \| (?:[^|\n]*\| ){4}([\d.,]+) \|",
                    "median TTFT with a reset before every request (ms)"),
         "on_miss_ms": (r"^\| cache on \| (?:[^|\n]*\| ){6}([\d.,]+) \|",
@@ -276,19 +291,23 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "gate_margin": (r"against the gate's margin of ([\d.]+):", "near-tie margin, in logits"),
         "france_gap": (r"its top two first tokens are \*\*([\d.]+) logits\*\* apart",
                        "the reference's top-two logit gap on 'What is the capital of France?'"),
-        "slo_ttft": (r"^\| p99 TTFT \(ms\) \| [^|\n]* \| ([\d,.]+) \|", "p99 TTFT objective used (ms)"),
-        "slo_itl": (r"^\| p99 ITL \(ms\) \| [^|\n]* \| ([\d,.]+) \|", "p99 ITL objective used (ms)"),
+        "slo_ttft": (r"^\| p99 TTFT \(ms\) \| [^|\n]* \| ([\d,.]+) \|",
+                     "p99 TTFT objective used (ms)"),
+        "slo_itl": (r"^\| p99 ITL \(ms\) \| [^|\n]* \| ([\d,.]+) \|",
+                    "p99 ITL objective used (ms)"),
         "slo_factor": (r"^Objectives of this run: [^(]*\(derived: ([\d.]+) x",
                        "the factor a derived objective puts on the best unloaded latency"),
         "slo_how": (r"^\| p99 TTFT \(ms\) \| [^|\n]* \| [^|\n]* \| (\w+) \|", "stated or derived"),
         **{f"{e.replace('-', '_')}_capacity": (
             rf"^\| shared-prefix \| {re.escape(e)} \| (?:[^|\n]*\| ){{3}}([^|\n]+?) \|",
-            f"{e}'s capacity on shared-prefix (output tok/s, any load tried)") for e in QUICK_CONTENDERS},
+            f"{e}'s capacity on shared-prefix (output tok/s, any load tried)")
+            for e in QUICK_CONTENDERS},
         "prefix_reuse": (r"prefix reuse \(the ceiling\) was \*\*([\d.]+)\*\*",
                          "shared-prefix workload's prefix reuse (ceiling of any hit rate)"),
         "radix_over_hash": (r"radix / hash capacity \(output tok/s\), shared-prefix: ([\d.]+)",
                             "exercise 1: radix / hash capacity"),
-        "radix_expected": (r"Expected: \([\d.,]+ \+ [\d.,]+\) / \([\d.,]+ \+ [\d.,]+\) = \*\*([\d.]+)\*\*",
+        "radix_expected": (r"Expected: \([\d.,]+ \+ [\d.,]+\) / \([\d.,]+ \+ [\d.,]+\) = "
+                           r"\*\*([\d.]+)\*\*",
                            "exercise 1: radix / hash capacity the work per request predicts"),
         "batching_engine": (r"(\S+)'s capacity / its one-at-a-time output tok/s",
                             "exercise 2: the contender with the most capacity"),
@@ -309,8 +328,10 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         # bold when the folders are yours, a warning heading when they are the committed ones
         "data": (r"^(?:\*\*|## ⚠ )(Your showdown data|These are not your measurements)",
                  "whose data the chart is drawn from"),
-        "newest_model": (r"These numbers come from \*\*([^*]+)\*\* on", "model of the newest folder"),
-        "newest_mode": (r"These numbers come from .+?, in a \*\*(\w+)\*\* run", "mode of the newest folder"),
+        "newest_model": (r"These numbers come from \*\*([^*]+)\*\* on",
+                         "model of the newest folder"),
+        "newest_mode": (r"These numbers come from .+?, in a \*\*(\w+)\*\* run",
+                        "mode of the newest folder"),
         "objectives": (r"^Comparing \*\*[^*]+\*\* on \*\*[^*]+\*\*, objectives (.+?), ties within",
                        "objectives the chart judged with"),
         "engines": (r"^Comparing \*\*([^*]+)\*\* on", "engines compared"),
@@ -319,17 +340,22 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         **_setup_values(QUICK_CONTENDERS, ("answers",)),
         "verdict_shared_prefix": (r"^- \*\*shared-prefix\*\*[^:]*: (.+)\.$",
                                   "the verdicts on shared-prefix, one per constraint"),
-        "amx_run": (r"^\| Xeon with AMX \| `showdown-amx`: ([^|\n]+?) \|", "the AMX reference stage's run"),
+        "amx_run": (r"^\| Xeon with AMX \| `showdown-amx`: ([^|\n]+?) \|",
+                    "the AMX reference stage's run"),
         "amx_answers": (r"^\| Xeon with AMX \| `showdown-amx`: [^|\n]+ \| [^|\n]+ \| ([^|\n]+?) \|",
                         "the AMX stage's correctness gate results"),
-        "amx_fair": (r"^\| Xeon with AMX \| `showdown-amx`: (?:[^|\n]*\| ){5}(\w+) \|", "is the AMX stage fair (computed)"),
+        "amx_fair": (r"^\| Xeon with AMX \| `showdown-amx`: (?:[^|\n]*\| ){5}(\w+) \|",
+                     "is the AMX stage fair (computed)"),
         "epyc_run": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: ([^|\n]+?) \|",
                      "the AVX2 reference stage's run"),
-        "epyc_answers": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: [^|\n]+ \| [^|\n]+ \| ([^|\n]+?) \|",
+        "epyc_answers": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: [^|\n]+ \| [^|\n]+ \| "
+                         r"([^|\n]+?) \|",
                          "the AVX2 stage's correctness gate results"),
-        "epyc_differ": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: (?:[^|\n]*\| ){4}([^|\n]+?) \|",
+        "epyc_differ": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: "
+                        r"(?:[^|\n]*\| ){4}([^|\n]+?) \|",
                         "how the AVX2 stage's set-ups differ"),
-        "epyc_fair": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: (?:[^|\n]*\| ){5}(\w+) \|", "is the AVX2 stage fair"),
+        "epyc_fair": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: (?:[^|\n]*\| ){5}(\w+) \|",
+                      "is the AVX2 stage fair"),
         **{f"stage_{w.replace('-', '_')}_{c}_{s}": (
             # a row of the two-stage table, which ends with "same winner" (not section 4's)
             rf"^\| {w} \| {label} \| (?=(?:[^|\n]*\| ){{2}}(?:yes|no) \|$)"
@@ -337,46 +363,64 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
             f"{w} / {label}: winner on the {stage} stage")
            for w in ("sharegpt", "agentic", "shared-prefix")
            for c, label in (("throughput", "throughput"), ("ttft", "TTFT p99"))
-           for i, (s, stage) in enumerate((("amx", "Xeon with AMX"), ("epyc", "EPYC with AVX2 only")))},
-        "ex_source": (r"^Exercises 1 and 2 read \*\*([^*]+)\*\*", "the data exercises 1 and 2 read"),
-        "ex_workload": (r"^Exercises 1 and 2 read \*\*[^*]+\*\* \(`[^`]+`\), workload \*\*([^*]+)\*\*",
+           for i, (s, stage) in enumerate((("amx", "Xeon with AMX"),
+                                           ("epyc", "EPYC with AVX2 only")))},
+        "ex_source": (r"^Exercises 1 and 2 read \*\*([^*]+)\*\*",
+                      "the data exercises 1 and 2 read"),
+        "ex_workload": (r"^Exercises 1 and 2 read \*\*[^*]+\*\* \(`[^`]+`\), workload "
+                        r"\*\*([^*]+)\*\*",
                         "the workload exercises 1 and 2 read"),
-        "ex1_pair": (r"computed throughput margin on \S+ \(([^)]*)\)", "exercise 1: which engine over which"),
-        "ex1_margin": (r"computed throughput margin on \S+ \([^)]*\): ([\d.]+) x", "exercise 1: the margin"),
+        "ex1_pair": (r"computed throughput margin on \S+ \(([^)]*)\)",
+                     "exercise 1: which engine over which"),
+        "ex1_margin": (r"computed throughput margin on \S+ \([^)]*\): ([\d.]+) x",
+                       "exercise 1: the margin"),
         "ex3_ratio": (r"computed mini-hash one at a time on shared-prefix, [^:]+: ([\d.]+) x",
                       "exercise 3: mini-hash one at a time, Xeon / EPYC"),
-        "ex3_expected": (r"Expected: \d+ / \d+ = \*\*([\d.]+)x\*\*", "exercise 3: what bytes per weight predict"),
+        "ex3_expected": (r"Expected: \d+ / \d+ = \*\*([\d.]+)x\*\*",
+                         "exercise 3: what bytes per weight predict"),
         "stage_changes": (r"The winner changes with the CPU in (\d+ of \d+) cells",
                           "cells whose winner differs between the two stages"),
     },
     "12_shared_queue": {
-        "system": (r"\), (\d+ workers, \d+ models of \d+ layers), each", "workers, models and layers"),
-        "model_mib": (r"models of \d+ layers, each \*\*(\d+) MiB\*\* resident", "one model's resident size"),
-        "capacity": (r"^Capacity: \*\*([\d.]+) requests/s\*\*", "the workers' capacity, pulled burst"),
-        "requests_per_point": (r"^The sweep sends (\d+) requests per route and load", "requests per point"),
+        "system": (r"\), (\d+ workers, \d+ models of \d+ layers), each",
+                   "workers, models and layers"),
+        "model_mib": (r"models of \d+ layers, each \*\*(\d+) MiB\*\* resident",
+                      "one model's resident size"),
+        "capacity": (r"^Capacity: \*\*([\d.]+) requests/s\*\*",
+                     "the workers' capacity, pulled burst"),
+        "requests_per_point": (r"^The sweep sends (\d+) requests per route and load",
+                               "requests per point"),
         # the sweep's table (route | asked | offered | achieved | requests | no reply | p50 |
         # p99 | ...), its last row of a route: the highest load
-        "top_rate": (r"^\| pull \(shared queue\) \| ([\d.]+) \|(?![\s\S]*^\| pull \(shared queue\) \|)",
+        "top_rate": (r"^\| pull \(shared queue\) \| ([\d.]+) \|(?![\s\S]*^\| pull \(shared queue\) "
+                     r"\|)",
                      "highest load asked (req/s)"),
         "p99_pull": (r"^\| pull \(shared queue\) \| (?:[^|\n]*\| ){6}([^|\n]+?) \|"
-                     r"(?![\s\S]*^\| pull \(shared queue\) \|)", "p99 pulled at the highest load (s)"),
+                     r"(?![\s\S]*^\| pull \(shared queue\) \|)",
+                     "p99 pulled at the highest load (s)"),
         "p99_rr": (r"^\| push: round-robin \| (?:[^|\n]*\| ){6}([^|\n]+?) \|"
-                   r"(?![\s\S]*^\| push: round-robin \|)", "p99 pushed round-robin at the highest load (s)"),
+                   r"(?![\s\S]*^\| push: round-robin \|)",
+                   "p99 pushed round-robin at the highest load (s)"),
         "p99_ratio": (r"p99 of round-robin push / p99 of the shared queue: ([\d.]+) x",
                       "exercise 1: p99 round-robin / p99 pulled at the highest load"),
         "hit_live": (r"measured hit rate \(live\): ([\d.]+)", "exercise 2: live hit rate"),
-        "hit_replay": (r"replayed over each worker's own sequence(?: gives)? (\d+%)", "the same policy replayed"),
-        "hit_che": (r"Che's approximation (?:\(the formula above\) gives )?\*{0,2}(\d+%)", "Che's approximation"),
+        "hit_replay": (r"replayed over each worker's own sequence(?: gives)? (\d+%)",
+                       "the same policy replayed"),
+        "hit_che": (r"Che's approximation (?:\(the formula above\) gives )?\*{0,2}(\d+%)",
+                    "Che's approximation"),
         "b64_size": (r"base64 in JSON (?:took )?\*{0,2}([\d.]+)x\*{0,2} the raw bytes",
                      "embeddings: base64-in-JSON bytes / raw"),
-        "b64_cost": (r"(?:encoding and decoding cost |MessagePack [\d.]+x, and )(\d+)x (?:as much|the time)",
+        "b64_cost": (r"(?:encoding and decoding cost |MessagePack [\d.]+x, and )(\d+)x (?:as "
+                     r"much|the time)",
                      "embeddings: base64-in-JSON / MessagePack encode + decode time"),
         "ids_list_size": (r"JSON list of numbers(?: took|:) ([\d.]+)x",
                           "token ids as a JSON list / their 4-byte form"),
         "ack_wait": (r"^`ack_wait` = ([\d.]+) s", "the queue's ack_wait"),
-        "kill_requests": (r"^\*{0,2}(\d+) requests(?:, \d+ lost|; `)", "requests in the kill burst"),
+        "kill_requests": (r"^\*{0,2}(\d+) requests(?:, \d+ lost|; `)",
+                          "requests in the kill burst"),
         "kill_held": (r"killed holding (\d+)", "requests the victim held"),
-        "kill_lost": (r"\*\*(?:\d+ requests, )?(\d+|None)(?: lost| was lost)", "requests that got no reply"),
+        "kill_lost": (r"\*\*(?:\d+ requests, )?(\d+|None)(?: lost| was lost)",
+                      "requests that got no reply"),
         "kill_recovery": (r"seconds from the kill to the last redelivered reply: ([\d.]+) s",
                           "exercise 3: kill to the last redelivered reply"),
     },
@@ -389,85 +433,119 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
                           "exercise 1: cold torch.load measured"),
         "packed_fixed_ms": (r"^\| packed \| ([\d.]+) \| [\d.]+ \|", "packed line: fixed cost (ms)"),
         "packed_gbps": (r"^\| packed \| [\d.]+ \| ([\d.]+) \|", "packed line: bandwidth (GB/s)"),
-        "big_measured": (r"measured cold packed load of [\d,]+ MiB: ([\d.]+) s", "exercise 2: measured"),
-        "big_predicted": (r"The packed line predicted ([\d.]+) s", "exercise 2: the line's prediction"),
-        "load_8b": (r"predicts \*\*(\d+) s\*\* to load Llama-3\.1-8B", "extrapolated load of Llama-3.1-8B"),
+        "big_measured": (r"measured cold packed load of [\d,]+ MiB: ([\d.]+) s",
+                         "exercise 2: measured"),
+        "big_predicted": (r"The packed line predicted ([\d.]+) s",
+                          "exercise 2: the line's prediction"),
+        "load_8b": (r"predicts \*\*(\d+) s\*\* to load Llama-3\.1-8B",
+                    "extrapolated load of Llama-3.1-8B"),
         "load_70b": (r"\*\*(\d+) s\*\* for Llama-3\.1-70B", "extrapolated load of Llama-3.1-70B"),
-        "engine_start": (r"One teaching engine started in \*\*([\d.]+) s\*\*", "teaching engine start"),
-        "kv_per_token": (r"KV ([\d,]+) bytes per token, measured", "KV bytes per token, teaching engine"),
+        "engine_start": (r"One teaching engine started in \*\*([\d.]+) s\*\*",
+                         "teaching engine start"),
+        "kv_per_token": (r"KV ([\d,]+) bytes per token, measured",
+                         "KV bytes per token, teaching engine"),
         "migrate_tokens": (r"^For ([\d,]+) tokens the KV copy sends", "longest request moved"),
         "kv_over_ids": (r"the KV copy sends \*\*([\d,]+)x\*\*", "KV copy bytes / token-id bytes"),
-        "next_after_copy": (r"next token ([\d,]+) ms after a copy", "next token after a KV copy (ms)"),
-        "next_after_recompute": (r"against ([\d,]+) ms after recomputing", "next token after recomputing (ms)"),
-        "break_even": (r"break even at \*\*([\d.e+]+) Gb/s\*\*", "link speed where the two ways tie"),
+        "next_after_copy": (r"next token ([\d,]+) ms after a copy",
+                            "next token after a KV copy (ms)"),
+        "next_after_recompute": (r"against ([\d,]+) ms after recomputing",
+                                 "next token after recomputing (ms)"),
+        "break_even": (r"break even at \*\*([\d.e+]+) Gb/s\*\*",
+                       "link speed where the two ways tie"),
     },
     "14_production_gateway": {
-        "admitted": (r"requests admitted out of 12: (\d+)", "exercise 1: trial requests admitted of 12"),
+        "admitted": (r"requests admitted out of 12: (\d+)",
+                     "exercise 1: trial requests admitted of 12"),
         "trial_burst": (r"(?:The bucket starts full, |the burst of )(\d+)(?: tokens|, plus one)",
                         "the trial key's burst"),
         "unknown_key": (r"[Uu]nknown key gets (\d+ `\w+`)", "status for an unknown key"),
         "quota_requests": (r"^\*\*(\d+) requests\*\* used", "requests the metered quota admitted"),
         "quota_used": (r"requests\*\* used \*\*(\d+)\*\* tokens", "tokens they used"),
         "quota": (r"tokens of a quota of (\d+)", "the metered key's quota"),
-        "log_marker": (r"appears in it \*\*(\d+)\*\* times", "times the prompt's marker is in the log"),
+        "log_marker": (r"appears in it \*\*(\d+)\*\* times",
+                       "times the prompt's marker is in the log"),
         "p99_ratio": (r"p99 concentrate / p99 spread at the highest load: ([\d.]+) x",
                       "exercise 2: p99 concentrate / p99 spread at the highest load"),
-        "top_rate": (r"(?:At the highest \(|At )([\d.]+) req/s(?:\)| the p99 ratio)", "the highest load offered"),
+        "top_rate": (r"(?:At the highest \(|At )([\d.]+) req/s(?:\)| the p99 ratio)",
+                     "the highest load offered"),
         "tokens_per_replica": (r"The best: \*\*([\d.]+) output tokens/s per replica\*\*",
                                "output tok/s per replica within the objective"),
-        "peak_replicas": (r"computed replicas at the peak: (\d+)", "exercise 3: replicas at the peak"),
+        "peak_replicas": (r"computed replicas at the peak: (\d+)",
+                          "exercise 3: replicas at the peak"),
         "mean_tps": (r"a mean of ([\d,.]+) tokens/s", "the plan's mean demand (output tok/s)"),
-        "peak_tps": (r"(?:and a peak of |that, )([\d,.]+)(?: for| tokens/s)", "the plan's peak demand (output tok/s)"),
+        "peak_tps": (r"(?:and a peak of |that, )([\d,.]+)(?: for| tokens/s)",
+                     "the plan's peak demand (output tok/s)"),
         "peak_hours": (r"FloatSlider\(value=([\d.]+), description='hours a day at the peak'",
                        "hours a day at the peak (the control's value)"),
-        "base_replicas": (r"(?:at the peak and |the day's total\), needs )(\d+)", "replicas off the peak"),
-        "cheapest": (r"Cheapest at your prices: \*{0,2}([^*$]+?)\*{0,2}, \$[\d,]+ a month", "the cheapest way to pay"),
-        "cheapest_per_m": (r"Cheapest at your prices: [^$]+\$[\d,]+ a month, \$([\d,.]+) per million",
+        "base_replicas": (r"(?:at the peak and |the day's total\), needs )(\d+)",
+                          "replicas off the peak"),
+        "cheapest": (r"Cheapest at your prices: \*{0,2}([^*$]+?)\*{0,2}, \$[\d,]+ a month",
+                     "the cheapest way to pay"),
+        "cheapest_per_m": (r"Cheapest at your prices: [^$]+\$[\d,]+ a month, \$([\d,.]+) per "
+                           r"million",
                            "its cost per million output tokens (USD)"),
         "price_on_demand": (r"\*\*\$([\d.]+)/h on demand\*\*", "H100 on-demand price (gpus.json)"),
-        "price_reserved": (r"\*\*\$([\d.]+)/h on a one-year commitment\*\*", "H100 reserved price (gpus.json)"),
+        "price_reserved": (r"\*\*\$([\d.]+)/h on a one-year commitment\*\*",
+                           "H100 reserved price (gpus.json)"),
     },
     "15_sampling_structured_output": {
-        "temperature": (r"Dividing every log-probability by T = ([\d.]+)", "the slider's temperature"),
-        "top_computed": (r"top \d+ tokens gives \*\*([\d.]+)\*\*", "exercise 1: top token's share computed"),
-        "top_drawn": (r"Measured: \*\*([\d.]+)\*\* in \d+ draws", "exercise 1: top token's share drawn"),
+        "temperature": (r"Dividing every log-probability by T = ([\d.]+)",
+                        "the slider's temperature"),
+        "top_computed": (r"top \d+ tokens gives \*\*([\d.]+)\*\*",
+                         "exercise 1: top token's share computed"),
+        "top_drawn": (r"Measured: \*\*([\d.]+)\*\* in \d+ draws",
+                      "exercise 1: top token's share drawn"),
         "draws": (r"Measured: \*\*[\d.]+\*\* in (\d+) draws", "draws"),
         "allowed_min": (r"the grammar allowed as few as \*\*([\d,]+)\*\*", "fewest tokens allowed"),
-        "allowed_max": (r"as many as \*\*([\d,]+)\*\* \(inside a free string\)", "most tokens allowed"),
-        "valid_off": (r"Measured on [^:]+: \*\*(\d+%)\*\* valid", "exercise 2: valid without the grammar"),
-        "mask_ms": (r"The grammar alone: \*\*([\d.]+) ms\*\*", "the grammar's own cost per token (ms)"),
+        "allowed_max": (r"as many as \*\*([\d,]+)\*\* \(inside a free string\)",
+                        "most tokens allowed"),
+        "valid_off": (r"Measured on [^:]+: \*\*(\d+%)\*\* valid",
+                      "exercise 2: valid without the grammar"),
+        "mask_ms": (r"The grammar alone: \*\*([\d.]+) ms\*\*",
+                    "the grammar's own cost per token (ms)"),
         "added_ms": (r"Measured through the server: \*\*([+\-\d.]+) ms\*\* per token",
                      "exercise 3: ms per token added, teaching engine"),
     },
     "16_cache_aware_routing": {
-        "verdict": (r"^\*\*(Prefix-aware routing won|Prefix-aware routing lost|No clear winner)\*\*",
+        "verdict": (r"^\*\*(Prefix-aware routing won|Prefix-aware routing lost"
+                    r"|No clear winner)\*\*",
                     "the verdict at the largest session count"),
         "sessions": (r"\*\* at (\d+) sessions: it found", "sessions at the largest point"),
-        "hit_prefix": (r"sessions: it found \*\*(\d+%)\*\* of prompt tokens", "prefix-aware hit rate"),
+        "hit_prefix": (r"sessions: it found \*\*(\d+%)\*\* of prompt tokens",
+                       "prefix-aware hit rate"),
         "hit_other": (r"in a cache against (\d+%) for", "hit rate of the best other policy"),
         "other": (r"\d+% for (\S+) \(the best of the rest\)", "the best other policy"),
-        "p99_prefix": (r"p99 time to first token of ([\d.]+) s against", "prefix-aware p99 TTFT (s)"),
-        "p99_other": (r"p99 time to first token of [\d.]+ s against ([\d.]+) s", "the other's p99 TTFT (s)"),
+        "p99_prefix": (r"p99 time to first token of ([\d.]+) s against",
+                       "prefix-aware p99 TTFT (s)"),
+        "p99_other": (r"p99 time to first token of [\d.]+ s against ([\d.]+) s",
+                      "the other's p99 TTFT (s)"),
         "lead_pp": (r"largest lead in hit rate over the best of the rest: ([+\-]\d+) percentage",
                     "prefix-aware routing's largest lead in hit rate (percentage points)"),
-        "lead_sessions": (r"over the best of the rest: [+\-]\d+ percentage points, at (\d+) sessions",
+        "lead_sessions": (r"over the best of the rest: [+\-]\d+ percentage points, at (\d+) "
+                          r"sessions",
                           "sessions where that lead was measured"),
         "told_plain": (r"told A's prompts apart (\d+%) of the time", "probes told apart, no salts"),
-        "told_salted": (r"with a salt per tenant (\d+%)\*\*", "probes told apart, a salt per tenant"),
-        "cached_plain": (r"found (\d+%) of it cached without salts", "probe tokens cached, no salts"),
+        "told_salted": (r"with a salt per tenant (\d+%)\*\*",
+                        "probes told apart, a salt per tenant"),
+        "cached_plain": (r"found (\d+%) of it cached without salts",
+                         "probe tokens cached, no salts"),
     },
     "17_disaggregated_prefill_decode": {
-        "kv_per_token": (r"\*\*([\d,]+) bytes of KV per token\*\*", "KV bytes per token, measured on the pool"),
-        "kv_mib": (r"tokens: \d[\d,]* x [\d,]+ = \*\*([\d.]+) MiB\*\*", "exercise 1: KV handed off, long prompt"),
+        "kv_per_token": (r"\*\*([\d,]+) bytes of KV per token\*\*",
+                         "KV bytes per token, measured on the pool"),
+        "kv_mib": (r"tokens: \d[\d,]* x [\d,]+ = \*\*([\d.]+) MiB\*\*",
+                   "exercise 1: KV handed off, long prompt"),
         "best_setup": (r"\*\*Lowest p99 gap of the running streams: ([^,]+), [\d,]+ ms\*\*",
                        "set-up with the lowest p99 stream gap"),
         "p99_disagg": (r"\(disaggregated ([\d,]+) ms, colocated", "p99 gap, disaggregated (ms)"),
         "p99_chunked": (r"colocated chunked ([\d,]+) ms, whole", "p99 gap, colocated chunked (ms)"),
         "p99_whole": (r"whole prompts ([\d,]+) ms\)", "p99 gap, colocated whole prompts (ms)"),
-        "busy_prefill": (r"prefill process was busy (\d+%) of the run", "prefill process busy share"),
+        "busy_prefill": (r"prefill process was busy (\d+%) of the run",
+                         "prefill process busy share"),
         "busy_decode": (r"the decode process (\d+%)\.\*\*", "decode process busy share"),
         "break_even": (r"= \*\*([\d.]+) Gb/s\*\*", "exercise 3: break-even link (Gb/s)"),
-        "death_s": (r"heard of the death after ([\d.]+) s", "seconds until the caller heard of the death"),
+        "death_s": (r"heard of the death after ([\d.]+) s",
+                    "seconds until the caller heard of the death"),
     },
 }
 
@@ -523,7 +601,8 @@ def run_metadata(nb: dict) -> dict:
     if meta["started"] and last:
         # first cell's start to last cell's reply: the notebook's own run time, kernel
         # start-up excluded
-        t0, t1 = (dt.datetime.fromisoformat(s.replace("Z", "+00:00")) for s in (meta["started"], last))
+        t0, t1 = (dt.datetime.fromisoformat(s.replace("Z", "+00:00"))
+                  for s in (meta["started"], last))
         meta["wall_s"] = round((t1 - t0).total_seconds(), 1)
     recorded = nb.get("metadata", {}).get("workshop_run", {})
     for key in ("machine", "date", "started"):
@@ -555,7 +634,8 @@ def find_figure(nb: dict, spec: FigureSpec) -> tuple[int, bytes, str | None]:
     i = hits[0]
     pngs = [o for o in cells[i].get("outputs", []) if "image/png" in o.get("data", {})]
     if len(pngs) != 1:
-        errors = [o.get("ename") for o in cells[i].get("outputs", []) if o.get("output_type") == "error"]
+        errors = [o.get("ename") for o in cells[i].get("outputs", [])
+                  if o.get("output_type") == "error"]
         raise ExportError(f"figure {spec.name!r}: cell {i} has {len(pngs)} PNG outputs, not 1"
                           + (f" (it raised {errors})" if errors else ""))
     out = pngs[0]
@@ -594,11 +674,13 @@ def notebook_html(nb: dict, name: str, meta: dict) -> str:
 
     md = MarkdownIt("commonmark").enable("table")
     label = (f"Reference run of <code>{html.escape(name)}</code>: "
-             f"{html.escape(str(meta.get('machine')))}; started {html.escape(str(meta.get('started')))}; "
-             f"engine {html.escape(str(meta.get('engine')))}; mode {html.escape(str(meta.get('mode')))}")
+             f"{html.escape(str(meta.get('machine')))}; started "
+             f"{html.escape(str(meta.get('started')))}; engine "
+             f"{html.escape(str(meta.get('engine')))}; mode {html.escape(str(meta.get('mode')))}")
     parts = ["<!doctype html><html><head><meta charset='utf-8'>",
              f"<title>{html.escape(name)}: reference run</title><style>",
-             "body{font-family:sans-serif;max-width:60rem;margin:auto;padding:1rem;line-height:1.4}",
+             "body{font-family:sans-serif;max-width:60rem;margin:auto;padding:1rem;"
+             "line-height:1.4}",
              ".run{background:#fff3cd;padding:.5rem 1rem;border-radius:4px}",
              "pre{background:#f6f8fa;padding:.5rem;overflow-x:auto;font-size:.85rem}",
              "pre.out{background:#fff;border-left:3px solid #ccc}",
@@ -680,7 +762,8 @@ def execute(name: str, out_dir: Path, quick: bool, timeout_s: int) -> Path:
         (startup / "00-workshop-figure-titles.py").write_text(_STARTUP)
         env = {"IPYTHONDIR": ipydir, "WORKSHOP_QUICK": "1" if quick else "0",
                "MPLBACKEND": "Agg", "HF_HUB_OFFLINE": "1",
-               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+               "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                             if p)}
         saved = {k: os.environ.get(k) for k in env}
         os.environ.update(env)   # the kernel inherits this process's environment
         started = dt.datetime.now(dt.timezone.utc)
@@ -696,7 +779,8 @@ def execute(name: str, out_dir: Path, quick: bool, timeout_s: int) -> Path:
                     os.environ[k] = v
             nb.metadata["workshop_run"] = {
                 "mode": "quick" if quick else "full", "machine": hardware(),
-                "started": started.isoformat(timespec="seconds"), "date": started.date().isoformat()}
+                "started": started.isoformat(timespec="seconds"),
+                "date": started.date().isoformat()}
             out_dir.mkdir(parents=True, exist_ok=True)
             path = out_dir / f"{name}.executed.ipynb"
             nbformat.write(nb, path)

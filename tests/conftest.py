@@ -17,8 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-import sys
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reference_server import launch as launcher, prometheus
+from reference_server import launch as launcher
+from reference_server import prometheus
 
 API_KEY = "sk-workshop-test"
 MODEL = "smollm2-135m"
@@ -293,10 +294,13 @@ def mock_engine():
 
     def start(chunk_delay_s: float, first_token_delay_s: float, max_concurrency: int) -> str:
         port = launcher.free_port()
-        p = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port),
-                              "--chunk-delay-s", str(chunk_delay_s), "--first-token-delay-s", str(first_token_delay_s),
+        p = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port",
+                              str(port),
+                              "--chunk-delay-s", str(chunk_delay_s), "--first-token-delay-s",
+                              str(first_token_delay_s),
                               "--max-concurrency", str(max_concurrency)],
-                             stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                             stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
         procs.append(p)
         assert "mock server on" in p.stdout.readline()
         return f"http://127.0.0.1:{port}"
@@ -313,7 +317,8 @@ class _BusyUpstream(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path == "/v1/models":
-            self._send(200, json.dumps({"object": "list", "data": [{"id": "busy", "object": "model"}]}))
+            self._send(200, json.dumps({"object": "list",
+                                        "data": [{"id": "busy", "object": "model"}]}))
         elif self.path == "/health":
             self._send(200, "")
         else:
@@ -322,7 +327,8 @@ class _BusyUpstream(BaseHTTPRequestHandler):
     def do_POST(self):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if self.path == "/v1/completions":
-            self._send(429, json.dumps({"error": {"message": "slow down", "type": "rate_limit_error",
+            self._send(429, json.dumps({"error": {"message": "slow down",
+                                                  "type": "rate_limit_error",
                                                   "code": "rate_limited"}}), {"Retry-After": "7"})
         else:
             self._send(503, "Service Unavailable", {"Retry-After": "30"}, "text/plain")
@@ -330,7 +336,8 @@ class _BusyUpstream(BaseHTTPRequestHandler):
     def _send(self, status, text, headers=None, kind="application/json"):
         data = text.encode()
         self.send_response(status)
-        for k, v in {"Content-Type": kind, "Content-Length": str(len(data)), **(headers or {})}.items():
+        for k, v in {"Content-Type": kind, "Content-Length": str(len(data)),
+                     **(headers or {})}.items():
             self.send_header(k, v)
         self.end_headers()
         self.wfile.write(data)

@@ -90,8 +90,10 @@ def length_summary(tokens: Sequence[int]) -> dict:
 def server_rows(servers: dict[str, Any]) -> list[dict]:
     """One row per server (name -> a ``workshop.session`` handle of a teaching engine): its KV
     pool, block size and context limit from ``/server_info``, and its scheduling knobs."""
-    return [{"server": name, **{k: s.info[k] for k in ("kv_capacity_tokens", "block_size", "max_model_len")},
-             **{k: s.info["extra"][k] for k in ("kv_layout", "scheduler", "chunked_prefill", "max_num_seqs",
+    return [{"server": name, **{k: s.info[k]
+                                for k in ("kv_capacity_tokens", "block_size", "max_model_len")},
+             **{k: s.info["extra"][k] for k in ("kv_layout", "scheduler", "chunked_prefill",
+                                                "max_num_seqs",
                                                 "max_num_batched_tokens")}}
             for name, s in servers.items()]
 
@@ -369,10 +371,12 @@ def step_cost_rows(runs: dict[str, Sequence[Any]], tokens: int) -> list[dict]:
     decode = [r.seconds for r in steps if decode_only(r)]
     mean_p = sum(prefill) / len(prefill) if prefill else 0.0
     mean_d = sum(decode) / len(decode) if decode else 0.0
-    return [{"run": label, "steps": len(h), "steps with a prefill": sum(not decode_only(r) for r in h),
+    return [{"run": label, "steps": len(h),
+             "steps with a prefill": sum(not decode_only(r) for r in h),
              "tokens per step": tokens / len(h) if h else 0.0,
              "engine time (s)": sum(r.seconds for r in h),
-             "time at the mean step costs (s)": sum(mean_d if decode_only(r) else mean_p for r in h),
+             "time at the mean step costs (s)": sum(mean_d if decode_only(r) else mean_p
+                                                    for r in h),
              "mean prefill step (ms)": 1e3 * mean_p, "mean decode step (ms)": 1e3 * mean_d}
             for label, h in runs.items()]
 
@@ -417,7 +421,8 @@ def chunk_row(label: str, history: Sequence[Any], short_ids: Sequence[str], long
     (``short_ids``): the longest wait between two of their tokens, how long after its
     arrival the long prompt's first token came, and the steps taken."""
     return {"run": label,
-            "short requests' longest gap (ms)": 1e3 * max(max_gap(token_times(history, r)) for r in short_ids),
+            "short requests' longest gap (ms)": 1e3 * max(max_gap(token_times(history, r))
+                                                          for r in short_ids),
             "long prompt's first token (ms after it arrived)": 1e3 * (
                 token_times(history, long_id)[0] - step_spans(history)[arrival_step][0]),
             "steps": len(history)}
@@ -432,7 +437,8 @@ def bench_row(scheduler: str, result: Any) -> dict:
             "completed": s["completed"]}
 
 
-def closed_loop_forecast(outputs: Sequence[int], seats: int, prefill_ms: float, decode_ms: float) -> dict:
+def closed_loop_forecast(outputs: Sequence[int], seats: int, prefill_ms: float,
+                         decode_ms: float) -> dict:
     """Static vs continuous batching of answers of ``outputs`` tokens (in the order they were
     sent) over ``seats`` seats, priced in steps. Continuous: the first ``seats`` requests join
     in one prefill step, every later one in a prefill step of its own; every token after a
@@ -445,7 +451,8 @@ def closed_loop_forecast(outputs: Sequence[int], seats: int, prefill_ms: float, 
     joins = 1 + max(n - seats, 0)
     cont_ms = joins * prefill_ms + (sum(outputs) - n) / seats * decode_ms
     stat_ms = sum(prefill_ms + (max(b) - 1) * decode_ms for b in batches)
-    return {"batches": len(batches), "joins": joins, "continuous_s": cont_ms / 1e3, "static_s": stat_ms / 1e3,
+    return {"batches": len(batches), "joins": joins, "continuous_s": cont_ms / 1e3,
+            "static_s": stat_ms / 1e3,
             "forecast_pct": 100 * cont_ms / max(stat_ms, 1e-9),
             "steps_share_pct": 100 * sum(outputs) / seats / max(sum(max(b) for b in batches), 1)}
 
@@ -610,8 +617,10 @@ def plot_gather_times(rows: Sequence[dict], title: str):
 
 
 __all__ = ["LAYOUTS", "PREEMPTIONS", "reserved_slots", "internal_waste", "fit_count",
-           "predicted_burst", "burst_row", "external_fragmentation", "StepStats", "SimResult", "simulate",
+           "predicted_burst", "burst_row", "external_fragmentation", "StepStats", "SimResult",
+           "simulate",
            "sharegpt_lengths", "reschedule", "drive", "decode_only", "step_cost_rows", "step_spans",
-           "token_times", "max_gap", "gather_by_slot", "gather_by_block", "GATHER_MS", "time_gathers",
+           "token_times", "max_gap", "gather_by_slot", "gather_by_block", "GATHER_MS",
+           "time_gathers",
            "plot_timeline", "plot_pool_shares", "plot_gauges",
            "plot_gather_times"]

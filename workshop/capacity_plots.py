@@ -11,10 +11,16 @@ from typing import Sequence
 import numpy as np
 
 from reference_server.model_config import ModelArch
-from workshop.capacity import (GPU, Step, decode_step, latency_plan, plan, prefill_step,
-                               ttft_plan)
-from workshop.kvcache import (human_bytes, kv_bytes_per_sequence, kv_bytes_per_token,
-                              list_models, load_model, naive_kv_bytes_per_token, weight_bytes)
+from workshop.capacity import GPU, Step, decode_step, latency_plan, plan, prefill_step, ttft_plan
+from workshop.kvcache import (
+    human_bytes,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    list_models,
+    load_model,
+    naive_kv_bytes_per_token,
+    weight_bytes,
+)
 from workshop.plots import figure
 
 
@@ -42,8 +48,8 @@ def model_rows(keys: list[str] | None = None, context: int = 32_768,
             "cached per layer": terms,
             f"KV B/token ({kv_dtype})": round(per_token),
             "naive B/token": round(naive_kv_bytes_per_token(cfg, kv_dtype)),
-            "KV of one long conversation": (f"{human_bytes(kv_bytes_per_sequence(cfg, ctx, kv_dtype))}"
-                                            f" at {ctx:,} tokens"),
+            "KV of one long conversation":
+                f"{human_bytes(kv_bytes_per_sequence(cfg, ctx, kv_dtype))} at {ctx:,} tokens",
             "weights (bf16)": human_bytes(weight_bytes(cfg, "bf16")),
         })
     return rows

@@ -162,7 +162,8 @@ def read_packed_index(path: str | Path) -> tuple[dict[str, dict], int, int]:
     return meta["tensors"], _round_up(16 + length), meta["data_bytes"]
 
 
-def load_packed(path: str | Path, chunk_mib: float = 16, threads: int = 1) -> dict[str, torch.Tensor]:
+def load_packed(path: str | Path, chunk_mib: float = 16, threads: int = 1) -> dict[str,
+                                                                                   torch.Tensor]:
     """Read the data area in chunks of ``chunk_mib`` MiB (``threads`` at a time: ``os.preadv``
     releases the GIL) into one buffer, and return the tensors as views of it: no copy after
     the read, no per-tensor file access."""
@@ -192,7 +193,7 @@ def load_packed(path: str | Path, chunk_mib: float = 16, threads: int = 1) -> di
             .view(m["shape"]) for name, m in index.items()}
 
 
-# -- writing and loading every format ----------------------------------------------------------------
+# -- writing and loading every format --------------------------------------------------------------
 
 def write_formats(sd: dict[str, torch.Tensor], folder: str | Path) -> dict[str, Path]:
     """The checkpoint in every format under ``folder``: ``{format: file}`` (both torch.load
@@ -206,7 +207,8 @@ def write_formats(sd: dict[str, torch.Tensor], folder: str | Path) -> dict[str, 
     return {fmt: folder / FILE_NAMES[fmt] for fmt in FORMATS}
 
 
-def load(fmt: str, path: str | Path, chunk_mib: float = 16, threads: int = 1) -> dict[str, torch.Tensor]:
+def load(fmt: str, path: str | Path, chunk_mib: float = 16, threads: int = 1) -> dict[str,
+                                                                                      torch.Tensor]:
     """``path`` loaded the way ``fmt`` names (``chunk_mib`` and ``threads``: packed only)."""
     if fmt == "torch.load":
         return torch.load(path, map_location="cpu", weights_only=True)
@@ -307,7 +309,8 @@ def fresh_memory_seconds(size: int) -> float:
 
 # -- timing loads ------------------------------------------------------------------------------
 
-def time_load(fmt: str, path: str | Path, cold: bool, chunk_mib: float = 16, threads: int = 1) -> dict:
+def time_load(fmt: str, path: str | Path, cold: bool, chunk_mib: float = 16,
+              threads: int = 1) -> dict:
     """One load of ``path`` as ``fmt``, every byte read (``checksum``), cold (page cache dropped
     first) or warm (read once first). Returns seconds, the cached share when it began, and
     the checksum."""
@@ -410,7 +413,7 @@ def fit_load_time(sizes: Sequence[float], seconds: Sequence[float]) -> LoadFit:
                    float(r2), len(x))
 
 
-# -- live migration ---------------------------------------------------------------------------------
+# -- live migration --------------------------------------------------------------------------------
 
 def start_request(engine, prompt: list[int], decoded: int, request_id: str, more: int = 4) -> None:
     """Run ``prompt`` on ``engine`` (greedy, no stop token) until it has decoded ``decoded``
@@ -513,13 +516,14 @@ def migration_sweep(source, destination, lengths: Sequence[int], decoded: int = 
         moved = [migrate(source, destination, rid, method, follow) for method in ("tokens", "kv")]
         own = continue_on_source(source, rid, follow)
         for m in moved:
-            rows.append({"method": m["method"], "tokens": m["tokens"], "wire bytes": m["wire bytes"],
+            rows.append({"method": m["method"], "tokens": m["tokens"],
+                         "wire bytes": m["wire bytes"],
                          "seconds to next token": m["seconds to next token"],
                          "same tokens as the source": m["continuation"] == own})
     return rows
 
 
-# -- figures -----------------------------------------------------------------------------------------
+# -- figures ---------------------------------------------------------------------------------------
 
 def formats_figure(rows: list[dict]):
     from workshop.plots import figure
@@ -531,7 +535,8 @@ def formats_figure(rows: list[dict]):
     for i, (state, hatch) in enumerate((("cold", ""), ("warm", "//"))):
         vals = [by.get((f, state), np.nan) for f in fmts]
         bars = ax.bar(x + (i - 0.5) * 0.38, vals, 0.38, label=f"{state} page cache",
-                      color=[COLORS.get(f, "grey") for f in fmts], alpha=1.0 if state == "cold" else 0.55,
+                      color=[COLORS.get(f, "grey") for f in fmts], alpha=1.0 if state == "cold"
+                      else 0.55,
                       hatch=hatch, edgecolor="black", linewidth=0.5)
         ax.bar_label(bars, fmt="%.2f", fontsize=8)
     ax.set_xticks(x, fmts)
@@ -541,7 +546,8 @@ def formats_figure(rows: list[dict]):
     return fig
 
 
-def fit_figure(rows: list[dict], fits: dict[str, LoadFit], extra: tuple[float, float] | None = None):
+def fit_figure(rows: list[dict], fits: dict[str, LoadFit],
+               extra: tuple[float, float] | None = None):
     """Measured (bytes, seconds) per format with each fitted line; ``extra``: one more
     measured point (bytes, seconds) to show against the lines (the exercise's)."""
     from workshop.plots import figure
@@ -556,7 +562,8 @@ def fit_figure(rows: list[dict], fits: dict[str, LoadFit], extra: tuple[float, f
         ax.plot(xs / MiB, [fit.predict(v) for v in xs], "-", color=c, alpha=0.7,
                 label=f"{fmt}: {fit.fixed_s * 1e3:.0f} ms + size / {fit.bandwidth / 1e9:.2f} GB/s")
     if extra:
-        ax.plot([extra[0] / MiB], [extra[1]], "k*", markersize=12, label="the exercise's load (measured)")
+        ax.plot([extra[0] / MiB], [extra[1]], "k*", markersize=12,
+                label="the exercise's load (measured)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.legend(fontsize=8)
@@ -569,12 +576,14 @@ def migration_figure(rows: list[dict], link_gbps: float):
     from workshop.plots import new_figure
     fig = new_figure((10, 4.2))
     left, right = fig.subplots(1, 2)
-    styles = {"tokens": ("#2ca02c", "resend token ids, recompute KV"), "kv": ("#9467bd", "copy the KV cache")}
+    styles = {"tokens": ("#2ca02c", "resend token ids, recompute KV"),
+              "kv": ("#9467bd", "copy the KV cache")}
     for method, (c, label) in styles.items():
         pts = sorted((r for r in rows if r["method"] == method), key=lambda r: r["tokens"])
         n = [r["tokens"] for r in pts]
         left.plot(n, [r["wire bytes"] for r in pts], "o-", color=c, label=label)
-        right.plot(n, [r["seconds to next token"] for r in pts], "o-", color=c, label=f"{label} (measured)")
+        right.plot(n, [r["seconds to next token"] for r in pts], "o-", color=c,
+                   label=f"{label} (measured)")
         if method == "kv":
             right.plot(n, [r["seconds to next token"] + network_seconds(r["wire bytes"], link_gbps)
                            for r in pts], "o--", color=c, alpha=0.6,

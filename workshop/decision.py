@@ -63,7 +63,12 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from workshop.bench.metrics import SLO
-from workshop.bench.showdown import WRONG_ANSWERS, find_roots, objectives_text, results_dir
+from workshop.bench.showdown import (
+    WRONG_ANSWERS,  # noqa: F401 (re-exported: workshop.decision_chart imports it from here)
+    find_roots,
+    objectives_text,
+    results_dir,
+)
 from workshop.bench.sweep import SweepResult
 
 TIE_WITHIN = 0.10
@@ -92,7 +97,8 @@ def default_places() -> list[Path]:
     output, ``results/showdown-*``: the checkout's, else the working directory's) and every
     folder named in ``$WORKSHOP_SHOWDOWN_DIRS`` (``os.pathsep``-separated)."""
     places = [results_dir()]
-    places += [Path(p).expanduser() for p in os.environ.get(ENV_DIRS, "").split(os.pathsep) if p.strip()]
+    places += [Path(p).expanduser() for p in os.environ.get(ENV_DIRS, "").split(os.pathsep)
+               if p.strip()]
     return places
 
 
@@ -111,7 +117,8 @@ PRODUCTION = ("vllm", "sglang")
 def reference_stages() -> dict[str, Path]:
     """The committed reference runs this checkout has, by stage name."""
     root = Path(__file__).resolve().parents[1]
-    return {name: root / p for name, p in REFERENCE_STAGES.items() if (root / p / "showdown.json").exists()}
+    return {name: root / p for name, p in REFERENCE_STAGES.items()
+            if (root / p / "showdown.json").exists()}
 
 
 def choose_roots() -> tuple[list[Path], str]:
@@ -154,8 +161,8 @@ class Root:
         return machine_text(self.manifest.get("machine") or {})
 
     def describe(self) -> str:
-        return (f"`{self.path.name}`: {self.mode} run of {self.manifest.get('model', '?')} on {self.machine}, "
-                f"{self.created[:16].replace('T', ' ')} UTC")
+        return (f"`{self.path.name}`: {self.mode} run of {self.manifest.get('model', '?')} on "
+                f"{self.machine}, {self.created[:16].replace('T', ' ')} UTC")
 
 
 def machine_text(m: dict[str, Any]) -> str:
@@ -164,7 +171,8 @@ def machine_text(m: dict[str, Any]) -> str:
     parts = [f"{m['cores']} cores" if m.get("cores") else None,
              f"{m['memory_gib']:g} GiB" if m.get("memory_gib") else None]
     inner = ", ".join(p for p in parts if p)
-    return f"{cpu}" + (f" ({inner})" if inner else "") + (f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU")
+    return (f"{cpu}" + (f" ({inner})" if inner else "")
+            + (f", GPU {m['gpu']}" if m.get("gpu") else ", no GPU"))
 
 
 @dataclass
@@ -203,7 +211,8 @@ class Run:
         info = (self.root.manifest.get("engines") or {}).get(self.engine) or {}
         si = info.get("server_info") or {}
         if not si and self.sweep is not None and self.sweep.points:
-            si = ((self.sweep.points[0].environment or {}).get("server") or {}).get("server_info") or {}
+            si = (((self.sweep.points[0].environment or {}).get("server") or {}).get("server_info")
+                  or {})
         return si if isinstance(si, dict) else {}
 
 
@@ -220,12 +229,14 @@ class Results:
     def engines(self) -> list[str]:
         """Engine labels with a run, in the order the manifests list them."""
         listed = [e for root in self.roots for e in (root.manifest.get("engines") or {})]
-        return [e for e in dict.fromkeys(listed + [k[0] for k in self.runs]) if any(k[0] == e for k in self.runs)]
+        return [e for e in dict.fromkeys(listed + [k[0] for k in self.runs])
+                if any(k[0] == e for k in self.runs)]
 
     @property
     def workloads(self) -> list[str]:
         listed = [w for root in self.roots for w in (root.manifest.get("workloads") or {})]
-        return [w for w in dict.fromkeys(listed + [k[1] for k in self.runs]) if any(k[1] == w for k in self.runs)]
+        return [w for w in dict.fromkeys(listed + [k[1] for k in self.runs])
+                if any(k[1] == w for k in self.runs)]
 
     @property
     def newest(self) -> Root | None:
@@ -250,17 +261,20 @@ class Results:
                     if (e, w) in self.runs and self.runs[(e, w)].ok}
                 for w in self.workloads}
 
-    def select(self, engines: Iterable[str] | None = None, workloads: Iterable[str] | None = None) -> "Results":
+    def select(self, engines: Iterable[str] | None = None,
+               workloads: Iterable[str] | None = None) -> "Results":
         """The same results limited to some engines and workloads."""
         es = set(engines) if engines is not None else None
         ws = set(workloads) if workloads is not None else None
-        runs = {k: r for k, r in self.runs.items() if (es is None or k[0] in es) and (ws is None or k[1] in ws)}
+        runs = {k: r for k, r in self.runs.items() if (es is None or k[0] in es)
+                and (ws is None or k[1] in ws)}
         return dataclasses.replace(self, runs=runs)
 
 
 def load(*roots_or_places: str | os.PathLike) -> Results:
     """Read showdown roots (or folders that hold them) and merge their runs."""
-    roots = [Root(p, json.loads((p / "showdown.json").read_text())) for p in find_roots(*roots_or_places)]
+    roots = [Root(p, json.loads((p / "showdown.json").read_text()))
+             for p in find_roots(*roots_or_places)]
     runs: dict[tuple[str, str], Run] = {}
     replaced: list[tuple[Run, Run]] = []
     for root in roots:                       # oldest first: a later root replaces an earlier one
@@ -317,8 +331,10 @@ def _read_sweep(folder: Path, status: str) -> tuple[SweepResult | None, str]:
 
 def _warnings(roots: list[Root]) -> list[str]:
     out = []
-    for what, get in (("machines", lambda r: r.machine), ("models", lambda r: str(r.manifest.get("model"))),
-                      ("modes", lambda r: r.mode), ("SLOs", lambda r: json.dumps(r.slo, sort_keys=True))):
+    for what, get in (("machines", lambda r: r.machine),
+                      ("models", lambda r: str(r.manifest.get("model"))),
+                      ("modes", lambda r: r.mode),
+                      ("SLOs", lambda r: json.dumps(r.slo, sort_keys=True))):
         values = sorted({get(r) for r in roots})
         if len(values) > 1:
             out.append(f"the folders were measured on different {what} ({'; '.join(values)}): "
@@ -351,7 +367,8 @@ def setup_of(server_info: dict[str, Any], gate: dict[str, Any] | None = None,
         "dtype": si.get("dtype"),
         # runs from before the field: SGLang's own setting, where the server repeated it
         "attention": si.get("attention") or (extra.get("sglang") or {}).get("attention_backend"),
-        "prefix cache": (si.get("prefix_cache") or "on") if si.get("prefix_caching") else ("off" if si else None),
+        "prefix cache": (si.get("prefix_cache") or "on") if si.get("prefix_caching")
+        else ("off" if si else None),
         "compiled": None if compiled is None else ("compiled" if compiled else "eager"),
         "max running": (si.get("limits") or {}).get("max_running"),
         "KV tokens": si.get("kv_capacity_tokens"),
@@ -384,9 +401,12 @@ def setup_rows(results: "Results") -> list[dict[str, Any]]:
         run = results.first_run(e)
         gate = run.gate or {}
         n = gate.get("counts") or {}
-        failed = gate.get("checks") and [c for c in gate["checks"] if c.get("verdict") in ("wrong", "error")]
-        row = {"engine": e, **{k: ("-" if v is None else v) for k, v in run.setup.items() if k != "notes"}}
-        row["answers"] = (f"right ({n.get('agree', 0)} as the reference, {n.get('near tie', 0)} near ties)"
+        failed = (gate.get("checks")
+                  and [c for c in gate["checks"] if c.get("verdict") in ("wrong", "error")])
+        row = {"engine": e, **{k: ("-" if v is None else v) for k, v in run.setup.items()
+                               if k != "notes"}}
+        row["answers"] = (f"right ({n.get('agree', 0)} as the reference, {n.get('near tie', 0)} "
+                          "near ties)"
                           if gate.get("passed") else
                           f"wrong answers: {_check_line(failed[0])}" if failed else row["answers"])
         row["notes"] = "; ".join(run.setup["notes"]) or "-"
@@ -403,10 +423,13 @@ def departure_rows(results: "Results") -> list[dict[str, Any]]:
         for c in (results.first_run(e).gate or {}).get("checks") or []:
             if c.get("verdict") == "agree":
                 continue
-            rows.append({"engine": e, "prompt": c["kind"] + (f" (repeat {c['repeat']})" if c.get("repeat") else ""),
-                         "question": c["question"][:50], "verdict": c["verdict"], "at token": c.get("departed_at"),
+            rows.append({"engine": e, "prompt": c["kind"]
+                         + (f" (repeat {c['repeat']})" if c.get("repeat") else ""),
+                         "question": c["question"][:50], "verdict": c["verdict"],
+                         "at token": c.get("departed_at"),
                          "gap (logits)": c.get("gap"),
-                         "reference's top two": " / ".join(map(repr, c.get("reference_top2") or ())),
+                         "reference's top two": " / ".join(map(repr, c.get("reference_top2")
+                                                               or ())),
                          "got": (c.get("got") or "")[:60]})
     return rows
 
@@ -454,7 +477,8 @@ def stage_fairness(results: "Results", engines: Sequence[str] = PRODUCTION) -> d
             "answers": "; ".join(f"{e} {a}" for e, a in answers.items()) or "-",
             "outside supported hardware": ", ".join(outside) or "none",
             "set-ups differ": "; ".join(differ) or "no",
-            "fair": bool(setups) and all(a == "right" for a in answers.values()) and not outside and not differ}
+            "fair": bool(setups) and all(a == "right" for a in answers.values()) and not outside
+            and not differ}
 
 
 def compare_stages(stages: dict[str, "Results"]) -> list[dict[str, Any]]:
@@ -465,7 +489,8 @@ def compare_stages(stages: dict[str, "Results"]) -> list[dict[str, Any]]:
     rows = []
     for w, c in keys:
         got = {name: vs.get((w, c)) for name, vs in verdicts.items()}
-        winners = {name: (v.winner or ("tie: " + ", ".join(v.tied) if v.tied else None)) if v else None
+        winners = {name: (v.winner or ("tie: " + ", ".join(v.tied) if v.tied else None)) if v
+                   else None
                    for name, v in got.items()}
         rows.append({"workload": w, "constraint": CONSTRAINTS[c][0],
                      **{name: (v.label if v else "not run") for name, v in got.items()},
@@ -484,7 +509,8 @@ def slo_of(ttft_ms: float | None, itl_ms: float | None) -> SLO:
 def point_metrics(sweep: SweepResult, i: int, slo: SLO) -> dict[str, Any]:
     """What a learner compares at load point ``i``, goodput re-scored under ``slo``."""
     achieved, whole_run = achieved_rate(sweep, i)
-    m = _metrics(sweep.points[i], sweep.offered()[i] if sweep.mode == "rate" else achieved, achieved, slo)
+    m = _metrics(sweep.points[i], sweep.offered()[i] if sweep.mode == "rate" else achieved,
+                 achieved, slo)
     m["whole_run"] = whole_run
     return m
 
@@ -524,7 +550,8 @@ def probe_throughput(sweep: SweepResult) -> float | None:
     return cfg["max_throughput_rate"] * cfg.get("requests_per_session", 1.0) * per_request
 
 
-def capacity(points: Sequence[dict[str, Any]], probe_tps: float | None) -> tuple[float | None, str | None]:
+def capacity(points: Sequence[dict[str, Any]], probe_tps: float | None) -> tuple[float | None,
+                                                                                 str | None]:
     """The most output tok/s delivered at any load tried (``points``, client-bound ones left
     out) or by the throughput probe, objectives ignored; and where: "<x> req/s offered" or
     "throughput probe"."""
@@ -570,12 +597,17 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
     workloads, a whole conversation on multi-turn ones); every other rate is in requests/s."""
     row: dict[str, Any] = {"engine": run.engine, "workload": run.workload, "kind": run.kind,
                            "root": run.root.path.name, "status": run.status, "no_knee": True,
-                           "lower_bound": False, "note": "", "knee_asked": None, "knee_offered": None,
-                           "next_offered": None, "output_tps": None, "ttft_p50": None, "ttft_p99": None,
-                           "itl_p50": None, "itl_p99": None, "goodput_at_knee": None, "slo_met_at_knee": None,
+                           "lower_bound": False, "note": "", "knee_asked": None,
+                           "knee_offered": None,
+                           "next_offered": None, "output_tps": None, "ttft_p50": None,
+                           "ttft_p99": None,
+                           "itl_p50": None, "itl_p99": None, "goodput_at_knee": None,
+                           "slo_met_at_knee": None,
                            "best_goodput": None, "best_goodput_at": None, "prefix_hit_rate": None,
-                           "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None, "points": [],
-                           "curve": [], "capacity_tps": None, "capacity_at": None, "synchronous_tps": None,
+                           "peak_kv": None, "kv_capacity_tokens": None, "knee_index": None,
+                           "points": [],
+                           "curve": [], "capacity_tps": None, "capacity_at": None,
+                           "synchronous_tps": None,
                            "not_judged": False, "answers": answers_of(run.gate), "setup": run.setup}
     if not run.ok:
         row["note"] = run.status
@@ -598,7 +630,8 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
         # points too short to judge, and no other point offered as scheduled: the sweep says
         # nothing about a knee
         judged = sw.judged()
-        row["not_judged"] = False in judged and all(j is False or p["client_limited"] for j, p in zip(judged, pts))
+        row["not_judged"] = (False in judged and all(j is False or p["client_limited"] for j,
+                                                     p in zip(judged, pts)))
         return row
     at = pts[k]
     row.update(no_knee=False, lower_bound=k == len(sw.points) - 1,
@@ -607,7 +640,8 @@ def knee_row(run: Run, slo: SLO) -> dict[str, Any]:
                next_offered=pts[k + 1]["offered"] if k + 1 < len(pts) else None,
                output_tps=at["output_tps"], ttft_p50=at["ttft_p50"], ttft_p99=at["ttft_p99"],
                itl_p50=at["itl_p50"], itl_p99=at["itl_p99"], goodput_at_knee=at["goodput"],
-               slo_met_at_knee=at["slo_met"], prefix_hit_rate=at["prefix_hit_rate"], peak_kv=at["peak_kv"],
+               slo_met_at_knee=at["slo_met"], prefix_hit_rate=at["prefix_hit_rate"],
+               peak_kv=at["peak_kv"],
                knee_index=k)
     if at["whole_run"]:
         row["note"] += " [rates over the whole run: the steady window was too short]"
@@ -643,8 +677,10 @@ def display_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "TTFT p50 ms": f(r["ttft_p50"]), "TTFT p99 ms": f(r["ttft_p99"]),
             "ITL p50 ms": f(r["itl_p50"]), "ITL p99 ms": f(r["itl_p99"]),
             "goodput req/s": f(r["goodput_at_knee"]),
-            "SLO met": "-" if r["slo_met_at_knee"] is None else f"{100 * r['slo_met_at_knee']:.0f}%",
-            "prefix hits": "-" if r["prefix_hit_rate"] is None else f"{100 * r['prefix_hit_rate']:.0f}%",
+            "SLO met": "-" if r["slo_met_at_knee"] is None
+            else f"{100 * r['slo_met_at_knee']:.0f}%",
+            "prefix hits": "-" if r["prefix_hit_rate"] is None
+            else f"{100 * r['prefix_hit_rate']:.0f}%",
             "peak KV": "-" if r["peak_kv"] is None else f"{100 * r['peak_kv']:.0f}%",
             "note": r["note"] if r["status"].startswith("ok") else f"run {r['status']}",
         })
@@ -658,7 +694,8 @@ def row_of(rows: Sequence[dict[str, Any]], workload: str, engine: str) -> dict[s
 
 def mean_hit_rate(row: dict[str, Any] | None) -> float | None:
     """The mean prefix hit rate a row's server reported over its load points (None: none)."""
-    rates = [p["prefix_hit_rate"] for p in (row or {}).get("points") or [] if p["prefix_hit_rate"] is not None]
+    rates = [p["prefix_hit_rate"] for p in (row or {}).get("points") or []
+             if p["prefix_hit_rate"] is not None]
     return sum(rates) / len(rates) if rates else None
 
 
@@ -679,11 +716,14 @@ def capacity_leaders(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     engine delivered anything are left out."""
     out = []
     for w in dict.fromkeys(r["workload"] for r in rows):
-        by = sorted((r for r in rows if r["workload"] == w and r["capacity_tps"]), key=lambda r: -r["capacity_tps"])
+        by = sorted((r for r in rows if r["workload"] == w and r["capacity_tps"]),
+                    key=lambda r: -r["capacity_tps"])
         if by:
-            out.append({"workload": w, "engine": by[0]["engine"], "capacity tok/s": by[0]["capacity_tps"],
+            out.append({"workload": w, "engine": by[0]["engine"],
+                        "capacity tok/s": by[0]["capacity_tps"],
                         "runner-up": by[1]["engine"] if len(by) > 1 else None,
-                        "x runner-up": by[0]["capacity_tps"] / by[1]["capacity_tps"] if len(by) > 1 else None})
+                        "x runner-up": by[0]["capacity_tps"] / by[1]["capacity_tps"] if len(by) > 1
+                        else None})
     return out
 
 
@@ -700,7 +740,8 @@ def cache_work_rows(rows: Sequence[dict[str, Any]], workload: str, engines: Sequ
         hit = mean_hit_rate(r)
         out.append({"engine": e, "prefix hit rate": hit,
                     "prompt tokens computed per request": prompt_tokens * (1 - (hit or 0)),
-                    "one-at-a-time tok/s": r["synchronous_tps"], "capacity tok/s": r["capacity_tps"],
+                    "one-at-a-time tok/s": r["synchronous_tps"],
+                    "capacity tok/s": r["capacity_tps"],
                     "capacity at": r["capacity_at"]})
     return out
 
@@ -728,7 +769,8 @@ def ttft_growth(sweeps: dict[str, dict[str, SweepResult]]) -> list[dict[str, Any
                 continue
             light, heavy = (sw.points[i].summary["ttft_ms"]["p99"] for i in (0, -1))
             out.append({"workload": w, "engine": e, "p99 TTFT, lightest load (ms)": light,
-                        "p99 TTFT, heaviest load (ms)": heavy, "growth": heavy / light if light else None})
+                        "p99 TTFT, heaviest load (ms)": heavy, "growth": heavy / light if light
+                        else None})
     return out
 
 
@@ -762,7 +804,7 @@ class Verdict:
     basis: str = ""                          # where it was measured
     excluded: dict[str, str] = field(default_factory=dict)   # engine -> why it is not compared
     flags: dict[str, str] = field(default_factory=dict)      # engine -> caveat on its value
-    setup: list[str] = field(default_factory=list)           # set-up differences that may favour one
+    setup: list[str] = field(default_factory=list)  # set-up differences that may favour one
     ignores_objectives: bool = False         # ranked by capacity: nobody met the objectives
     # a tie's lead over the best engine outside it: (that engine, the weakest tied engine's
     # margin over it, its bound as in ``bound``); None when the tie is everybody
@@ -871,9 +913,11 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
     finished = [r for r in mine if r["status"].startswith("ok")]
     # Capacity alone only when every engine was judged to miss at every load: an engine whose
     # points were too short to judge might have kept up.
-    if constraint == "throughput" and finished and all(r["no_knee"] and not r["not_judged"] for r in finished):
+    if constraint == "throughput" and finished and all(r["no_knee"] and not r["not_judged"]
+                                                       for r in finished):
         v.excluded = {e: why for e, why in v.excluded.items() if why.startswith("run ")}
-        v.values = {r["engine"]: r["capacity_tps"] for r in finished if r["capacity_tps"] is not None}
+        v.values = {r["engine"]: r["capacity_tps"] for r in finished
+                    if r["capacity_tps"] is not None}
         v.ignores_objectives = True
         v.basis = ("capacity alone, the most output tok/s at any load tried (throughput probe "
                    "included): no engine kept up within the objectives at any load, so this "
@@ -886,7 +930,8 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
         v.basis = "best over the loads tried"
     else:
         common = common_load(rows, workload)
-        v.basis = f"at {common:.3g} req/s, the highest load all sustained" if common is not None else ""
+        v.basis = (f"at {common:.3g} req/s, the highest load all sustained" if common is not None
+                   else "")
         if common is not None:
             key = {"ttft_p99": "ttft_p99", "itl_p99": "itl_p99", "kv_memory": "peak_kv"}[constraint]
             for r in live:
@@ -898,7 +943,8 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
                 if caveat:
                     v.flags[r["engine"]] = caveat
             if constraint == "kv_memory":
-                caps = {r["engine"]: r["kv_capacity_tokens"] for r in live if r["engine"] in v.values}
+                caps = {r["engine"]: r["kv_capacity_tokens"] for r in live
+                        if r["engine"] in v.values}
                 if caps and all(caps.values()):
                     v.values = {e: f * caps[e] for e, f in v.values.items()}
                 else:
@@ -909,8 +955,10 @@ def decide(rows: Sequence[dict[str, Any]], workload: str, constraint: str,
             v.excluded[e] = "no request met the objectives" if constraint == "goodput" else "zero"
             del v.values[e]
     r_ = rank(v.values, better, tie_within)
-    v.winner, v.runner_up, v.margin, v.tied = r_["winner"], r_["runner_up"], r_["margin"], r_["tied"]
-    v.setup = setup_differences({r["engine"]: r.get("setup") or {} for r in mine if r["engine"] in v.values})
+    v.winner, v.runner_up, v.margin, v.tied = (r_["winner"], r_["runner_up"], r_["margin"],
+                                               r_["tied"])
+    v.setup = setup_differences({r["engine"]: r.get("setup") or {} for r in mine
+                                 if r["engine"] in v.values})
     lb = {r["engine"]: r["lower_bound"] for r in live}
 
     def bound(ahead: str, behind: str) -> str:
@@ -978,14 +1026,16 @@ def load_cited(path: str | os.PathLike | None = None) -> dict[str, Any]:
 
 def cited_engine(kind: str, cited: dict[str, Any] | None = None) -> dict[str, Any] | None:
     cited = cited or load_cited()
-    return next((e for e in cited["engines"] if e["id"] == kind or kind in e.get("aliases", [])), None)
+    return next((e for e in cited["engines"] if e["id"] == kind or kind in e.get("aliases", [])),
+                None)
 
 
 def feature_rows(kinds: Sequence[str] | None = None, cited: dict[str, Any] | None = None,
                  measured: Sequence[str] = ()) -> list[dict[str, Any]]:
     """The operational matrix: one row per engine (all in the data file, or ``kinds``)."""
     cited = cited or load_cited()
-    engines = cited["engines"] if kinds is None else [e for k in kinds if (e := cited_engine(k, cited))]
+    engines = (cited["engines"] if kinds is None
+               else [e for k in kinds if (e := cited_engine(k, cited))])
     out = []
     for e in engines:
         row = {"engine": e["name"], "here": "measured" if e["id"] in measured else e["here"]}
@@ -997,7 +1047,8 @@ def feature_rows(kinds: Sequence[str] | None = None, cited: dict[str, Any] | Non
     return out
 
 
-def supporting(needs: Sequence[str], kinds: Sequence[str], cited: dict[str, Any] | None = None) -> dict[str, list[str]]:
+def supporting(needs: Sequence[str], kinds: Sequence[str],
+               cited: dict[str, Any] | None = None) -> dict[str, list[str]]:
     """For each engine kind, the needs it does not meet ("yes" counts as met, "partial" not)."""
     cited = cited or load_cited()
     out = {}
@@ -1013,6 +1064,7 @@ def supporting(needs: Sequence[str], kinds: Sequence[str], cited: dict[str, Any]
 def figure_rows(cited: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Published figures, each with what it is and where it comes from."""
     cited = cited or load_cited()
-    return [{"engine": f["engine"], "claim": f["claim"], "setting": f"{f['hardware']}; {f['model']}; {f['workload']}",
+    return [{"engine": f["engine"], "claim": f["claim"],
+             "setting": f"{f['hardware']}; {f['model']}; {f['workload']}",
              "date": f["date"], "source": f"[{f['source_title']}]({f['source_url']})"}
             for f in cited["figures"]]

@@ -13,9 +13,25 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workshop.bench.plots import engine_colors
-from workshop.decision import (CONSTRAINTS, TIE_WITHIN, WRONG_ANSWERS, Results, Verdict, common_load,
-                               decisions, display_rows, feature_rows, figure_rows, knee_table, load,
-                               row_of, setup_label, setup_rows, slo_of, verdict_rows)
+from workshop.decision import (
+    CONSTRAINTS,
+    TIE_WITHIN,
+    WRONG_ANSWERS,
+    Results,
+    Verdict,
+    common_load,
+    decisions,
+    display_rows,
+    feature_rows,
+    figure_rows,
+    knee_table,
+    load,
+    row_of,
+    setup_label,
+    setup_rows,
+    slo_of,
+    verdict_rows,
+)
 
 
 def _light(color: Any, amount: float = 0.55) -> tuple[float, float, float]:
@@ -59,13 +75,15 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
 
     from workshop.plots import figure
 
-    workloads = list(dict.fromkeys(v.workload for v in verdicts)) or list(dict.fromkeys(r["workload"] for r in rows))
+    workloads = (list(dict.fromkeys(v.workload for v in verdicts))
+                 or list(dict.fromkeys(r["workload"] for r in rows)))
     constraints = list(dict.fromkeys(v.constraint for v in verdicts)) or list(CONSTRAINTS)
     engines = list(engines or dict.fromkeys(r["engine"] for r in rows))
     if not rows:
         fig, ax = figure(title, "", "", size=(8.0, 2.2))
         ax.axis("off")
-        ax.text(0.5, 0.5, "No showdown data to chart.\nRun notebook 10 or `python benchmarks/showdown.py` first.",
+        ax.text(0.5, 0.5, "No showdown data to chart.\nRun notebook 10 or `python "
+                          "benchmarks/showdown.py` first.",
                 ha="center", va="center", fontsize=11)
         return fig
     colors = engine_colors(engines)
@@ -92,10 +110,12 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                         text += "\nat the loads tried\n(both could go higher)"
                 elif o == "tie":
                     face, hatch = (0.88, 0.88, 0.88), "//"
-                    text = "tie (<{:.0%} apart)\n".format(TIE_WITHIN) + " ≈ ".join(v.tied[:3]) + (" …" if len(v.tied) > 3 else "")
+                    text = ("tie (<{:.0%} apart)\n".format(TIE_WITHIN) + " ≈ ".join(v.tied[:3])
+                            + (" …" if len(v.tied) > 3 else ""))
                     if v.lead:
                         other, m, bound = v.lead
-                        text += f"\neach {_margin(m, bound)} vs {other}" + ("\nat the loads tried" if bound == "unknown" else "")
+                        text += (f"\neach {_margin(m, bound)} vs {other}"
+                                 + ("\nat the loads tried" if bound == "unknown" else ""))
                 elif o == "only":
                     face = _light(colors.get(v.winner, (0.7, 0.7, 0.7)), 0.75)
                     text = f"{v.winner}\n(the only one that qualifies)"
@@ -116,26 +136,29 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                                         hatch=hatch, linewidth=1.5 if edge else 1.0))
             grid_ax.text(j + 0.5, i + 0.5, text, ha="center", va="center", fontsize=8.5)
     grid_ax.set_xticks([j + 0.5 for j in range(len(constraints))])
-    grid_ax.set_xticklabels([f"{CONSTRAINTS[c][0]}\n({'higher' if CONSTRAINTS[c][3] == 'higher' else 'lower'} "
-                             f"is better)" for c in constraints], fontsize=8.5)
+    grid_ax.set_xticklabels([f"{CONSTRAINTS[c][0]}\n"
+                             f"({'higher' if CONSTRAINTS[c][3] == 'higher' else 'lower'} is better)"
+                             for c in constraints], fontsize=8.5)
     grid_ax.xaxis.tick_top()
     grid_ax.set_yticks([i + 0.5 for i in range(len(workloads))])
     common = {w: common_load(rows, w) for w in workloads}
-    grid_ax.set_yticklabels([w + (f"\ncommon load {common[w]:.2g} req/s" if common[w] else "") for w in workloads],
+    grid_ax.set_yticklabels([w + (f"\ncommon load {common[w]:.2g} req/s" if common[w] else "")
+                             for w in workloads],
                             fontsize=8.5)
     grid_ax.tick_params(length=0)
     for s in grid_ax.spines.values():
         s.set_visible(False)
     grid_ax.grid(False)
-    grid_ax.set_title("winner and margin (best / runner-up) on this data; latency and KV at each workload's "
-                      "common load", fontsize=9, pad=28)
+    grid_ax.set_title("winner and margin (best / runner-up) on this data; latency and KV at each "
+                      "workload's common load", fontsize=9, pad=28)
 
     # -- the bars: filled at the knee; an outline at the best throughput of any load tried
     width = 0.8 / max(len(engines), 1)
-    bar_ax.set_title("output tok/s: filled at each engine's knee (hatched: the knee is the highest load tried, "
-                     "a lower bound);\ndashed outline: capacity, the most at any load tried or in the throughput probe, "
-                     "objectives ignored", fontsize=9)
-    ymax = max([r["output_tps"] or 0 for r in rows] + [r.get("capacity_tps") or 0 for r in rows] + [1e-9])
+    bar_ax.set_title("output tok/s: filled at each engine's knee (hatched: the knee is the highest "
+                     "load tried, a lower bound);\ndashed outline: capacity, the most at any load "
+                     "tried or in the throughput probe, objectives ignored", fontsize=9)
+    ymax = max([r["output_tps"] or 0 for r in rows] + [r.get("capacity_tps") or 0 for r in rows]
+               + [1e-9])
     for k, e in enumerate(engines):
         for i, w in enumerate(workloads):
             r = row_of(rows, w, e)
@@ -143,10 +166,12 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
             if r is None:
                 continue
             if r.get("capacity_tps"):
-                bar_ax.bar(x, r["capacity_tps"], width * 0.92, facecolor="none", edgecolor=colors[e],
+                bar_ax.bar(x, r["capacity_tps"], width * 0.92, facecolor="none",
+                           edgecolor=colors[e],
                            linestyle="--", linewidth=1.0)
             if r["output_tps"] is None:
-                why = (("not judged" if r["not_judged"] else "no knee") if r["status"].startswith("ok") else
+                why = (("not judged" if r["not_judged"] else "no knee")
+                       if r["status"].startswith("ok") else
                        WRONG_ANSWERS if r["status"].startswith(WRONG_ANSWERS) else
                        "not run" if r["status"].startswith("not run") else "run failed")
                 bar_ax.text(x, ymax * 0.03, why, rotation=90, ha="center", va="bottom", fontsize=8,
@@ -161,8 +186,10 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
     bar_ax.set_ylim(0, ymax * 1.15)
     setups = {r["engine"]: r.get("setup") or {} for r in rows}
     # What ran, beside the numbers: each engine's effective configuration under its name.
-    bar_ax.legend(handles=[Patch(color=colors[e], label=f"{e}\n{_wrap(setup_label(setups.get(e, {})))}")
-                           for e in engines], fontsize=7.5, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+    bar_ax.legend(handles=[Patch(color=colors[e],
+                                 label=f"{e}\n{_wrap(setup_label(setups.get(e, {})))}")
+                           for e in engines], fontsize=7.5, loc="upper left",
+                           bbox_to_anchor=(1.0, 1.0),
                   labelspacing=0.9)
     return fig
 
@@ -191,7 +218,8 @@ def write_report(roots: Sequence[str | os.PathLike], out: str | os.PathLike) -> 
     lines += ["", f"Objectives of `{results.newest.path.name}`, used for every folder: "
               f"{results.newest.objectives} "
               f"(the knee: p99s; goodput: each request's first token and every gap); "
-              f"ties: within {TIE_WITHIN:.0%}.", "", "## What ran, and whether it answered right", "",
+              f"ties: within {TIE_WITHIN:.0%}.", "", "## What ran, and whether it answered right",
+              "",
               markdown_table(setup_rows(results)), "",
               "## At each knee", "", markdown_table(display_rows(rows)),
               "", "## Winners", "", markdown_table(verdict_rows(verdicts)), "",
@@ -207,5 +235,5 @@ def title_for(results: Results) -> str:
         return "Decision chart: no showdown folder"
     newest = results.newest
     more = f" (+{len(results.roots) - 1} older folder(s))" if len(results.roots) > 1 else ""
-    return (f"Decision chart: {newest.manifest.get('model', '?')}, {newest.mode} run on {newest.machine}, "
-            f"{newest.created[:10]}{more}")
+    return (f"Decision chart: {newest.manifest.get('model', '?')}, {newest.mode} run on "
+            f"{newest.machine}, {newest.created[:10]}{more}")

@@ -72,7 +72,8 @@ def plot_throughput(rows: list[dict]):
                       label=names.get(r["engine"], engine_name(r["engine"])))
         ax.bar_label(bars, fmt="%.0f")
     ax.set_xticks(range(len(rows)), [
-        f"{r['engine']}\n" + ("one at a time" if r["in flight"] == 1 else f"{r['in flight']} at once")
+        f"{r['engine']}\n" + ("one at a time" if r["in flight"] == 1
+                              else f"{r['in flight']} at once")
         for r in rows])
     handles, labels = ax.get_legend_handles_labels()
     unique = dict(zip(labels, handles))          # one legend entry per engine

@@ -144,7 +144,8 @@ def switches_figure(rows: Sequence[dict], step_ms: dict[str, list[float]], title
                 va="center", fontsize=9, color=color)
     ax.axvline(rows[0]["ms per step"], color="tab:blue", linestyle="--", linewidth=1)
     ax.set_yticks(range(len(rows)),
-                  [n if r["applies here"] else f"{n}\n(same code here)" for n, r in zip(names, rows)])
+                  [n if r["applies here"] else f"{n}\n(same code here)" for n,
+                   r in zip(names, rows)])
     ax.invert_yaxis()                     # the defaults on top, as in the table
     ax.set_xlim(left=0)
     return fig
@@ -161,7 +162,8 @@ def bytes_rows(rows: Sequence[dict], *, weight_bytes: float, kv_bytes_per_token:
     defaults' code; ``--kv-read slot`` and ``--decode-attention sdpa`` move the defaults' bytes."""
     applied = {r["variant"]: r["applies here"] for r in rows}
     kv_each = batch * (shared + own) * kv_bytes_per_token
-    kv_cascade = (shared + batch * own) * kv_bytes_per_token if applied.get("--no-cascade-attention") else kv_each
+    kv_cascade = ((shared + batch * own) * kv_bytes_per_token
+                  if applied.get("--no-cascade-attention") else kv_each)
     moved = {DEFAULTS: weight_bytes + kv_cascade,
              "--no-prepack": (3 if applied.get("--no-prepack") else 1) * weight_bytes + kv_cascade,
              "--no-cascade-attention": weight_bytes + kv_each}
@@ -169,7 +171,8 @@ def bytes_rows(rows: Sequence[dict], *, weight_bytes: float, kv_bytes_per_token:
     for r in rows:
         b = moved.get(r["variant"], moved[DEFAULTS])
         out.append({"variant": r["variant"], "MB moved per step": b / 1e6,
-                    "bytes / defaults'": b / moved[DEFAULTS], "time / defaults'": r["slower than defaults"]})
+                    "bytes / defaults'": b / moved[DEFAULTS],
+                    "time / defaults'": r["slower than defaults"]})
     return out
 
 

@@ -41,7 +41,8 @@ FLASH_ATTENTION_2_PAPER = "https://arxiv.org/abs/2307.08691"
 def random_qkv(n: int, d: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Queries, keys and values of one head: three ``[n, d]`` float32 arrays, N(0, 1)."""
     rng = np.random.default_rng(seed)
-    return tuple(rng.standard_normal((n, d), dtype=np.float32) for _ in range(3))  # type: ignore[return-value]
+    return tuple(rng.standard_normal((n, d), dtype=np.float32)
+                 for _ in range(3))  # type: ignore[return-value]
 
 
 def sdpa(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False) -> np.ndarray:
@@ -62,7 +63,8 @@ def sdpa_kernel(n: int = 256, d: int = 64) -> str:
     with profile() as prof:
         torch.nn.functional.scaled_dot_product_attention(x, x, x, is_causal=True)
     names = [e.key for e in prof.key_averages()]
-    inner = [s for s in names if "scaled_dot_product" in s and s != "aten::scaled_dot_product_attention"]
+    inner = [s for s in names if "scaled_dot_product" in s
+             and s != "aten::scaled_dot_product_attention"]
     return inner[0] if inner else "aten::scaled_dot_product_attention (no inner kernel recorded)"
 
 
@@ -168,7 +170,8 @@ def timing_rows(naive: Attention, tiled: Attention, lengths: Sequence[int], d: i
     for n in progress(lengths):
         q, k, v = random_qkv(n, d)
         rows.append({"N": n,
-                     "naive (ms)": 1e3 * best_time_s(lambda: naive(q, k, v, causal=causal), repeats),
+                     "naive (ms)": 1e3 * best_time_s(lambda: naive(q, k, v, causal=causal),
+                                                     repeats),
                      "tiled (ms)": 1e3 * best_time_s(
                          lambda: tiled(q, k, v, tile=tile, causal=causal), repeats),
                      "PyTorch SDPA (ms)": 1e3 * best_time_s(
@@ -200,7 +203,8 @@ def memory_figure(rows: Sequence[dict]):
                      "sequence length N (tokens)", "peak memory allocated by the call (MiB)")
     n = [r["N"] for r in rows]
     ax.plot(n, [r["naive peak (MiB)"] for r in rows], "o-", label="naive (measured)")
-    ax.plot(n, [r["tiled peak (MiB)"] for r in rows], "s-", label="tiled, online softmax (measured)")
+    ax.plot(n, [r["tiled peak (MiB)"] for r in rows], "s-",
+            label="tiled, online softmax (measured)")
     ax.plot(n, [r["one N x N fp32 matrix (MiB)"] for r in rows], "k--", lw=1,
             label="one N x N fp32 matrix (N² x 4 B)")
     ax.plot(n, [r["output N x d (MiB)"] for r in rows], "k:", lw=1, label="the N x d output")
@@ -232,7 +236,8 @@ def timing_figure(rows: Sequence[dict], d: int, tile: int, causal: bool):
                      "sequence length N (tokens)", "time per call (ms)")
     n = [r["N"] for r in rows]
     ax.plot(n, [r["naive (ms)"] for r in rows], "o-", label="naive (NumPy)")
-    ax.plot(n, [r["tiled (ms)"] for r in rows], "s-", label=f"tiled, tile {tile} (NumPy + Python loop)")
+    ax.plot(n, [r["tiled (ms)"] for r in rows], "s-",
+            label=f"tiled, tile {tile} (NumPy + Python loop)")
     ax.plot(n, [r["PyTorch SDPA (ms)"] for r in rows], "^-", label="PyTorch fused SDPA")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")

@@ -18,7 +18,13 @@ from typing import Any, Callable, Sequence
 from reference_server import dtypes, prometheus
 from reference_server.kv import blocks_for, kv_bytes_per_token
 from reference_server.model_config import ModelArch
-from workshop.live_requests import PromptMaker, Timed, reset_prefix_cache, run_together, stream_completion
+from workshop.live_requests import (
+    PromptMaker,
+    Timed,
+    reset_prefix_cache,
+    run_together,
+    stream_completion,
+)
 from workshop.metrics import MetricsSampler, Samples
 
 KV_USAGE = prometheus.KV_CACHE_USAGE
@@ -113,7 +119,8 @@ def plot_kv(rows: list[dict], x: str, title: str, xlabel: str, capacity_mib: flo
 # -- live: the gauge while requests run --------------------------------------------------------
 
 def server_kv(session: Any) -> ServerKV:
-    """The served model's config (``kvcache.served_model_config``) and the server's cache figures."""
+    """The served model's config (``kvcache.served_model_config``) and the server's cache
+    figures."""
     from workshop.kvcache import served_model_config
 
     info = session.info
@@ -167,7 +174,8 @@ def gauge_row(session: Any, run: Any, prompt_tokens: int, max_tokens: int) -> di
     bs = int(session.info.get("block_size") or 0)
     n, samples = len(run.requests), run.samples
     pred = predicted_usage([prompt_tokens + max_tokens - 1] * n, bs, cap) if cap and bs else None
-    return {"engine": session.engine_name, "sent": n, "completed": sum(r.error is None for r in run.requests),
+    return {"engine": session.engine_name, "sent": n,
+            "completed": sum(r.error is None for r in run.requests),
             "peak running": samples.peak(RUNNING), "peak waiting": samples.peak(WAITING),
             "peak KV usage (%)": 100 * samples.peak(KV_USAGE),
             "all at once, by the blocks (%)": None if pred is None else 100 * pred,

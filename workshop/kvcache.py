@@ -21,8 +21,12 @@ import json
 from pathlib import Path
 
 from reference_server import dtypes, prometheus
-from reference_server.kv import (engine_capacity_tokens, kv_bytes_per_sequence,  # noqa: F401
-                                 kv_bytes_per_token, kv_values_per_token_per_layer)
+from reference_server.kv import (  # noqa: F401
+    engine_capacity_tokens,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+    kv_values_per_token_per_layer,
+)
 from reference_server.model_config import ModelArch, count_safetensors_params, read_arch
 
 DATA_DIR = Path(__file__).parent / "data"
@@ -30,7 +34,8 @@ DATA_DIR = Path(__file__).parent / "data"
 # The precisions the calculator offers, by their short names (bytes from reference_server.dtypes).
 WEIGHT_BYTES: dict[str, float] = {
     n: dtypes.lookup(n).bytes for n in ("fp32", "bf16", "fp16", "fp8", "int8", "int4", "mxfp4")}
-KV_BYTES: dict[str, float] = {n: dtypes.lookup(n).bytes for n in ("fp32", "bf16", "fp16", "fp8", "int8")}
+KV_BYTES: dict[str, float] = {n: dtypes.lookup(n).bytes
+                              for n in ("fp32", "bf16", "fp16", "fp8", "int8")}
 
 GIB = 2**30
 
@@ -92,7 +97,8 @@ def engine_check(cfg: ModelArch, cache_config: dict[str, str], server_info: dict
            "kv_memory_bytes": int(memory) if memory and memory != "None" else None}
     if out["kv_memory_bytes"] is not None:
         out["predicted_blocks"] = out["kv_memory_bytes"] // int(ours * block)
-        out["predicted_capacity_tokens"] = engine_capacity_tokens(out["kv_memory_bytes"], ours, block)
+        out["predicted_capacity_tokens"] = engine_capacity_tokens(out["kv_memory_bytes"], ours,
+                                                                  block)
         out["agrees"] = out["predicted_blocks"] == out["engine_blocks"]
     elif out["engine_blocks"] is not None:
         # No byte budget published (e.g. GPU sized by memory fraction): report what the

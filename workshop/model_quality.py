@@ -22,7 +22,6 @@ from torch import nn
 from workshop.bench.workloads import sharegpt_conversations
 from workshop.prefix_caching import common_prefix
 
-
 QUESTIONS: tuple[str, ...] = (
     "What is the capital of France?",
     "How many days are there in a week?",
@@ -147,7 +146,8 @@ def forced_greedy_agreement(model: nn.Module, tokenizer, questions: Sequence[str
 
 
 @torch.inference_mode()
-def linear_input_ranges(model: nn.Module, tokenizer, text: str, max_tokens: int = 256) -> list[dict]:
+def linear_input_ranges(model: nn.Module, tokenizer, text: str,
+                        max_tokens: int = 256) -> list[dict]:
     """For every ``nn.Linear``: the largest and the mean absolute value of its input.
 
     Per-tensor int8 activation quantization spends its 127 steps on the largest value; when

@@ -68,7 +68,8 @@ def replay(requests: Iterable[tuple[Sequence[int], Sequence[int]]], kind: str, b
     """
     from mini_engine.block_manager import BlockManager
     from mini_engine.prefix_cache import make_prefix_cache
-    from mini_engine.sequence import SamplingParams, Sequence as Seq
+    from mini_engine.sequence import SamplingParams
+    from mini_engine.sequence import Sequence as Seq
 
     bm = BlockManager(num_blocks, block_size, max_model_len=1 << 30)
     bm.prefix_cache = make_prefix_cache(kind, bm.allocator, block_size)
@@ -113,7 +114,8 @@ def match_rows(prompts: dict[str, Sequence[int]], block_size: int,
     seen: list[Sequence[int]] = []
     for i, (name, p) in enumerate(prompts.items()):
         common = max((common_prefix(p, q) for q in seen), default=0)
-        row = {"prompt": name, "tokens": len(p), "longest prefix shared with an earlier prompt": common}
+        row = {"prompt": name, "tokens": len(p),
+               "longest prefix shared with an earlier prompt": common}
         for k in kinds:
             row[f"{k}: tokens reused"] = results[k].hit_tokens[i]
         rows.append(row)
@@ -512,7 +514,8 @@ class CascadeBench:
         ``[kv_heads, B, query heads per KV head, head_dim]``."""
         import torch
 
-        return torch.randn(self.kv_heads, B, self.q_per_kv, self.head_dim).to(self.pool.layers[0][0].dtype)
+        return torch.randn(self.kv_heads, B, self.q_per_kv,
+                           self.head_dim).to(self.pool.layers[0][0].dtype)
 
     def per_sequence(self, layer: int, q: Any, B: int) -> Any:
         """Every sequence reads its whole context (shared blocks, then its own) from the pool."""

@@ -36,7 +36,8 @@ class StreamTiming:
     @property
     def tokens(self) -> int:
         """Output tokens: the server's count if it sent usage, else one per text chunk."""
-        return self.completion_tokens if self.completion_tokens is not None else len(self.chunk_times)
+        return (self.completion_tokens if self.completion_tokens is not None
+                else len(self.chunk_times))
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -123,7 +124,8 @@ def plot_stream(t: StreamTiming, title: str = "One streamed answer, chunk by chu
 
 
 def check_endpoints(session: Any, paths: Sequence[str] = ("/health", "/ready", "/v1/models",
-                                                          "/server_info", "/metrics")) -> list[dict]:
+                                                          "/server_info",
+                                                          "/metrics")) -> list[dict]:
     """GET each endpoint once: status code, time taken, and the start of the body."""
     import httpx
 

@@ -89,4 +89,5 @@ def ttft_sweep(session: Any, maker: PromptMaker, lengths: Sequence[int], repeats
     return rows
 
 
-__all__ = ["cold", "cached_count", "median_by_length", "line_fit", "ttft_slope", "plot_ttft", "ttft_sweep"]
+__all__ = ["cold", "cached_count", "median_by_length", "line_fit", "ttft_slope", "plot_ttft",
+           "ttft_sweep"]

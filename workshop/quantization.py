@@ -27,8 +27,7 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from mini_engine.quant import (dequantize_int8, pack_int4, quantize_int8_per_channel,  # noqa: F401
-                               unpack_int4)
+from mini_engine.quant import dequantize_int8, pack_int4, quantize_int8_per_channel, unpack_int4  # noqa: F401
 
 
 def relative_error(w: torch.Tensor, rebuilt: torch.Tensor) -> float:
@@ -88,7 +87,8 @@ class QuantLinear(nn.Module):
     def __init__(self, linear: nn.Linear, bits: int, group_size: int = 128,
                  symmetric: bool = True):
         super().__init__()
-        self.bits, self.in_features, self.out_features = bits, linear.in_features, linear.out_features
+        self.bits, self.in_features, self.out_features = (bits, linear.in_features,
+                                                          linear.out_features)
         w = linear.weight.detach()
         if bits == 8:
             q, scale = quantize_int8_per_channel(w)
@@ -139,6 +139,7 @@ def quantize_dynamic_int8(model: nn.Module, skip: Sequence[str] = ("lm_head",)) 
     this API as moving to ``torchao``; it still ships and works in torch 2.13.)
     """
     import warnings
+
     from torch.ao.quantization import per_channel_dynamic_qconfig, quantize_dynamic
     model = model.float()
     targets = {name: per_channel_dynamic_qconfig for name, m in model.named_modules()

@@ -16,15 +16,15 @@ import torch
 from torch import nn
 
 from workshop.model_memory import release_memory, rss_bytes, state_dict_bytes
-from workshop.model_quality import (QUESTIONS, forced_greedy_agreement, greedy_answers,
-                                    perplexity)
+from workshop.model_quality import QUESTIONS, forced_greedy_agreement, greedy_answers, perplexity
 from workshop.timing import best_time_s
 
 
 @torch.inference_mode()
 def decode_tokens_per_s(model: nn.Module, tokenizer, prompt: str = QUESTIONS[0],
                         new_tokens: int = 32) -> float:
-    """Greedy generation speed at batch 1, prefill excluded: (n - 1) tokens / time after the first."""
+    """Greedy generation speed at batch 1, prefill excluded: (n - 1) tokens / time after the
+    first."""
     ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
     kwargs = dict(do_sample=False, attention_mask=torch.ones_like(ids),
                   pad_token_id=tokenizer.eos_token_id)

@@ -210,7 +210,8 @@ def roof_violations(machine: Machine, points: Sequence[Point], dtype: str | None
 
 __all__ = [
     "Machine", "best_of", "attainable_flops", "ridge_intensity", "lm_head_params",
-    "flops_per_token", "prefill_flops", "Point", "weights_read_per_step", "weight_bytes_read", "decode_intensity",
+    "flops_per_token", "prefill_flops", "Point", "weights_read_per_step", "weight_bytes_read",
+    "decode_intensity",
     "prefill_intensity", "decode_point", "prefill_point", "decode_bound_tokens_per_s",
     "MEASUREMENT_ERROR", "roof_at", "roof_ratio", "above_roof", "roof_violations",
 ]

@@ -45,6 +45,7 @@ def measure_matmul_flops(n: int = 1024, dtype: str = "bfloat16", repeats: int = 
     some sizes: a roof timed without it could sit below what the engine attains.
     """
     import torch
+
     from mini_engine.linear import PackedLinear, can_prepack
     dt = getattr(torch, dtype)
     x = torch.randn(n, n).to(dt)

@@ -159,7 +159,8 @@ class Session:
         return r.text
 
     def metrics(self) -> dict[str, float]:
-        """Every sample of ``/metrics``, label sets summed: ``{"vllm:num_requests_running": 0.0}``."""
+        """Every sample of ``/metrics``, label sets summed: ``{"vllm:num_requests_running":
+        0.0}``."""
         return prometheus.totals(self.metrics_text())
 
     def openai(self, timeout: float = 600.0):
@@ -233,7 +234,8 @@ def connect(engine: str | None = None, model: str | None = None, base_url: str |
         port = port or DEFAULT_PORTS.get(engine, 8000)
         local = f"http://127.0.0.1:{port}"
         model = model or os.environ.get("WORKSHOP_MODEL") or None
-        reuse = (engine, model or "", os.environ.get(UPSTREAM_URL_VAR, "") if engine == "remote" else "")
+        reuse = (engine, model or "", os.environ.get(UPSTREAM_URL_VAR, "") if engine == "remote"
+                 else "")
         started = _STARTED.get(reuse)
         if started is not None and started.process is not None and started.process.poll() is None:
             session = started
@@ -487,7 +489,8 @@ def memory_gib() -> float | None:
 
 def cores() -> int:
     """CPU cores this process may use (its affinity, not the machine's count)."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+            else (os.cpu_count() or 1))
 
 
 def hardware() -> str:

@@ -8,7 +8,6 @@ from typing import Callable
 
 from mini_engine.model_runner import keep_freed_memory
 
-
 # vLLM's worker busy-polls its shared-memory queue for 1 s after its last read
 # (vllm/distributed/device_communicators/shm_broadcast.py, SpinCondition's busy_loop_s), and
 # OpenMP threads spin briefly too: on 2 cores that spin takes a core from whatever runs next.

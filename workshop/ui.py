@@ -20,7 +20,8 @@ T = TypeVar("T")
 
 
 def frontend() -> str:
-    """``"marimo"`` inside a marimo notebook, ``"jupyter"`` in an IPython kernel, else ``"script"``."""
+    """``"marimo"`` inside a marimo notebook, ``"jupyter"`` in an IPython kernel, else
+    ``"script"``."""
     if "marimo" in sys.modules:
         import marimo
 

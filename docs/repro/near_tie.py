@@ -42,18 +42,23 @@ def main() -> None:
     for i, step in enumerate(logits):
         top = step.topk(2)
         a, b = (ref.tok.decode([t]) for t in top.indices.tolist())
-        print(f"  token {i:2d}: {a!r:14} over {b!r:14} by {float(top.values[0] - top.values[1]):6.3f} logits")
+        print(f"  token {i:2d}: {a!r:14} over {b!r:14} by "
+              f"{float(top.values[0] - top.values[1]):6.3f} logits")
     if not args.base_url:
         return
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     for r in range(args.repeats):
         probe = Probe("short", messages, r)
-        answer = httpx.post(args.base_url.rstrip("/") + "/v1/chat/completions", headers=headers, timeout=300,
+        answer = httpx.post(args.base_url.rstrip("/") + "/v1/chat/completions", headers=headers,
+                            timeout=300,
                             json=probe.body(args.model, args.tokens)).json()
         check = compare(ref, probe, answer["choices"][0]["message"]["content"] or "", args.tokens)
-        cached = ((answer.get("usage") or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
-        print(f"server, send {r + 1} ({cached} prompt tokens cached): {check.verdict}: {check.got!r}"
-              + (f" (departs at token {check.departed_at}, {check.gap:.3f} logits below the reference's choice)"
+        cached = ((answer.get("usage") or {}).get("prompt_tokens_details")
+                  or {}).get("cached_tokens")
+        print(f"server, send {r + 1} ({cached} prompt tokens cached): {check.verdict}: "
+              f"{check.got!r}"
+              + (f" (departs at token {check.departed_at}, {check.gap:.3f} logits below the "
+                 "reference's choice)"
                  if check.departed_at is not None else ""))
 
 

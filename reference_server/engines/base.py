@@ -32,7 +32,8 @@ class EngineError(Exception):
     and ``headers`` for the answer (an upstream's ``Retry-After``)."""
 
     def __init__(self, status_code: int, message: str, type: str = "invalid_request_error",
-                 param: str | None = None, code: str | None = None, headers: dict[str, str] | None = None):
+                 param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status_code = status_code
         self.message = message

@@ -18,8 +18,13 @@ from mini_engine.sampler import Row, logprob_of, sample
 from reference_server import dtypes
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineInfo
-from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
-                                            SamplingParams, torch_thread)
+from reference_server.engines.local import (
+    EngineStats,
+    GenerationStep,
+    LocalEngine,
+    SamplingParams,
+    torch_thread,
+)
 from reference_server.kv import kv_bytes_per_token
 from reference_server.model_config import read_arch
 from reference_server.models import ModelSpec
@@ -54,7 +59,8 @@ class HFEngine(LocalEngine):
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.spec.path)
         self.model = AutoModelForCausalLM.from_pretrained(
-            self.spec.path, dtype=getattr(torch, dtypes.canonical(self.dtype))).to(self.device).eval()
+            self.spec.path, dtype=getattr(torch,
+                                          dtypes.canonical(self.dtype))).to(self.device).eval()
         limit = getattr(self.model.config, "max_position_embeddings", None)
         if limit:
             self.max_model_len = min(self.max_model_len, limit)

@@ -15,7 +15,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator
 
 # One sampler for every in-process engine: the teaching engine's parameters and logprob type
@@ -27,11 +27,21 @@ from reference_server.config import ServerConfig
 from reference_server.engines.base import Engine, EngineDied, EngineError, engine_fault
 from reference_server.metrics import EngineMetrics
 from reference_server.models import ModelSpec
-from reference_server.protocol import (AssistantMessage, ChatChoice, ChatCompletionChunk,
-                                       ChatCompletionRequest, ChatCompletionResponse,
-                                       ChatStreamChoice, CompletionChoice, CompletionChunk,
-                                       CompletionRequest, CompletionResponse, DeltaMessage,
-                                       Usage, unsupported_fields)
+from reference_server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatStreamChoice,
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    DeltaMessage,
+    Usage,
+    unsupported_fields,
+)
 
 __all__ = ["EngineStats", "GenerationStep", "LocalEngine", "SamplingParams", "TokenLogprob",
            "torch_thread"]
@@ -227,7 +237,8 @@ class LocalEngine(Engine):
         with self._grammar_lock:
             if self._grammars is None:
                 eos = self.tokenizer.eos_token_id
-                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size or len(self.tokenizer),
+                self._grammars = GrammarCompiler(self.tokenizer, self.vocab_size
+                                                 or len(self.tokenizer),
                                                  [eos] if eos is not None else [])
         try:
             return self._grammars.compile(response_format.model_dump(by_alias=True))
@@ -435,7 +446,8 @@ def _completion_logprobs(entries: list[dict]) -> dict:
     """The legacy completions layout: parallel lists instead of one object per token."""
     return {"tokens": [e["token"] for e in entries],
             "token_logprobs": [e["logprob"] for e in entries],
-            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
+            "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]}
+                             for e in entries],
             "text_offset": []}
 
 

@@ -26,11 +26,11 @@ import threading
 from concurrent.futures import Future
 from typing import AsyncIterator, Callable
 
-from reference_server import dtypes, prometheus as P
+from reference_server import dtypes
+from reference_server import prometheus as P
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo, engine_fault
-from reference_server.engines.local import (EngineStats, GenerationStep, LocalEngine,
-                                            SamplingParams)
+from reference_server.engines.local import EngineStats, GenerationStep, LocalEngine, SamplingParams
 from reference_server.models import ModelSpec
 
 log = logging.getLogger("reference_server")

@@ -34,8 +34,13 @@ from typing import Any, AsyncIterator
 import aiohttp
 
 from reference_server.config import ServerConfig, redact_args
-from reference_server.engines.base import (Engine, EngineDied, EngineError, EngineHung,
-                                           EngineRestarting)
+from reference_server.engines.base import (
+    Engine,
+    EngineDied,
+    EngineError,
+    EngineHung,
+    EngineRestarting,
+)
 from reference_server.launch import die_with_parent, free_port
 from reference_server.models import ModelSpec
 from reference_server.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
@@ -115,7 +120,7 @@ class ProxyEngine(Engine):
         self.served_name = config.served_model_name or (model.name if model is not None else "")
         self.port: int | None = None
         self.prefix = ""          # a path the engine's routes sit under ("" for a child)
-        self.url, self.child_key = self.target()   # the key is never logged, never on a command line
+        self.url, self.child_key = self.target()  # the key is never logged, never on a command line
         self.python = config.engine_python or sys.executable
         self._proc: subprocess.Popen | None = None
         self._ready = False
@@ -223,7 +228,8 @@ class ProxyEngine(Engine):
             await asyncio.sleep(0.5)
         else:
             await self._end_child()
-            raise EngineDied(f"{self.name} engine not ready after {self.config.engine_start_timeout} s")
+            raise EngineDied(f"{self.name} engine not ready after "
+                             f"{self.config.engine_start_timeout} s")
         # Serving from here: on_ready reads the child through the same checked calls requests use.
         self.state = SERVING
         await self.on_ready()
@@ -259,7 +265,8 @@ class ProxyEngine(Engine):
         self._ready = False
         self.last_death = reason
         log.error("%s engine %s", self.name, reason)
-        if self._serving_since is not None and time.monotonic() - self._serving_since >= self.stable_after:
+        if (self._serving_since is not None
+            and time.monotonic() - self._serving_since >= self.stable_after):
             self._tries = 0
         self._serving_since = None
         self.state = RESTARTING if self._tries < len(self.restart_delays) else GAVE_UP
@@ -685,5 +692,7 @@ def error_answer(status: int, content: bytes, retry_after: str | None = None) ->
         err = {"message": str(err)}
     message = err.get("message") or content.decode(errors="replace")[:500] or "engine error"
     relay = {"Retry-After": retry_after} if retry_after and status in _BUSY_TYPES else None
-    return EngineError(status, message, type=err.get("type") or _BUSY_TYPES.get(status, "invalid_request_error"),
-                       param=err.get("param"), code=err.get("code") and str(err.get("code")), headers=relay)
+    return EngineError(status, message, type=err.get("type")
+                       or _BUSY_TYPES.get(status, "invalid_request_error"),
+                       param=err.get("param"), code=err.get("code") and str(err.get("code")),
+                       headers=relay)

@@ -49,7 +49,8 @@ def split_upstream(url: str) -> tuple[str, str]:
     give ``("http://h:8000", "")``; ``https://h/openai/v1`` gives ``("https://h", "/openai")``."""
     parts = urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--upstream must be an http(s) URL such as http://host:8000/v1, not {url!r}")
+        raise ValueError("--upstream must be an http(s) URL such as http://host:8000/v1, not "
+                         f"{url!r}")
     if parts.username or parts.password:
         raise ValueError("--upstream must not carry credentials (they would be logged): give the "
                          "remote server's key in WORKSHOP_UPSTREAM_API_KEY")
@@ -92,13 +93,15 @@ class RemoteEngine(ProxyEngine):
     async def serving(self) -> bool:
         """Ready once the remote server lists its models (a reference server's ``/health``
         answers while its engine still loads; ``/v1/models`` does not)."""
-        async with self._client.get(self.prefix + "/v1/models", timeout=self._probe_timeout) as resp:
+        async with self._client.get(self.prefix + "/v1/models",
+                                    timeout=self._probe_timeout) as resp:
             if resp.status in (401, 403):
                 raise EngineDied(self._refused())
             if resp.status != 200:
                 return False
             body = await resp.json(content_type=None)
-        self._models = [m for m in (body or {}).get("data") or [] if isinstance(m, dict) and m.get("id")]
+        self._models = [m for m in (body or {}).get("data") or [] if isinstance(m, dict)
+                        and m.get("id")]
         return bool(self._models)
 
     def _refused(self) -> str:
@@ -122,7 +125,8 @@ class RemoteEngine(ProxyEngine):
         # Liveness: the remote server's /health if it has one (vLLM, SGLang, ours), else the
         # model list, which every OpenAI-compatible server answers.
         try:
-            async with self._client.get(self.prefix + "/health", timeout=self._probe_timeout) as resp:
+            async with self._client.get(self.prefix + "/health",
+                                        timeout=self._probe_timeout) as resp:
                 has_health = resp.status == 200
         except Exception:
             has_health = False
@@ -149,11 +153,13 @@ class RemoteEngine(ProxyEngine):
             engine="remote", engine_version=str(r.get("engine_version", "unknown")),
             model=self.served_name, model_path=self._root,
             dtype=str(r.get("dtype", "unknown")), device=str(r.get("device", "unknown")),
-            max_model_len=int(r.get("max_model_len") or self._card_len or self.config.max_model_len),
+            max_model_len=int(r.get("max_model_len") or self._card_len
+                              or self.config.max_model_len),
             kv_capacity_tokens=r.get("kv_capacity_tokens"),
             kv_bytes_per_token=r.get("kv_bytes_per_token"), block_size=r.get("block_size"),
             prefix_caching=bool(r.get("prefix_caching", False)),
-            attention=r.get("attention"), prefix_cache=r.get("prefix_cache"), compiled=r.get("compiled"),
+            attention=r.get("attention"), prefix_cache=r.get("prefix_cache"),
+            compiled=r.get("compiled"),
             extra={"remote": {"engine": r.get("engine", "unknown"),
                               "server_version": r.get("server_version"),
                               "model": self.remote_model}})

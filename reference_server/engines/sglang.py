@@ -50,7 +50,8 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from reference_server import dtypes, prometheus as P
+from reference_server import dtypes
+from reference_server import prometheus as P
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo
 from reference_server.engines.proxy import PROJECT_ROOT, ProxyEngine
@@ -88,7 +89,8 @@ def not_installed(python: str | None = None) -> str | None:
     Its kernel library is imported too: one built for another CPU dies there (SIGILL)."""
     python = python or default_python()
     try:
-        probe = subprocess.run([python, "-c", "import sglang, sgl_kernel"], capture_output=True, timeout=120)
+        probe = subprocess.run([python, "-c", "import sglang, sgl_kernel"], capture_output=True,
+                               timeout=120)
     except (OSError, subprocess.TimeoutExpired) as e:
         return f"SGLang could not be probed with {python}: {e}"
     if probe.returncode == 0:
@@ -206,7 +208,8 @@ class _Translated:
             if name == P.KV_CACHE_USAGE and total > 0:
                 # sglang:token_usage is rounded to 0.01: one short request in a 46k-token
                 # cache reads 0. The token counts it comes from are exact.
-                value, source = used / total, f"{P.SGLANG_NUM_USED_TOKENS} / {P.SGLANG_MAX_TOTAL_TOKENS}"
+                value, source = (used / total,
+                                 f"{P.SGLANG_NUM_USED_TOKENS} / {P.SGLANG_MAX_TOTAL_TOKENS}")
             g = GaugeMetricFamily(name, f"{doc} From {source}.", labels=labels)
             g.add_metric(values, value)
             yield g

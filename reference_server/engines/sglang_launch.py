@@ -15,7 +15,7 @@ import sys
 
 
 def main(argv: list[str]) -> None:
-    import sglang.launch_server as launch      # what `python -m sglang.launch_server` runs
+    import sglang.launch_server as launch  # what `python -m sglang.launch_server` runs
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
     from sglang.srt.utils import kill_process_tree

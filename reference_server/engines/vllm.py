@@ -115,7 +115,8 @@ class VLLMEngine(ProxyEngine):
                "--host", "127.0.0.1", "--port", str(self.port),
                "--dtype", self.dtype, "--max-model-len", str(c.max_model_len),
                "--gpu-memory-utilization", str(util), "--max-logprobs", str(c.max_logprobs),
-               "--enable-prefix-caching" if c.enable_prefix_caching else "--no-enable-prefix-caching",
+               "--enable-prefix-caching" if c.enable_prefix_caching
+               else "--no-enable-prefix-caching",
                "--disable-uvicorn-access-log",
                "--middleware", f"{__name__}.ChildMiddleware",
                "--enable-prompt-tokens-details"]   # cached-token counts in "usage"
@@ -130,7 +131,8 @@ class VLLMEngine(ProxyEngine):
         env = super().env()
         env["VLLM_API_KEY"] = self.child_key    # by environment: a flag would show in `ps`
         env["VLLM_SERVER_DEV_MODE"] = "0"       # see the module docstring
-        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING" if self.config.log_level != "debug" else "DEBUG")
+        env.setdefault("VLLM_LOGGING_LEVEL", "WARNING" if self.config.log_level != "debug"
+                       else "DEBUG")
         if self.device == "cpu":
             # The CPU backend sizes its KV cache from this (whole GiB); when it is set it wins
             # over --kv-cache-memory-bytes, so drop it for fractional sizes.

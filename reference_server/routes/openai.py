@@ -18,8 +18,13 @@ from reference_server import tools
 from reference_server.engines import Engine, EngineDied, EngineError
 from reference_server.engines.base import engine_fault
 from reference_server.errors import engine_error_response, error_response
-from reference_server.protocol import (ChatCompletionRequest, CompletionRequest, ModelCard,
-                                       ModelList, check_limits)
+from reference_server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    ModelCard,
+    ModelList,
+    check_limits,
+)
 from reference_server.sse import EngineStream, unless_disconnected
 from reference_server.state import ServerState, server_state, serving_engine
 

@@ -298,4 +298,5 @@ def test_sglang_child_cannot_be_used_to_skip_our_key(sglang_server):
     # included, only at info level, which the child does not use.
     config = cmd[cmd.index("--config") + 1]
     assert not Path(config).exists()
-    assert not re.search(r"sgl-[A-Za-z0-9_-]{40}", sglang_server.log_path.read_text(errors="replace"))
+    assert not re.search(r"sgl-[A-Za-z0-9_-]{40}",
+                         sglang_server.log_path.read_text(errors="replace"))

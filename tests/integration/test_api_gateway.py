@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
-
 from conftest import DONE, sse_events
+
 from workshop.api_gateway import launch as gateway
 
 pytestmark = pytest.mark.engine
@@ -108,8 +108,10 @@ def test_a_spent_quota_is_a_429_insufficient_quota_until_the_window_ends(gw):
 
 
 def test_stream_usage_is_counted_but_not_passed_to_a_client_that_did_not_ask(gw):
-    tokens = lambda: (lambda k: k["prompt_tokens"] + k["completion_tokens"])(
-        gw.stats()["keys"]["streamer"])
+    def tokens():
+        k = gw.stats()["keys"]["streamer"]
+        return k["prompt_tokens"] + k["completion_tokens"]
+
     t0 = tokens()
     plain = stream_events(gw, STREAMER, max_tokens=5)
     t1 = tokens()
@@ -168,7 +170,8 @@ def test_a_busy_replica_s_retry_after_reaches_the_client(busy_upstream):
     try:
         for stream in (False, True):
             r = httpx.post(gw.base_url + "/v1/completions", headers=auth(STREAMER), timeout=30,
-                           json={"model": "busy", "prompt": "hi", "max_tokens": 2, "stream": stream})
+                           json={"model": "busy", "prompt": "hi", "max_tokens": 2,
+                                 "stream": stream})
             assert r.status_code == 429 and r.headers.get("retry-after") == "7", (r.headers, r.text)
             assert r.json()["error"]["type"] == "rate_limit_error"
         r = chat(gw, STREAMER)

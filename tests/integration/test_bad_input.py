@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import httpx
 import pytest
-
 from conftest import launch, stop, wait_ready
 
 pytestmark = pytest.mark.engine

@@ -12,9 +12,11 @@ pytestmark = pytest.mark.engine
 
 
 def test_random_run_counts_every_token(vllm_server, tmp_path):
-    res = run_benchmark(vllm_server.base_url, vllm_server.model, "random", num_requests=6, concurrency=2,
+    res = run_benchmark(vllm_server.base_url, vllm_server.model, "random", num_requests=6,
+                        concurrency=2,
                         api_key=vllm_server.api_key, seed=0, warmup=1, progress=False,
-                        output_dir=str(tmp_path / "random"), input_len=32, output_len=8, label="reference")
+                        output_dir=str(tmp_path / "random"), input_len=32, output_len=8,
+                        label="reference")
     s = res.summary
     assert s["errors"] == 0, s["error_kinds"]
     assert s["completed"] == 6
@@ -34,10 +36,14 @@ def test_random_run_counts_every_token(vllm_server, tmp_path):
 
 
 def test_agentic_session_is_dependent_and_reuses_prefixes(vllm_server):
-    res = run_benchmark(vllm_server.base_url, vllm_server.model, "agentic", num_requests=8, concurrency=1,
-                        api_key=vllm_server.api_key, seed=0, warmup=0, progress=False, num_sessions=1,
-                        system_prompt_len=200, main_turns=2, fork_at=[0], branches=2, branch_turns=1,
-                        turn_output=(6, 10), tool_result_len=(10, 20), summary_output=8, final_output=8)
+    res = run_benchmark(vllm_server.base_url, vllm_server.model, "agentic", num_requests=8,
+                        concurrency=1,
+                        api_key=vllm_server.api_key, seed=0, warmup=0, progress=False,
+                        num_sessions=1,
+                        system_prompt_len=200, main_turns=2, fork_at=[0], branches=2,
+                        branch_turns=1,
+                        turn_output=(6, 10), tool_result_len=(10, 20), summary_output=8,
+                        final_output=8)
     s = res.summary
     assert s["errors"] == 0, s["error_kinds"]
     assert s["completed"] == 2 + 2 * 2 + 2
@@ -47,7 +53,8 @@ def test_agentic_session_is_dependent_and_reuses_prefixes(vllm_server):
     assert by_tag["review"].prompt_tokens > by_tag["propose"].prompt_tokens
     # ...and is sent only after the reply it depends on has ended
     assert by_tag["fork0-branch0-0"].sent >= by_tag["main0-0"].end
-    assert by_tag["main1-0"].sent >= max(by_tag["fork0-branch0-summary"].end, by_tag["fork0-branch1-summary"].end)
+    assert by_tag["main1-0"].sent >= max(by_tag["fork0-branch0-summary"].end,
+                                         by_tag["fork0-branch1-summary"].end)
     assert by_tag["review"].sent >= by_tag["propose"].end
     # computed from the requests actually sent (real replies included)
     assert s["workload"]["requests"] == 8

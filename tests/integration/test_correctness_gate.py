@@ -7,8 +7,8 @@ from __future__ import annotations
 import shutil
 
 import pytest
-
 from conftest import launch, stop, wait_ready
+
 from workshop.bench.verify import verify_server
 
 pytestmark = pytest.mark.engine
@@ -55,11 +55,13 @@ def test_the_gate_fails_an_engine_that_answers_wrongly_and_the_showdown_does_not
     from reference_server.models import resolve_model
     from workshop import decision
     from workshop.bench import showdown
-    server = wait_ready(launch("mini", "--model", broken_model, "--served-model-name", "smollm2-135m"))
+    server = wait_ready(launch("mini", "--model", broken_model, "--served-model-name",
+                               "smollm2-135m"))
     try:
         gate = verify_server(server.base_url, "smollm2-135m", api_key=server.api_key,
                              reference=resolve_model("smollm2-135m").path, **SMALL)
-        broken = showdown.Contender("broken", "mini", base_url=server.base_url, api_key=server.api_key)
+        broken = showdown.Contender("broken", "mini", base_url=server.base_url,
+                                    api_key=server.api_key)
         showdown.run_showdown(tmp_path / "sd", [broken], showdown.Plan.quick(), mode="quick",
                               command="test", progress=False, log=lambda s: None)
     finally:

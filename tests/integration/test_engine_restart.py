@@ -20,8 +20,8 @@ import time
 import httpx
 import psutil
 import pytest
-
 from conftest import FULL_MATRIX
+
 from reference_server import prometheus as P
 
 pytestmark = pytest.mark.engine

@@ -21,8 +21,8 @@ import shutil
 import httpx
 import pytest
 import torch
-
 from conftest import DONE, sse_events
+
 from reference_server import launch as launcher
 from reference_server.models import bundled_model_dir
 

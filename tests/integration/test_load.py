@@ -57,7 +57,8 @@ def test_64_concurrent_streams_with_clients_leaving(server):
 
     async def one(http: httpx.AsyncClient, i: int) -> int | None:
         body = {"model": server.model, "prompt": f"Request {i}: count to ten.",
-                "max_tokens": leaver_tokens if i in leavers else tokens, "temperature": 0.8, "stream": True,
+                "max_tokens": leaver_tokens if i in leavers else tokens, "temperature": 0.8,
+                "stream": True,
                 "stream_options": {"include_usage": True}, "ignore_eos": True}
         usage, chunks = None, 0
         async with http.stream("POST", server.base_url + "/v1/completions", json=body,
@@ -106,7 +107,8 @@ def test_full_queue_is_refused_with_retry_after(server):
             "ignore_eos": True, "stream": True}
 
     async def main():
-        async with httpx.AsyncClient(timeout=120, limits=httpx.Limits(max_connections=None)) as http:
+        async with httpx.AsyncClient(timeout=120,
+                                     limits=httpx.Limits(max_connections=None)) as http:
             async def hold():    # a client that waits as long as it is let
                 async with http.stream("POST", server.base_url + "/v1/completions", json=body,
                                        headers=server.headers):
@@ -203,7 +205,8 @@ def test_disconnect_mid_stream_frees_kv(request, engine):
     max_tokens = 2000       # the fleet's context is 2048 (tests/conftest.py)
 
     def read() -> dict[str, float]:
-        return P.totals(httpx.get(server.base_url + "/metrics", headers=server.headers, timeout=30).text)
+        return P.totals(httpx.get(server.base_url + "/metrics", headers=server.headers,
+                                  timeout=30).text)
 
     for attempt in range(2):
         _wait_idle(server)
@@ -232,7 +235,8 @@ def test_disconnect_mid_stream_frees_kv(request, engine):
             try:
                 t0 = time.monotonic()
                 while not (_showed_a_request(seen) or finished.is_set() or not reader.is_alive()):
-                    assert time.monotonic() - t0 < 180, f"no sign of the request in 180 s: {_describe(seen)}"
+                    assert time.monotonic() - t0 < 180, \
+                        f"no sign of the request in 180 s: {_describe(seen)}"
                     time.sleep(0.1)
             finally:
                 hang_up.set()
@@ -244,7 +248,8 @@ def test_disconnect_mid_stream_frees_kv(request, engine):
               f"{'finished' if finished.is_set() else 'ended'} first ({_describe(seen)})")
     assert _showed_a_request(seen), (f"the gauges never showed the request: {_describe(seen)}\n"
                                      f"{server.log_tail(30)}")
-    assert not finished.is_set(), f"the request finished before its client could leave: {_describe(seen)}"
+    assert not finished.is_set(), \
+        f"the request finished before its client could leave: {_describe(seen)}"
     _wait_idle(server, timeout=30)
     produced = server.metric(P.GENERATION_TOKENS)
     assert produced - produced_before < max_tokens      # cut short, not finished

@@ -68,7 +68,7 @@ try:
     client.execute()
 finally:
     nbformat.write(nb, out)
-"""
+"""  # noqa: E501 (a script run in the notebook kernel, kept as it stands)
 
 
 def _wheel(tmp: Path) -> Path:

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import UPSTREAM_KEY, RunningServer, launch_remote, stop, wait_ready
 
 from reference_server import launch as launcher
 from reference_server import prometheus as P
-
-from conftest import UPSTREAM_KEY, RunningServer, launch_remote, stop, wait_ready
 
 pytestmark = pytest.mark.engine
 
@@ -109,7 +108,8 @@ def test_a_notebook_connects_through_a_remote_engine_it_starts(remote_server, mo
 
 
 def _mock_upstream(port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port", str(port)],
+    proc = subprocess.Popen([sys.executable, "-m", "workshop.bench.mock_server", "--port",
+                             str(port)],
                             stdout=subprocess.PIPE, text=True)
     assert "mock server on" in proc.stdout.readline()
     return proc
@@ -132,7 +132,8 @@ def _until(condition, timeout: float = 30.0):
 def test_upstream_down_is_an_openai_error_not_a_crash():
     port = launcher.free_port()
     mock = _mock_upstream(port)
-    upstream = RunningServer("mock", f"http://127.0.0.1:{port}", "", "mock", mock, Path("/dev/null"))
+    upstream = RunningServer("mock", f"http://127.0.0.1:{port}", "", "mock", mock,
+                             Path("/dev/null"))
     server = launch_remote(upstream, "--liveness-interval", "0.5", "--liveness-failures", "2",
                            upstream_key=None)
     server.model = "mock"
@@ -169,12 +170,15 @@ def test_a_busy_upstream_says_when_to_retry_through_the_remote_engine(busy_upstr
         h = server.headers
         for stream in (False, True):
             r = httpx.post(server.base_url + "/v1/completions", headers=h, timeout=30,
-                           json={"model": "busy", "prompt": "hi", "max_tokens": 2, "stream": stream})
+                           json={"model": "busy", "prompt": "hi", "max_tokens": 2,
+                                 "stream": stream})
             assert r.status_code == 429 and r.headers.get("retry-after") == "7", (r.headers, r.text)
-            assert r.json()["error"] == {"message": "slow down", "type": "rate_limit_error", "param": None,
+            assert r.json()["error"] == {"message": "slow down", "type": "rate_limit_error",
+                                         "param": None,
                                          "code": "rate_limited"}
         r = httpx.post(server.base_url + "/v1/chat/completions", headers=h, timeout=30,
-                       json={"model": "busy", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+                       json={"model": "busy", "messages": [{"role": "user", "content": "hi"}],
+                             "max_tokens": 2})
         assert r.status_code == 503 and r.headers.get("retry-after") == "30", (r.headers, r.text)
         err = r.json()["error"]
         assert err["message"] == "Service Unavailable" and err["type"] == "engine_unavailable", err

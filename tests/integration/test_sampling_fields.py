@@ -12,7 +12,6 @@ import sys
 
 import httpx
 import pytest
-
 from conftest import ENGINES
 
 pytestmark = pytest.mark.engine

@@ -1,4 +1,5 @@
-"""``workshop.session.start``: a notebook's own teaching-engine server with the knobs it asks for."""
+"""``workshop.session.start``: a notebook's own teaching-engine server with the knobs it asks
+for."""
 
 from __future__ import annotations
 

@@ -5,8 +5,15 @@ from __future__ import annotations
 
 import pytest
 
-from workshop.api_gateway.routing import (Concentrate, Prefix, RoundRobin, Spread, chunk_hashes,
-                                          make_policy, prompt_text)
+from workshop.api_gateway.routing import (
+    Concentrate,
+    Prefix,
+    RoundRobin,
+    Spread,
+    chunk_hashes,
+    make_policy,
+    prompt_text,
+)
 
 
 def test_spread_takes_the_least_loaded_and_breaks_ties_round_robin():
@@ -58,6 +65,8 @@ def test_round_robin_ignores_load():
 def test_every_policy_takes_a_prompt_and_only_prefix_reads_it():
     for name in ("spread", "concentrate", "round_robin", "prefix"):
         assert make_policy(name).choose([0, 0], "some prompt") in (0, 1)
+        # the gateway extracts the prompt (JSON to text) only for a policy that reads it
+        assert make_policy(name).reads_prompt == (name == "prefix")
     assert Spread().choose([1, 0], "x" * 500) == 1
 
 
@@ -158,3 +167,15 @@ def test_prompt_text_extends_with_the_conversation_and_keeps_salts_apart():
     parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}
     assert prompt_text(parts) == prompt_text({"messages": [{"role": "user", "content": "hi"}]})
     assert prompt_text({}) == ""
+
+
+def test_the_gateway_routes_a_conversation_home_by_its_prompt():
+    from workshop.api_gateway.app import Gateway
+
+    gw = Gateway([("http://r0", None), ("http://r1", None)], {}, policy="prefix")
+    first = {"messages": [{"role": "user", "content": session(1)}]}
+    home = gw.route(first)    # still outstanding: the least-loaded replica is now the other
+    later = {"messages": [*first["messages"], {"role": "assistant", "content": "ok"},
+                          {"role": "user", "content": "and then?"}]}
+    assert gw.route(later) == home
+    assert gw.decisions == {"least loaded": 1, "prefix": 1}

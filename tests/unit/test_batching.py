@@ -14,7 +14,6 @@ from mini_engine.config import EngineConfig
 from mini_engine.scheduler import ContinuousScheduler, StaticScheduler
 from workshop import batching as b
 
-
 # -- reservations ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("tokens, layout, expected", [
@@ -193,7 +192,8 @@ def test_predicted_burst():
 
 def test_step_cost_rows_reprice_each_run_at_the_mean_step_costs():
     runs = {"a": [_rec(3.0, ("x", 4, "prefill")), _rec(1.0, ("x", 1, "decode"))],
-            "b": [_rec(1.0, ("y", 4, "prefill"), ("x", 1, "decode")), _rec(1.0, ("y", 1, "decode"))]}
+            "b": [_rec(1.0, ("y", 4, "prefill"), ("x", 1, "decode")),
+                  _rec(1.0, ("y", 1, "decode"))]}
     a, bb = b.step_cost_rows(runs, tokens=4)
     assert (a["steps"], a["steps with a prefill"], a["tokens per step"]) == (2, 1, 2.0)
     assert a["engine time (s)"] == 4.0 and bb["engine time (s)"] == 2.0
@@ -268,7 +268,8 @@ def test_server_rows_read_server_info():
             "extra": {"kv_layout": "paged", "scheduler": "static", "chunked_prefill": True,
                       "max_num_seqs": 64, "max_num_batched_tokens": 512, "other": 1}}
     (row,) = b.server_rows({"static": SimpleNamespace(info=info)})
-    assert row == {"server": "static", "kv_capacity_tokens": 512, "block_size": 16, "max_model_len": 256,
+    assert row == {"server": "static", "kv_capacity_tokens": 512, "block_size": 16,
+                   "max_model_len": 256,
                    "kv_layout": "paged", "scheduler": "static", "chunked_prefill": True,
                    "max_num_seqs": 64, "max_num_batched_tokens": 512}
 
@@ -277,14 +278,16 @@ def test_chunk_row_reads_gaps_and_the_late_prompt_first_token():
     # HISTORY: c arrives at step 2 (starts at 1.5 s) and gets its first token at 3.5 s
     row = b.chunk_row("x", HISTORY, ["a", "b"], "c", 2)
     assert row == {"run": "x", "short requests' longest gap (ms)": pytest.approx(2000),
-                   "long prompt's first token (ms after it arrived)": pytest.approx(2000), "steps": 4}
+                   "long prompt's first token (ms after it arrived)": pytest.approx(2000),
+                   "steps": 4}
 
 
 def test_bench_row():
     summary = {"output_throughput": 40.0, "request_throughput": 4.0, "ttft_ms": {"median": 100.0},
                "e2e_ms": {"median": 600.0, "p90": 900.0}, "completed": 6}
     row = b.bench_row("static", SimpleNamespace(summary=summary))
-    assert row == {"scheduler": "static", "output tokens/s": 40.0, "requests/s": 4.0, "median TTFT (ms)": 100.0,
+    assert row == {"scheduler": "static", "output tokens/s": 40.0, "requests/s": 4.0,
+                   "median TTFT (ms)": 100.0,
                    "median latency (ms)": 600.0, "p90 latency (ms)": 900.0, "completed": 6}
 
 
@@ -306,13 +309,16 @@ def test_gauge_row_puts_the_blocks_next_to_the_gauges():
     samples = Samples((kv_usage.RUNNING, kv_usage.WAITING, kv_usage.KV_USAGE), times=[0, 1, 2],
                       values={kv_usage.RUNNING: [0, 4, 2], kv_usage.WAITING: [2, 0, 0],
                               kv_usage.KV_USAGE: [0, 0.25, 0.1]}, errors=1)
-    run = SimpleNamespace(requests=[SimpleNamespace(error=None)] * 3 + [SimpleNamespace(error="boom")],
+    run = SimpleNamespace(requests=[SimpleNamespace(error=None)] * 3
+                          + [SimpleNamespace(error="boom")],
                           samples=samples)
-    session = SimpleNamespace(engine_name="vLLM", info={"kv_capacity_tokens": 1040, "block_size": 16})
+    session = SimpleNamespace(engine_name="vLLM",
+                              info={"kv_capacity_tokens": 1040, "block_size": 16})
     row = kv_usage.gauge_row(session, run, 64, 8)
     # 4 requests of 71 tokens: 5 blocks each, of 1040 / 16 - 1 = 64 usable
     assert row["all at once, by the blocks (%)"] == pytest.approx(100 * 20 / 64)
     assert (row["sent"], row["completed"], row["peak running"], row["peak waiting"]) == (4, 3, 4, 2)
-    assert row["peak KV usage (%)"] == pytest.approx(25) and (row["samples"], row["failed polls"]) == (3, 1)
+    assert row["peak KV usage (%)"] == pytest.approx(25) and (row["samples"],
+                                                              row["failed polls"]) == (3, 1)
     hf = kv_usage.gauge_row(SimpleNamespace(engine_name="hf", info={}), run, 64, 8)
     assert hf["all at once, by the blocks (%)"] is None and hf["block size"] is None

@@ -36,8 +36,10 @@ def mock_url():
 
 def test_run_then_compare(mock_url, tmp_path, capsys):
     for label, rate in (("a", None), ("b", "50")):
-        argv = ["run", "--base-url", mock_url, "--model", "mock", "--workload", "random", "--num-requests", "5",
-                "--input-len", "8", "--output-len", "3", "--warmup", "1", "--no-progress", "--label", label,
+        argv = ["run", "--base-url", mock_url, "--model", "mock", "--workload", "random",
+                "--num-requests", "5",
+                "--input-len", "8", "--output-len", "3", "--warmup", "1", "--no-progress",
+                "--label", label,
                 "--output-dir", str(tmp_path / label)]
         if rate:
             argv += ["--request-rate", rate, "--concurrency", "0"]
@@ -46,48 +48,60 @@ def test_run_then_compare(mock_url, tmp_path, capsys):
     assert "completed 5  errors 0" in out
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
     assert cfg["request_rate"] == 50.0 and cfg["concurrency"] is None and cfg["label"] == "b"
-    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output-dir", str(tmp_path / "cmp")]) == 0
+    assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output-dir",
+                 str(tmp_path / "cmp")]) == 0
     table = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| a | random | c=8 | 5 | 0 |" in table and "| b | random | 50 req/s | 5 | 0 |" in table
 
 
 def test_workloads_command_prints_stats(capsys):
-    assert main(["workloads", "--workload", "shared-prefix", "--model", "not-a-local-model", "--num-requests", "6",
-                 "--num-groups", "2", "--system-prompt-len", "40", "--question-len", "5", "--json"]) == 0
+    assert main(["workloads", "--workload", "shared-prefix", "--model", "not-a-local-model",
+                 "--num-requests", "6",
+                 "--num-groups", "2", "--system-prompt-len", "40", "--question-len", "5",
+                 "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)
-    assert row["workload"] == "shared-prefix" and row["requests"] == 6 and row["tokenizer"] == "whitespace"
+    assert (row["workload"] == "shared-prefix" and row["requests"] == 6
+            and row["tokenizer"] == "whitespace")
     assert 0.5 < row["prefix_reuse_ratio"] < 1
 
 
 def test_sweep_command_over_rates_and_concurrencies(mock_url, tmp_path, capsys):
     from workshop.bench import SweepResult, sweep_load
-    sw = sweep_load(mock_url, "mock", "random", concurrencies=[1, 2], num_requests=4, warmup=0, progress=False,
+    sw = sweep_load(mock_url, "mock", "random", concurrencies=[1, 2], num_requests=4, warmup=0,
+                    progress=False,
                     input_len=8, output_len=2, output_dir=str(tmp_path / "closed"))
     assert sw.mode == "concurrency" and sw.loads == [1.0, 2.0] and len(sw.points) == 2
     assert all(p.summary["completed"] == 4 for p in sw.points)
-    assert main(["sweep", "--base-url", mock_url, "--model", "mock", "--request-rates", "20,40", "--num-requests", "4",
+    assert main(["sweep", "--base-url", mock_url, "--model", "mock", "--request-rates", "20,40",
+                 "--num-requests", "4",
                  "--input-len", "8", "--output-len", "2", "--warmup", "0", "--no-progress",
                  "--output-dir", str(tmp_path / "open")]) == 0
     assert "knee:" in capsys.readouterr().out
     back = SweepResult.load(tmp_path / "open")
     assert back.mode == "rate" and back.loads == [20.0, 40.0]
-    assert back.points[1].config["request_rate"] == 40.0 and back.points[1].config["concurrency"] is None
+    assert (back.points[1].config["request_rate"] == 40.0
+            and back.points[1].config["concurrency"] is None)
 
 
-def test_sweep_empties_the_prefix_cache_before_every_point_unless_told_not_to(mock_url, tmp_path, capsys):
+def test_sweep_empties_the_prefix_cache_before_every_point_unless_told_not_to(mock_url, tmp_path,
+                                                                              capsys):
     from workshop.bench import SweepResult
-    base = ["sweep", "--base-url", mock_url, "--model", "mock", "--request-rates", "20,40", "--num-requests", "4",
-            "--input-len", "8", "--output-len", "2", "--warmup", "0", "--no-progress", "--no-verify"]
+    base = ["sweep", "--base-url", mock_url, "--model", "mock", "--request-rates", "20,40",
+            "--num-requests", "4",
+            "--input-len", "8", "--output-len", "2", "--warmup", "0", "--no-progress",
+            "--no-verify"]
     assert main(base + ["--output-dir", str(tmp_path / "reset")]) == 0
     sw = SweepResult.load(tmp_path / "reset")
     assert sw.config["reset_cache"] is True
     assert [p.config.get("prefix_cache_reset") for p in sw.points] == ["/reset_prefix_cache"] * 2
     assert main(base + ["--no-reset-cache", "--output-dir", str(tmp_path / "kept")]) == 0
     sw = SweepResult.load(tmp_path / "kept")
-    assert sw.config["reset_cache"] is False and all("prefix_cache_reset" not in p.config for p in sw.points)
+    assert sw.config["reset_cache"] is False and all("prefix_cache_reset" not in p.config
+                                                     for p in sw.points)
     # `bench run` keeps its opt-in --reset-cache
-    from workshop.bench.cli import add_subcommands
     import argparse
+
+    from workshop.bench.cli import add_subcommands
     parser = argparse.ArgumentParser()
     add_subcommands(parser.add_subparsers(dest="command"))
     assert parser.parse_args(["bench", "run"]).reset_cache is False
@@ -98,13 +112,16 @@ def test_a_sweep_says_how_long_each_point_and_the_rest_should_take(mock_url):
     from workshop.bench import sweep_load
     from workshop.bench.sweep import _TimeLeft
     lines = []
-    sweep_load(mock_url, "mock", "random", request_rates=[20, 40], num_requests=4, warmup=0, progress=True,
+    sweep_load(mock_url, "mock", "random", request_rates=[20, 40], num_requests=4, warmup=0,
+               progress=True,
                log=lines.append, input_len=8, output_len=2, environment=False)
-    assert [ln.split(",")[0] for ln in lines] == ["sweep: point 1 of 2", "sweep: point 2 of 2"], lines
+    assert [ln.split(",")[0] for ln in lines] == ["sweep: point 1 of 2",
+                                                  "sweep: point 2 of 2"], lines
     assert all("left in the sweep" in ln for ln in lines) and "so far" in lines[1], lines
     # the estimate: each open-loop point lasts (sessions - 1) / rate plus the last drain measured
     left = _TimeLeft(1.0)
     left.drain_s = 2.0
     line = left.line("rate", [1.0, 2.0], [11, 21], 3)
-    assert line == "sweep: point 2 of 3, 1 req/s, 11 requests, about 12 s; about 24 s left in the sweep", line
+    assert line == ("sweep: point 2 of 3, 1 req/s, 11 requests, about 12 s; "
+                    "about 24 s left in the sweep"), line
     assert "min left" in _TimeLeft(1.0).line("rate", [0.1], [100], 1)

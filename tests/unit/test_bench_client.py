@@ -4,12 +4,12 @@ import asyncio
 
 import pytest
 
+from reference_server import prometheus
 from workshop.bench.client import Load, OpenAIClient, Runner, arrival_times
 from workshop.bench.metrics import summarize
 from workshop.bench.mock_server import MockServer
 from workshop.bench.results import BenchResult
 from workshop.bench.run import arun_benchmark
-from reference_server import prometheus
 from workshop.bench.server_metrics import ServerSamples
 from workshop.bench.workloads import Request, Session, SingleRequest
 
@@ -36,9 +36,12 @@ def test_arrival_times_mean_rate_and_shape():
     assert even == pytest.approx([0, 0.25, 0.5, 0.75, 1.0])
     # burstiness < 1 means more variable gaps than Poisson
     import numpy as np
-    cv = lambda x: np.std(np.diff(x)) / np.mean(np.diff(x))
-    assert cv(arrival_times(4000, 10.0, 0.25, seed=1)) > cv(arrival_times(4000, 10.0, 1.0, seed=1)) > \
-        cv(arrival_times(4000, 10.0, 4.0, seed=1))
+
+    def cv(x):
+        return np.std(np.diff(x)) / np.mean(np.diff(x))
+
+    assert (cv(arrival_times(4000, 10.0, 0.25, seed=1)) > cv(arrival_times(4000, 10.0, 1.0, seed=1))
+            > cv(arrival_times(4000, 10.0, 4.0, seed=1)))
 
 
 @pytest.mark.parametrize("api", ["chat", "completions"])
@@ -62,8 +65,10 @@ def test_errors_are_recorded():
     async def go(url, srv):
         async with OpenAIClient(url, "fail-503") as c:
             runner = Runner(c)
-            await runner.run([SingleRequest(Request(3, prompt="x")) for _ in range(3)], Load(concurrency=2))
-        async with OpenAIClient("http://127.0.0.1:9", "mock", timeout_s=2) as c:  # nothing listens there
+            await runner.run([SingleRequest(Request(3, prompt="x")) for _ in range(3)],
+                             Load(concurrency=2))
+        async with OpenAIClient("http://127.0.0.1:9", "mock",
+                                timeout_s=2) as c:  # nothing listens there
             runner2 = Runner(c)
             await runner2.run([SingleRequest(Request(3, prompt="x"))], Load(concurrency=1))
         return runner.log.records + runner2.log.records
@@ -78,7 +83,8 @@ def test_closed_loop_never_exceeds_concurrency():
     async def go(url, srv):
         async with OpenAIClient(url, "mock") as c:
             runner = Runner(c)
-            await runner.run([SingleRequest(Request(4, prompt="x")) for _ in range(12)], Load(concurrency=3))
+            await runner.run([SingleRequest(Request(4, prompt="x")) for _ in range(12)],
+                             Load(concurrency=3))
             return runner.log.records
     recs = run(with_server(go, chunk_delay_s=0.005))
     events = sorted([(r.sent, 1) for r in recs] + [(r.end, -1) for r in recs])
@@ -89,7 +95,8 @@ def test_closed_loop_never_exceeds_concurrency():
     assert peak <= 3 and len(recs) == 12 and all(r.ok for r in recs)
     # a freed slot schedules the next request at the end of the previous one, not later
     ends = sorted(r.end for r in recs)
-    assert all(any(abs(r.scheduled - e) < 1e-9 for e in ends) or r.scheduled == recs[0].scheduled for r in recs)
+    assert all(any(abs(r.scheduled - e) < 1e-9 for e in ends) or r.scheduled == recs[0].scheduled
+               for r in recs)
 
 
 def test_dependent_requests_are_scheduled_at_previous_end():
@@ -115,8 +122,10 @@ def test_dependent_requests_are_scheduled_at_previous_end():
 def test_run_benchmark_end_to_end_and_results_round_trip(tmp_path):
     async def go(url, srv):
         return await arun_benchmark(url, "mock", "shared-prefix", num_requests=8, concurrency=None,
-                                    request_rate=200.0, seed=0, warmup=1, progress=False, tokenizer=None,
-                                    output_dir=str(tmp_path / "res"), num_groups=2, system_prompt_len=30,
+                                    request_rate=200.0, seed=0, warmup=1, progress=False,
+                                    tokenizer=None,
+                                    output_dir=str(tmp_path / "res"), num_groups=2,
+                                    system_prompt_len=30,
                                     question_len=5, output_len=4, slo_ttft_ms=10_000)
     res = run(with_server(go))
     s = res.summary
@@ -131,24 +140,30 @@ def test_run_benchmark_end_to_end_and_results_round_trip(tmp_path):
     assert back.records == res.records
     assert back.config["workload"] == "shared-prefix" and back.config["request_rate"] == 200.0
     assert summarize(back.records, None)["ttft_ms"] == s["ttft_ms"]
-    for name in ("config.json", "environment.json", "summary.json", "requests.jsonl", "latency_cdf.png"):
+    for name in ("config.json", "environment.json", "summary.json", "requests.jsonl",
+                 "latency_cdf.png"):
         assert (tmp_path / "res" / name).exists()
 
 
 def test_metric_totals_and_run_deltas():
-    text = ('# HELP x\nvllm:prefix_cache_queries_total{engine="0"} 100\nvllm:prefix_cache_queries_total{engine="1"} 50\n'
-            "vllm:prefix_cache_hits_total 30\nvllm:kv_cache_usage_perc 0.5\nvllm:num_preemptions_total 2\n"
+    text = ('# HELP x\nvllm:prefix_cache_queries_total{engine="0"} '
+            '100\nvllm:prefix_cache_queries_total{engine="1"} 50\n'
+            "vllm:prefix_cache_hits_total 30\nvllm:kv_cache_usage_perc "
+            "0.5\nvllm:num_preemptions_total 2\n"
             'vllm:time_to_first_token_seconds_bucket{le="+Inf"} 7\n')
     m = prometheus.totals(text)
     assert m["vllm:prefix_cache_queries_total"] == 150
     assert m["vllm:time_to_first_token_seconds_bucket"] == 7
-    after = dict(m, **{"vllm:prefix_cache_queries_total": 250.0, "vllm:prefix_cache_hits_total": 90.0,
+    after = dict(m, **{"vllm:prefix_cache_queries_total": 250.0,
+                       "vllm:prefix_cache_hits_total": 90.0,
                        "vllm:num_preemptions_total": 5.0, "vllm:kv_cache_usage_perc": 0.1})
-    s = ServerSamples(before=m, after=after, during=[(0.0, {"vllm:kv_cache_usage_perc": 0.8})]).summary()
+    s = ServerSamples(before=m, after=after,
+                      during=[(0.0, {"vllm:kv_cache_usage_perc": 0.8})]).summary()
     assert s["prefix_cache_hit_rate"] == pytest.approx(60 / 100)
     assert s["preemptions"] == 3 and s["peak_kv_usage"] == 0.8
     assert ServerSamples().summary() == {"metrics_available": False}
-    sg = ServerSamples(before={"sglang:cache_hit_rate": 0.1}, after={"sglang:cache_hit_rate": 0.4}).summary()
+    sg = ServerSamples(before={"sglang:cache_hit_rate": 0.1},
+                       after={"sglang:cache_hit_rate": 0.4}).summary()
     assert sg["prefix_cache_hit_rate"] == 0.4
 
 

@@ -7,10 +7,13 @@ import pytest
 from workshop.bench.metrics import SLO, RequestRecord, duration, mean_concurrency, stats, summarize
 
 
-def rec(i, scheduled, sent, chunks, end, out=None, prompt=10, error=None, warmup=False, cached=None):
-    return RequestRecord(index=i, scheduled=scheduled, sent=sent, first_token=chunks[0] if chunks else None,
+def rec(i, scheduled, sent, chunks, end, out=None, prompt=10, error=None, warmup=False,
+        cached=None):
+    return RequestRecord(index=i, scheduled=scheduled, sent=sent, first_token=chunks[0] if chunks
+                         else None,
                          end=end, chunk_times=list(chunks), prompt_tokens=prompt,
-                         output_tokens=len(chunks) if out is None else out, error=error, warmup=warmup,
+                         output_tokens=len(chunks) if out is None else out, error=error,
+                         warmup=warmup,
                          cached_tokens=cached)
 
 
@@ -85,10 +88,13 @@ def test_summary_numbers():
 def test_goodput_applies_every_slo():
     both = [A, B]
     assert summarize(both, SLO(ttft_ms=150))["goodput"] == pytest.approx(1 / 1.2)   # only B
-    assert summarize(both, SLO(itl_ms=150))["goodput"] == pytest.approx(1 / 1.2)    # A has a 200 ms gap
-    assert summarize(both, SLO(tpot_ms=100))["goodput"] == pytest.approx(1 / 1.2)   # A's TPOT is 150
+    assert summarize(both,
+                     SLO(itl_ms=150))["goodput"] == pytest.approx(1 / 1.2)    # A has a 200 ms gap
+    assert summarize(both,
+                     SLO(tpot_ms=100))["goodput"] == pytest.approx(1 / 1.2)   # A's TPOT is 150
     assert summarize(both, SLO(e2e_ms=100))["goodput"] == 0.0
-    assert summarize(both, SLO(ttft_ms=250, itl_ms=250, tpot_ms=200, e2e_ms=600))["goodput"] == pytest.approx(2 / 1.2)
+    assert summarize(both, SLO(ttft_ms=250, itl_ms=250, tpot_ms=200,
+                               e2e_ms=600))["goodput"] == pytest.approx(2 / 1.2)
 
 
 def test_errors_are_counted_not_dropped_and_warmup_is_excluded():
@@ -120,7 +126,8 @@ def test_offered_rate_accounts_for_drain():
     from workshop.bench.metrics import offered_rate
     # 5 sessions arriving every 0.25 s, each taking 1 s: a server that keeps up. Span 2 s,
     # so plain throughput is 2.5 req/s, and the expected span is 1 s of arrivals + 1 s.
-    recs = [rec(i, i * 0.25, i * 0.25, [i * 0.25 + 0.5, i * 0.25 + 1.0], i * 0.25 + 1.0) for i in range(5)]
+    recs = [rec(i, i * 0.25, i * 0.25, [i * 0.25 + 0.5, i * 0.25 + 1.0], i * 0.25 + 1.0)
+            for i in range(5)]
     for i, r in enumerate(recs):
         r.session = i
     s = summarize(recs)
@@ -162,5 +169,6 @@ def test_warnings_name_what_to_distrust():
     nousage.usage = False
     bad = rec(3, 0.0, 0.0, [], 0.1, error="HTTP 500")
     w = " | ".join(summarize([late, short, nousage, bad])["warnings"])
-    assert "schedule lag" in w and "1 of 4 requests failed" in w and "no usage" in w and "ignore_eos" in w
+    assert ("schedule lag" in w and "1 of 4 requests failed" in w and "no usage" in w
+            and "ignore_eos" in w)
     assert summarize([A, B])["warnings"] == []

@@ -1,9 +1,16 @@
 """Knee detection on synthetic load curves; sweep and compare folders round-trip."""
 
+import math
 
+import numpy as np
+import pytest
+
+from workshop.bench import sweep_load
+from workshop.bench.client import arrival_times
 from workshop.bench.compare import compare_folders, compare_table
 from workshop.bench.metrics import RequestRecord, summarize
 from workshop.bench.results import BenchResult
+from workshop.bench.saturation import Baseline, judge, offered_vs_asked, sampling_band
 from workshop.bench.sweep import SweepResult, _knee, find_knee, find_knee_closed
 
 
@@ -38,20 +45,23 @@ def test_closed_loop_knee_on_diminishing_returns():
     thr = [1.0, 1.9, 3.6, 4.0, 4.1]    # doubling 4 -> 8 adds only 11%
     assert find_knee_closed(conc, thr, min_gain=0.2) == 2
     assert find_knee_closed(conc, thr, min_gain=0.05) == 3
-    assert find_knee_closed(conc, thr, [10, 10, 600, 900, 2000], None, slo_ttft_ms=500, min_gain=0.05) == 1
+    assert find_knee_closed(conc, thr, [10, 10, 600, 900, 2000], None, slo_ttft_ms=500,
+                            min_gain=0.05) == 1
 
 
 def _result(label, rate, ttfts):
     recs = [RequestRecord(index=i, scheduled=i * 0.1, sent=i * 0.1, first_token=i * 0.1 + t,
                           chunk_times=[i * 0.1 + t, i * 0.1 + t + 0.01], end=i * 0.1 + t + 0.01,
                           prompt_tokens=8, output_tokens=2) for i, t in enumerate(ttfts)]
-    return BenchResult(config={"label": label, "workload": "random", "request_rate": rate, "concurrency": None},
+    return BenchResult(config={"label": label, "workload": "random", "request_rate": rate,
+                               "concurrency": None},
                        summary=summarize(recs), records=recs)
 
 
 def test_sweep_and_compare_round_trip(tmp_path):
     pts = [_result("a", r, [0.05] * 5) for r in (1.0, 2.0)]
-    sw = SweepResult("rate", [1.0, 2.0], pts, 1, {"workload": "random", "requests_per_session": 1.0})
+    sw = SweepResult("rate", [1.0, 2.0], pts, 1,
+                     {"workload": "random", "requests_per_session": 1.0})
     sw.save(tmp_path / "sweep")
     back = SweepResult.load(tmp_path / "sweep")
     assert back.knee == 2.0 and back.loads == [1.0, 2.0]
@@ -66,28 +76,18 @@ def test_sweep_and_compare_round_trip(tmp_path):
     lines = table.splitlines()
     assert len(lines) == 4 and "engine-a" in lines[2] and "engine-b" in lines[3]
     assert "| 50.0 |" in lines[2] and "| 200.0 |" in lines[3]   # TTFT p50 in ms
-    assert (tmp_path / "cmp" / "compare.png").exists() and (tmp_path / "cmp" / "compare.md").exists()
+    assert ((tmp_path / "cmp" / "compare.png").exists()
+            and (tmp_path / "cmp" / "compare.md").exists())
     assert compare_table([b]).count("\n") == 2
 
 
-# --------------------------------------------------------------------------- the knee of a known server
+# ----------------------------------------------------------------------- the knee of a known server
 #
 # The mock engine with a concurrency limit C and fixed token timing: a request of L tokens
 # holds a slot for S = first_token_delay + (L - 1) x chunk_delay, so the server completes at
 # most C / S requests per second. It runs in its own process so that the client under test
 # does not share a GIL (or an event loop) with it. Tolerances are wide on purpose: the test
 # machine is a loaded 2-core box, and the sweep's points are a fifth of the capacity apart.
-
-import math
-import re
-
-import numpy as np
-import pytest
-
-from workshop.bench import sweep_load
-from workshop.bench.client import arrival_times
-from workshop.bench.saturation import Baseline, judge, offered_vs_asked, sampling_band
-
 
 # Few chunks per request (CPU stays low) and a service time long against the machine's
 # scheduling stalls.
@@ -98,7 +98,8 @@ CAPACITY = C / (FIRST + (L - 1) * CHUNK)          # 40 requests/s
 def test_knee_of_a_server_with_known_capacity(mock_engine, tmp_path):
     url = mock_engine(CHUNK, FIRST, C)
     # 32 requests: the throughput probe runs 16 at a time, twice the server's limit
-    sw = sweep_load(url, "mock", "random", num_requests=32, warmup=0, progress=False, input_len=8, output_len=L,
+    sw = sweep_load(url, "mock", "random", num_requests=32, warmup=0, progress=False, input_len=8,
+                    output_len=L,
                     environment=False,
                     duration_s=2.0, sweep_points=5)
     note = sw.knee_note() + "\n" + sw.table()
@@ -134,7 +135,8 @@ def test_long_answers_under_capacity_are_not_overload(mock_engine):
     # arrival rate.
     from workshop.bench.workloads import Request, SingleRequest, Workload
     url = mock_engine(0.05, 0.0, 64)
-    wl = Workload("long-tail", [SingleRequest(Request(60 if i % 6 == 3 else 4, prompt=f"q{i} a b c"))
+    wl = Workload("long-tail",
+                  [SingleRequest(Request(60 if i % 6 == 3 else 4, prompt=f"q{i} a b c"))
                                 for i in range(48)], {"api": "completions"})
     sw = sweep_load(url, "mock", wl, request_rates=[8.0], num_requests=48, warmup=0, progress=False,
                     environment=False)
@@ -154,7 +156,8 @@ def test_a_fixed_session_count_sizes_the_points_not_the_synchronous_probe(mock_e
     # of 12 requests) must run its share of them, not every session one at a time.
     url = mock_engine(0.001, 0.0, 64)
     sw = sweep_load(url, "mock", "agentic", num_requests=12, num_sessions=6, probe_requests=2,
-                    probe_concurrency=3, sweep_points=1, warmup=0, progress=False, environment=False,
+                    probe_concurrency=3, sweep_points=1, warmup=0, progress=False,
+                    environment=False,
                     system_prompt_len=40, main_turns=1, branch_turns=0, turn_output=(2, 3),
                     tool_result_len=(4, 8), summary_output=2, final_output=2)
     sessions = {k: p.summary["num_sessions"] for k, p in sw.probes.items()}
@@ -162,9 +165,7 @@ def test_a_fixed_session_count_sizes_the_points_not_the_synchronous_probe(mock_e
     assert sw.points[0].summary["num_sessions"] == 6
 
 
-# --------------------------------------------------------------------------- the verdict on timelines
-
-from workshop.bench.metrics import RequestRecord  # noqa: E402
+# ------------------------------------------------------------------------- the verdict on timelines
 
 
 def _timeline(arrivals, lengths, ttfts=None):
@@ -172,7 +173,8 @@ def _timeline(arrivals, lengths, ttfts=None):
     for i, (a, length) in enumerate(zip(arrivals, lengths)):
         t = (ttfts[i] if ttfts else 0.05)
         recs.append(RequestRecord(index=i, session=i, scheduled=a, sent=a, first_token=a + t,
-                                  chunk_times=[a + t, a + length], end=a + length, output_tokens=2, max_tokens=2))
+                                  chunk_times=[a + t, a + length], end=a + length, output_tokens=2,
+                                  max_tokens=2))
     return recs
 
 
@@ -197,7 +199,8 @@ def test_growing_queue_is_overload():
         free = max(free, a)
         starts.append(free)
         free += 0.5
-    recs = _timeline(arr, [s + 0.5 - a for s, a in zip(starts, arr)], [s + 0.05 - a for s, a in zip(starts, arr)])
+    recs = _timeline(arr, [s + 0.5 - a for s, a in zip(starts, arr)],
+                     [s + 0.05 - a for s, a in zip(starts, arr)])
     base = Baseline(session_p90_s=0.5, session_median_s=0.5, ttft_median_s=0.05)
     series = {"t": [0.5 * i for i in range(40)], "waiting": [float(i) for i in range(40)]}
     v = judge(recs, series, base)
@@ -238,7 +241,7 @@ def test_offered_vs_asked_and_the_sampling_band():
     assert sampling_band(10_001)[0] > 0.95     # long runs converge
 
 
-# --------------------------------------------------------------------------- points too short to judge
+# ------------------------------------------------------------------------ points too short to judge
 
 from workshop.bench.saturation import judged  # noqa: E402
 
@@ -260,7 +263,8 @@ LONG = ([0.5 * i for i in range(60)], [1.0] * 60)
 
 def test_a_point_too_short_to_judge_is_neither_kept_up_nor_overloaded():
     v = judge(_timeline(*SHORT), None, BASE).to_dict()
-    assert not v["overloaded"] and v["window"]["completions"] == 0 and v["window"]["arrivals"] <= 3, v
+    assert (not v["overloaded"] and v["window"]["completions"] == 0
+            and v["window"]["arrivals"] <= 3), v
     assert judged(v) is False and v["reasons"][-1].startswith("not judged"), v
     long = judge(_timeline(*LONG), None, BASE).to_dict()
     assert not long["overloaded"] and judged(long) is True, long
@@ -271,7 +275,8 @@ def test_no_knee_is_claimed_from_points_too_short_to_judge(tmp_path):
     from workshop.bench.plots import plot_showdown
     cfg = {"requests_per_session": 1.0, "tolerance": 0.9, "min_gain": 0.1}
     short = [_judged_point(*SHORT, BASE), _judged_point(*SHORT, BASE)]
-    sw = SweepResult("rate", [1.0, 2.0], short, _knee("rate", [1.0, 2.0], short, None, None, 0.9, 0.1), cfg)
+    sw = SweepResult("rate", [1.0, 2.0], short,
+                     _knee("rate", [1.0, 2.0], short, None, None, 0.9, 0.1), cfg)
     assert sw.knee_index is None and sw.judged() == [False, False]
     assert "not enough requests per point to judge a knee" in sw.knee_note()
     assert sw.table().count("not judged") == 2 and "(knee)" not in sw.table()
@@ -287,16 +292,19 @@ def test_no_knee_is_claimed_from_points_too_short_to_judge(tmp_path):
     assert sum(len(ln.get_xdata()) for ln in lines if ln.get_markerfacecolor() == "white") == 2
     # a judged point below one too short: the knee is the judged one, a lower bound
     mixed = [_judged_point(*LONG, BASE), _judged_point(*SHORT, BASE)]
-    sw = SweepResult("rate", [1.0, 2.0], mixed, _knee("rate", [1.0, 2.0], mixed, None, None, 0.9, 0.1), cfg)
-    assert sw.knee_index == 0 and "at least (not enough requests at 2 req/s to judge them)" in sw.knee_note()
+    sw = SweepResult("rate", [1.0, 2.0], mixed,
+                     _knee("rate", [1.0, 2.0], mixed, None, None, 0.9, 0.1), cfg)
+    assert (sw.knee_index == 0
+            and "at least (not enough requests at 2 req/s to judge them)" in sw.knee_note())
     # an agent session is several requests: the asked load is sessions/s, the offered req/s
-    sessions = SweepResult("rate", [1.0, 2.0], mixed, sw.knee_index, {**cfg, "requests_per_session": 6.0})
+    sessions = SweepResult("rate", [1.0, 2.0], mixed, sw.knee_index,
+                           {**cfg, "requests_per_session": 6.0})
     note = sessions.knee_note()
     assert note.startswith("knee: 1 sessions/s asked, ") and " req/s offered at least" in note, note
     assert "at 2 sessions/s to judge" in note and sessions.knee_offered == 6 * sw.knee_offered, note
 
 
-# --------------------------------------------------------------------------- a server that admits everything
+# ------------------------------------------------------------------ a server that admits everything
 #
 # vLLM admits every request at once: an overload shows as more requests running and slower
 # tokens, never as waiting requests or a rising TTFT (issue 35: a sweep offered up to 0.51 req/s,
@@ -307,7 +315,8 @@ def test_no_knee_is_claimed_from_points_too_short_to_judge(tmp_path):
 from workshop.bench.saturation import Z, closed_loop_throughput  # noqa: E402
 
 
-def _admit_all(outs, *, arrivals=None, concurrency=None, tokens_per_s=85.0, base_s=0.075, per_request_s=0.004):
+def _admit_all(outs, *, arrivals=None, concurrency=None, tokens_per_s=85.0, base_s=0.075,
+               per_request_s=0.004):
     """Records of a server that admits every request (open loop at ``arrivals``, or a closed loop
     of ``concurrency``): each step, a token for every request in flight."""
     n = len(outs)
@@ -333,7 +342,8 @@ def _admit_all(outs, *, arrivals=None, concurrency=None, tokens_per_s=85.0, base
             if not left[j]:
                 end[j] = t
         active = [j for j in active if left[j]]
-    return [RequestRecord(index=k, session=k, scheduled=start[k], sent=start[k], first_token=first[k], end=end[k],
+    return [RequestRecord(index=k, session=k, scheduled=start[k], sent=start[k],
+                          first_token=first[k], end=end[k],
                           chunk_times=[first[k], end[k]], output_tokens=outs[k], max_tokens=outs[k])
             for k in range(n)]
 
@@ -343,9 +353,12 @@ def _admit_all_sweep(rates, probe_concurrency=20, **server):
     throughput probe (60 at 20 in flight: its maximum is the ceiling), then the rates."""
     rng = np.random.default_rng(0)
     outs = [int(min(1500, max(8, x))) for x in rng.lognormal(math.log(200), 0.8, 60)]
-    base = Baseline.from_records(_admit_all(outs[:10], concurrency=1, **server), "synchronous probe")
-    ceiling = closed_loop_throughput(_admit_all(outs, concurrency=probe_concurrency, **server), base.session_p90_s)
-    no_queue = {"t": [0.5 * i for i in range(600)], "waiting": [0.0] * 600}   # what vLLM's /metrics says
+    base = Baseline.from_records(_admit_all(outs[:10], concurrency=1, **server),
+                                 "synchronous probe")
+    ceiling = closed_loop_throughput(_admit_all(outs, concurrency=probe_concurrency, **server),
+                                     base.session_p90_s)
+    no_queue = {"t": [0.5 * i for i in range(600)],
+                "waiting": [0.0] * 600}   # what vLLM's /metrics says
     points = []
     for rate in rates:
         recs = _admit_all(outs[:40], arrivals=arrival_times(40, rate, 1.0, seed=0), **server)
@@ -353,9 +366,11 @@ def _admit_all_sweep(rates, probe_concurrency=20, **server):
         res.summary["server"] = {"series": no_queue}
         res.summary["saturation"] = judge(recs, no_queue, base, 0.9, ceiling).to_dict()
         points.append(res)
-    cfg = {"requests_per_session": 1.0, "tolerance": 0.9, "min_gain": 0.1, "max_throughput_rate": ceiling,
+    cfg = {"requests_per_session": 1.0, "tolerance": 0.9, "min_gain": 0.1,
+           "max_throughput_rate": ceiling,
            "baseline": vars(base)}
-    return SweepResult("rate", list(rates), points, _knee("rate", list(rates), points, None, None, 0.9, 0.1), cfg), base
+    return SweepResult("rate", list(rates), points,
+                       _knee("rate", list(rates), points, None, None, 0.9, 0.1), cfg), base
 
 
 def test_overload_without_a_queue_is_seen_in_the_work_in_flight():
@@ -369,7 +384,8 @@ def test_overload_without_a_queue_is_seen_in_the_work_in_flight():
     assert 0.45 < win["offered_rate"] < 0.56 and 0.25 < win["achieved_rate"] < 0.35, note
     assert high["queue_grows"] is False and high["ttft_grows"] is False, high
     assert high["in_flight_end"] > high["in_flight_start"] + 5, high
-    assert sw.points[1].summary["tpot_ms"]["median"] > 1.2 * sw.points[0].summary["tpot_ms"]["median"]
+    assert (sw.points[1].summary["tpot_ms"]["median"]
+            > 1.2 * sw.points[0].summary["tpot_ms"]["median"])
     # only one or two noises deep, as a run of 40 long answers is: not beyond Z = 2.5
     assert high["shortfall"] < Z * high["shortfall_noise"], high
     # above the probe's maximum the point has to show that it kept up, and it did not
@@ -380,7 +396,8 @@ def test_overload_without_a_queue_is_seen_in_the_work_in_flight():
     assert not low["overloaded"] and judged(low) and not low["above_ceiling"], low
     assert low["kept_up"].startswith("achieved ") and "in flight steady" in low["kept_up"], low
     assert sw.knee_index == 0 and "no point tried was overloaded" not in note, note
-    assert "at 0.51: throughput falls behind" in note and sw.table().count("| overloaded |") == 1, note
+    assert ("at 0.51: throughput falls behind" in note
+            and sw.table().count("| overloaded |") == 1), note
 
 
 def test_a_point_that_keeps_up_above_the_probe_maximum_says_how():
@@ -392,7 +409,8 @@ def test_a_point_that_keeps_up_above_the_probe_maximum_says_how():
     note = sw.knee_note() + "\n" + sw.table()
     assert all(s["above_ceiling"] and not s["overloaded"] and judged(s) for s in sat), note
     kept = sat[-1]["kept_up"]
-    assert kept.startswith("achieved ") and " offered " in kept and "throughput probe sustained" in kept, kept
+    assert (kept.startswith("achieved ") and " offered " in kept
+            and "throughput probe sustained" in kept), kept
     assert sw.knee_index == 1 and f"at the knee: {kept}" in sw.knee_note(), note
     assert f"keeps up ({kept})" in sw.table(), note
     # the stored points read the same when judged again by today's rule

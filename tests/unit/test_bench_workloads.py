@@ -6,13 +6,22 @@ import json
 import pytest
 
 from workshop.bench.workloads import (
-    Request, Reply, Tokenizer, build_workload, describe, iter_json_array, plan, prefix_reuse_ratio,
-    sharegpt_conversations)
+    Reply,
+    Request,
+    Tokenizer,
+    build_workload,
+    describe,
+    iter_json_array,
+    plan,
+    prefix_reuse_ratio,
+    sharegpt_conversations,
+)
 
 
 @pytest.fixture(scope="module")
 def tok():
-    # The bundled tokenizer when prepared; otherwise the whitespace stand-in still exercises the logic.
+    # The bundled tokenizer when prepared; otherwise the whitespace stand-in still exercises the
+    # logic.
     try:
         return Tokenizer.load("smollm2-135m")
     except Exception:
@@ -20,7 +29,8 @@ def tok():
 
 
 def _requests(w):
-    return [(s.request.messages, s.request.prompt, s.request.max_tokens, s.request.tag) for s in plan(w)]
+    return [(s.request.messages, s.request.prompt, s.request.max_tokens, s.request.tag)
+            for s in plan(w)]
 
 
 @pytest.mark.parametrize("name", ["random", "shared-prefix", "agentic"])
@@ -43,7 +53,8 @@ def test_random_lengths_are_exact(tok):
 
 
 def test_shared_prefix_groups(tok):
-    w = build_workload("shared-prefix", tok, num_requests=12, seed=0, num_groups=3, system_prompt_len=200,
+    w = build_workload("shared-prefix", tok, num_requests=12, seed=0, num_groups=3,
+                       system_prompt_len=200,
                        question_len=20, output_len=5)
     sent = plan(w)
     systems = {s.request.messages[0]["content"] for s in sent}
@@ -54,7 +65,8 @@ def test_shared_prefix_groups(tok):
 
 
 def test_agentic_structure(tok):
-    w = build_workload("agentic", tok, num_sessions=2, seed=0, main_turns=3, fork_at=[1], branches=3,
+    w = build_workload("agentic", tok, num_sessions=2, seed=0, main_turns=3, fork_at=[1],
+                       branches=3,
                        branch_turns=2)
     sent = plan(w)
     per = 3 + 3 * (2 + 1) + 2
@@ -101,7 +113,8 @@ def test_agentic_num_tools_shortens_the_system_prompt_and_calls_only_those_tools
     system = one[0].request.messages[0]["content"]
     assert '"name": "read_file"' in system and '"name": "list_dir"' not in system
     assert tok.count(system) < tok.count(full[0].request.messages[0]["content"]) / 2
-    results = [m["content"] for m in one[-1].request.messages if m["content"].startswith("Tool result (")]
+    results = [m["content"] for m in one[-1].request.messages
+               if m["content"].startswith("Tool result (")]
     assert len(results) == 4 and all(r.startswith("Tool result (read_file)") for r in results)
 
 
@@ -142,6 +155,7 @@ def test_truncated_json_array_keeps_complete_items(tmp_path, chunk):
 
 def test_sharegpt_conversations_are_read_lazily(tmp_path, monkeypatch):
     import builtins
+
     from workshop.bench import workloads
     items = [{"id": str(i), "conversations": [{"from": "human", "value": str(i) * 100}]}
              for i in range(20_000)]
@@ -167,9 +181,11 @@ def test_sharegpt_filters_and_seed(tok, tmp_path, monkeypatch):
     convs = [{"id": str(i), "conversations": [
         {"from": "human", "value": ("tell me about the weather " * (1 + i % 5)).strip()},
         {"from": "gpt", "value": "It is sunny and warm today, enjoy. " * (1 + i % 3)},
-        {"from": "human", "value": "and tomorrow?"}, {"from": "gpt", "value": "Rain is expected all day long."}]}
+        {"from": "human", "value": "and tomorrow?"},
+        {"from": "gpt", "value": "Rain is expected all day long."}]}
         for i in range(60)]
-    convs.append({"id": "short", "conversations": [{"from": "human", "value": "hi"}, {"from": "gpt", "value": "hello there friend"}]})
+    convs.append({"id": "short", "conversations": [{"from": "human", "value": "hi"},
+                                                   {"from": "gpt", "value": "hello there friend"}]})
     path = tmp_path / "sg.json"
     path.write_text(json.dumps(convs))
     a = build_workload("sharegpt", tok, num_requests=20, seed=3, dataset_path=str(path))
@@ -187,10 +203,14 @@ def test_sharegpt_filters_and_seed(tok, tmp_path, monkeypatch):
 def test_light_tokenizer_renders_the_chat_template(tok):
     if tok.hf is None:
         pytest.skip("needs the model tokenizer")
-    text = tok.hf.apply_chat_template([{"role": "system", "content": "S"}, {"role": "user", "content": "hi"},
-                                       {"role": "assistant", "content": "yo"}, {"role": "user", "content": "more"}],
+    text = tok.hf.apply_chat_template([{"role": "system", "content": "S"},
+                                       {"role": "user", "content": "hi"},
+                                       {"role": "assistant", "content": "yo"},
+                                       {"role": "user", "content": "more"}],
                                       tokenize=False, add_generation_prompt=True)
-    assert text == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert text == ("<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n"
+                    "<|im_start|>assistant\n"
                     "yo<|im_end|>\n<|im_start|>user\nmore<|im_end|>\n<|im_start|>assistant\n")
     ids = tok.prompt_ids(Request(1, messages=[{"role": "user", "content": "hi"}]))
-    assert ids[0] == tok.encode("<|im_start|>")[0] and len(tok.encode("<|im_start|>")) == 1  # special token kept whole
+    # special token kept whole
+    assert ids[0] == tok.encode("<|im_start|>")[0] and len(tok.encode("<|im_start|>")) == 1

@@ -17,8 +17,7 @@ from mini_engine.sequence import SamplingParams, Sequence
 from reference_server.config import ServerConfig
 from reference_server.engines.local import EngineStats, GenerationStep, LocalEngine
 from reference_server.models import ModelSpec
-from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                       unsupported_fields)
+from reference_server.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 
 BS = 4
 A = list(range(100, 112))

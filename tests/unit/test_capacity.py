@@ -4,7 +4,8 @@ request rates and cost; the tables and figures notebook 2 draws from them."""
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from workshop import capacity as cap
 from workshop import capacity_plots as cp
@@ -318,7 +319,8 @@ def test_ttft_table_and_figure():
     ax = fig.axes[0]
     assert ax.get_title() and ax.get_xlabel() and ax.get_ylabel()
     labels = [t.get_text() for t in ax.get_legend().get_texts()]
-    assert any("target 500 ms" in t for t in labels) and any(t.startswith("together") for t in labels)
+    assert any("target 500 ms" in t for t in labels) and any(t.startswith("together")
+                                                             for t in labels)
     assert any(t.startswith("stream") for t in labels)
 
 

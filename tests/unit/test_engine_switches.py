@@ -67,17 +67,23 @@ def test_round_robin_rows_on_the_bundled_model():
 
 def test_bytes_per_step_count_weights_and_the_kv_each_variant_reads():
     rows = [{"variant": v, "applies here": a, "slower than defaults": t}
-            for v, a, t in [("defaults", True, 1.0), ("--no-prepack", True, 1.1), ("--kv-read slot", True, 1.0),
-                            ("--decode-attention sdpa", False, 1.0), ("--no-cascade-attention", True, 1.2)]]
+            for v, a, t in [("defaults", True, 1.0), ("--no-prepack", True, 1.1),
+                            ("--kv-read slot", True, 1.0),
+                            ("--decode-attention sdpa", False, 1.0),
+                            ("--no-cascade-attention", True, 1.2)]]
     out = {r["variant"]: r for r in es.bytes_rows(rows, weight_bytes=1e6, kv_bytes_per_token=100,
                                                   batch=4, shared=1000, own=10)}
-    cascade, each = (1000 + 4 * 10) * 100, 4 * 1010 * 100      # the shared prompt read once, or 4 times
+    cascade, each = ((1000 + 4 * 10) * 100,
+                     4 * 1010 * 100)      # the shared prompt read once, or 4 times
     assert out["defaults"]["MB moved per step"] == pytest.approx((1e6 + cascade) / 1e6)
     assert out["--no-prepack"]["MB moved per step"] == pytest.approx((3e6 + cascade) / 1e6)
-    assert out["--no-cascade-attention"]["bytes / defaults'"] == pytest.approx((1e6 + each) / (1e6 + cascade))
-    assert out["--kv-read slot"]["bytes / defaults'"] == out["--decode-attention sdpa"]["bytes / defaults'"] == 1
+    assert out["--no-cascade-attention"]["bytes / defaults'"] == pytest.approx(
+        (1e6 + each) / (1e6 + cascade))
+    assert (out["--kv-read slot"]["bytes / defaults'"]
+            == out["--decode-attention sdpa"]["bytes / defaults'"] == 1)
     assert out["--no-cascade-attention"]["time / defaults'"] == 1.2
     # switches that do not apply run the defaults' code: the defaults' bytes
     off = [{**r, "applies here": r["variant"] == "defaults"} for r in rows]
-    assert {r["bytes / defaults'"] for r in es.bytes_rows(off, weight_bytes=1e6, kv_bytes_per_token=100,
+    assert {r["bytes / defaults'"]
+            for r in es.bytes_rows(off, weight_bytes=1e6, kv_bytes_per_token=100,
                                                            batch=4, shared=1000, own=10)} == {1.0}

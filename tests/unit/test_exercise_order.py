@@ -36,7 +36,8 @@ def order_problems(text: str) -> list[str]:
             continue
         measured = body.find(f"ui.compare({guess.group(1)},", guess.end())
         if measured < 0:
-            problems.append(f"exercise {n}: no ui.compare({guess.group(1)}, ...) after the prediction")
+            problems.append(f"exercise {n}: no ui.compare({guess.group(1)}, ...) after the "
+                            "prediction")
             continue
         if body.find("ui.worked_answer(", measured) < 0:
             problems.append(f"exercise {n}: no ui.worked_answer after the measurement")
@@ -65,10 +66,12 @@ def test_the_check_fails_an_answer_shown_before_the_question():
                                   "ui.compare(guess, x, 'x')",
                                   "x = 3\nui.compare(guess, x, 'x')\n\n# %%\n"
                                   "guess = None    # your prediction")
-    assert "exercise 1: no ui.compare(guess, ...) after the prediction" in order_problems(measured_first)
+    assert ("exercise 1: no ui.compare(guess, ...) after the prediction"
+            in order_problems(measured_first))
     assert "exercise 2: no ui.worked_answer after the measurement" in order_problems(
         good.replace("ui.worked_answer('4')", ""))
-    assert order_problems(good.replace("Exercise 2", "Exercise 3"))[0].startswith("exercises numbered")
+    assert order_problems(good.replace("Exercise 2",
+                                       "Exercise 3"))[0].startswith("exercises numbered")
     unlabelled = good.replace("# Worked answer to Exercise 1, collapsed until opened\n", "")
     assert order_problems(unlabelled) == [
         "exercise 1: its worked answer's cell does not say '# Worked answer to Exercise 1, ...'"]

@@ -23,7 +23,8 @@ def imported_packages(tree: ast.AST) -> list[tuple[int, str]]:
             out += [(node.lineno, alias.name.split(".")[0]) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             out.append((node.lineno, node.module.split(".")[0]))
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", ""))
+        elif (isinstance(node, ast.Call)
+              and getattr(node.func, "attr", getattr(node.func, "id", ""))
               == "import_module" and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)):
             out.append((node.lineno, node.args[0].value.split(".")[0]))

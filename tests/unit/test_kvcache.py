@@ -6,7 +6,8 @@ import json
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, strategies as st
+from hypothesis import given
+from hypothesis import strategies as st
 
 from workshop import kvcache as kv
 
@@ -17,7 +18,8 @@ def test_every_shipped_model_loads_and_cites_its_config():
             "gpt-oss-120b"} <= set(names)
     for name in names:
         cfg = kv.load_model(name)
-        assert cfg.source.startswith("https://huggingface.co/") and cfg.source.endswith("config.json")
+        assert (cfg.source.startswith("https://huggingface.co/")
+                and cfg.source.endswith("config.json"))
         assert cfg.params > 0 and 0 < cfg.active_params <= cfg.params
         assert cfg.num_layers > 0 and cfg.head_dim > 0
 
@@ -138,6 +140,8 @@ def test_notebook_02_offers_mxfp4_weights():
     import ast
     from pathlib import Path
     src = Path(__file__).parents[2] / "notebooks" / "src" / "02_kv_cache_capacity.py"
-    offered = next(ast.literal_eval(node.value.args[0]) for node in ast.walk(ast.parse(src.read_text()))
-                   if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "calc_weights")
+    offered = next(ast.literal_eval(node.value.args[0])
+                   for node in ast.walk(ast.parse(src.read_text()))
+                   if isinstance(node, ast.Assign)
+                   and getattr(node.targets[0], "id", "") == "calc_weights")
     assert "mxfp4" in offered and set(offered) <= set(kv.WEIGHT_BYTES)

@@ -105,8 +105,8 @@ def test_a_launched_server_leaves_when_its_launcher_is_killed(tmp_path):
     leave its servers behind: they watch the launcher's pid."""
     code = ("import sys, time\n"
             "from reference_server import launch\n"
-            "s = launch.launch(['--engine', 'mini', '--kv-cache-gib', '0.02'], log_path=sys.argv[1])\n"
-            "s.wait_ready(300)\n"
+            "s = launch.launch(['--engine', 'mini', '--kv-cache-gib', '0.02'], "
+            "log_path=sys.argv[1])\ns.wait_ready(300)\n"
             "print(s.proc.pid, flush=True)\n"
             "time.sleep(600)\n")
     _leaves_when_its_launcher_is_killed(code, tmp_path / "server.log")

@@ -74,7 +74,8 @@ def prompts(path) -> list[list[int]]:
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(path)
     chat = [tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
-                                    tokenize=True, return_dict=True)["input_ids"] for q in QUESTIONS]
+                                    tokenize=True, return_dict=True)["input_ids"]
+                                    for q in QUESTIONS]
     raw = [tok.encode(t) for t in RAW]
     return [list(p) for p in chat + raw]
 
@@ -196,6 +197,7 @@ VARIANTS = {"int8": {"quant": "int8"}, "int4": {"quant": "int4"}, "mqa": {"atten
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_matches_hf_with_same_weights(path, prompts, name):
     from transformers import AutoConfig, LlamaForCausalLM
+
     from mini_engine import LLMEngine, SamplingParams
     few = prompts[:3] + prompts[10:13]
     eng = LLMEngine(path, num_threads=THREADS, kv_cache_gib=0.1, **VARIANTS[name])

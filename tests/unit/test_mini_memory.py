@@ -15,10 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mini_engine.block_manager import BlockAllocator, BlockManager
-from mini_engine.prefix_cache import HashPrefixCache, RadixPrefixCache, make_prefix_cache
 from mini_engine.config import EngineConfig
+from mini_engine.prefix_cache import HashPrefixCache, RadixPrefixCache, make_prefix_cache
 from mini_engine.scheduler import ContinuousScheduler, Scheduler, StaticScheduler, make_scheduler
-from mini_engine.sequence import SamplingParams, Sequence, SeqStatus
+from mini_engine.sequence import SamplingParams, SeqStatus, Sequence
 
 
 def make(num_blocks=64, block_size=4, prefix=None, mode="paged", **sched):
@@ -74,7 +74,8 @@ def test_no_leak_after_thousands_of_requests_and_aborts(prefix, mode):
     total = 0
     for step in range(3000):
         if rng.random() < 0.6 and total < 2000:
-            prompt = (shared[:rng.randrange(13)] + [rng.randrange(6) for _ in range(rng.randrange(1, 20))])
+            prompt = (shared[:rng.randrange(13)]
+                      + [rng.randrange(6) for _ in range(rng.randrange(1, 20))])
             seq = Sequence(prompt, SamplingParams(max_tokens=rng.randrange(1, 24)))
             sched.add(seq)
             live.append(seq)

@@ -5,14 +5,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-
 import torch.nn.functional as F
 
-from mini_engine.linear import DenseLinear, PackedLinear, can_prepack, make_linear
 from mini_engine.attention_metadata import Chunk, additive_mask, prepare
 from mini_engine.kv_cache import KVCache, KVLayout
-from mini_engine.model import (cascade_attention, cpu_has_amx, eager_attention, merge_attention,
-                               sdpa_with_lse, use_cascade, use_eager)
+from mini_engine.linear import DenseLinear, PackedLinear, can_prepack, make_linear
+from mini_engine.model import (
+    cascade_attention,
+    cpu_has_amx,
+    eager_attention,
+    merge_attention,
+    sdpa_with_lse,
+    use_cascade,
+    use_eager,
+)
 from mini_engine.quant import Int4Linear, Int8Linear
 from mini_engine.sampler import logprob_of, sample_row
 from mini_engine.sequence import SAMPLING_EPS, SamplingParams

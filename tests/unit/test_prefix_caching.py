@@ -183,7 +183,7 @@ def test_cascade_figure_shades_where_the_engine_would_cascade(rule):
     rows = [{"sequences": b, "per sequence (ms/step)": 2.0 * b, "cascade (ms/step)": 1.0 * b,
              "speed-up": 2.0, "engine would cascade": on} for b, on in zip((2, 4, 8), rule)]
     ax = pc.cascade_figure(rows, "t").axes[0]
-    lines = {l.get_label(): list(l.get_ydata()) for l in ax.get_lines()}
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
     assert lines == {"per sequence": [4.0, 8.0, 16.0],
                      "cascade (its speed-up under each point)": [2.0, 4.0, 8.0]}
     shaded = [p.get_x() for p in ax.patches]        # axvspan: a rectangle from its first x
@@ -232,7 +232,8 @@ def test_cascade_bench_computes_the_same_attention_both_ways_and_times_them():
     cfg = types.SimpleNamespace(num_kv_heads=2, num_heads=4, head_dim=8, num_layers=2)
     bench = pc.CascadeBench.build(cfg, torch.float32, block_size=4, shared=10, own=5, max_batch=3)
     assert (bench.shared, bench.own) == (8, 8)            # whole blocks: 10 down, 5 up
-    assert bench.own_blocks.shape == (3, 2) and not set(bench.own_blocks.flatten().tolist()) & {0, 1}
+    assert bench.own_blocks.shape == (3, 2) and not set(bench.own_blocks.flatten().tolist()) & {0,
+                                                                                                1}
     for written_out in (True, False):
         bench.written_out = written_out
         errors = bench.errors(3)

@@ -110,7 +110,6 @@ def test_time_decode_step_runs_on_a_tiny_model():
 def test_cuda_measurements_run_on_a_gpu():
     """Notebook 3's GPU path: the machine's two ceilings timed with CUDA events, and a decode
     step of a model on the GPU (synchronised, so the time is the kernels', not the launch's)."""
-    import torch
     from transformers import LlamaConfig, LlamaForCausalLM
     m = rm.measure_cuda_machine(n=2048, mib=256, repeats=3)
     print(f"{m.name}: {m.bandwidth / 1e9:.0f} GB/s, {m.flops / 1e12:.0f} TFLOP/s")
@@ -196,6 +195,7 @@ def test_measured_bf16_prefill_lies_under_the_measured_bf16_roof():
     layers, or if the LM head is counted for every prompt token."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
+
     from reference_server.model_config import read_arch
     torch.manual_seed(0)
     hf_cfg = LlamaConfig(vocab_size=32768, hidden_size=256, intermediate_size=688,

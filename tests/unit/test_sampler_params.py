@@ -13,8 +13,7 @@ import torch
 from mini_engine.sampler import Row, apply_penalties, sample, sample_row
 from mini_engine.sequence import SamplingParams
 from reference_server.engines.base import EngineError
-from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                       unsupported_fields)
+from reference_server.protocol import ChatCompletionRequest, CompletionRequest, unsupported_fields
 
 NEG = float("-inf")
 

@@ -100,7 +100,8 @@ def test_cold_prefill_drops_requests_that_report_cached_tokens(monkeypatch, cach
         calls.append(kw)
         recs = [RequestRecord(0, first_token=0.01, end=0.01, warmup=True)]
         recs += [RequestRecord(1, scheduled=0.0, first_token=0.2, end=0.2, cached_tokens=0),
-                 RequestRecord(2, scheduled=0.0, first_token=0.02, end=0.02, cached_tokens=cached[0])]
+                 RequestRecord(2, scheduled=0.0, first_token=0.02, end=0.02,
+                               cached_tokens=cached[0])]
         return type("R", (), {"records": recs, "summary": {}})()
     monkeypatch.setattr(bench, "run_benchmark", fake_run_benchmark)
     session = type("S", (), {"base_url": "http://x", "model": "m", "api_key": None})()

@@ -10,11 +10,21 @@ from pydantic import ValidationError
 
 from reference_server.config import ServerConfig, parse_args, redact_args
 from reference_server.engines.base import EngineError
-from reference_server.engines.local import (EngineStats, GenerationStep,
-                                            IncrementalDetokenizer, LocalEngine, _find_stop)
+from reference_server.engines.local import (
+    EngineStats,
+    GenerationStep,
+    IncrementalDetokenizer,
+    LocalEngine,
+    _find_stop,
+)
 from reference_server.models import ModelError, ModelSpec, resolve_model
-from reference_server.protocol import (ChatCompletionRequest, CompletionRequest,
-                                       RequestLimits, check_limits, unsupported_fields)
+from reference_server.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    RequestLimits,
+    check_limits,
+    unsupported_fields,
+)
 
 LIMITS = RequestLimits(max_n=4, max_logprobs=5, max_sequences_per_request=6)
 
@@ -435,7 +445,8 @@ def test_vllm_command_follows_the_eager_rule(monkeypatch, tmp_path):
         assert e.dtype == "bfloat16" and (e.compile_note is None) is eager
         # "auto" is the checkpoint's bf16: compiled on AMX, and its attention named as such
         auto = VLLMEngine(ServerConfig(engine="vllm", device="cpu", dtype="auto"), model)
-        assert auto.eager is eager and auto.attention == ("CPU_ATTN (vector)" if eager else "CPU_ATTN (AMX)")
+        assert auto.eager is eager and auto.attention == ("CPU_ATTN (vector)" if eager
+                                                          else "CPU_ATTN (AMX)")
 
 
 def test_vllm_serves_float32_for_bfloat16_where_the_cpu_would_emulate_it():

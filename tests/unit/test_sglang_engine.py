@@ -189,7 +189,7 @@ sglang:time_to_first_token_seconds_sum{is_streaming="false",model_name="smollm2-
 sglang:time_to_first_token_seconds_sum{is_streaming="true",model_name="smollm2-135m"} 0.5
 sglang:time_to_first_token_seconds_count{is_streaming="false",model_name="smollm2-135m"} 3.0
 sglang:time_to_first_token_seconds_count{is_streaming="true",model_name="smollm2-135m"} 1.0
-"""
+"""  # noqa: E501 (a metrics page as SGLang writes it: its lines are not ours to wrap)
 
 
 def test_sglang_metrics_under_vllms_names():
@@ -313,7 +313,8 @@ def test_avx2_patch_applies_to_the_kernel_source(tmp_path):
     import runpy
     import shutil
 
-    src = Path(os.environ.get("SGLANG_KERNEL_SRC", ROOT.parent / "shared" / "third_party" / "sglang-kernel-cpu"))
+    src = Path(os.environ.get("SGLANG_KERNEL_SRC",
+                              ROOT.parent / "shared" / "third_party" / "sglang-kernel-cpu"))
     if not (src / "csrc" / "cpu" / "CMakeLists.txt").exists():
         pytest.skip(f"no SGLang kernel source at {src}")
     for name in ("CMakeLists.txt", "shm.cpp"):

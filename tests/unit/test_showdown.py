@@ -23,7 +23,8 @@ def test_field_labels_are_unique_and_name_real_engines():
 
 
 def test_plan_scales_fixed_session_counts_like_requests():
-    plan = Plan(sharegpt_max_output=128, workload_args={"agentic": {"num_sessions": 8, "main_turns": 2}})
+    plan = Plan(sharegpt_max_output=128,
+                workload_args={"agentic": {"num_sessions": 8, "main_turns": 2}})
     assert plan.kwargs_for("agentic") == {"num_sessions": 8, "main_turns": 2}
     assert plan.kwargs_for("agentic", 1 / 3)["num_sessions"] == 3
     assert plan.kwargs_for("agentic", 0.01)["num_sessions"] == 2      # never fewer than two
@@ -40,8 +41,10 @@ def test_objectives_not_stated_are_derived_from_the_best_unloaded_p99():
                 {"workload": "b", "engine": "slow", "ttft_ms": 250.0, "itl_ms": None}]
     d = showdown.derive_objectives(unloaded, 3.0)
     # TTFT: per workload the best engine's p99 (a: fast 100, b: slow 250); the higher of those
-    assert d["ttft_ms"] == {"ms": 750.0, "engine": "slow", "workload": "b", "unloaded_p99_ms": {"ttft_ms": 250.0}}
-    # ITL: per workload the best engine's p99 ITL + p99 TTFT (a: fast 120, b: fast 325, slow has no ITL)
+    assert d["ttft_ms"] == {"ms": 750.0, "engine": "slow", "workload": "b",
+                            "unloaded_p99_ms": {"ttft_ms": 250.0}}
+    # ITL: per workload the best engine's p99 ITL + p99 TTFT (a: fast 120, b: fast 325, slow has no
+    # ITL)
     assert d["itl_ms"] == {"ms": 975.0, "engine": "fast", "workload": "b",
                            "unloaded_p99_ms": {"itl_ms": 25.0, "ttft_ms": 300.0}}
     assert showdown.derive_objectives([], 3.0) == {"ttft_ms": None, "itl_ms": None}
@@ -52,16 +55,19 @@ def test_objectives_not_stated_are_derived_from_the_best_unloaded_p99():
     text = showdown.objectives_text(entry)
     assert "2,000 ms (stated)" in text
     assert "975 ms (derived: 3 x (p99 ITL 25 ms + p99 TTFT 300 ms), fast unloaded on b)" in text
-    assert showdown.objectives_text(showdown.objectives_entry(Plan())) == "no TTFT objective; no ITL objective"
+    assert (showdown.objectives_text(showdown.objectives_entry(Plan()))
+            == "no TTFT objective; no ITL objective")
     # a manifest written before objectives said where they came from
-    assert showdown.objectives_text({"ttft_ms": 1000, "itl_ms": 100}) == "p99 TTFT ≤ 1,000 ms; p99 ITL ≤ 100 ms"
+    assert showdown.objectives_text({"ttft_ms": 1000,
+                                     "itl_ms": 100}) == "p99 TTFT ≤ 1,000 ms; p99 ITL ≤ 100 ms"
     assert Plan.quick().slo_ttft_ms is None and Plan.full().slo_itl_ms is None
 
 
 def test_a_running_sglang_server_is_in_the_field_where_sglang_is_not_installed(monkeypatch):
     monkeypatch.setattr(showdown, "sglang_installed", lambda: False)
     assert "sglang" not in [c.label for c in showdown.default_field(gpu=False)]
-    assert "sglang" in [c.label for c in showdown.default_field(gpu=False, running={"sglang": object()})]
+    assert "sglang" in [c.label
+                        for c in showdown.default_field(gpu=False, running={"sglang": object()})]
     monkeypatch.setattr(showdown, "sglang_installed", lambda: True)
     assert "sglang" in [c.label for c in showdown.default_field(gpu=False)]
 
@@ -94,10 +100,13 @@ def test_a_showdown_over_http_ranks_engines_by_capacity(mock_engine, tmp_path):
     broken = Contender("broken", "no-such-engine")
     plan = Plan(workloads=("shared-prefix",), num_requests=24, sweep_points=4, probe_requests=4,
                 probe_concurrency=12, slo_factor=10.0,
-                workload_args={"shared-prefix": {"system_prompt_len": 16, "question_len": 4, "output_len": 2}})
+                workload_args={"shared-prefix": {"system_prompt_len": 16, "question_len": 4,
+                                                 "output_len": 2}})
     t0 = time.monotonic()
-    show = showdown.run_showdown(tmp_path / "sd", [fast, slow, broken], plan, model="mock", mode="quick",
-                                 command="test", progress=False, log=lambda s: None, start_timeout_s=60)
+    show = showdown.run_showdown(tmp_path / "sd", [fast, slow, broken], plan, model="mock",
+                                 mode="quick",
+                                 command="test", progress=False, log=lambda s: None,
+                                 start_timeout_s=60)
     m = json.loads((tmp_path / "sd" / "showdown.json").read_text())
     assert m["format"] == showdown.FORMAT and m["command"] == "test" and m["machine"]["cores"] >= 1
     runs = {(r["engine"], r["workload"]): r for r in m["runs"]}
@@ -106,8 +115,8 @@ def test_a_showdown_over_http_ranks_engines_by_capacity(mock_engine, tmp_path):
     assert runs[("broken", "shared-prefix")]["folder"] is None
     assert m["engines"]["broken"]["status"].startswith("did not start")
     # no objective stated: both derived from the synchronous probes, and every sweep judged by them
-    unloaded = {e: json.loads((tmp_path / "sd" / e / "shared-prefix" / "probe-synchronous" / "summary.json")
-                              .read_text()) for e in ("fast", "slow")}
+    unloaded = {e: json.loads((tmp_path / "sd" / e / "shared-prefix" / "probe-synchronous"
+                               / "summary.json").read_text()) for e in ("fast", "slow")}
     for key, terms in showdown.DERIVED_FROM.items():
         derived = m["slo"]["how"][key]["derived"]
         base = {e: sum(unloaded[e][t]["p99"] for t in terms) for e in unloaded}
@@ -115,7 +124,8 @@ def test_a_showdown_over_http_ranks_engines_by_capacity(mock_engine, tmp_path):
         assert (derived["engine"], derived["workload"]) == (best, "shared-prefix")
         assert m["slo"][key] == pytest.approx(10.0 * base[best])
         for e in ("fast", "slow"):
-            cfg = json.loads((tmp_path / "sd" / e / "shared-prefix" / "sweep.json").read_text())["config"]
+            cfg = json.loads((tmp_path / "sd" / e / "shared-prefix" / "sweep.json")
+                             .read_text())["config"]
             assert cfg[f"slo_{key}"] == m["slo"][key]
     from workshop import decision
     sweeps = decision.load(tmp_path / "sd").sweeps()["shared-prefix"]

@@ -170,7 +170,8 @@ MANIFEST = {
 
 
 def test_directives_expand_from_the_manifest():
-    text = "{{figure 06_x/memory}}\n{{figure 06_x/memory h:300}}\nKV {{value 06_x/kv}}\n{{run 06_x}}"
+    text = ("{{figure 06_x/memory}}\n{{figure 06_x/memory h:300}}\nKV {{value 06_x/kv}}\n"
+            "{{run 06_x}}")
     out = bd.expand(text, MANIFEST)
     assert "![h:430](../figures/06_x/memory.png)" in out
     assert "![h:300](../figures/06_x/memory.png)" in out
@@ -191,7 +192,8 @@ def test_a_directive_the_manifest_cannot_fill_stops_the_build(text, why):
 
 
 def test_plan_skips_notebooks_that_do_not_exist_and_parts_with_nothing(tmp_path):
-    for part, name in [(1, "00_a"), (3, "06_c"), (3, "07_d"), (3, "05_b"), (5, "12_f"), (5, "13_g")]:
+    for part, name in [(1, "00_a"), (3, "06_c"), (3, "07_d"), (3, "05_b"), (5, "12_f"),
+                       (5, "13_g")]:
         (tmp_path / f"part{part}").mkdir(exist_ok=True)
         (tmp_path / f"part{part}" / f"{name}.md").write_text("## slide")
     # 05_b is not a notebook (yet); 08_e and 11_h are notebooks without slides; nothing for
@@ -228,7 +230,9 @@ def test_setup_values_read_the_configuration_table_not_the_field_table():
              "KV tokens | CPU | notes |\n|---|---|---|---|---|---|---|---|---|---|\n"
              "| vllm | right (11 as the reference, 3 near ties) | bfloat16 | CPU_ATTN (AMX) | "
              "hashed blocks of 128 tokens | compiled | 64 | 46592 | avx2 | - |\n")
-    md = lambda text: {"output_type": "display_data", "data": {"text/markdown": text}}
+    def md(text):
+        return {"output_type": "display_data", "data": {"text/markdown": text}}
+
     nb = _notebook(_code("field", md(field)), _code("setup", md(setup)))
     specs = {**ef._setup_values(["vllm"], ef.SETUP_COLUMNS),
              "args": ef.VALUES["10_engine_showdown"]["vllm_args"]}
@@ -249,8 +253,11 @@ def test_stage_values_skip_the_verdict_table_with_the_same_first_columns():
     verdicts = ("| workload | constraint | result | margin |\n|---|---|---|---|\n"
                 "| shared-prefix | throughput | - | - |\n")
     stages = ("| workload | constraint | Xeon with AMX | EPYC with AVX2 only | same winner |\n"
-              "|---|---|---|---|---|\n| shared-prefix | throughput | vllm x1.9 | tie: a, b | no |\n")
-    md = lambda text: {"output_type": "display_data", "data": {"text/markdown": text}}
+              "|---|---|---|---|---|\n"
+              "| shared-prefix | throughput | vllm x1.9 | tie: a, b | no |\n")
+    def md(text):
+        return {"output_type": "display_data", "data": {"text/markdown": text}}
+
     nb = _notebook(_code("v", md(verdicts)), _code("s", md(stages)))
     specs = {k: v for k, v in ef.VALUES["11_decision_chart"].items()
              if k.startswith("stage_shared_prefix_throughput")}

@@ -1,7 +1,8 @@
 """Notebook 09's cost measurement and its gates: the self-draft's share of the work computed
 from the shapes (hand-checked on SmolLM2-135M's), interleaved timing, and the checks that flag
-a draft dearer than the whole model (the reference run's c = 1.52 for 8 of 30 layers) or cheaper than its layers' share, a verify
-forward dearer than its tokens, and a speed-up larger than the tokens per forward."""
+a draft dearer than the whole model (the reference run's c = 1.52 for 8 of 30 layers) or
+cheaper than its layers' share, a verify forward dearer than its tokens, and a speed-up larger
+than the tokens per forward."""
 
 from __future__ import annotations
 

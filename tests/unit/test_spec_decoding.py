@@ -12,7 +12,6 @@ import pytest
 from reference_server import prometheus as P
 from workshop import spec_decoding as sd
 
-
 # -- the formula --------------------------------------------------------------------------------
 
 def test_tokens_per_step_edges():

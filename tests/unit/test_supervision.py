@@ -3,8 +3,8 @@ restarted a bounded number of times; the HTTP layer counts and reports every fai
 
 The child here is a real process serving real HTTP: a tiny stand-in for an engine server
 that answers /health and then exits (or, stopped with SIGSTOP, hangs; or is SIGKILLed by
-the test), so the supervision code runs exactly as with vLLM. The HTTP-layer tests at the end use a scripted in-process
-engine: what they check is the server's own logic.
+the test), so the supervision code runs exactly as with vLLM. The HTTP-layer tests at the end use a
+scripted in-process engine: what they check is the server's own logic.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import sys
 import time
 
 import pytest
-
 from conftest import sse_events
+
 from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineHung, EngineInfo
 from reference_server.engines.proxy import ProxyEngine
@@ -479,7 +479,8 @@ def test_full_server_answers_429_with_retry_after():
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["code"] == "queue_full"
         state.active = 0
-        assert client.post("/v1/completions", json={"model": "m", "prompt": "hi"}).status_code == 200
+        assert client.post("/v1/completions",
+                           json={"model": "m", "prompt": "hi"}).status_code == 200
 
 
 def test_deeply_nested_json_is_a_400():
@@ -567,7 +568,9 @@ def test_client_leaving_while_a_chunk_is_being_sent_is_counted_and_its_engine_st
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        count = lambda: state.metrics.registry.get_sample_value(P.SERVER_CLIENT_DISCONNECTS)
+        def count():
+            return state.metrics.registry.get_sample_value(P.SERVER_CLIENT_DISCONNECTS)
+
         before = count()
         state.request_started()
         await EngineStream(EngineAnswer(), state, {})(

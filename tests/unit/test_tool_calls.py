@@ -48,7 +48,8 @@ def test_required_allows_exactly_calls_of_the_given_tools_with_their_arguments()
     # the engine's request: no tools, not streamed, the tools described in a system message
     sent = plan.request
     assert sent.tools is None and sent.tool_choice is None and not sent.stream
-    assert sent.messages[0].role == "system" and "add: Add two integers." in sent.messages[0].content
+    assert (sent.messages[0].role == "system"
+            and "add: Add two integers." in sent.messages[0].content)
 
 
 def test_auto_also_allows_a_plain_answer_and_a_named_tool_one_call_of_it():
@@ -67,7 +68,8 @@ def test_no_tools_is_no_plan_and_impossible_choices_are_refused():
     assert tools.plan(req()) is None and tools.plan(req(tools=[], tool_choice="none")) is None
     for kw, param in [({"tool_choice": "required"}, "tool_choice"),
                       ({"tools": [ADD], "tool_choice": {"type": "function",
-                                                        "function": {"name": "mul"}}}, "tool_choice"),
+                                                        "function": {"name": "mul"}}},
+                                                        "tool_choice"),
                       ({"tools": [ADD], "response_format": {"type": "json_object"}},
                        "response_format")]:
         with pytest.raises(tools.ToolError) as e:
@@ -128,7 +130,8 @@ def test_the_engines_json_becomes_tool_calls_or_content_and_a_stream():
     assert call["function"] == {"name": "add", "arguments": '{"a":2,"b":3}'}
     assert call["id"].startswith("call_") and call["type"] == "function"
     assert out[1]["message"]["content"] == "five" and out[1]["finish_reason"] == "stop"
-    assert out[2]["message"]["content"] == '{"tool_calls": [{"na' and out[2]["finish_reason"] == "length"
+    assert (out[2]["message"]["content"] == '{"tool_calls": [{"na'
+            and out[2]["finish_reason"] == "length")
     chunks = plan.chunks(response)
     assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["index"] == 0
     assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"

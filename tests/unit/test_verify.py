@@ -88,4 +88,4 @@ def test_repeats_are_sent_back_to_back_and_the_system_prompt_is_long():
     assert len({p.messages for p in shorts[:V.SHORT_REPEATS]}) == 1
     system = [p for p in ps if p.kind == "system prompt"]
     assert len(system) == len(V.SYSTEM_QUESTIONS) and len({p.messages[0] for p in system}) == 1
-    assert len(V.system_prompt().split()) > 350          # several hundred tokens, cached after the first
+    assert len(V.system_prompt().split()) > 350  # several hundred tokens, cached after the first

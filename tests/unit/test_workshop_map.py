@@ -31,7 +31,8 @@ def test_every_module_and_subpackage_has_a_place_in_the_map():
 
 
 def test_every_name_in_the_map_exists_and_every_notebook_has_a_row():
-    modules = {p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir() if p.is_dir()}
+    modules = ({p.stem for p in PACKAGE.glob("*.py")} | {p.name for p in PACKAGE.iterdir()
+                                                         if p.is_dir()})
     bench = {p.stem for p in (PACKAGE / "bench").glob("*.py")}
     assert sorted(named_in_map() - modules - bench) == []
     rows = set(re.findall(r"^\| (\d\d) \|", workshop.__doc__ or "", re.M))

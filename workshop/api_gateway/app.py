@@ -116,7 +116,7 @@ class Gateway:
     def route(self, body: dict | None = None) -> int:
         """The replica for a request (``body``, its JSON; the prefix policy reads its prompt),
         counted as outstanding there from now."""
-        prompt = prompt_text(body) if body is not None and self.policy.name == "prefix" else None
+        prompt = prompt_text(body) if body is not None and self.policy.reads_prompt else None
         i = self.policy.choose([r.outstanding for r in self.replicas], prompt)
         why = getattr(self.policy, "last", {}).get("why")
         if why:
@@ -265,7 +265,8 @@ def create_app(gw: Gateway) -> FastAPI:
             if status != 200:
                 # in OpenAI's shape whatever the replica sent (a proxy's plain text, SGLang's
                 # bare strings), with its Retry-After when it is busy: the reference server's rule
-                return engine_error_response(error_answer(status, data, resp.headers.get("Retry-After")))
+                return engine_error_response(error_answer(status, data,
+                                                          resp.headers.get("Retry-After")))
             return Response(data, status, media_type=resp.headers.get("content-type"))
         return StreamingResponse(_relay(gw, resp, i, key, base, t0, wants_usage(body)),
                                  media_type="text/event-stream")

@@ -110,7 +110,8 @@ def forecast(policy: str, rate: float, replicas: int, l1: float, per_other: floa
     steady state (``latency_with_others``). ``spread``: each gets ``rate / replicas``.
     ``concentrate``: replica 0 takes everything while it holds fewer than
     ``max_per_replica``; full, it serves ``max_per_replica / L`` (L with that many others)
-    and the overflow goes to the next. Past every replica full the policy is spread's (the fewest outstanding)."""
+    and the overflow goes to the next. Past every replica full the policy is spread's (the fewest
+    outstanding)."""
     def row(i, r, latency=None):
         latency = latency_with_others(l1, per_other, r) if latency is None else latency
         return {"replica": i, "req/s": r, "holds": r * latency if r else 0.0,

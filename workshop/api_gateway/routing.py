@@ -4,7 +4,8 @@ the prefix cache.
 Every policy has ``choose(outstanding, prompt=None) -> replica index``: ``outstanding`` is the
 gateway's own count of outstanding requests per replica (sent, reply not finished), which the
 gateway keeps exactly, with no call to the replicas; ``prompt`` is the request's prompt as
-text (``prompt_text``), which only ``prefix`` reads.
+text (``prompt_text``), which the gateway extracts only for a policy whose ``reads_prompt``
+is true (``prefix``).
 
 * ``spread``: the replica with the fewest outstanding requests; ties go round robin, so an
   idle fleet is used in turn (the rule of vLLM's data-parallel balancer, which counts
@@ -29,6 +30,7 @@ POLICIES = ("spread", "concentrate", "round_robin", "prefix")
 
 class Spread:
     name = "spread"
+    reads_prompt = False
 
     def __init__(self) -> None:
         self._next = 0          # where the round robin among tied replicas resumes
@@ -46,6 +48,7 @@ class Spread:
 
 class Concentrate:
     name = "concentrate"
+    reads_prompt = False
 
     def __init__(self, max_per_replica: int) -> None:
         if max_per_replica < 1:
@@ -61,6 +64,7 @@ class Concentrate:
 
 class RoundRobin:
     name = "round_robin"
+    reads_prompt = False
 
     def __init__(self) -> None:
         self._next = 0
@@ -106,6 +110,7 @@ class Prefix:
     """
 
     name = "prefix"
+    reads_prompt = True
 
     def __init__(self, threshold: float = 0.5, balance: int = 4, chunk_chars: int = 64,
                  max_chunks: int = 65536) -> None:

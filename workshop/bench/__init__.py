@@ -14,5 +14,7 @@ from .run import arun_benchmark, run_benchmark
 from .sweep import SweepResult, find_knee, sweep_load
 from .workloads import WORKLOADS, Tokenizer, Workload, build_workload, describe
 
-__all__ = ["run_benchmark", "arun_benchmark", "sweep_load", "find_knee", "BenchResult", "SweepResult",
-           "RequestRecord", "SLO", "summarize", "Workload", "Tokenizer", "build_workload", "describe", "WORKLOADS"]
+__all__ = ["run_benchmark", "arun_benchmark", "sweep_load", "find_knee", "BenchResult",
+           "SweepResult",
+           "RequestRecord", "SLO", "summarize", "Workload", "Tokenizer", "build_workload",
+           "describe", "WORKLOADS"]

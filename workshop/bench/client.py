@@ -133,7 +133,8 @@ class OpenAIClient:
         rec.max_tokens = req.max_tokens
         rec.sent = clock()
         try:
-            async with self.session.post(url, data=json.dumps(self.body(req)), headers=self.headers) as resp:
+            async with self.session.post(url, data=json.dumps(self.body(req)),
+                                         headers=self.headers) as resp:
                 if resp.status != 200:
                     text = (await resp.text())[:300]
                     rec.error = f"HTTP {resp.status}: {text}"
@@ -157,12 +158,14 @@ class OpenAIClient:
                     if not choices:
                         continue
                     c = choices[0]
-                    text = ((c.get("delta") or {}).get("content") or (c.get("delta") or {}).get("reasoning_content")
+                    text = ((c.get("delta") or {}).get("content")
+                            or (c.get("delta") or {}).get("reasoning_content")
                             if chat else c.get("text")) or ""
                     called = (c.get("delta") or {}).get("tool_calls") if chat else None
                     for tc in called or []:
                         call = calls.setdefault(tc.get("index", 0), {
-                            "id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+                            "id": "", "type": "function",
+                            "function": {"name": "", "arguments": ""}})
                         call["id"] = tc.get("id") or call["id"]
                         fn = tc.get("function") or {}
                         call["function"]["name"] = fn.get("name") or call["function"]["name"]
@@ -219,7 +222,8 @@ class RunLog:
 class Runner:
     """Runs sessions under a ``Load`` through an ``OpenAIClient``, recording every request."""
 
-    def __init__(self, client: OpenAIClient, on_request_done: Callable[[RequestRecord], None] | None = None):
+    def __init__(self, client: OpenAIClient,
+                 on_request_done: Callable[[RequestRecord], None] | None = None):
         self.client = client
         self.on_request_done = on_request_done or (lambda r: None)
         self.log = RunLog()
@@ -257,7 +261,8 @@ class Runner:
             await session.run(self.send)
         except Exception as e:  # a bug in a workload script must not kill the whole run
             rec = RequestRecord(index=len(self.log.records), session=index, tag="session-error",
-                                scheduled=ready, sent=ready, end=self.clock(), error=f"session failed: {e!r}")
+                                scheduled=ready, sent=ready, end=self.clock(),
+                                error=f"session failed: {e!r}")
             self.log.records.append(rec)
             self.log.sent.append(None)
             self.on_request_done(rec)
@@ -265,7 +270,8 @@ class Runner:
 
     def _spawn(self, index: int, session: Session, ready: float) -> asyncio.Task:
         # A fresh context per session so its timing variables are its own.
-        return asyncio.create_task(self._run_session(index, session, ready), context=contextvars.Context())
+        return asyncio.create_task(self._run_session(index, session, ready),
+                                   context=contextvars.Context())
 
     async def warmup(self, requests: Sequence[Request]) -> None:
         """Send requests one by one, recorded with ``warmup=True`` (excluded from summaries)."""

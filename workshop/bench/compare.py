@@ -9,7 +9,8 @@ from typing import Sequence
 from .results import BenchResult
 
 COLUMNS = ("label", "workload", "load", "completed", "errors", "req/s", "out tok/s", "goodput",
-           "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50", "ITL p99", "E2E p50", "prefix hit %", "KV peak %",
+           "TTFT p50", "TTFT p99", "TPOT p50", "ITL p50", "ITL p99", "E2E p50", "prefix hit %",
+           "KV peak %",
            "lag p99")
 
 
@@ -27,10 +28,13 @@ def _row(r: BenchResult) -> list[str]:
 
     load = f"{c['request_rate']:g} req/s" if c.get("request_rate") else f"c={c.get('concurrency')}"
     return [r.label, c.get("workload", "?"), load, str(s["completed"]), str(s["errors"]),
-            f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}", f"{s['goodput']:.2f}",
-            ms("ttft_ms", "median"), ms("ttft_ms", "p99"), ms("tpot_ms", "median"), ms("itl_ms", "median"),
+            f"{s['request_throughput']:.2f}", f"{s['output_throughput']:.1f}",
+            f"{s['goodput']:.2f}",
+            ms("ttft_ms", "median"), ms("ttft_ms", "p99"), ms("tpot_ms", "median"),
+            ms("itl_ms", "median"),
             ms("itl_ms", "p99"), ms("e2e_ms", "median"),
-            pct(srv.get("prefix_cache_hit_rate", s.get("client_cached_token_ratio"))), pct(srv.get("peak_kv_usage")),
+            pct(srv.get("prefix_cache_hit_rate", s.get("client_cached_token_ratio"))),
+            pct(srv.get("peak_kv_usage")),
             ms("schedule_lag_ms", "p99")]
 
 
@@ -43,11 +47,13 @@ def compare_table(results: Sequence[BenchResult]) -> str:
 
 def compare_figure(results: Sequence[BenchResult]):
     """TTFT and ITL percentiles per run, output throughput, and prefix reuse, in one figure."""
-    from .plots import _STATS, _plt
     import numpy as np
+
+    from .plots import _STATS, _plt
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))
-    labels = [r.label if len({x.label for x in results}) == len(results) else f"{r.label}/{r.config.get('workload')}"
+    labels = [r.label if len({x.label for x in results}) == len(results)
+              else f"{r.label}/{r.config.get('workload')}"
               for r in results]
     x = np.arange(len(_STATS))
     w = 0.8 / max(len(results), 1)

@@ -221,17 +221,18 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None = None) -> dict:
     lag99 = stats((r.schedule_lag for r in measured), 1e3)["p99"]
     ttft50 = stats((r.ttft for r in done), 1e3)["median"]
     if lag99 is not None and lag99 > max(5.0, 0.1 * (ttft50 or 0.0)):
-        warnings.append(f"client schedule lag p99 {lag99:.1f} ms: the client (or its machine) was late, "
-                        "so the load offered was lower than asked")
+        warnings.append(f"client schedule lag p99 {lag99:.1f} ms: the client (or its machine) was "
+                        "late, so the load offered was lower than asked")
     if failed:
         warnings.append(f"{len(failed)} of {len(measured)} requests failed (see error_kinds)")
     no_usage = sum(1 for r in done if not r.usage)
     if no_usage:
-        warnings.append(f"{no_usage} responses had no usage chunk: their output tokens are counted as chunks "
-                        "(a lower bound)")
+        warnings.append(f"{no_usage} responses had no usage chunk: their output tokens are counted "
+                        "as chunks (a lower bound)")
     short = sum(1 for r in done if r.usage and r.max_tokens and r.output_tokens < r.max_tokens)
     if short:
-        warnings.append(f"{short} responses stopped before max_tokens (does the server honour ignore_eos?)")
+        warnings.append(f"{short} responses stopped before max_tokens (does the server honour "
+                        "ignore_eos?)")
     return {
         "warnings": warnings,
         "completed": len(done),
@@ -245,9 +246,10 @@ def summarize(records: Sequence[RequestRecord], slo: SLO | None = None) -> dict:
         "total_token_throughput": per_s(in_tokens + out_tokens),
         "goodput": per_s(sum(1 for r in done if slo.met_by(r))),
         "num_sessions": len(sessions_of(measured)),
-        "arrival_span_s": (max(a for a, _ in sessions_of(measured)) - min(a for a, _ in sessions_of(measured))
-                           if measured else 0.0),
-        "session_median_s": (float(np.median([b - a for a, b in sessions_of(measured)])) if measured else None),
+        "arrival_span_s": (max(a for a, _ in sessions_of(measured))
+                           - min(a for a, _ in sessions_of(measured)) if measured else 0.0),
+        "session_median_s": (float(np.median([b - a for a, b in sessions_of(measured)])) if measured
+                             else None),
         "slo": {k: v for k, v in vars(slo).items() if v is not None},
         "mean_concurrency": mean_concurrency(measured),
         "ttft_ms": stats((r.ttft for r in done), 1e3),

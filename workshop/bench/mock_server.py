@@ -66,7 +66,8 @@ class MockServer:
                 head = await reader.readuntil(b"\r\n\r\n")
                 lines = head.decode("latin-1").split("\r\n")
                 method, path, _ = lines[0].split(" ", 2)
-                headers = {k.strip().lower(): v.strip() for k, _, v in (l.partition(":") for l in lines[1:] if l)}
+                headers = {k.strip().lower(): v.strip() for k, _,
+                           v in (line.partition(":") for line in lines[1:] if line)}
                 body = await reader.readexactly(int(headers.get("content-length", "0")))
                 await self._handle(method, path, body, writer)
         except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
@@ -75,18 +76,23 @@ class MockServer:
             writer.close()
 
     @staticmethod
-    def _simple(writer: asyncio.StreamWriter, status: int, body: bytes, ctype: str = "application/json") -> None:
-        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+    def _simple(writer: asyncio.StreamWriter, status: int, body: bytes,
+                ctype: str = "application/json") -> None:
+        writer.write(f"HTTP/1.1 {status} X\r\nContent-Type: {ctype}\r\nContent-Length: "
+                     f"{len(body)}\r\n"
                      "Connection: keep-alive\r\n\r\n".encode() + body)
 
-    async def _handle(self, method: str, path: str, body: bytes, writer: asyncio.StreamWriter) -> None:
+    async def _handle(self, method: str, path: str, body: bytes,
+                      writer: asyncio.StreamWriter) -> None:
         if method == "GET" and path == "/v1/models":
-            self._simple(writer, 200, b'{"object":"list","data":[{"id":"mock","object":"model","owned_by":"mock"}]}')
+            self._simple(writer, 200,
+                         b'{"object":"list","data":[{"id":"mock","object":"model","owned_by":"mock"}]}')
             return
         if method == "GET" and path == "/health":
             self._simple(writer, 200, b"{}")
             return
-        if method == "POST" and path == "/reset_prefix_cache":   # as vLLM's: the harness empties it per run
+        # as vLLM's: the harness empties it per run
+        if method == "POST" and path == "/reset_prefix_cache":
             self.cache_resets += 1
             self._simple(writer, 200, b"{}")
             return
@@ -107,7 +113,8 @@ class MockServer:
         req = json.loads(body)
         model = str(req.get("model", ""))
         if model.startswith("fail-"):
-            self._simple(writer, int(model[5:]), b'{"error":{"message":"asked to fail","type":"mock"}}')
+            self._simple(writer, int(model[5:]),
+                         b'{"error":{"message":"asked to fail","type":"mock"}}')
             return
         self.requests += 1
         n = int(req.get("max_tokens") or 16)
@@ -115,11 +122,12 @@ class MockServer:
         prompt = json.dumps(req.get("messages") if chat else req.get("prompt"))
         n_prompt = len(prompt.split())
         self.prompt_tokens += n_prompt
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
-                     b"Connection: keep-alive\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: "
+                     b"chunked\r\nConnection: keep-alive\r\n\r\n")
 
         def event(obj: object) -> None:
-            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            data = (b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode())
+                    + b"\n\n")
             writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
 
         if self._slots is not None:
@@ -139,7 +147,8 @@ class MockServer:
     def _kv_usage(self) -> float:
         return self.running / self.max_concurrency if self.max_concurrency else 0.25
 
-    async def _generate(self, n: int, n_prompt: int, chat: bool, writer: asyncio.StreamWriter, event) -> None:
+    async def _generate(self, n: int, n_prompt: int, chat: bool, writer: asyncio.StreamWriter,
+                        event) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         for i in range(n):
@@ -148,10 +157,12 @@ class MockServer:
                 if i:
                     await writer.drain()
                 await asyncio.sleep(due - loop.time())
-            choice = {"index": 0, "delta": {"content": f" w{i}"}} if chat else {"index": 0, "text": f" w{i}"}
+            choice = ({"index": 0, "delta": {"content": f" w{i}"}} if chat
+                      else {"index": 0, "text": f" w{i}"})
             event({"id": "x", "object": "chunk", "choices": [choice]})
         event({"id": "x", "object": "chunk", "choices": [],
-               "usage": {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt + n,
+               "usage": {"prompt_tokens": n_prompt, "completion_tokens": n, "total_tokens": n_prompt
+                         + n,
                          "prompt_tokens_details": {"cached_tokens": n_prompt // 2}}})
         event(b"[DONE]")
         writer.write(b"0\r\n\r\n")
@@ -163,8 +174,10 @@ def main() -> None:
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8199)
     ap.add_argument("--chunk-delay-s", type=float, default=0.0, help="gap between token chunks")
-    ap.add_argument("--first-token-delay-s", type=float, default=0.0, help="wait before the first chunk")
-    ap.add_argument("--max-concurrency", type=int, help="requests generating at once; the rest wait in a queue")
+    ap.add_argument("--first-token-delay-s", type=float, default=0.0,
+                    help="wait before the first chunk")
+    ap.add_argument("--max-concurrency", type=int,
+                    help="requests generating at once; the rest wait in a queue")
     args = ap.parse_args()
 
     async def serve() -> None:

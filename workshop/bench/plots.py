@@ -16,7 +16,8 @@ _STATS = ("mean", "median", "p90", "p95", "p99")
 
 def _plt():
     import matplotlib
-    if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline", "nbagg", "widget",
+    if matplotlib.get_backend().lower() not in ("module://matplotlib_inline.backend_inline",
+                                                "nbagg", "widget",
                                                 "module://ipympl.backend_nbagg"):
         matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -38,7 +39,8 @@ def _latencies(res: "BenchResult", metric: str) -> np.ndarray:
     return np.sort(np.asarray(v, dtype=float) * 1e3)
 
 
-def plot_latency_cdf(results: Sequence["BenchResult"], metrics: Sequence[str] = ("ttft", "itl", "e2e"),
+def plot_latency_cdf(results: Sequence["BenchResult"],
+                     metrics: Sequence[str] = ("ttft", "itl", "e2e"),
                      labels: Sequence[str] | None = None):
     """One panel per metric, one CDF line per run (log x axis)."""
     plt = _plt()
@@ -58,7 +60,8 @@ def plot_latency_cdf(results: Sequence["BenchResult"], metrics: Sequence[str] = 
     return fig
 
 
-def plot_percentiles(results: Sequence["BenchResult"], metrics: Sequence[str] = ("ttft_ms", "itl_ms"),
+def plot_percentiles(results: Sequence["BenchResult"],
+                     metrics: Sequence[str] = ("ttft_ms", "itl_ms"),
                      labels: Sequence[str] | None = None):
     """Grouped bars: mean/median/p90/p95/p99 of each metric, one bar colour per run (engine)."""
     plt = _plt()
@@ -114,9 +117,11 @@ def plot_load_curve(sweep: "SweepResult"):
 def plot_prefix_hit(results: Sequence["BenchResult"], labels: Sequence[str] | None = None):
     """Per run (usually one per workload): theoretical prefix reuse vs the hit rate measured."""
     plt = _plt()
-    labels = labels or [f"{r.summary.get('workload', {}).get('workload', '?')}\n{r.label}" for r in results]
+    labels = (labels or [f"{r.summary.get('workload', {}).get('workload', '?')}\n{r.label}"
+                         for r in results])
     theo = [100 * (r.summary.get("workload", {}).get("prefix_reuse_ratio") or 0) for r in results]
-    server = [100 * ((r.summary.get("server") or {}).get("prefix_cache_hit_rate") or 0) for r in results]
+    server = [100 * ((r.summary.get("server") or {}).get("prefix_cache_hit_rate") or 0)
+              for r in results]
     client = [100 * (r.summary.get("client_cached_token_ratio") or 0) for r in results]
     x = np.arange(len(results))
     fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(results)), 3.6))
@@ -133,7 +138,8 @@ def plot_prefix_hit(results: Sequence["BenchResult"], labels: Sequence[str] | No
 
 
 def plot_timeline(res: "BenchResult", max_requests: int = 400):
-    """Each request as a line: grey while waiting (scheduled -> first token), blue while streaming."""
+    """Each request as a line: grey while waiting (scheduled -> first token), blue while
+    streaming."""
     plt = _plt()
     recs = [r for r in res.records if not r.warmup][:max_requests]
     fig, ax = plt.subplots(figsize=(7, 0.02 * len(recs) + 2.5))
@@ -153,7 +159,8 @@ def plot_timeline(res: "BenchResult", max_requests: int = 400):
 
 def save_run_plots(res: "BenchResult", folder: Path) -> None:
     plt = _plt()
-    for name, fig in (("latency_cdf.png", plot_latency_cdf([res])), ("timeline.png", plot_timeline(res))):
+    for name, fig in (("latency_cdf.png", plot_latency_cdf([res])),
+                      ("timeline.png", plot_timeline(res))):
         fig.savefig(Path(folder) / name, dpi=110, bbox_inches="tight")
         plt.close(fig)
 

@@ -107,32 +107,39 @@ def format_summary(s: dict[str, Any]) -> str:
     """A short human-readable table of a summary dictionary."""
     def f(x: Any, nd: int = 1) -> str:
         return "-" if x is None else f"{x:.{nd}f}"
-    lines = [f"completed {s['completed']}  errors {s['errors']}  duration {f(s['duration_s'], 2)} s  "
+    lines = [f"completed {s['completed']}  errors {s['errors']}  duration {f(s['duration_s'], 2)} "
+             "s  "
              f"mean concurrency {f(s['mean_concurrency'], 2)}",
-             f"request throughput {f(s['request_throughput'], 2)} req/s  goodput {f(s['goodput'], 2)} req/s  "
-             f"output {f(s['output_throughput'])} tok/s  total {f(s['total_token_throughput'])} tok/s",
+             f"request throughput {f(s['request_throughput'], 2)} req/s  goodput "
+             f"{f(s['goodput'], 2)} req/s  output {f(s['output_throughput'])} tok/s  total "
+             f"{f(s['total_token_throughput'])} tok/s",
              f"{'ms':<16}{'mean':>10}{'median':>10}{'p90':>10}{'p95':>10}{'p99':>10}"]
     for k in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "schedule_lag_ms", "queue_wait_ms"):
         d = s.get(k)
         if not d or d["mean"] is None and k == "queue_wait_ms":
             continue
-        lines.append(f"{k[:-3]:<16}" + "".join(f"{f(d[p], 2):>10}" for p in ("mean", "median", "p90", "p95", "p99")))
+        lines.append(f"{k[:-3]:<16}" + "".join(f"{f(d[p], 2):>10}"
+                                               for p in ("mean", "median", "p90", "p95", "p99")))
     srv = s.get("server") or {}
     if srv.get("metrics_available"):
         lines.append("server: " + "  ".join(f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}"
-                                            for k, v in srv.items() if k not in ("metrics_available", "series")))
+                                            for k, v in srv.items()
+                                            if k not in ("metrics_available", "series")))
     ld = s.get("load") or {}
     if ld.get("offered_rate") is not None:
         band = ld.get("sampling_band_95")
-        lines.append(f"load: asked {f(ld['asked_rate'], 3)}/s, scheduled {f(ld['scheduled_rate'], 3)}/s, offered "
-                     f"{f(ld['offered_rate'], 3)}/s over {ld['arrivals']} arrivals"
+        lines.append(f"load: asked {f(ld['asked_rate'], 3)}/s, scheduled "
+                     f"{f(ld['scheduled_rate'], 3)}/s, offered {f(ld['offered_rate'], 3)}/s over "
+                     f"{ld['arrivals']} arrivals"
                      + (f" (95% of random schedules: {band[0]:.3g}-{band[1]:.3g})" if band else ""))
     sat = s.get("saturation")
     if sat:
         win = sat.get("window") or {}
-        lines.append(("OVERLOADED" if sat["overloaded"] else "keeps up" if judged(sat) else "not judged")
+        lines.append(("OVERLOADED" if sat["overloaded"] else "keeps up" if judged(sat)
+                      else "not judged")
                      + (f" over the steady window ({f(win.get('seconds'), 1)} s): achieved "
-                        f"{f(win.get('achieved_rate'), 3)} of {f(win.get('offered_rate'), 3)}/s" if win else "")
+                        f"{f(win.get('achieved_rate'), 3)} of {f(win.get('offered_rate'), 3)}/s"
+                        if win else "")
                      + "".join(f"; {r}" for r in sat.get("reasons") or []))
     wl = s.get("workload") or {}
     if wl:
@@ -166,17 +173,20 @@ def local_environment() -> dict[str, Any]:
             "packages": versions}
 
 
-async def server_environment(session: Any, base_url: str, headers: dict[str, str]) -> dict[str, Any]:
+async def server_environment(session: Any, base_url: str, headers: dict[str, str]) -> dict[str,
+                                                                                           Any]:
     """What the server says about itself: /v1/models, /version, /server_info (SGLang, ours)."""
     import aiohttp
     out: dict[str, Any] = {}
     timeout = aiohttp.ClientTimeout(total=5)
-    for key, path in (("models", "/v1/models"), ("version", "/version"), ("server_info", "/server_info"),
+    for key, path in (("models", "/v1/models"), ("version", "/version"),
+                      ("server_info", "/server_info"),
                       ("server_info", "/get_server_info")):
         if key in out:
             continue
         try:
-            async with session.get(base_url.rstrip("/") + path, headers=headers, timeout=timeout) as resp:
+            async with session.get(base_url.rstrip("/") + path, headers=headers,
+                                   timeout=timeout) as resp:
                 if resp.status == 200:
                     out[key] = await resp.json(content_type=None)
         except Exception:

@@ -60,13 +60,17 @@ def _warmup_requests(tok: Tokenizer, n: int, seed: int, api: str) -> list[Reques
     return [Request(8, messages=[{"role": "user", "content": t}], tag="warmup") for t in texts]
 
 
-async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "random", num_requests: int = 32,
-                         concurrency: int | None = 8, request_rate: float | None = None, burstiness: float = 1.0,
+async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "random",
+                         num_requests: int = 32,
+                         concurrency: int | None = 8, request_rate: float | None = None,
+                         burstiness: float = 1.0,
                          api_key: str | None = None, seed: int = 0, warmup: int = 2,
                          slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
                          slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None,
-                         progress: bool = True, output_dir: str | None = None, label: str | None = None,
-                         tokenizer: str | None = None, timeout_s: float = 600.0, ignore_eos: bool = True,
+                         progress: bool = True, output_dir: str | None = None,
+                         label: str | None = None,
+                         tokenizer: str | None = None, timeout_s: float = 600.0,
+                         ignore_eos: bool = True,
                          extra_body: dict | None = None, scrape_metrics: bool = True,
                          environment: bool = True, reset_cache: bool = False,
                          **workload_kwargs: Any) -> BenchResult:
@@ -82,41 +86,50 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
             if root is not None:
                 tok = Tokenizer.load(None, root)
         wl = build_workload(workload, tok, num_requests=num_requests, seed=seed, **workload_kwargs)
-    load = Load(concurrency=concurrency, request_rate=request_rate, burstiness=burstiness, seed=seed)
+    load = Load(concurrency=concurrency, request_rate=request_rate, burstiness=burstiness,
+                seed=seed)
     slo = SLO(ttft_ms=slo_ttft_ms, itl_ms=slo_itl_ms, tpot_ms=slo_tpot_ms, e2e_ms=slo_e2e_ms)
     config = {"label": label, "base_url": base_url, "model": model, "workload": wl.name,
-              "workload_params": wl.params, "num_sessions": len(wl.sessions), "concurrency": concurrency,
-              "request_rate": request_rate, "burstiness": burstiness, "seed": seed, "warmup": warmup,
-              "slo": {k: v for k, v in vars(slo).items() if v is not None}, "ignore_eos": ignore_eos,
+              "workload_params": wl.params, "num_sessions": len(wl.sessions),
+              "concurrency": concurrency,
+              "request_rate": request_rate, "burstiness": burstiness, "seed": seed,
+              "warmup": warmup,
+              "slo": {k: v for k, v in vars(slo).items() if v is not None},
+              "ignore_eos": ignore_eos,
               "extra_body": extra_body, "tokenizer": tok.name,
               "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
 
     bar = None
     if progress:
         from tqdm.auto import tqdm
-        bar = tqdm(total=sum(s.expected_requests() for s in wl.sessions), desc=f"{wl.name}", unit="req")
+        bar = tqdm(total=sum(s.expected_requests() for s in wl.sessions), desc=f"{wl.name}",
+                   unit="req")
 
     def done(rec) -> None:
         if bar is not None and not rec.warmup:
             bar.update(1)
             if rec.error:
-                bar.set_postfix(errors=sum(1 for r in runner.log.records if r.error and not r.warmup))
+                bar.set_postfix(errors=sum(1 for r in runner.log.records if r.error
+                                           and not r.warmup))
 
     async with OpenAIClient(base_url, model, api_key, timeout_s, ignore_eos, extra_body) as client:
         env: dict[str, Any] = {}
         if environment:
             env = local_environment()
-            env["server"] = await server_environment(client.session, client.base_url, client.headers)
+            env["server"] = await server_environment(client.session, client.base_url,
+                                                     client.headers)
         runner = Runner(client, done)
         if reset_cache:
-            config["prefix_cache_reset"] = await reset_prefix_cache(client.session, client.base_url, client.headers)
+            config["prefix_cache_reset"] = await reset_prefix_cache(client.session, client.base_url,
+                                                                    client.headers)
         if warmup:
             await runner.warmup(_warmup_requests(tok, warmup, seed, wl.params.get("api", "chat")))
         scraper = MetricsScraper(client.session, client.base_url, client.headers)
         if scrape_metrics:
             scraper.samples.before = await scraper.scrape()
         stop = asyncio.Event()
-        sampler = asyncio.create_task(scraper.sample_until(stop, runner.clock)) if scrape_metrics else None
+        sampler = (asyncio.create_task(scraper.sample_until(stop, runner.clock)) if scrape_metrics
+                   else None)
         wall0 = time.time()
         try:
             await runner.run(wl.sessions, load)
@@ -135,9 +148,11 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
     summary["server"] = scraper.samples.summary()
     warm_failed = [r for r in records if r.warmup and r.error]
     if warm_failed:
-        summary["warnings"].append(f"{len(warm_failed)} warm-up requests failed: {warm_failed[0].error[:200]}")
+        summary["warnings"].append(f"{len(warm_failed)} warm-up requests failed: "
+                                   f"{warm_failed[0].error[:200]}")
     measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup and s is not None]
-    summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions), **token_stats(measured, tok)}
+    summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions),
+                           **token_stats(measured, tok)}
     if load.open_loop:
         summary["load"] = offered_vs_asked(records, request_rate, burstiness)
         _explain_load(summary)
@@ -157,18 +172,22 @@ def _explain_load(summary: dict[str, Any]) -> None:
     if off is None or band is None:
         return
     if sch and off < 0.95 * sch:
-        summary["warnings"].append(f"offered {off:.3g}/s but the schedule asked {sch:.3g}/s: the client sent late")
+        summary["warnings"].append(f"offered {off:.3g}/s but the schedule asked {sch:.3g}/s: the "
+                                   "client sent late")
     elif not band[0] <= off <= band[1]:
         summary["warnings"].append(
-            f"offered {off:.3g}/s is outside the 95% range of a random schedule of {ld['arrivals']} arrivals at "
-            f"{ld['asked_rate']:g}/s ({band[0]:.3g}-{band[1]:.3g})")
+            f"offered {off:.3g}/s is outside the 95% range of a random schedule of "
+            f"{ld['arrivals']} arrivals at {ld['asked_rate']:g}/s ({band[0]:.3g}-{band[1]:.3g})")
 
 
-def run_benchmark(base_url: str, model: str, workload: str | Workload = "random", num_requests: int = 32,
-                  concurrency: int | None = 8, request_rate: float | None = None, burstiness: float = 1.0,
+def run_benchmark(base_url: str, model: str, workload: str | Workload = "random",
+                  num_requests: int = 32,
+                  concurrency: int | None = 8, request_rate: float | None = None,
+                  burstiness: float = 1.0,
                   api_key: str | None = None, seed: int = 0, warmup: int = 2,
                   slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
-                  progress: bool = True, output_dir: str | None = None, **kwargs: Any) -> BenchResult:
+                  progress: bool = True, output_dir: str | None = None,
+                  **kwargs: Any) -> BenchResult:
     """Benchmark one OpenAI-compatible server with one workload; see docs/benchmarking.md.
 
     ``base_url`` is the server root (no ``/v1``). Closed loop at ``concurrency`` when
@@ -180,7 +199,8 @@ def run_benchmark(base_url: str, model: str, workload: str | Workload = "random"
     (``input_len``, ``output_len``, ``num_groups``, ``branches``, ...). Works inside Jupyter
     (``event_loop.run_sync``).
     """
-    coro = arun_benchmark(base_url, model, workload, num_requests, concurrency, request_rate, burstiness,
+    coro = arun_benchmark(base_url, model, workload, num_requests, concurrency, request_rate,
+                          burstiness,
                           api_key, seed, warmup, slo_ttft_ms, slo_itl_ms, progress=progress,
                           output_dir=output_dir, **kwargs)
     return run_sync(coro)

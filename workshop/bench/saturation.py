@@ -78,8 +78,8 @@ from .metrics import RequestRecord
 
 WARMUP_FRACTION = 0.1   # the window never starts earlier than this fraction of the arrival span
 MAX_WARMUP_FRACTION = 0.6  # ... nor later: a shorter window is flagged ``short`` instead
-Z = 2.5                 # a shortfall or a queue's growth must exceed Z x its noise in a stable system
-Z_ABOVE_CEILING = 1.0   # ... or one noise, where the load exceeds the throughput probe's maximum and
+Z = 2.5  # a shortfall or a queue's growth must exceed Z x its noise in a stable system
+Z_ABOVE_CEILING = 1.0  # ... or one noise, where the load exceeds the throughput probe's maximum and
                         # the point achieved no more than it
 
 
@@ -165,7 +165,8 @@ def offered_vs_asked(records: Sequence[RequestRecord], asked_rate: float | None,
 
 def sampling_band(n: int, burstiness: float = 1.0, q: float = 0.95) -> tuple[float, float]:
     """Central ``q`` range of (n - 1) / span, relative to the asked rate, for n arrivals with
-    Gamma(shape = burstiness) gaps: the span is Gamma(shape = b(n - 1)), relative sd 1/sqrt(b(n-1))."""
+    Gamma(shape = burstiness) gaps: the span is Gamma(shape = b(n - 1)), relative sd
+    1/sqrt(b(n-1))."""
     if not math.isfinite(burstiness):
         return 1.0, 1.0
     k = burstiness * (n - 1)
@@ -196,20 +197,23 @@ def steady_window(records: Sequence[RequestRecord], warmup_s: float = 0.0,
     busy = sum(max(0.0, min(e, t_end) - max(a, ta)) for a, e, _ in sess)
     at = lambda t: int(sum(1 for a, e, _ in sess if a <= t < e))  # noqa: E731
     return {"start_s": ta, "end_s": t_end, "seconds": w, "warmup_s": warm, "short": short,
-            "arrivals": arrivals, "completions": ends, "offered_rate": arrivals / w, "achieved_rate": ends / w,
+            "arrivals": arrivals, "completions": ends, "offered_rate": arrivals / w,
+            "achieved_rate": ends / w,
             "mean_in_system": busy / w, "in_system_start": at(ta), "in_system_end": at(t_end)}
 
 
 def _ttft_growth(records: Sequence[RequestRecord], ta: float, tb: float) -> float | None:
     """Median TTFT of the window's last third of arrivals minus its first third's (s)."""
-    rs = sorted((r for r in records if not r.warmup and r.ok and ta < r.scheduled <= tb), key=lambda r: r.scheduled)
+    rs = sorted((r for r in records if not r.warmup and r.ok and ta < r.scheduled <= tb),
+                key=lambda r: r.scheduled)
     if len(rs) < 6:
         return None
     k = len(rs) // 3
     return float(np.median([r.ttft for r in rs[-k:]]) - np.median([r.ttft for r in rs[:k]]))
 
 
-def _halves(series: dict[str, list] | None, key: str, ta: float, tb: float) -> tuple[float, float, float] | None:
+def _halves(series: dict[str, list] | None, key: str, ta: float, tb: float) -> tuple[float, float,
+                                                                                     float] | None:
     """(first-half mean, second-half mean, peak) of a sampled gauge within [ta, tb]."""
     if not series or not series.get(key):
         return None
@@ -240,7 +244,8 @@ def in_flight(records: Sequence[RequestRecord], times: Sequence[float]) -> np.nd
     start = np.sort([_arrival(r) for r in rs])
     stop = np.sort([max(_arrival(r), r.end if r.end is not None else r.sent) for r in rs])
     t = np.asarray(times, dtype=float)
-    return (np.searchsorted(start, t, side="right") - np.searchsorted(stop, t, side="right")).astype(float)
+    return (np.searchsorted(start, t, side="right") - np.searchsorted(stop, t,
+                                                                      side="right")).astype(float)
 
 
 def _in_flight_trend(records: Sequence[RequestRecord], ta: float, tb: float,
@@ -326,17 +331,19 @@ def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = Non
             z = Z_ABOVE_CEILING
         falls = ratio is not None and ratio < tolerance and shortfall > z * noise
         if falls:
-            reasons.append(f"throughput falls behind: {win['achieved_rate']:.3g} of {win['offered_rate']:.3g}/s "
-                           f"offered over the steady window ({shortfall} more arrivals than completions, "
-                           f"noise {noise:.1f})")
+            reasons.append(f"throughput falls behind: {win['achieved_rate']:.3g} of "
+                           f"{win['offered_rate']:.3g}/s offered over the steady window "
+                           f"({shortfall} more arrivals than completions, noise {noise:.1f})")
         trend = _in_flight_trend(records, win["start_s"], win["end_s"])
         if trend is not None:
             f_grows = trend[2] > z * trend[3]
             if f_grows:
-                reasons.append(f"work in flight grows: {trend[0]:.1f} -> {trend[1]:.1f} requests across the steady "
+                reasons.append(f"work in flight grows: {trend[0]:.1f} -> {trend[1]:.1f} requests "
+                               "across the steady "
                                f"window (least-squares trend, noise {trend[3]:.1f})")
         if (falls or f_grows) and z < Z:
-            reasons.append(f"offered above the {ceiling:.3g}/s the throughput probe sustained, and achieved no "
+            reasons.append(f"offered above the {ceiling:.3g}/s the throughput probe sustained, and "
+                           "achieved no "
                            f"more: a shortfall or a growth counts beyond {z:g} x noise, not {Z:g}")
         h = _halves(series, "waiting", win["start_s"], win["end_s"])
         if h is not None:
@@ -349,7 +356,8 @@ def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = Non
         if growth is not None and baseline is not None:
             t_grows = growth > baseline.session_median_s
             if t_grows:
-                reasons.append(f"TTFT grows by {growth:.3g} s across the window (more than one unloaded "
+                reasons.append(f"TTFT grows by {growth:.3g} s across the window (more than one "
+                               "unloaded "
                                f"session, {baseline.session_median_s:.3g} s)")
     overloaded = bool(falls or f_grows or q_grows or t_grows)
     client = _client_limited(records, win)
@@ -358,7 +366,8 @@ def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = Non
     kept = None
     if not overloaded and not _could_fall_behind(win, noise):
         reasons.append("not judged: too few arrivals in the steady window for a shortfall to show "
-                       + (f"({win['arrivals']}, noise {noise:.1f}: a shortfall counts beyond {Z * noise:.1f})"
+                       + (f"({win['arrivals']}, noise {noise:.1f}: a shortfall counts beyond "
+                          f"{Z * noise:.1f})"
                           if win else "(no steady window: fewer than 3 sessions)"))
     elif not overloaded and win is not None:
         within = ratio is not None and ratio < tolerance
@@ -373,13 +382,17 @@ def judge(records: Sequence[RequestRecord], series: dict[str, list] | None = Non
             kept += (f", above the {ceiling:.3g}/s the throughput probe sustained"
                      + ("" if z < Z else " (achieved more: the probe's maximum is no limit)"))
     return Verdict(overloaded=overloaded, client_limited=bool(client), reasons=reasons,
-                   falls_behind=falls, queue_grows=q_grows, ttft_grows=t_grows, throughput_ratio=ratio,
-                   shortfall=shortfall, shortfall_noise=noise, ttft_growth_s=growth, waiting_first_half=w1,
+                   falls_behind=falls, queue_grows=q_grows, ttft_grows=t_grows,
+                   throughput_ratio=ratio,
+                   shortfall=shortfall, shortfall_noise=noise, ttft_growth_s=growth,
+                   waiting_first_half=w1,
                    waiting_second_half=w2, waiting_peak=wpeak, window=win,
                    baseline=asdict(baseline) if baseline else None, tolerance=tolerance,
                    in_flight_grows=f_grows, in_flight_start=trend[0] if trend else None,
-                   in_flight_end=trend[1] if trend else None, in_flight_growth=trend[2] if trend else None,
-                   in_flight_noise=trend[3] if trend else None, ceiling=ceiling, above_ceiling=above, z=z,
+                   in_flight_end=trend[1] if trend else None, in_flight_growth=trend[2] if trend
+                   else None,
+                   in_flight_noise=trend[3] if trend else None, ceiling=ceiling,
+                   above_ceiling=above, z=z,
                    kept_up=kept)
 
 
@@ -409,23 +422,27 @@ def _client_limited(records: Sequence[RequestRecord], win: dict[str, Any] | None
     long enough to bunch arrivals (p99 lag over two mean gaps).
     """
     ld = offered_vs_asked(records, None)
-    if ld["scheduled_rate"] and ld["offered_rate"] and ld["offered_rate"] < 0.95 * ld["scheduled_rate"]:
-        return (f"client-bound: it sent {ld['offered_rate']:.3g}/s of the {ld['scheduled_rate']:.3g}/s "
+    if (ld["scheduled_rate"] and ld["offered_rate"]
+        and ld["offered_rate"] < 0.95 * ld["scheduled_rate"]):
+        return (f"client-bound: it sent {ld['offered_rate']:.3g}/s of the "
+                f"{ld['scheduled_rate']:.3g}/s "
                 "scheduled")
     lag = [r.schedule_lag for r in records if not r.warmup]
     lag99 = float(np.percentile(lag, 99)) if lag else 0.0
     if ld["offered_rate"] and lag99 > max(0.005, 2.0 / ld["offered_rate"]):
         # a stall of two mean gaps sends the arrivals it held back as one burst
-        return (f"client-bound: schedule lag p99 {1e3 * lag99:.0f} ms, more than two mean gaps between "
-                "arrivals (the client or its machine stalled)")
+        return (f"client-bound: schedule lag p99 {1e3 * lag99:.0f} ms, more than two mean gaps "
+                "between arrivals (the client or its machine stalled)")
     if win is None:
         return None
-    rs = sorted((r for r in records if not r.warmup and win["start_s"] < r.scheduled <= win["end_s"]),
+    rs = sorted((r for r in records if not r.warmup
+                 and win["start_s"] < r.scheduled <= win["end_s"]),
                 key=lambda r: r.scheduled)
     if len(rs) < 6:
         return None
     k = len(rs) // 3
-    growth = float(np.median([r.schedule_lag for r in rs[-k:]]) - np.median([r.schedule_lag for r in rs[:k]]))
+    growth = float(np.median([r.schedule_lag for r in rs[-k:]]) - np.median([r.schedule_lag
+                                                                             for r in rs[:k]]))
     ttft = [r.ttft for r in rs if r.ok]
     limit = max(0.005, 0.1 * (float(np.median(ttft)) if ttft else 0.0))
     if growth > limit:

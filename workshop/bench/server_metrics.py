@@ -25,7 +25,8 @@ RUNNING = (P.NUM_REQUESTS_RUNNING, P.SGLANG_NUM_RUNNING)
 WAITING = (P.NUM_REQUESTS_WAITING, P.SGLANG_NUM_QUEUED)
 
 
-def _delta(before: dict[str, float], after: dict[str, float], names: tuple[str, ...]) -> float | None:
+def _delta(before: dict[str, float], after: dict[str, float],
+           names: tuple[str, ...]) -> float | None:
     a, b = _first(after, names), _first(before, names)
     return None if a is None or b is None else a - b
 
@@ -40,7 +41,8 @@ class ServerSamples:
 
     def summary(self) -> dict[str, Any]:
         """prefix_cache_hit_rate (0-1, over this run), peak_kv_usage (0-1), preemptions, ..."""
-        out: dict[str, Any] = {"metrics_available": self.before is not None and self.after is not None}
+        out: dict[str, Any] = {"metrics_available": self.before is not None
+                               and self.after is not None}
         if not out["metrics_available"]:
             return out
         b, a = self.before, self.after

@@ -83,9 +83,11 @@ MAX_RUNNING = CPU_MAX_RUNNING
 CPU_FIELD = (
     Contender("vllm", "vllm", ("--", "--max-num-seqs", str(MAX_RUNNING))),
     Contender("sglang", "sglang", ("--", "--max-running-requests", str(MAX_RUNNING))),
-    Contender("mini-hash", "mini", ("--", "--max-num-seqs", str(MAX_RUNNING), "--prefix-cache", "hash"),
+    Contender("mini-hash", "mini",
+              ("--", "--max-num-seqs", str(MAX_RUNNING), "--prefix-cache", "hash"),
               note="teaching engine, hashed blocks"),
-    Contender("mini-radix", "mini", ("--", "--max-num-seqs", str(MAX_RUNNING), "--prefix-cache", "radix"),
+    Contender("mini-radix", "mini",
+              ("--", "--max-num-seqs", str(MAX_RUNNING), "--prefix-cache", "radix"),
               note="teaching engine, radix tree"),
     Contender("hf", "hf", request_scale=1 / 3, note="one request at a time, no prefix cache"),
 )
@@ -139,7 +141,8 @@ class Plan:
         # (saturation.py, "too short to judge").
         return cls(num_requests=24, sweep_points=3, probe_requests=4, probe_concurrency=8,
                    sharegpt_max_output=64,
-                   workload_args={"agentic": {"num_sessions": 20, "main_turns": 2, "branch_turns": 0,
+                   workload_args={"agentic": {"num_sessions": 20, "main_turns": 2,
+                                              "branch_turns": 0,
                                               "turn_output": (16, 32), "summary_output": 24,
                                               "final_output": 32}})
 
@@ -151,10 +154,13 @@ class Plan:
         # four requests have two that find their group's prompt cached.
         return cls(workloads=("shared-prefix",), num_requests=4, sweep_points=2, probe_requests=2,
                    probe_concurrency=3, sharegpt_max_output=32, gate_sharegpt=1, gate_tokens=16,
-                   workload_args={"shared-prefix": {"num_groups": 2, "system_prompt_len": 128, "question_len": 16,
+                   workload_args={"shared-prefix": {"num_groups": 2, "system_prompt_len": 128,
+                                                    "question_len": 16,
                                                     "output_len": 8},
-                                  "agentic": {"num_sessions": 3, "system_prompt_len": 300, "main_turns": 2,
-                                              "branch_turns": 0, "turn_output": (8, 16), "summary_output": 16,
+                                  "agentic": {"num_sessions": 3, "system_prompt_len": 300,
+                                              "main_turns": 2,
+                                              "branch_turns": 0, "turn_output": (8, 16),
+                                              "summary_output": 16,
                                               "final_output": 16, "tool_result_len": (20, 40)}})
 
     def kwargs_for(self, workload: str, scale: float = 1.0) -> dict[str, Any]:
@@ -190,7 +196,8 @@ def field_rows(field: Sequence[Contender], running: Iterable[str] = ()) -> list[
     """A row per contender: label, engine, server arguments, whether its server is already
     running (``running``: labels) or started here, and its note."""
     running = set(running)
-    return [{"label": c.label, "engine": c.engine, "server args": " ".join(c.server_args) or "(defaults)",
+    return [{"label": c.label, "engine": c.engine, "server args": " ".join(c.server_args)
+             or "(defaults)",
              "server": "already running" if c.label in running else "started here", "note": c.note}
             for c in field]
 
@@ -228,24 +235,31 @@ def unloaded_latency(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def describe_workloads(plan: "Plan", tok: Any) -> tuple[list[dict[str, Any]], dict[str, list[tuple[list[int], list[int]]]]]:
+def describe_workloads(plan: "Plan", tok: Any) -> tuple[list[dict[str, Any]],
+                                                        dict[str, list[tuple[list[int],
+                                                                             list[int]]]]]:
     """The plan's workloads before any engine sees them: a row each (sessions, requests, mean
     prompt and output tokens, prefix reuse: the share of prompt tokens a perfect prefix cache
     could skip), and per workload the (prompt ids, reply ids) of each request in send order."""
-    from .workloads import build_workload, describe, plan as planned_requests
+    from .workloads import build_workload, describe
+    from .workloads import plan as planned_requests
 
     rows, sequences = [], {}
     for w in plan.workloads:
-        wl = build_workload(w, tok, num_requests=plan.num_requests, seed=plan.seed, **plan.kwargs_for(w))
+        wl = build_workload(w, tok, num_requests=plan.num_requests, seed=plan.seed,
+                            **plan.kwargs_for(w))
         d = describe(wl)
-        sequences[w] = [(tok.prompt_ids(s.request), tok.encode(s.reply)) for s in planned_requests(wl)]
+        sequences[w] = [(tok.prompt_ids(s.request), tok.encode(s.reply))
+                        for s in planned_requests(wl)]
         rows.append({"workload": w, "sessions": d["sessions"], "requests": d.get("requests"),
-                     "mean prompt (tok)": d["prompt_tokens_mean"], "mean output (tok)": d["output_tokens_mean"],
+                     "mean prompt (tok)": d["prompt_tokens_mean"],
+                     "mean output (tok)": d["output_tokens_mean"],
                      "prefix reuse": d.get("prefix_reuse_ratio")})
     return rows, sequences
 
 
-def derive_objectives(unloaded: Sequence[dict[str, Any]], factor: float) -> dict[str, dict[str, Any] | None]:
+def derive_objectives(unloaded: Sequence[dict[str, Any]],
+                      factor: float) -> dict[str, dict[str, Any] | None]:
     """For each objective: ``factor`` x the best (lowest) engine's unloaded p99s named in
     ``DERIVED_FROM`` (TTFT: its p99 TTFT; ITL: its p99 ITL + p99 TTFT), on the workload where
     that best value is highest. Each comes with the engine, workload and terms it was taken
@@ -269,7 +283,8 @@ def derive_objectives(unloaded: Sequence[dict[str, Any]], factor: float) -> dict
     return out
 
 
-def objectives_entry(plan: "Plan", derived: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
+def objectives_entry(plan: "Plan",
+                     derived: dict[str, dict[str, Any] | None] | None = None) -> dict[str, Any]:
     """``showdown.json``'s ``slo``: the values used (ms, None: none), and for each how it was
     set: ``{"stated": true}``, or derived (``factor``, ``engine``, ``workload``,
     ``unloaded_p99_ms``), or ``{"derived": null}`` (no probe to derive it from, or not yet)."""
@@ -297,8 +312,10 @@ def objectives_text(entry: dict[str, Any]) -> str:
             terms = d.get("unloaded_p99_ms")
             # a manifest is read from anyone's folder: an entry of another shape still reads
             basis = (f": {entry.get('factor', '?'):g} x ("
-                     + " + ".join(f"p99 {dict(OBJECTIVES).get(t, t)} {v:,.0f} ms" for t, v in terms.items())
-                     + f"), {d.get('engine')} unloaded on {d.get('workload')}") if isinstance(terms, dict) else ""
+                     + " + ".join(f"p99 {dict(OBJECTIVES).get(t, t)} {v:,.0f} ms"
+                                  for t, v in terms.items())
+                     + f"), {d.get('engine')} unloaded on {d.get('workload')}"
+                     ) if isinstance(terms, dict) else ""
             parts.append(f"p99 {name} ≤ {value:,.0f} ms (derived{basis})")
         elif value is not None:
             parts.append(f"p99 {name} ≤ {value:,.0f} ms")
@@ -346,7 +363,8 @@ class Showdown:
         return self.root / engine / workload
 
 
-def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None, plan: Plan | None = None,
+def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None,
+                 plan: Plan | None = None,
                  model: str = "smollm2-135m", mode: str = "full", command: str | None = None,
                  progress: bool = True, log: Callable[[str], None] = print,
                  start_timeout_s: float = 900.0) -> Showdown:
@@ -376,9 +394,11 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
             server = _serve(c, model, start_timeout_s)
         except Exception as e:  # noqa: BLE001 - one engine that cannot start must not end the showdown
             log(f"   {c.label} did not start: {e}")
-            show.manifest["engines"][c.label] = {**_describe(c), "status": f"did not start: {e}"[:500]}
+            show.manifest["engines"][c.label] = {**_describe(c),
+                                                 "status": f"did not start: {e}"[:500]}
             show.manifest["runs"] += [{"engine": c.label, "workload": w, "folder": None,
-                                       "status": "engine did not start", "seconds": 0.0} for w in plan.workloads]
+                                       "status": "engine did not start", "seconds": 0.0}
+                                       for w in plan.workloads]
             show.write()
             continue
         try:
@@ -455,7 +475,8 @@ def _gate(show: Showdown, label: str, server: Any, plan: Plan, model: str,
     return f"{WRONG_ANSWERS} (correctness gate): {gate.failures[0].line()}"[:500]
 
 
-def _judge(show: Showdown, plan: Plan, finished: dict[tuple[str, str], Any], log: Callable[[str], None]) -> None:
+def _judge(show: Showdown, plan: Plan, finished: dict[tuple[str, str], Any],
+           log: Callable[[str], None]) -> None:
     """Derive the objectives not stated, record them, and re-judge every sweep under them."""
     sweeps: dict[str, dict[str, Any]] = {}
     for (label, w), sw in finished.items():
@@ -501,7 +522,8 @@ def results_dir() -> Path:
     """``results/`` of the checkout the working directory is in (a notebook runs in
     ``notebooks/``), else ``./results``: where showdowns go and notebook 11 looks."""
     here = Path.cwd().resolve()
-    repo = next((p for p in (here, *here.parents) if (p / "workshop" / "session.py").exists()), here)
+    repo = next((p for p in (here, *here.parents) if (p / "workshop" / "session.py").exists()),
+                here)
     return repo / "results"
 
 
@@ -516,17 +538,22 @@ def find_roots(*places: str | Path) -> list[Path]:
     roots: dict[Path, str] = {}
     for place in places:
         p = Path(place)
-        candidates = [p] if (p / "showdown.json").exists() else sorted(q.parent for q in p.glob("*/showdown.json"))
+        candidates = ([p] if (p / "showdown.json").exists()
+                      else sorted(q.parent for q in p.glob("*/showdown.json")))
         for c in candidates:
             try:
-                roots[c.resolve()] = str(json.loads((c / "showdown.json").read_text()).get("created", ""))
+                roots[c.resolve()] = str(json.loads((c / "showdown.json").read_text())
+                                         .get("created", ""))
             except (OSError, json.JSONDecodeError):
                 continue
     return sorted(roots, key=lambda r: (roots[r], str(r)))
 
 
-__all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "MAX_RUNNING", "WRONG_ANSWERS",
+__all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "MAX_RUNNING",
+           "WRONG_ANSWERS",
            "cpu_features", "default_field", "known_contenders",
-           "run_showdown", "with_servers", "find_roots", "results_dir", "new_root", "sglang_installed", "machine",
-           "OBJECTIVES", "DERIVED_FROM", "unloaded_latency", "derive_objectives", "objectives_entry",
+           "run_showdown", "with_servers", "find_roots", "results_dir", "new_root",
+           "sglang_installed", "machine",
+           "OBJECTIVES", "DERIVED_FROM", "unloaded_latency", "derive_objectives",
+           "objectives_entry",
            "objectives_text"]

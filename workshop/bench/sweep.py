@@ -37,10 +37,12 @@ from .workloads import Tokenizer, Workload, build_workload
 
 
 def find_knee(offered: Sequence[float], achieved: Sequence[float],
-              p99_ttft_ms: Sequence[float | None] | None = None, p99_itl_ms: Sequence[float | None] | None = None,
+              p99_ttft_ms: Sequence[float | None] | None = None,
+              p99_itl_ms: Sequence[float | None] | None = None,
               slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
               tolerance: float = 0.9, overloaded: Sequence[bool] | None = None) -> int | None:
-    """Index of the knee among points sorted by ``offered`` (rates), or None if even the lowest fails.
+    """Index of the knee among points sorted by ``offered`` (rates), or None if even the lowest
+    fails.
 
     ``overloaded``: per point, the verdict of ``saturation.judge`` (which already holds the
     throughput test, with its noise); when given it replaces ``achieved >= tolerance x offered``.
@@ -48,8 +50,10 @@ def find_knee(offered: Sequence[float], achieved: Sequence[float],
     n = len(offered)
     knee = None
     for i in range(n):
-        ok = (not overloaded[i]) if overloaded is not None else achieved[i] >= tolerance * offered[i]
-        ok = ok and _slo_holds(i, p99_ttft_ms, slo_ttft_ms) and _slo_holds(i, p99_itl_ms, slo_itl_ms)
+        ok = ((not overloaded[i]) if overloaded is not None
+              else achieved[i] >= tolerance * offered[i])
+        ok = (ok and _slo_holds(i, p99_ttft_ms, slo_ttft_ms)
+              and _slo_holds(i, p99_itl_ms, slo_itl_ms))
         if not ok:
             break
         knee = i
@@ -57,7 +61,8 @@ def find_knee(offered: Sequence[float], achieved: Sequence[float],
 
 
 def find_knee_closed(concurrency: Sequence[int], achieved: Sequence[float],
-                     p99_ttft_ms: Sequence[float | None] | None = None, p99_itl_ms: Sequence[float | None] | None = None,
+                     p99_ttft_ms: Sequence[float | None] | None = None,
+                     p99_itl_ms: Sequence[float | None] | None = None,
                      slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
                      min_gain: float = 0.1) -> int | None:
     """Knee of a concurrency sweep: last point whose throughput gain over the previous one is
@@ -108,7 +113,7 @@ class SweepResult:
         if self.mode != "rate":
             return list(self.loads)
         per = self.config.get("requests_per_session", 1.0)
-        return [_steady(p, "offered_rate", l) * per for l, p in zip(self.loads, self.points)]
+        return [_steady(p, "offered_rate", load) * per for load, p in zip(self.loads, self.points)]
 
     def achieved(self) -> list[float]:
         """Throughput of each point in requests/s; see ``achieved_basis``."""
@@ -131,7 +136,8 @@ class SweepResult:
                 out.append((p.summary["request_throughput"], True))
         return out
 
-    def under_objectives(self, slo_ttft_ms: float | None, slo_itl_ms: float | None) -> "SweepResult":
+    def under_objectives(self, slo_ttft_ms: float | None,
+                         slo_itl_ms: float | None) -> "SweepResult":
         """The same sweep with its knee (and config) as they are under other p99 objectives:
         the stored points re-judged by the sweep's own rule, nothing run again."""
         cfg = self.config or {}
@@ -140,7 +146,8 @@ class SweepResult:
         k = _knee(self.mode, self.loads, self.points, slo_ttft_ms, slo_itl_ms,
                   cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1))
         return SweepResult(self.mode, self.loads, self.points, k,
-                           {**cfg, "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms}, self.probes)
+                           {**cfg, "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms},
+                           self.probes)
 
     def rejudged(self, tolerance: float | None = None) -> "SweepResult":
         """The same sweep with every open-loop point judged again from its stored records by
@@ -160,7 +167,8 @@ class SweepResult:
             q = copy.copy(p)
             q.summary = dict(p.summary)
             if base is None:
-                base = Baseline.from_records(p.records, "first sessions of the lightest point", first=5)
+                base = Baseline.from_records(p.records, "first sessions of the lightest point",
+                                             first=5)
             _rejudge(q, base, tol, cfg.get("max_throughput_rate"))
             points.append(q)
         cfg["tolerance"] = tol
@@ -200,14 +208,18 @@ class SweepResult:
         if self.knee_index is None:
             kinds = {self._left_out(i) for i in out}
             if self.points and len(out) == len(self.points) and "not judged" in kinds:
-                return ("knee: not judged (not enough requests per point to judge a knee: no steady window "
-                        "held enough arrivals for a shortfall to show"
-                        + ("; the client could not offer the other loads" if "client-bound" in kinds else "")
+                return ("knee: not judged (not enough requests per point to judge a knee: no "
+                        "steady window held enough arrivals for a shortfall to show"
+                        + ("; the client could not offer the other loads" if "client-bound" in kinds
+                           else "")
                         + ")")
             first = next((i for i in range(len(self.points)) if i not in out), 0)
-            reasons = (self.points[first].summary.get("saturation") or {}).get("reasons") if self.points else None
-            why = reasons[0] if reasons else "; ".join(self._broken_objectives(first)) if self.points else ""
-            lowest = "even the lowest load" if first == 0 else f"the lowest load judged, {self.loads[first]:.3g},"
+            reasons = ((self.points[first].summary.get("saturation") or {}).get("reasons")
+                       if self.points else None)
+            why = (reasons[0] if reasons else "; ".join(self._broken_objectives(first))
+                   if self.points else "")
+            lowest = ("even the lowest load" if first == 0
+                      else f"the lowest load judged, {self.loads[first]:.3g},")
             return f"knee: none ({lowest} fails" + (f": {why}" if why else "") + ")"
         k = self.knee_index
         unit = self.load_unit
@@ -215,26 +227,32 @@ class SweepResult:
                                               if self.mode == "rate" else "")
         sat = self.points[k].summary.get("saturation") or {}
         # above the throughput probe's maximum, a point that keeps up says how
-        how = f"; at the knee: {sat['kept_up']}" if sat.get("above_ceiling") and sat.get("kept_up") else ""
+        how = (f"; at the knee: {sat['kept_up']}" if sat.get("above_ceiling") and sat.get("kept_up")
+               else "")
         if k == len(self.loads) - 1:
             return (f"knee: {at} or more (no point tried was overloaded; "
                     f"the server's limit is higher than the highest load tried{how})")
         if k + 1 in out:
-            above = {kind: ", ".join(f"{self.loads[i]:.3g}" for i in out if i > k and self._left_out(i) == kind)
+            above = {kind: ", ".join(f"{self.loads[i]:.3g}" for i in out if i > k
+                                     and self._left_out(i) == kind)
                      for kind in ("client-bound", "not judged")}
-            why = ([f"the client could not offer {above['client-bound']} {unit}: run again on a quieter machine"]
+            why = ([f"the client could not offer {above['client-bound']} {unit}: run again on a "
+                    "quieter machine"]
                    if above["client-bound"] else [])
-            why += [f"not enough requests at {above['not judged']} {unit} to judge them"] if above["not judged"] else []
+            why += ([f"not enough requests at {above['not judged']} {unit} to judge them"]
+                    if above["not judged"] else [])
             return f"knee: {at} at least (" + "; ".join(why) + how + ")"
         nxt = self.points[k + 1].summary
         why = (nxt.get("saturation") or {}).get("reasons") or []
         slo = self.config.get("slo_ttft_ms"), self.config.get("slo_itl_ms")
         if not why and any(slo):
             why = self._broken_objectives(k + 1) or ["an objective fails (p99 TTFT / ITL)"]
-        return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why) or "no gain") + how + ")"
+        return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why)
+                                                              or "no gain") + how + ")"
 
     def _broken_objectives(self, i: int) -> list[str]:
-        """The p99 objectives point ``i`` breaks, as "p99 TTFT 2,300 ms over the 1,000 ms objective"."""
+        """The p99 objectives point ``i`` breaks, as "p99 TTFT 2,300 ms over the 1,000 ms
+        objective"."""
         s = self.points[i].summary
         return [f"p99 {name} {s[key]['p99']:,.0f} ms over the {lim:,.0f} ms objective"
                 for name, key, lim in (("TTFT", "ttft_ms", self.config.get("slo_ttft_ms")),
@@ -243,13 +261,15 @@ class SweepResult:
 
     def table(self) -> str:
         rate = self.mode == "rate"
-        head = (f"| {self.mode} | offered req/s | achieved req/s | output tok/s | TTFT p99 ms | ITL p99 ms "
+        head = (f"| {self.mode} | offered req/s | achieved req/s | output tok/s | TTFT p99 ms | "
+                "ITL p99 ms "
                 f"| errors | lag p99 ms |" + (" waiting peak | verdict |" if rate else ""))
         rows = [head, "|" + "---|" * (10 if rate else 8)]
-        for i, (l, p, o, a) in enumerate(zip(self.loads, self.points, self.offered(), self.achieved())):
+        for i, (load, p, o, a) in enumerate(zip(self.loads, self.points, self.offered(),
+                                                self.achieved())):
             s = p.summary
             mark = " (knee)" if i == self.knee_index else ""
-            row = (f"| {l:g}{mark} | {o:.2f} | {a:.2f} | {s['output_throughput']:.1f} | "
+            row = (f"| {load:g}{mark} | {o:.2f} | {a:.2f} | {s['output_throughput']:.1f} | "
                    f"{_fmt(s['ttft_ms']['p99'])} | {_fmt(s['itl_ms']['p99'])} | {s['errors']} | "
                    f"{_fmt(s['schedule_lag_ms']['p99'], 2)} |")
             if rate:
@@ -257,7 +277,8 @@ class SweepResult:
                 verdict = ("client-bound" if sat.get("client_limited") else
                            "overloaded" if sat.get("overloaded") else "-" if not sat else
                            "not judged (too few requests)" if not judged(sat) else
-                           f"keeps up ({sat['kept_up']})" if sat.get("above_ceiling") and sat.get("kept_up")
+                           f"keeps up ({sat['kept_up']})" if sat.get("above_ceiling")
+                           and sat.get("kept_up")
                            else "keeps up")
                 row += f" {_fmt((s.get('server') or {}).get('peak_waiting'), 0)} | {verdict} |"
             rows.append(row)
@@ -299,8 +320,10 @@ class SweepResult:
         cfg = meta.get("config", {})
         # the knee re-derived from the stored verdicts by today's rule (a folder written before
         # points too short to judge were left out stored a knee claimed from one)
-        knee = _knee(meta["mode"], meta["loads"], points, cfg.get("slo_ttft_ms"), cfg.get("slo_itl_ms"),
-                     cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1)) if points else meta["knee_index"]
+        knee = _knee(meta["mode"], meta["loads"], points, cfg.get("slo_ttft_ms"),
+                     cfg.get("slo_itl_ms"),
+                     cfg.get("tolerance", 0.9),
+                     cfg.get("min_gain", 0.1)) if points else meta["knee_index"]
         return cls(meta["mode"], meta["loads"], points, knee, cfg, probes)
 
 
@@ -309,11 +332,14 @@ def _fmt(x: float | None, nd: int = 1) -> str:
 
 
 def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
-               request_rates: Sequence[float] | None = None, concurrencies: Sequence[int] | None = None,
+               request_rates: Sequence[float] | None = None,
+               concurrencies: Sequence[int] | None = None,
                num_requests: int = 32, burstiness: float = 1.0, max_concurrency: int | None = None,
-               slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None, tolerance: float = 0.9,
+               slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
+               tolerance: float = 0.9,
                min_gain: float = 0.1, seed: int = 0, warmup: int = 2, progress: bool = True,
-               output_dir: str | None = None, stop_after_knee: bool = False, duration_s: float | None = None,
+               output_dir: str | None = None, stop_after_knee: bool = False,
+               duration_s: float | None = None,
                sweep_points: int = 6, overshoot: float = 1.5, probe_requests: int = 10,
                probe_concurrency: int | None = None, client_retries: int = 1,
                log: Callable[[str], None] | None = None, **kwargs: Any) -> SweepResult:
@@ -324,14 +350,14 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     profile does: a synchronous probe (``probe_requests`` one at a time; a workload's fixed
     ``num_sessions`` shrinks in the same proportion), a throughput probe
     (closed loop at ``probe_concurrency``, default ``max_concurrency`` or half of
-    ``num_requests``; at least 3 rounds, and about ``duration_s`` long when given), then ``sweep_points`` rates evenly spaced from the synchronous rate
-    (excluded) to ``overshoot`` x the maximum throughput. ``duration_s`` makes each open-loop
-    point send at least rate x duration sessions (a longer run realises its asked rate more
-    closely and has a longer steady window); otherwise every point sends the same
-    ``num_requests`` with the same seed, so its realised rate is the same fraction of the
-    asked one at every point. A point where the client could not offer the load (its machine
-    stalled) is run again up to ``client_retries`` times. ``stop_after_knee`` stops at the
-    first point past the knee. With ``progress``, each run shows its bar and each point
+    ``num_requests``; at least 3 rounds, and about ``duration_s`` long when given), then
+    ``sweep_points`` rates evenly spaced from the synchronous rate (excluded) to ``overshoot`` x the
+    maximum throughput. ``duration_s`` makes each open-loop point send at least rate x duration
+    sessions (a longer run realises its asked rate more closely and has a longer steady window);
+    otherwise every point sends the same ``num_requests`` with the same seed, so its realised rate
+    is the same fraction of the asked one at every point. A point where the client could not offer
+    the load (its machine stalled) is run again up to ``client_retries`` times. ``stop_after_knee``
+    stops at the first point past the knee. With ``progress``, each run shows its bar and each point
     starts with a line (``log``, default ``print``) that says how long it and the rest of the
     sweep should take (``_TimeLeft``).
     Other keyword arguments go to ``run_benchmark`` / the workload (``reset_cache=True``:
@@ -355,7 +381,8 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
             if kw.get("num_sessions") and n_requests < num_requests:
                 # A fixed session count is the size of a load point; a smaller run (the
                 # synchronous probe) gets its share, not every session one at a time.
-                kw = {**kw, "num_sessions": max(1, math.ceil(kw["num_sessions"] * n_requests / num_requests))}
+                kw = {**kw, "num_sessions": max(
+                    1, math.ceil(kw["num_sessions"] * n_requests / num_requests))}
             cache[n_requests] = build_workload(name, tok, num_requests=n_requests, seed=seed, **kw)
         return cache[n_requests]
 
@@ -368,7 +395,8 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     def point(n_requests: int, **load: Any) -> BenchResult:
         wl = build(n_requests)
         t0 = time.monotonic()
-        res = run_benchmark(base_url, model, wl, num_requests=n_requests, burstiness=burstiness, seed=seed,
+        res = run_benchmark(base_url, model, wl, num_requests=n_requests, burstiness=burstiness,
+                            seed=seed,
                             warmup=first_warmup[0], slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
                             progress=progress, **load, **kwargs)
         first_warmup[0] = 0
@@ -380,9 +408,11 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     baseline: Baseline | None = None
     ceiling: float | None = None
     if mode == "rate" and request_rates is None:
-        say(f"sweep: synchronous probe ({min(num_requests, probe_requests)} requests, one at a time), then a "
+        say(f"sweep: synchronous probe ({min(num_requests, probe_requests)} requests, one at a "
+            "time), then a "
             f"throughput probe, then {sweep_points} rates")
-        probes["synchronous"] = point(min(num_requests, probe_requests), concurrency=1, request_rate=None)
+        probes["synchronous"] = point(min(num_requests, probe_requests), concurrency=1,
+                                      request_rate=None)
         c = probe_concurrency or max_concurrency or max(2, num_requests // 2)
         baseline = Baseline.from_records(probes["synchronous"].records, "synchronous probe")
         sync_rate = _closed_rate(probes["synchronous"], baseline)
@@ -393,12 +423,14 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
         probes["throughput"] = point(n, concurrency=c, request_rate=None)
         max_rate = max(_closed_rate(probes["throughput"], baseline), sync_rate)
         ceiling = max_rate
-        request_rates = [float(r) for r in np.linspace(sync_rate, overshoot * max_rate, sweep_points + 1)[1:]]
+        request_rates = [float(r) for r in np.linspace(sync_rate, overshoot * max_rate, sweep_points
+                                                       + 1)[1:]]
         for kind, p in probes.items():
             p.config["probe"] = kind
     loads = sorted(request_rates if mode == "rate" else concurrencies)
-    sizes = [max(num_requests, math.ceil(math.ceil(l * duration_s) * per_session)) if mode == "rate" and duration_s
-             else num_requests for l in loads]
+    sizes = [max(num_requests, math.ceil(math.ceil(load * duration_s) * per_session))
+             if mode == "rate" and duration_s
+             else num_requests for load in loads]
     if baseline is not None:
         left.drain_s = baseline.session_p90_s
     points: list[BenchResult] = []
@@ -409,7 +441,8 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
         if mode == "rate":
             res = point(n, concurrency=max_concurrency, request_rate=load)
             if baseline is None:  # no probe: the lightest point's first sessions met an idle server
-                baseline = Baseline.from_records(res.records, "first sessions of the lightest point", first=5)
+                baseline = Baseline.from_records(res.records,
+                                                 "first sessions of the lightest point", first=5)
             _rejudge(res, baseline, tolerance, ceiling)
             for _ in range(client_retries):
                 if not res.summary["saturation"]["client_limited"]:
@@ -431,22 +464,27 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
             loads = loads[:1]
             break
     knee = _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
-    config = {"workload": base.name, "workload_params": base.params, "requests_per_session": per_session,
-              "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms, "tolerance": tolerance, "min_gain": min_gain,
-              "burstiness": burstiness, "max_concurrency": max_concurrency, "num_requests": num_requests,
+    config = {"workload": base.name, "workload_params": base.params,
+              "requests_per_session": per_session,
+              "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms, "tolerance": tolerance,
+              "min_gain": min_gain,
+              "burstiness": burstiness, "max_concurrency": max_concurrency,
+              "num_requests": num_requests,
               "duration_s": duration_s, "loads_from": "probes" if probes else "given",
-              "baseline": vars(baseline) if baseline else None, "reset_cache": bool(kwargs.get("reset_cache"))}
+              "baseline": vars(baseline) if baseline else None,
+              "reset_cache": bool(kwargs.get("reset_cache"))}
     if probes:
         config.update(sweep_points=sweep_points, overshoot=overshoot,
                       synchronous_rate=sync_rate, max_throughput_rate=max_rate,
                       probe_concurrency=c)
-    result = SweepResult(mode, [float(l) for l in loads], points, knee, config, probes)
+    result = SweepResult(mode, [float(load) for load in loads], points, knee, config, probes)
     if output_dir is not None:
         result.save(output_dir)
     return result
 
 
-_RUN_KWARGS = {"api_key", "label", "slo_tpot_ms", "slo_e2e_ms", "timeout_s", "ignore_eos", "extra_body",
+_RUN_KWARGS = {"api_key", "label", "slo_tpot_ms", "slo_e2e_ms", "timeout_s", "ignore_eos",
+               "extra_body",
                "scrape_metrics", "environment", "reset_cache"}
 
 
@@ -459,7 +497,8 @@ def _closed_rate(p: BenchResult, baseline: Baseline | None) -> float:
     return rate
 
 
-def _rejudge(p: BenchResult, baseline: Baseline, tolerance: float, ceiling: float | None = None) -> None:
+def _rejudge(p: BenchResult, baseline: Baseline, tolerance: float,
+             ceiling: float | None = None) -> None:
     """Judge an open-loop point against the sweep's baseline and the throughput probe's maximum
     (``ceiling``, when the probes ran) (replaces the run's own verdict)."""
     series = (p.summary.get("server") or {}).get("series")
@@ -494,9 +533,10 @@ class _TimeLeft:
             self.drain_s = max(res.summary["duration_s"] - span, 0.0)
 
     def line(self, mode: str, loads: Sequence[float], sizes: Sequence[int], total: int) -> str:
-        each = [self.point_s(mode, l, n) for l, n in zip(loads, sizes)]
+        each = [self.point_s(mode, load, n) for load, n in zip(loads, sizes)]
         i = total - len(loads) + 1
-        unit = "req/s" if mode == "rate" and self.per_session == 1 else "sessions/s" if mode == "rate" else "concurrent"
+        unit = ("req/s" if mode == "rate" and self.per_session == 1 else "sessions/s"
+                if mode == "rate" else "concurrent")
         out = f"sweep: point {i} of {total}, {loads[0]:.3g} {unit}, {sizes[0]} requests"
         if each[0] is not None:
             out += f", about {_duration(each[0])}"
@@ -521,8 +561,10 @@ def _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain) -> 
         # A point where the client could not offer the load, or too short for a shortfall to
         # show, says nothing about the server: it is left out (neither the knee nor a failure).
         verdicts = [(p.summary.get("saturation") or {}) for p in points]
-        valid = [i for i, v in enumerate(verdicts) if not v.get("client_limited") and judged(v) is not False]
-        k = find_knee([loads[i] for i in valid], [loads[i] for i in valid], [ttft[i] for i in valid],
+        valid = [i for i, v in enumerate(verdicts) if not v.get("client_limited")
+                 and judged(v) is not False]
+        k = find_knee([loads[i] for i in valid], [loads[i] for i in valid],
+                      [ttft[i] for i in valid],
                       [itl[i] for i in valid], slo_ttft_ms, slo_itl_ms, tolerance,
                       overloaded=[bool(verdicts[i].get("overloaded")) for i in valid])
         return None if k is None else valid[k]

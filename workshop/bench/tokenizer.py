@@ -64,7 +64,8 @@ class Tokenizer:
         if req.prompt is not None:
             return self.encode(req.prompt)
         if self.hf is None or getattr(self.hf, "chat_template", None) is None:
-            return [t for m in req.messages or [] for t in self.encode(f"{m['role']}: {m['content']}")]
+            return [t for m in req.messages or []
+                    for t in self.encode(f"{m['role']}: {m['content']}")]
         ids = self.hf.apply_chat_template(req.messages, tokenize=True, add_generation_prompt=True)
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
@@ -102,7 +103,8 @@ class LightTokenizer:
             template = next((t["template"] for t in template if t.get("name") == "default"), None)
         self.chat_template = template
         tok = lambda v: v.get("content") if isinstance(v, dict) else v  # noqa: E731
-        self.special = {"bos_token": tok(cfg.get("bos_token")) or "", "eos_token": tok(cfg.get("eos_token")) or ""}
+        self.special = {"bos_token": tok(cfg.get("bos_token")) or "",
+                        "eos_token": tok(cfg.get("eos_token")) or ""}
         self._template = None
         if template is not None:
             env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)

@@ -40,8 +40,10 @@ TIE_MARGIN = 1.0
 SHORT_PROMPTS = ("What is the capital of France?", "What is the capital of Italy?",
                  "Name the three primary colors.")
 SHORT_REPEATS = 3
-SYSTEM_QUESTIONS = ("What time does the library open on Saturdays?", "What is the capital of Italy?",
-                    "How many items can a member borrow at a time?", "Which planet is closest to the sun?")
+SYSTEM_QUESTIONS = ("What time does the library open on Saturdays?",
+                    "What is the capital of Italy?",
+                    "How many items can a member borrow at a time?",
+                    "Which planet is closest to the sun?")
 SYSTEM_PROMPT_FILE = Path(__file__).resolve().parents[1] / "data" / "verify_system_prompt.txt"
 
 
@@ -77,7 +79,7 @@ class Check:
     expected: str = ""
     got: str = ""
     departed_at: int | None = None
-    gap: float | None = None               # reference's top logit - its logit for the server's token
+    gap: float | None = None  # reference's top logit - its logit for the server's token
     reference_top2: list[str] = field(default_factory=list)
     server_token: str | None = None
     cached_tokens: int | None = None
@@ -128,7 +130,8 @@ class Gate:
 
     def summary(self) -> str:
         n = self.counts
-        head = (f"{'PASS' if self.passed else 'FAIL'}: {len(self.checks)} answers, {n['agree']} as the "
+        head = (f"{'PASS' if self.passed else 'FAIL'}: {len(self.checks)} answers, {n['agree']} as "
+                "the "
                 f"reference, {n['near tie']} near ties, {n['wrong']} wrong, {n['error']} failed")
         return "\n".join([head, *("  " + c.line() for c in self.failures[:3])])
 
@@ -172,7 +175,8 @@ class Reference:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self._done: dict[tuple, tuple[list[int], Any]] = {}
 
-    def generate(self, messages: tuple[tuple[str, str], ...], new_tokens: int) -> tuple[list[int], Any]:
+    def generate(self, messages: tuple[tuple[str, str], ...], new_tokens: int) -> tuple[list[int],
+                                                                                        Any]:
         """Greedy token ids (the end-of-sequence token included when chosen) and a
         ``[len(ids), vocab]`` tensor of the logits at each step."""
         key = (messages, new_tokens)
@@ -182,10 +186,13 @@ class Reference:
                                                add_generation_prompt=True, return_tensors="pt",
                                                return_dict=True)["input_ids"]
             with torch.no_grad():
-                out = self.model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                                          do_sample=False, output_logits=True, return_dict_in_generate=True,
+                out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                          max_new_tokens=new_tokens,
+                                          do_sample=False, output_logits=True,
+                                          return_dict_in_generate=True,
                                           pad_token_id=self.tok.eos_token_id)
-            self._done[key] = (out.sequences[0, ids.shape[1]:].tolist(), torch.cat(out.logits).float())
+            self._done[key] = (out.sequences[0, ids.shape[1]:].tolist(),
+                               torch.cat(out.logits).float())
         return self._done[key]
 
     def text(self, ids: Sequence[int]) -> str:
@@ -211,11 +218,13 @@ def compare(ref: Reference, probe: Probe, got: str, new_tokens: int,
     k = 0
     while k < len(ids) and got.startswith(ref.text(ids[:k + 1])):
         k += 1
-    if k == len(ids):       # the reference stopped (end of sequence or max_tokens) and the server went on
+    # the reference stopped (end of sequence or max_tokens) and the server went on
+    if k == len(ids):
         k -= 1
     rest = got[len(ref.text(ids[:k])):]
     server_ids = ref.tok.encode(rest, add_special_tokens=False)
-    token = server_ids[0] if server_ids else ref.tok.eos_token_id    # nothing more: it stopped there
+    token = (server_ids[0] if server_ids
+             else ref.tok.eos_token_id)    # nothing more: it stopped there
     step = logits[k]
     gap = float(step.max() - step[token])
     top2 = [ref.tok.decode([t]) for t in step.topk(2).indices.tolist()]
@@ -236,8 +245,8 @@ def verify_server(base_url: str, model: str = "smollm2-135m", api_key: str | Non
     from reference_server.models import resolve_model
     path = reference or resolve_model(model, prepare=False).path
     if not (Path(path) / "config.json").exists():
-        raise ValueError(f"the gate needs the checkpoint on this machine; {path!r} is not a model folder "
-                         "(pass --reference FOLDER)")
+        raise ValueError(f"the gate needs the checkpoint on this machine; {path!r} is not a model "
+                         "folder (pass --reference FOLDER)")
     ref = reference_for(str(path))
     todo = probes(sharegpt=sharegpt)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
@@ -270,5 +279,6 @@ def save(gate: Gate, path: str | Path) -> None:
     Path(path).write_text(json.dumps(gate.to_dict(), indent=2))
 
 
-__all__ = ["TIE_MARGIN", "Probe", "Check", "Gate", "Reference", "probes", "compare", "verify_server",
+__all__ = ["TIE_MARGIN", "Probe", "Check", "Gate", "Reference", "probes", "compare",
+           "verify_server",
            "reference_for", "system_prompt", "print_progress", "save"]

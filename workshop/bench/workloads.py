@@ -105,8 +105,10 @@ def random_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, input
         req = (Request(n_out, prompt=text, tag="random") if api == "completions"
                else Request(n_out, messages=[{"role": "user", "content": text}], tag="random"))
         sessions.append(SingleRequest(req))
-    return Workload("random", sessions, dict(num_requests=num_requests, seed=seed, input_len=input_len,
-                                             output_len=output_len, range_ratio=range_ratio, api=api), tok)
+    return Workload("random", sessions,
+                    dict(num_requests=num_requests, seed=seed, input_len=input_len,
+                                             output_len=output_len, range_ratio=range_ratio,
+                                             api=api), tok)
 
 
 # --------------------------------------------------------------------------- sharegpt
@@ -180,7 +182,8 @@ def sharegpt_pool(path: str | Path | None = None) -> list[list[tuple[str, str]]]
     """
     from reference_server.models import cache_dir
     src = Path(path) if path else sharegpt_path()
-    key = hashlib.sha1(f"{src.resolve()}:{src.stat().st_size}:{_POOL_SIZE}:v1".encode()).hexdigest()[:12]
+    key = hashlib.sha1(
+        f"{src.resolve()}:{src.stat().st_size}:{_POOL_SIZE}:v1".encode()).hexdigest()[:12]
     cached = cache_dir() / "bench" / f"sharegpt-pool-{key}.json"
     if cached.exists():
         return [[tuple(p) for p in conv] for conv in json.loads(cached.read_text())]
@@ -204,7 +207,8 @@ def sharegpt_pool(path: str | Path | None = None) -> list[list[tuple[str, str]]]
 
 def sharegpt_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, min_len: int = 4,
                       max_prompt_len: int = 1024, max_total_len: int = 2048,
-                      output_len: int | None = None, max_output_len: int | None = None, api: str = "chat",
+                      output_len: int | None = None, max_output_len: int | None = None,
+                      api: str = "chat",
                       dataset_path: str | None = None, **_: Any) -> Workload:
     """First turns of real conversations, with vLLM's filtering.
 
@@ -224,17 +228,22 @@ def sharegpt_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, min
         n_in, n_out = tok.count(human), tok.count(gpt)
         if output_len is not None:
             n_out = output_len
-        if n_in < min_len or n_out < min_len or n_in > max_prompt_len or n_in + n_out > max_total_len:
+        if (n_in < min_len or n_out < min_len or n_in > max_prompt_len
+                or n_in + n_out > max_total_len):
             continue
         if max_output_len is not None:
             n_out = min(n_out, max_output_len)
-        req = (Request(n_out, messages=[{"role": "user", "content": human}], tag="sharegpt") if api == "chat"
+        req = (Request(n_out, messages=[{"role": "user", "content": human}], tag="sharegpt")
+               if api == "chat"
                else Request(n_out, prompt=human, tag="sharegpt"))
         sessions.append(SingleRequest(req))
     if len(sessions) < num_requests:
-        raise ValueError(f"only {len(sessions)} ShareGPT prompts pass the filters; asked {num_requests}")
-    return Workload("sharegpt", sessions, dict(num_requests=num_requests, seed=seed, min_len=min_len,
-                                               max_prompt_len=max_prompt_len, max_total_len=max_total_len,
+        raise ValueError(f"only {len(sessions)} ShareGPT prompts pass the filters; asked "
+                         f"{num_requests}")
+    return Workload("sharegpt", sessions,
+                    dict(num_requests=num_requests, seed=seed, min_len=min_len,
+                                               max_prompt_len=max_prompt_len,
+                                               max_total_len=max_total_len,
                                                output_len=output_len, max_output_len=max_output_len,
                                                api=api), tok)
 
@@ -293,14 +302,17 @@ def sharegpt_multiturn_workload(tok: Tokenizer, num_requests: int = 32, seed: in
             sessions.append(Conversation(turns))
             total += len(turns)
     return Workload("sharegpt-multiturn", sessions, dict(num_requests=num_requests, seed=seed,
-                    num_sessions=num_sessions, max_context=max_context, max_turn_output=max_turn_output,
+                    num_sessions=num_sessions, max_context=max_context,
+                    max_turn_output=max_turn_output,
                     min_turns=min_turns), tok)
 
 
 # --------------------------------------------------------------------------- shared prefix
 
-def shared_prefix_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, num_groups: int = 4,
-                           system_prompt_len: int = 512, question_len: int = 64, output_len: int = 32,
+def shared_prefix_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0,
+                           num_groups: int = 4,
+                           system_prompt_len: int = 512, question_len: int = 64,
+                           output_len: int = 32,
                            **_: Any) -> Workload:
     """Groups of prompts sharing a system prompt (like SGLang's generated-shared-prefix).
 
@@ -325,20 +337,29 @@ def shared_prefix_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0
 # --------------------------------------------------------------------------- agentic
 
 AGENT_TOOLS = [
-    {"type": "function", "function": {"name": "read_file", "description": "Read a file of the repository.",
+    {"type": "function", "function": {"name": "read_file",
+                                      "description": "Read a file of the repository.",
      "parameters": {"type": "object", "properties": {"path": {"type": "string"},
-                    "start_line": {"type": "integer"}, "end_line": {"type": "integer"}}, "required": ["path"]}}},
-    {"type": "function", "function": {"name": "search_code", "description": "Search the repository for a regular expression.",
+                    "start_line": {"type": "integer"}, "end_line": {"type": "integer"}},
+                    "required": ["path"]}}},
+    {"type": "function", "function": {"name": "search_code", "description": "Search the repository "
+                                                                            "for a regular "
+                                                                            "expression.",
      "parameters": {"type": "object", "properties": {"pattern": {"type": "string"},
                     "glob": {"type": "string"}}, "required": ["pattern"]}}},
-    {"type": "function", "function": {"name": "run_tests", "description": "Run the test suite or a subset of it.",
+    {"type": "function", "function": {"name": "run_tests",
+                                      "description": "Run the test suite or a subset of it.",
      "parameters": {"type": "object", "properties": {"selector": {"type": "string"},
                     "timeout_s": {"type": "integer"}}, "required": []}}},
-    {"type": "function", "function": {"name": "edit_file", "description": "Replace a span of a file with new text.",
-     "parameters": {"type": "object", "properties": {"path": {"type": "string"}, "old": {"type": "string"},
+    {"type": "function", "function": {"name": "edit_file",
+                                      "description": "Replace a span of a file with new text.",
+     "parameters": {"type": "object",
+                    "properties": {"path": {"type": "string"}, "old": {"type": "string"},
                     "new": {"type": "string"}}, "required": ["path", "old", "new"]}}},
-    {"type": "function", "function": {"name": "list_dir", "description": "List the entries of a folder.",
-     "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
+    {"type": "function", "function": {"name": "list_dir",
+                                      "description": "List the entries of a folder.",
+     "parameters": {"type": "object", "properties": {"path": {"type": "string"}},
+                    "required": ["path"]}}},
 ]
 
 AGENT_INSTRUCTIONS = (
@@ -372,7 +393,7 @@ class AgentSession(Session):
     final_output: int
     seed: str
     words: Sequence[str] = ()
-    tools: Sequence[str] = ()           # the tools the agent calls (names); empty: all of AGENT_TOOLS
+    tools: Sequence[str] = ()  # the tools the agent calls (names); empty: all of AGENT_TOOLS
     tool_calls: bool = False            # turns call tools through the API (tools, tool results)
 
     def expected_requests(self) -> int:
@@ -384,16 +405,20 @@ class AgentSession(Session):
         body = " ".join(rng.choice(self.words) for _ in range(n))
         return f"Tool result ({tool}): " + json.dumps({"status": "ok", "output": body})
 
-    async def _turns(self, send: Send, messages: list[dict], n: int, rng: random.Random, tag: str) -> bool:
-        api_tools = [t for t in AGENT_TOOLS if not self.tools or t["function"]["name"] in self.tools] \
+    async def _turns(self, send: Send, messages: list[dict], n: int, rng: random.Random,
+                     tag: str) -> bool:
+        api_tools = [t for t in AGENT_TOOLS if not self.tools
+                     or t["function"]["name"] in self.tools] \
             if self.tool_calls else None
         for t in range(n):
-            reply = await send(Request(rng.randint(*self.turn_output), messages=copy.deepcopy(messages),
+            reply = await send(Request(rng.randint(*self.turn_output),
+                                       messages=copy.deepcopy(messages),
                                        tag=f"{tag}-{t}", tools=api_tools))
             if not reply.ok:
                 return False
             if reply.tool_calls:        # the calls and one result each, as an agent framework sends
-                messages.append({"role": "assistant", "content": None, "tool_calls": reply.tool_calls})
+                messages.append({"role": "assistant", "content": None,
+                                 "tool_calls": reply.tool_calls})
                 messages += [{"role": "tool", "tool_call_id": c["id"],
                               "content": self._tool_result(rng, c["function"]["name"])}
                              for c in reply.tool_calls]
@@ -405,38 +430,49 @@ class AgentSession(Session):
     async def _branch(self, send: Send, history: list[dict], k: int, fork: int) -> str | None:
         rng = random.Random(f"{self.seed}/fork-{fork}/branch-{k}")
         messages = copy.deepcopy(history)
-        messages.append({"role": "user", "content": f"You are sub-agent {k}. Investigate part {k + 1} of the "
+        messages.append({"role": "user",
+                         "content": f"You are sub-agent {k}. Investigate part {k + 1} of the "
                          "task on your own with the tools, then report."})
         if not await self._turns(send, messages, self.branch_turns, rng, f"fork{fork}-branch{k}"):
             return None
-        messages.append({"role": "user", "content": "Summarize your findings for the main agent in a few sentences."})
-        reply = await send(Request(self.summary_output, messages=messages, tag=f"fork{fork}-branch{k}-summary"))
+        messages.append({"role": "user", "content": "Summarize your findings for the main agent in "
+                                                    "a few sentences."})
+        reply = await send(Request(self.summary_output, messages=messages,
+                                   tag=f"fork{fork}-branch{k}-summary"))
         return reply.text if reply.ok else None
 
     async def run(self, send: Send) -> None:
         rng = random.Random(f"{self.seed}/main")
-        messages = [{"role": "system", "content": self.system}, {"role": "user", "content": self.task}]
+        messages = [{"role": "system", "content": self.system},
+                    {"role": "user", "content": self.task}]
         for t in range(self.main_turns):
             if not await self._turns(send, messages, 1, rng, f"main{t}"):
                 return
             if t in self.fork_at:
-                summaries = await asyncio.gather(*(self._branch(send, messages, k, t) for k in range(self.branches)))
+                summaries = await asyncio.gather(*(self._branch(send, messages, k, t)
+                                                   for k in range(self.branches)))
                 merged = "\n".join(f"Sub-agent {k} reported: {s if s is not None else '(failed)'}"
                                    for k, s in enumerate(summaries))
                 messages.append({"role": "assistant", "content": "Sub-agents finished."})
                 messages.append({"role": "user", "content": merged})
-        messages.append({"role": "user", "content": "Propose a solution to the task, as a short plan."})
-        reply = await send(Request(self.final_output, messages=copy.deepcopy(messages), tag="propose"))
+        messages.append({"role": "user",
+                         "content": "Propose a solution to the task, as a short plan."})
+        reply = await send(Request(self.final_output, messages=copy.deepcopy(messages),
+                                   tag="propose"))
         if not reply.ok:
             return
         messages.append({"role": "assistant", "content": reply.text})
-        messages.append({"role": "user", "content": "Review the proposal above critically and rate it from 1 to 10."})
+        messages.append({"role": "user", "content": "Review the proposal above critically and rate "
+                                                    "it from 1 to 10."})
         await send(Request(self.final_output, messages=messages, tag="review"))
 
 
-def agentic_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, num_sessions: int | None = None,
-                     system_prompt_len: int = 600, main_turns: int = 4, fork_at: Sequence[int] = (1,),
-                     branches: int = 2, branch_turns: int = 2, turn_output: tuple[int, int] = (24, 48),
+def agentic_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0,
+                     num_sessions: int | None = None,
+                     system_prompt_len: int = 600, main_turns: int = 4,
+                     fork_at: Sequence[int] = (1,),
+                     branches: int = 2, branch_turns: int = 2,
+                     turn_output: tuple[int, int] = (24, 48),
                      tool_result_len: tuple[int, int] = (40, 100), summary_output: int = 48,
                      final_output: int = 64, num_tools: int | None = None, tool_calls: bool = False,
                      **_: Any) -> Workload:
@@ -464,12 +500,15 @@ def agentic_workload(tok: Tokenizer, num_requests: int = 32, seed: int = 0, num_
     for s in range(num_sessions):
         task = f"Task {s}: " + filler(tok, rng, rng.randint(30, 60))
         sessions.append(AgentSession(system, task, main_turns, fork_at, branches, branch_turns,
-                                     tuple(turn_output), tuple(tool_result_len), summary_output, final_output,
+                                     tuple(turn_output), tuple(tool_result_len), summary_output,
+                                     final_output,
                                      seed=f"agentic/{seed}/session-{s}", words=tok.words(),
                                      tools=tuple(t["function"]["name"] for t in tools),
                                      tool_calls=tool_calls))
-    return Workload("agentic", sessions, dict(num_requests=num_requests, seed=seed, num_sessions=num_sessions,
-                    requests_per_session=per_session, system_prompt_len=system_prompt_len, main_turns=main_turns,
+    return Workload("agentic", sessions,
+                    dict(num_requests=num_requests, seed=seed, num_sessions=num_sessions,
+                    requests_per_session=per_session, system_prompt_len=system_prompt_len,
+                    main_turns=main_turns,
                     fork_at=list(fork_at), branches=branches, branch_turns=branch_turns,
                     turn_output=list(turn_output), tool_result_len=list(tool_result_len),
                     summary_output=summary_output, final_output=final_output,
@@ -483,7 +522,8 @@ _BUILDERS = {"random": random_workload, "sharegpt": sharegpt_workload,
              "shared-prefix": shared_prefix_workload}
 
 
-def build_workload(name: str, tok: Tokenizer, num_requests: int = 32, seed: int = 0, **kwargs: Any) -> Workload:
+def build_workload(name: str, tok: Tokenizer, num_requests: int = 32, seed: int = 0,
+                   **kwargs: Any) -> Workload:
     """Build a named workload; unknown keyword arguments are ignored by the builders."""
     if name not in _BUILDERS:
         raise ValueError(f"unknown workload {name!r}; choose from {', '.join(WORKLOADS)}")

@@ -132,7 +132,8 @@ class Point:
     @classmethod
     def merge(cls, points: Sequence["Point"]) -> "Point":
         return cls(points[0].route, points[0].rate, [r for p in points for r in p.runs],
-                   [a for p in points for a in p.activities], [o for p in points for o in p.offsets])
+                   [a for p in points for a in p.activities],
+                   [o for p in points for o in p.offsets])
 
     def summary(self) -> dict:
         rec = self.records
@@ -145,7 +146,7 @@ class Point:
         lat = [r["latency_s"] if r["latency_s"] is not None and not r["error"] else None
                for r in rec]
         shortest = min((r["max_tokens"] for r in rec), default=0)
-        short = [l for l, r in zip(lat, rec) if r["max_tokens"] == shortest]
+        short = [latency for latency, r in zip(lat, rec) if r["max_tokens"] == shortest]
         activity = self.activity
         batches = [b for a in activity.values() for b in a["batches"]]
         busy = [a["busy"] for a in activity.values()]
@@ -345,7 +346,8 @@ def zipf_run(cluster: Cluster, s: float, n: int, rate: float, mix: Mix, budget_m
 
 
 def replay_curves(names: Sequence[str], sizes: dict[str, int], budgets: Sequence[float],
-                  exponents: Sequence[float], pinned: int, n: int = 20_000, seed: int = 3) -> list[dict]:
+                  exponents: Sequence[float], pinned: int, n: int = 20_000,
+                  seed: int = 3) -> list[dict]:
     """Hit rate of the policy replayed over ``n`` Zipf requests (one worker), per budget (in
     models) and Zipf exponent, next to Che's approximation."""
     size = max(sizes.values())

@@ -13,9 +13,8 @@ approximation (``che_hit_rate``) predicts an LRU cache's hit rate from the popul
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterable, Sequence
 
 import numpy as np

@@ -95,12 +95,14 @@ def encode(obj: Any) -> bytes:
 
 # -- MessagePack vs base64-in-JSON --------------------------------------------------------------
 
-def encoders() -> dict[str, tuple[Callable[[np.ndarray], bytes], Callable[[bytes, np.ndarray], np.ndarray]]]:
+def encoders() -> dict[str, tuple[Callable[[np.ndarray], bytes],
+                                  Callable[[bytes, np.ndarray], np.ndarray]]]:
     """name -> (encode(array) -> bytes, decode(bytes, like) -> array), for one binary payload
     (an array: token ids, an embedding batch, image bytes) inside a small message."""
 
     def json_list(a):
-        return json.dumps({"dtype": a.dtype.str, "shape": a.shape, "data": a.ravel().tolist()}).encode()
+        return json.dumps({"dtype": a.dtype.str, "shape": a.shape,
+                           "data": a.ravel().tolist()}).encode()
 
     def json_list_back(b, like):
         d = json.loads(b)
