@@ -23,9 +23,8 @@ figures; the notebook writes the prose. A module serves the notebooks listed for
 | 13 | cold starts | `cold_start` |
 | 14 | the production gateway | `api_gateway/`, `bench/` |
 | 15 | sampling, structured output, tool calls | `sampling`, `probe` |
-| 16 | routing that knows the cache, tenant isolation | `cache_aware_routing`, `api_gateway/`,
-`tenant_isolation`, `bench/` | | 17 | disaggregated prefill and decode | `disaggregation`,
-`cold_start` |
+| 16 | cache-aware routing | `cache_aware_routing`, `tenant_isolation`, `api_gateway/`, `bench/` |
+| 17 | disaggregated prefill and decode | `disaggregation`, `cold_start` |
 
 Shared underneath: ``metrics`` (a server's ``/metrics`` sampled while requests run),
 ``prompt_latency`` (time to first token against prompt length),
