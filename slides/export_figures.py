@@ -36,11 +36,13 @@ import base64
 import datetime as dt
 import hashlib
 import html
+import inspect
 import json
 import os
 import re
 import sys
 import tempfile
+import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -723,17 +725,22 @@ def _output_html(out: dict, md) -> str:
 
 # -- executing -----------------------------------------------------------------------------
 
-# Loaded by the kernel before any cell: beside each Figure's PNG, record its titles.
+def figure_titles(fig) -> dict:
+    """What the kernel records beside a Figure's PNG: each axes' titles at every position
+    (left, centre, right), then the suptitle."""
+    return {"titles": [ax.get_title(loc) for ax in fig.axes
+                       for loc in ("left", "center", "right")] + [fig.get_suptitle()]}
+
+
+# Loaded by the kernel before any cell: beside each Figure's PNG, record its titles with
+# figure_titles (its source is copied in: the kernel does not import this script).
 _STARTUP = f'''
 try:
     from IPython import get_ipython
     from matplotlib.figure import Figure
 
-    def _workshop_titles(fig):
-        # each axes' titles at every position (left, centre, right), then the suptitle
-        return {{"titles": [ax.get_title(loc) for ax in fig.axes
-                            for loc in ("left", "center", "right")] + [fig.get_suptitle()]}}
-
+{textwrap.indent(inspect.getsource(figure_titles), "    ")}
+    _workshop_titles = figure_titles
     _f = get_ipython().display_formatter
     from IPython.core.formatters import JSONFormatter
 

@@ -112,6 +112,23 @@ def test_a_recorded_title_must_match_the_spec():
         ef.find_figure(wrong, SPEC)
 
 
+def test_the_kernel_records_left_titles_and_the_suptitle_too():
+    # notebook 17's panels are titled on the left: centre titles alone read as no title
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    fig = Figure()
+    left, right = fig.subplots(1, 2)
+    left.set_title("colocated", loc="left")
+    right.set_title("disaggregated")
+    fig.suptitle("Gaps between tokens")
+    titles = [t for t in ef.figure_titles(fig)["titles"] if t]
+    assert titles == ["colocated", "disaggregated", "Gaps between tokens"]
+    compile(ef._STARTUP, "startup", "exec")   # the copy the kernel runs is valid Python
+    assert "def figure_titles" in ef._STARTUP
+
+
 def test_run_metadata_reads_machine_engine_date_and_run_time_from_the_notebook():
     nb = _notebook(_code("session = connect()", CONNECT, stamp="2026-12-01T17:30:00.5Z"),
                    _code("x", reply="2026-12-01T17:31:30.5Z"))
