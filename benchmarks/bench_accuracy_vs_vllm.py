@@ -74,17 +74,16 @@ def vllm_client_cmd(args: argparse.Namespace, tokenizer: str, seed: int, workdir
 
 def run_vllm_client(args: argparse.Namespace, tokenizer: str, seed: int, workdir: str) -> dict:
     out = f"vllm-{seed}.json"
-    proc = subprocess.run(vllm_client_cmd(args, tokenizer, seed, workdir, out), capture_output=True,
-                          text=True,
-                          timeout=1800)
+    proc = subprocess.run(vllm_client_cmd(args, tokenizer, seed, workdir, out),
+                          capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         raise RuntimeError("vllm.benchmarks.serve failed:\n" + proc.stdout[-3000:]
                            + proc.stderr[-3000:])
     return read_vllm_result(workdir, out)
 
 
-def run_paired(args: argparse.Namespace, tokenizer: str, seed: int, workdir: str) -> tuple[dict,
-                                                                                           dict]:
+def run_paired(args: argparse.Namespace, tokenizer: str, seed: int,
+               workdir: str) -> tuple[dict, dict]:
     """Start vLLM's client, wait until it begins its measured run, run ours alongside."""
     import threading
     out = f"vllm-paired-{seed}.json"

@@ -162,8 +162,8 @@ def read_packed_index(path: str | Path) -> tuple[dict[str, dict], int, int]:
     return meta["tensors"], _round_up(16 + length), meta["data_bytes"]
 
 
-def load_packed(path: str | Path, chunk_mib: float = 16, threads: int = 1) -> dict[str,
-                                                                                   torch.Tensor]:
+def load_packed(path: str | Path, chunk_mib: float = 16,
+                threads: int = 1) -> dict[str, torch.Tensor]:
     """Read the data area in chunks of ``chunk_mib`` MiB (``threads`` at a time: ``os.preadv``
     releases the GIL) into one buffer, and return the tensors as views of it: no copy after
     the read, no per-tensor file access."""
@@ -207,8 +207,8 @@ def write_formats(sd: dict[str, torch.Tensor], folder: str | Path) -> dict[str, 
     return {fmt: folder / FILE_NAMES[fmt] for fmt in FORMATS}
 
 
-def load(fmt: str, path: str | Path, chunk_mib: float = 16, threads: int = 1) -> dict[str,
-                                                                                      torch.Tensor]:
+def load(fmt: str, path: str | Path, chunk_mib: float = 16,
+         threads: int = 1) -> dict[str, torch.Tensor]:
     """``path`` loaded the way ``fmt`` names (``chunk_mib`` and ``threads``: packed only)."""
     if fmt == "torch.load":
         return torch.load(path, map_location="cpu", weights_only=True)

@@ -550,8 +550,8 @@ def probe_throughput(sweep: SweepResult) -> float | None:
     return cfg["max_throughput_rate"] * cfg.get("requests_per_session", 1.0) * per_request
 
 
-def capacity(points: Sequence[dict[str, Any]], probe_tps: float | None) -> tuple[float | None,
-                                                                                 str | None]:
+def capacity(points: Sequence[dict[str, Any]],
+             probe_tps: float | None) -> tuple[float | None, str | None]:
     """The most output tok/s delivered at any load tried (``points``, client-bound ones left
     out) or by the throughput probe, objectives ignored; and where: "<x> req/s offered" or
     "throughput probe"."""

@@ -173,8 +173,8 @@ def local_environment() -> dict[str, Any]:
             "packages": versions}
 
 
-async def server_environment(session: Any, base_url: str, headers: dict[str, str]) -> dict[str,
-                                                                                           Any]:
+async def server_environment(session: Any, base_url: str,
+                             headers: dict[str, str]) -> dict[str, Any]:
     """What the server says about itself: /v1/models, /version, /server_info (SGLang, ours)."""
     import aiohttp
     out: dict[str, Any] = {}

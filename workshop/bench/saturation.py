@@ -212,8 +212,8 @@ def _ttft_growth(records: Sequence[RequestRecord], ta: float, tb: float) -> floa
     return float(np.median([r.ttft for r in rs[-k:]]) - np.median([r.ttft for r in rs[:k]]))
 
 
-def _halves(series: dict[str, list] | None, key: str, ta: float, tb: float) -> tuple[float, float,
-                                                                                     float] | None:
+def _halves(series: dict[str, list] | None, key: str, ta: float,
+            tb: float) -> tuple[float, float, float] | None:
     """(first-half mean, second-half mean, peak) of a sampled gauge within [ta, tb]."""
     if not series or not series.get(key):
         return None

@@ -235,9 +235,9 @@ def unloaded_latency(sweeps: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def describe_workloads(plan: "Plan", tok: Any) -> tuple[list[dict[str, Any]],
-                                                        dict[str, list[tuple[list[int],
-                                                                             list[int]]]]]:
+def describe_workloads(
+        plan: "Plan", tok: Any,
+) -> tuple[list[dict[str, Any]], dict[str, list[tuple[list[int], list[int]]]]]:
     """The plan's workloads before any engine sees them: a row each (sessions, requests, mean
     prompt and output tokens, prefix reuse: the share of prompt tokens a perfect prefix cache
     could skip), and per workload the (prompt ids, reply ids) of each request in send order."""

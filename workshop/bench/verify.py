@@ -175,8 +175,8 @@ class Reference:
         self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
         self._done: dict[tuple, tuple[list[int], Any]] = {}
 
-    def generate(self, messages: tuple[tuple[str, str], ...], new_tokens: int) -> tuple[list[int],
-                                                                                        Any]:
+    def generate(self, messages: tuple[tuple[str, str], ...],
+                 new_tokens: int) -> tuple[list[int], Any]:
         """Greedy token ids (the end-of-sequence token included when chosen) and a
         ``[len(ids), vocab]`` tensor of the logits at each step."""
         key = (messages, new_tokens)
