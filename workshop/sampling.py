@@ -36,16 +36,25 @@ def softmax_at(logprobs: dict[str, float], temperature: float) -> dict[str, floa
     return {t: v / z for t, v in w.items()}
 
 
+def choices(client: Any, model: str, messages: list[dict], count: int, per_request: int = 8,
+            progress: Callable[[Iterable[int]], Iterable[int]] = iter, **params) -> list:
+    """At least ``count`` answers to ``messages``, asked ``per_request`` at a time (``n``; a
+    server caps it, ``/server_info``'s ``limits.max_n`` on the course's), with ``params``
+    (``max_tokens``, ``temperature``, ``response_format``...)."""
+    out: list = []
+    for _ in progress(range(math.ceil(count / per_request))):
+        out += client.chat.completions.create(model=model, messages=messages, n=per_request,
+                                              **params).choices
+    return out
+
+
 def sample_first_tokens(client: Any, model: str, messages: list[dict], temperature: float,
                         samples: int, per_request: int = 8,
                         progress: Callable[[Iterable[int]], Iterable[int]] = iter) -> Counter:
     """How often each first token was drawn in ``samples`` draws (``n`` per request)."""
-    counts: Counter = Counter()
-    for _ in progress(range(math.ceil(samples / per_request))):
-        r = client.chat.completions.create(model=model, messages=messages, max_tokens=1,
-                                           temperature=temperature, n=per_request)
-        counts.update(c.message.content or "" for c in r.choices)
-    return counts
+    return Counter(c.message.content or "" for c in choices(
+        client, model, messages, samples, per_request, progress, max_tokens=1,
+        temperature=temperature))
 
 
 def frequencies(counts: Counter, tokens: Iterable[str]) -> dict[str, float]:
@@ -191,7 +200,8 @@ def allowed_figure(pieces: Sequence[str], allowed: Sequence[int], vocab_size: in
     return fig
 
 
-__all__ = ["OTHER", "top_logprobs", "softmax_at", "sample_first_tokens", "frequencies",
-           "total_variation", "entropy_bits", "distinct_n", "check_json", "bundled_grammar",
+__all__ = ["OTHER", "top_logprobs", "softmax_at", "choices", "sample_first_tokens",
+           "frequencies", "total_variation", "entropy_bits", "distinct_n", "check_json",
+           "bundled_grammar",
            "mask_seconds_per_token", "allowed_per_position", "distribution_figure",
            "allowed_figure", "alone_and_in_a_batch"]

@@ -270,11 +270,8 @@ for _name, _s in ui.progress(list(engines.items()), title="answers with and with
         _extra = {"response_format": response_format} if _constrained else {}
         # the answers in requests of at most the server's largest n (/server_info's limits)
         _n = min(json_answers, (_s.info.get("limits") or {}).get("max_n") or json_answers)
-        _choices = []
-        for _ in range(math.ceil(json_answers / _n)):
-            _choices += _s.openai().chat.completions.create(
-                model=_s.model, messages=ask_json, max_tokens=64, temperature=0.7, n=_n,
-                **_extra).choices
+        _choices = sampling.choices(_s.openai(), _s.model, ask_json, json_answers, _n,
+                                    max_tokens=64, temperature=0.7, **_extra)
         _verdicts = [sampling.check_json(c.message.content, schema) for c in _choices]
         validity.append({"engine": _name, "grammar": "on" if _constrained else "off",
                          "valid": _verdicts.count("valid") / len(_verdicts),

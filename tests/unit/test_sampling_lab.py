@@ -38,3 +38,22 @@ def test_check_json_tells_valid_from_wrong_shape_from_not_json():
     assert sampling.check_json('{"city": "Paris"}', schema) == "valid"
     assert sampling.check_json('{"town": "Paris"}', schema) == "wrong shape"
     assert sampling.check_json('```json\n{"city": "Paris"}\n```', schema) == "not JSON"
+
+
+def test_choices_asks_at_most_per_request_at_a_time_and_passes_every_parameter():
+    from types import SimpleNamespace
+
+    calls = []
+
+    def create(**kw):
+        calls.append(kw)
+        return SimpleNamespace(choices=[SimpleNamespace(message=SimpleNamespace(content="a"))]
+                               * kw["n"])
+
+    client = SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+    got = sampling.choices(client, "m", [], 16, 8, max_tokens=64, response_format={"x": 1})
+    assert len(got) == 16 and [c["n"] for c in calls] == [8, 8]
+    assert all(c["max_tokens"] == 64 and c["response_format"] == {"x": 1} for c in calls)
+    calls.clear()
+    counts = sampling.sample_first_tokens(client, "m", [], 0.7, 12, per_request=8)
+    assert counts == Counter({"a": 16}) and calls[0]["max_tokens"] == 1
