@@ -105,9 +105,10 @@ def demo_rows(runs: dict[str, tuple[list[int], list[Step]]]) -> list[dict]:
     """One table row per ``name: (ids, steps)`` run; the first run is the baseline whose ids
     the others are compared with."""
     base = next(iter(runs.values()))[0]
+    counts = {name: step_counts(steps) for name, (_, steps) in runs.items()}
     return [{"run": name, "tokens": len(ids), "target forwards": len(steps),
              "tokens per forward": len(ids) / len(steps) if steps else 0.0,
-             "draft tokens": sum(d for d, _ in steps), "accepted": sum(a for _, a in steps),
+             "draft tokens": counts[name]["draft tokens"], "accepted": counts[name]["accepted"],
              "same token ids as plain": ids == base} for name, (ids, steps) in runs.items()]
 
 
