@@ -97,9 +97,13 @@ def _(mo):
     **int4, group-wise.** 16 levels are too coarse for a whole row (one outlier would flatten
     everything else), so each group of 32-128 consecutive weights gets its own scale. Symmetric
     groups use levels -8..7 times *absmax / 7*; min/max ("asymmetric") groups spread the 16
-    levels from the group's minimum to its maximum. Two 4-bit numbers are packed per byte. These
-    are the functions the rest of the notebook uses (int8 and the packing: the teaching engine's
-    own, `mini_engine/quant.py`; int4 groups: `workshop/quantization.py`; unit-tested):
+    levels from the group's minimum to its maximum. Either way a weight comes back as
+    *q x scale + offset*, q in 0..15, with a float offset per group: the group's minimum
+    (llama.cpp's Q4_1), or -8 x scale for symmetric groups (a fixed zero point of 8, as in Q4_0
+    and symmetric GPTQ). GPTQ/AWQ's asymmetric checkpoints store an integer zero point instead,
+    which rounds the minimum onto the scale's grid. Two 4-bit numbers are packed per byte. These
+    are the functions the rest of the notebook uses, the teaching engine's own
+    (`mini_engine/quant.py`, re-exported by `workshop/quantization.py`; unit-tested):
     """)
     return
 

@@ -1,12 +1,11 @@
 """Weight quantization in a few readable lines: the schemes notebook 4 measures.
 
-* int8 per channel (one scale per output row) is the teaching engine's scheme, imported from
-  its one home, ``mini_engine/quant.py``, with its int4 packing (two values per byte).
-* ``quantize_int4_groupwise``: one scale (and, asymmetric, one minimum) per group of
-  ``group_size`` consecutive weights in a row, 4-bit integers packed two per byte. The
-  teaching engine's ``Int4Linear`` stores an integer zero point instead (GPTQ/AWQ style); this
-  one keeps the minimum itself (GGUF's Q4_1), which rebuilds weights already on a Q4_1 grid
-  exactly.
+* The quantizers are the teaching engine's, imported from their one home,
+  ``mini_engine/quant.py``: int8 per channel (one scale per output row), and int4 in groups
+  of ``group_size`` consecutive weights in a row (``quantize_int4_groupwise``), packed two per
+  byte, each group rebuilt as ``q * scale + offset``. Symmetric groups take offset
+  ``-8 * scale``; min/max groups take the group's minimum itself (GGUF's Q4_1), which rebuilds
+  weights already on a Q4_1 grid exactly.
 * ``QuantLinear`` keeps only the packed integers and scales and rebuilds the bf16 weight inside
   ``forward``. That saves memory, not time: real int4 kernels (llama.cpp, Marlin, torchao) fuse
   the unpacking into the matmul. ``quantize_dynamic_int8`` is the library path that works on
@@ -20,65 +19,26 @@ agreement), ``model_memory`` (bytes, RSS), ``quantization_measure`` (one variant
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
 from torch import nn
 
-from mini_engine.quant import dequantize_int8, pack_int4, quantize_int8_per_channel, unpack_int4  # noqa: F401
+from mini_engine.quant import (
+    Int4Weight,
+    dequantize_int4,
+    dequantize_int8,
+    pack_int4,
+    quantize_int4_groupwise,
+    quantize_int8_per_channel,
+    unpack_int4,
+)
 
 
 def relative_error(w: torch.Tensor, rebuilt: torch.Tensor) -> float:
     """mean |rebuilt - w| / mean |w|: the error of a round trip, relative to the weights' size."""
     return ((rebuilt.float() - w.float()).abs().mean() / w.float().abs().mean()).item()
-
-
-@dataclass
-class Int4Weight:
-    packed: torch.Tensor       # uint8 [out, in/2]
-    scale: torch.Tensor        # [out, in/group]
-    offset: torch.Tensor       # [out, in/group]: the group minimum (asymmetric) or -8*scale
-    group_size: int
-    shape: tuple[int, int]
-
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.packed, self.scale, self.offset))
-
-
-def quantize_int4_groupwise(w: torch.Tensor, group_size: int = 128, symmetric: bool = True,
-                            scale_dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
-    """``w`` [out, in] -> 16 levels per group of ``group_size`` weights along each row.
-
-    Symmetric: levels -8..7 times ``absmax / 7`` (zero is exact). Asymmetric: 16 levels spread
-    from the group's minimum to its maximum (GGUF's Q4_1 does this with groups of 32).
-    Either way a weight is rebuilt as ``q * scale + offset`` with q in 0..15.
-    """
-    out_f, in_f = w.shape
-    if in_f % group_size or group_size % 2:
-        raise ValueError(f"in_features {in_f} is not a multiple of group_size {group_size}")
-    g = w.float().reshape(out_f, in_f // group_size, group_size)
-    if symmetric:
-        scale = g.abs().amax(dim=-1, keepdim=True).clamp(min=1e-12) / 7
-        offset = -8 * scale
-    else:
-        lo, hi = g.amin(dim=-1, keepdim=True), g.amax(dim=-1, keepdim=True)
-        scale = ((hi - lo) / 15).clamp(min=1e-12)
-        offset = lo
-    # Round with the scale as it will be stored, so rebuilding uses exactly the same numbers.
-    scale, offset = scale.to(scale_dtype).float(), offset.to(scale_dtype).float()
-    q = torch.round((g - offset) / scale).clamp(0, 15)
-    return Int4Weight(pack_int4(q.reshape(out_f, in_f)), scale.squeeze(-1).to(scale_dtype),
-                      offset.squeeze(-1).to(scale_dtype), group_size, (out_f, in_f))
-
-
-def dequantize_int4(w: Int4Weight, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Rebuild ``q * scale + offset`` in ``dtype`` (bf16 halves the memory traffic)."""
-    out_f, in_f = w.shape
-    q = unpack_int4(w.packed).to(dtype).reshape(out_f, in_f // w.group_size, w.group_size)
-    scale, offset = w.scale.to(dtype).unsqueeze(-1), w.offset.to(dtype).unsqueeze(-1)
-    return torch.addcmul(offset, q, scale).reshape(out_f, in_f)
 
 
 class QuantLinear(nn.Module):

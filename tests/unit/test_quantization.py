@@ -277,29 +277,33 @@ def test_relative_error_is_mean_abs_error_over_mean_abs_weight():
     assert abs(Q.relative_error(w, rebuilt) - 0.5 / 2.5) < 1e-7
 
 
-def test_int8_and_int4_packing_are_the_teaching_engines():
-    # One scheme, one home: notebook 4's int8 numbers and int4 packing are the very functions
-    # the teaching engine serves with (mini_engine/quant.py).
+def test_int8_and_int4_quantizers_are_the_teaching_engines():
+    # One scheme, one home: notebook 4's int8 and int4 numbers come from the very functions
+    # the teaching engine serves with (mini_engine/quant.py), not from a second copy.
     from mini_engine import quant as engine
     assert Q.quantize_int8_per_channel is engine.quantize_int8_per_channel
     assert Q.dequantize_int8 is engine.dequantize_int8
     assert Q.pack_int4 is engine.pack_int4 and Q.unpack_int4 is engine.unpack_int4
+    assert Q.quantize_int4_groupwise is engine.quantize_int4_groupwise
+    assert Q.dequantize_int4 is engine.dequantize_int4 and Q.Int4Weight is engine.Int4Weight
     w = _weights(48, 96)
     w[0, 0] = 0.9                             # an outlier row
     layer = engine.Int8Linear(w)
     q, scale = Q.quantize_int8_per_channel(w)
     assert torch.equal(q, layer.qweight) and torch.equal(scale, layer.scale)
     assert torch.equal(Q.dequantize_int8(q, scale), layer.dequantize())
-    # The engine's int4 layer packs with pack_int4: low nibble = even column.
+    # The engine's int4 layer is min/max groups with fp32 scales, as the notebook quantizes.
     layer4 = engine.Int4Linear(w, group_size=32)
-    assert torch.equal(Q.pack_int4(Q.unpack_int4(layer4.packed)), layer4.packed)
-    assert layer4.packed.shape == (48, 48)
+    qw = Q.quantize_int4_groupwise(w, 32, symmetric=False, scale_dtype=torch.float32)
+    assert torch.equal(layer4.packed, qw.packed) and layer4.packed.shape == (48, 48)
+    assert torch.equal(layer4.dequantize(), Q.dequantize_int4(qw))
+    assert layer4.nbytes() == qw.nbytes()
 
 
-def test_int4_min_max_is_not_the_teaching_engines_int4():
-    # Why workshop keeps its own int4: the teaching engine rounds each group's minimum to an
-    # integer zero point (GPTQ/AWQ style) and keeps fp32 scales; ours keeps the minimum itself
-    # (GGUF Q4_1 style). On weights that sit on a Q4_1 grid only ours rebuilds them exactly.
+def test_engine_int4_rebuilds_weights_on_a_q4_1_grid_exactly():
+    # The convention the notebook's GGUF comparison needs: a float minimum per group (Q4_1),
+    # not an integer zero point (GPTQ/AWQ), which cannot land on a Q4_1 grid. The engine's
+    # layer and the notebook's quantizer both rebuild such weights exactly.
     from mini_engine.quant import Int4Linear
     g = torch.Generator().manual_seed(2)
     levels = torch.randint(0, 16, (8, 4, 32), generator=g).float()
@@ -308,9 +312,18 @@ def test_int4_min_max_is_not_the_teaching_engines_int4():
     lo = -torch.rand(8, 4, 1, generator=g) * 0.05 - 0.0003
     w = (levels * scale + lo).reshape(8, 128)
     ours = Q.dequantize_int4(Q.quantize_int4_groupwise(w, 32, False, scale_dtype=torch.float32))
-    engine = Int4Linear(w, group_size=32).dequantize()
     assert torch.allclose(ours, w, atol=1e-6)
-    assert not torch.allclose(engine, w, atol=1e-6)
+    assert torch.allclose(Int4Linear(w, group_size=32).dequantize(), w, atol=1e-6)
+
+
+def test_symmetric_int4_is_a_fixed_zero_point_of_8():
+    # Symmetric groups are the same convention with offset -8 * scale: q - 8 in -8..7.
+    w = _weights()
+    qw = Q.quantize_int4_groupwise(w, 32, symmetric=True, scale_dtype=torch.float32)
+    assert torch.equal(qw.offset, -8 * qw.scale)
+    q = Q.unpack_int4(qw.packed).float().reshape(64, -1, 32)
+    rebuilt = (q - 8) * qw.scale.unsqueeze(-1)
+    assert torch.allclose(rebuilt.reshape(64, 256), Q.dequantize_int4(qw), atol=1e-7)
 
 
 def test_one_definition_of_common_prefix():
