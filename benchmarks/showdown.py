@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = showdown.Plan.quick() if args.quick else showdown.Plan.full()
     changes = {k: v for k, v in (("num_requests", args.num_requests),
                                  ("sweep_points", args.sweep_points),
-                                 ("slo_ttft_ms", args.slo_ttft_ms), ("slo_itl_ms", args.slo_itl_ms),
                                  ("slo_factor", args.slo_factor)) if v}
+    stated = {k: v for k, v in (("ttft_ms", args.slo_ttft_ms), ("itl_ms", args.slo_itl_ms)) if v}
+    if stated:
+        changes["slo"] = replace(plan.slo, **stated)
     if args.workloads:
         changes["workloads"] = tuple(w for w in args.workloads.split(",") if w)
     plan = replace(plan, **changes)

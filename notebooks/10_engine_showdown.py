@@ -205,13 +205,15 @@ def _(
 ):
     from dataclasses import replace
 
+    from workshop.bench.metrics import SLO
+
     _known = showdown.known_contenders()
     chosen = [_known[x.strip()] for x in engines_text.value.split(",") if x.strip() in _known]
     plan = replace(showdown.Plan.quick() if plan_choice.value == "quick" else showdown.Plan.full(),
-                   slo_ttft_ms=float(slo_ttft.value) or None, slo_itl_ms=float(slo_itl.value) or None,
+                   slo=SLO(ttft_ms=float(slo_ttft.value) or None, itl_ms=float(slo_itl.value) or None),
                    slo_factor=float(slo_factor.value))
     contenders = showdown.with_servers(chosen, running_servers)
-    _objective = {key: f"p99 {name} ≤ {getattr(plan, 'slo_' + key):.0f} ms" if getattr(plan, "slo_" + key)
+    _objective = {key: f"p99 {name} ≤ {getattr(plan.slo, key):.0f} ms" if getattr(plan.slo, key)
                   else f"p99 {name} derived from the run" for key, name in showdown.OBJECTIVES}
     ui.md(f"**{len(contenders)} contenders** ({', '.join(c.label for c in contenders)}) x "
           f"**{len(plan.workloads)} workloads** ({', '.join(plan.workloads)}), the {plan_choice.value} plan; "

@@ -46,6 +46,8 @@ def test_run_then_compare(mock_url, tmp_path, capsys):
         assert main(argv) == 0
     out = capsys.readouterr().out
     assert "completed 5  errors 0" in out
+    # the command line draws each run folder's figures (saving a result alone draws none)
+    assert {f.name for f in (tmp_path / "a").glob("*.png")} == {"latency_cdf.png", "timeline.png"}
     cfg = json.loads((tmp_path / "b" / "config.json").read_text())
     assert cfg["request_rate"] == 50.0 and cfg["concurrency"] is None and cfg["label"] == "b"
     assert main(["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--output-dir",
@@ -79,6 +81,10 @@ def test_sweep_command_over_rates_and_concurrencies(mock_url, tmp_path, capsys):
     assert "knee:" in capsys.readouterr().out
     back = SweepResult.load(tmp_path / "open")
     assert back.mode == "rate" and back.loads == [20.0, 40.0]
+    assert (tmp_path / "open" / "load_curve.png").exists()
+    for name in ("point-00", "point-01"):
+        assert {f.name for f in (tmp_path / "open" / name).glob("*.png")} == {"latency_cdf.png",
+                                                                             "timeline.png"}
     assert (back.points[1].config["request_rate"] == 40.0
             and back.points[1].config["concurrency"] is None)
 

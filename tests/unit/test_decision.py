@@ -86,7 +86,7 @@ def make_root(folder: Path, runs: dict[tuple[str, str], SweepResult | str],
             manifest["runs"].append({"engine": e, "workload": w, "folder": None, "status": sw,
                                      "seconds": 1.0})
             continue
-        sw.save(folder / e / w, plots=False)
+        sw.save(folder / e / w, )
         manifest["runs"].append({"engine": e, "workload": w, "folder": f"{e}/{w}", "status": "ok",
                                  "seconds": 1.0})
     folder.mkdir(parents=True, exist_ok=True)
@@ -354,7 +354,7 @@ def test_missing_and_failed_runs_are_left_out_with_their_reason(tmp_path):
 
 def test_a_sweep_not_in_the_manifest_is_still_read(tmp_path):
     root = make_root(tmp_path / "r", {("a", "sharegpt"): make_sweep([1, 2], 1)})
-    make_sweep([1, 2], 0).save(root / "mine" / "sharegpt", plots=False)
+    make_sweep([1, 2], 0).save(root / "mine" / "sharegpt", )
     res = decision.load(root)
     assert res.runs[("mine", "sharegpt")].ok and "not listed" in res.runs[("mine",
                                                                            "sharegpt")].status

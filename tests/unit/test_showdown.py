@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from workshop.bench import showdown
+from workshop.bench import plots, showdown
+from workshop.bench.metrics import SLO
 from workshop.bench.showdown import Contender, Plan, Showdown
 
 
@@ -20,6 +21,12 @@ def test_field_labels_are_unique_and_name_real_engines():
     # the two teaching-engine contenders differ only in their prefix cache
     mini = [c for c in showdown.CPU_FIELD if c.engine == "mini"]
     assert sorted(c.server_args[-1] for c in mini) == ["hash", "radix"]
+
+
+def test_every_contender_has_its_own_fixed_colour():
+    # plots imports no sibling module, so the colour order it keeps must follow the fields here
+    labels = tuple(dict.fromkeys(c.label for c in (*showdown.CPU_FIELD, *showdown.GPU_FIELD)))
+    assert plots.KNOWN_ENGINES == labels
 
 
 def test_plan_scales_fixed_session_counts_like_requests():
@@ -49,7 +56,7 @@ def test_objectives_not_stated_are_derived_from_the_best_unloaded_p99():
                            "unloaded_p99_ms": {"itl_ms": 25.0, "ttft_ms": 300.0}}
     assert showdown.derive_objectives([], 3.0) == {"ttft_ms": None, "itl_ms": None}
     # stated ones are kept as stated; each says where it came from
-    entry = showdown.objectives_entry(Plan(slo_ttft_ms=2000.0, slo_factor=3.0), d)
+    entry = showdown.objectives_entry(Plan(slo=SLO(ttft_ms=2000.0), slo_factor=3.0), d)
     assert entry["ttft_ms"] == 2000.0 and entry["how"]["ttft_ms"] == {"stated": True}
     assert entry["itl_ms"] == 975.0 and entry["how"]["itl_ms"]["derived"]["engine"] == "fast"
     text = showdown.objectives_text(entry)
@@ -60,7 +67,7 @@ def test_objectives_not_stated_are_derived_from_the_best_unloaded_p99():
     # a manifest written before objectives said where they came from
     assert showdown.objectives_text({"ttft_ms": 1000,
                                      "itl_ms": 100}) == "p99 TTFT ≤ 1,000 ms; p99 ITL ≤ 100 ms"
-    assert Plan.quick().slo_ttft_ms is None and Plan.full().slo_itl_ms is None
+    assert Plan.quick().slo.ttft_ms is None and Plan.full().slo.itl_ms is None
 
 
 def test_a_running_sglang_server_is_in_the_field_where_sglang_is_not_installed(monkeypatch):

@@ -5,11 +5,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from .workloads import WORKLOADS
+from . import plots
+from .compare import compare_folders
+from .metrics import SLO
+from .results import format_summary
+from .run import run_benchmark
+from .sweep import sweep_load
+from .verify import TIE_MARGIN, print_progress, save, verify_server
+from .workloads import WORKLOADS, Tokenizer, build_workload, describe
 
 
 def _default_out(kind: str, workload: str, label: str | None) -> str:
@@ -83,9 +91,17 @@ def _add_workload_args(p: argparse.ArgumentParser) -> None:
                    help="any other workload parameter")
 
 
+def _can_draw() -> bool:
+    """Whether the results folder can get its figures: matplotlib is optional."""
+    try:
+        import matplotlib  # noqa: F401  (the notebooks extra)
+    except ImportError:
+        print("matplotlib is not installed: results saved without plots", file=sys.stderr)
+        return False
+    return True
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    from .results import format_summary
-    from .run import run_benchmark
     if args.concurrency is not None and args.concurrency <= 0:
         args.concurrency = None  # "0" on the command line: no cap
     out = args.output_dir or _default_out("run", args.workload, args.label)
@@ -93,12 +109,13 @@ def cmd_run(args: argparse.Namespace) -> int:
                         concurrency=args.concurrency, request_rate=args.request_rate,
                         burstiness=args.burstiness,
                         api_key=args.api_key, seed=args.seed, warmup=args.warmup,
-                        slo_ttft_ms=args.slo_ttft_ms,
-                        slo_itl_ms=args.slo_itl_ms, slo_tpot_ms=args.slo_tpot_ms,
-                        slo_e2e_ms=args.slo_e2e_ms,
+                        slo=SLO(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms,
+                                tpot_ms=args.slo_tpot_ms, e2e_ms=args.slo_e2e_ms),
                         progress=not args.no_progress, output_dir=out, label=args.label,
                         tokenizer=args.tokenizer,
                         reset_cache=args.reset_cache, **_workload_kwargs(args))
+    if _can_draw():
+        plots.save_run_plots(res, Path(out))
     print(format_summary(res.summary))
     print(f"results: {out}")
     return 1 if res.summary["completed"] == 0 else 0
@@ -110,7 +127,6 @@ def gate_first(args: argparse.Namespace) -> bool:
     cannot be checked: said, and the sweep goes on."""
     from reference_server.models import ModelError
 
-    from .verify import save, verify_server
     if args.no_verify:
         return True
     try:
@@ -129,7 +145,6 @@ def gate_first(args: argparse.Namespace) -> bool:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from .sweep import sweep_load
     out = args.output_dir or _default_out("sweep", args.workload, args.label)
     args.output_dir = out
     if not gate_first(args):
@@ -140,7 +155,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     concurrencies=concs,
                     num_requests=args.num_requests, burstiness=args.burstiness,
                     max_concurrency=args.max_concurrency,
-                    slo_ttft_ms=args.slo_ttft_ms, slo_itl_ms=args.slo_itl_ms,
+                    slo=SLO(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms),
                     tolerance=args.tolerance,
                     seed=args.seed, warmup=args.warmup, progress=not args.no_progress,
                     output_dir=out,
@@ -150,6 +165,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     sweep_points=args.sweep_points, overshoot=args.overshoot,
                     probe_requests=args.probe_requests,
                     probe_concurrency=args.probe_concurrency, **_workload_kwargs(args))
+    if _can_draw():
+        plots.save_sweep_plots(sw, Path(out))
     if sw.probes:
         c = sw.config
         print(f"probes: synchronous {c['synchronous_rate']:.3g} req/s, maximum throughput "
@@ -163,7 +180,6 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import TIE_MARGIN, print_progress, save, verify_server
     print(f"correctness gate: {args.base_url} against Hugging Face float32 on the same checkpoint")
     gate = verify_server(args.base_url, args.model, api_key=args.api_key, reference=args.reference,
                          new_tokens=args.new_tokens, sharegpt=args.sharegpt,
@@ -177,7 +193,6 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .compare import compare_folders
     labels = args.labels.split(",") if args.labels else None
     table, _ = compare_folders(args.folders, args.output_dir, labels)
     print(table)
@@ -188,7 +203,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_workloads(args: argparse.Namespace) -> int:
-    from .workloads import Tokenizer, build_workload, describe
     tok = Tokenizer.load(args.model, args.tokenizer)
     names = [args.workload] if args.workload else list(WORKLOADS)
     rows = []

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 from typing import Sequence
 
+from .plots import _STATS, _plt
 from .results import BenchResult
 
 COLUMNS = ("label", "workload", "load", "completed", "errors", "req/s", "out tok/s", "goodput",
@@ -49,7 +50,6 @@ def compare_figure(results: Sequence[BenchResult]):
     """TTFT and ITL percentiles per run, output throughput, and prefix reuse, in one figure."""
     import numpy as np
 
-    from .plots import _STATS, _plt
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(12, 7))
     labels = [r.label if len({x.label for x in results}) == len(results)

@@ -1,17 +1,24 @@
-"""Figures. Every function returns a matplotlib Figure (headless backend when none is set)."""
+"""Figures. Every function returns a matplotlib Figure (headless backend when none is set).
+
+A leaf of the harness: it imports no other module of ``workshop.bench``
+(``tests/unit/test_bench_imports.py``). Its inputs are duck-typed: a run is anything with a
+``BenchResult``'s ``records``, ``summary``, ``config`` and ``label``; a sweep anything with a
+``SweepResult``'s ``points``, ``loads``, ``offered()``, ``achieved()``, ``judged()``,
+``knee_index``, ``mode``, ``config`` and ``slo``.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .results import BenchResult
-    from .sweep import SweepResult
-
 _STATS = ("mean", "median", "p90", "p95", "p99")
+# Engine labels that always wear the same tab10 colour, in colour order: the showdown's
+# contenders, its CPU field then the GPU field's others (tests/unit/test_showdown.py keeps
+# them in step), so an engine has one colour in notebook 10's curves and notebook 11's chart.
+KNOWN_ENGINES = ("vllm", "sglang", "mini-hash", "mini-radix", "hf", "vllm-tuned", "sglang-tuned")
 
 
 def _plt():
@@ -24,7 +31,7 @@ def _plt():
     return plt
 
 
-def _latencies(res: "BenchResult", metric: str) -> np.ndarray:
+def _latencies(res: Any, metric: str) -> np.ndarray:
     done = [r for r in res.records if r.ok and not r.warmup]
     if metric == "ttft":
         v = [r.ttft for r in done]
@@ -39,7 +46,7 @@ def _latencies(res: "BenchResult", metric: str) -> np.ndarray:
     return np.sort(np.asarray(v, dtype=float) * 1e3)
 
 
-def plot_latency_cdf(results: Sequence["BenchResult"],
+def plot_latency_cdf(results: Sequence[Any],
                      metrics: Sequence[str] = ("ttft", "itl", "e2e"),
                      labels: Sequence[str] | None = None):
     """One panel per metric, one CDF line per run (log x axis)."""
@@ -60,7 +67,7 @@ def plot_latency_cdf(results: Sequence["BenchResult"],
     return fig
 
 
-def plot_percentiles(results: Sequence["BenchResult"],
+def plot_percentiles(results: Sequence[Any],
                      metrics: Sequence[str] = ("ttft_ms", "itl_ms"),
                      labels: Sequence[str] | None = None):
     """Grouped bars: mean/median/p90/p95/p99 of each metric, one bar colour per run (engine)."""
@@ -81,7 +88,7 @@ def plot_percentiles(results: Sequence["BenchResult"],
     return fig
 
 
-def plot_load_curve(sweep: "SweepResult"):
+def plot_load_curve(sweep: Any):
     """Achieved vs offered load (or vs concurrency) with the knee marked; p99 TTFT on the right."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -102,7 +109,7 @@ def plot_load_curve(sweep: "SweepResult"):
     ttft = [p.summary["ttft_ms"]["p99"] or np.nan for p in sweep.points]
     ax2.plot(x, ttft, "s:", color="tab:orange", label="p99 TTFT")
     ax2.set_ylabel("p99 TTFT (ms)", color="tab:orange")
-    slo = sweep.config.get("slo_ttft_ms")
+    slo = sweep.slo.ttft_ms
     if slo:
         ax2.axhline(slo, color="tab:orange", lw=0.8, alpha=0.6)
     lines = ax.get_legend_handles_labels()
@@ -114,7 +121,7 @@ def plot_load_curve(sweep: "SweepResult"):
     return fig
 
 
-def plot_prefix_hit(results: Sequence["BenchResult"], labels: Sequence[str] | None = None):
+def plot_prefix_hit(results: Sequence[Any], labels: Sequence[str] | None = None):
     """Per run (usually one per workload): theoretical prefix reuse vs the hit rate measured."""
     plt = _plt()
     labels = (labels or [f"{r.summary.get('workload', {}).get('workload', '?')}\n{r.label}"
@@ -137,7 +144,7 @@ def plot_prefix_hit(results: Sequence["BenchResult"], labels: Sequence[str] | No
     return fig
 
 
-def plot_timeline(res: "BenchResult", max_requests: int = 400):
+def plot_timeline(res: Any, max_requests: int = 400):
     """Each request as a line: grey while waiting (scheduled -> first token), blue while
     streaming."""
     plt = _plt()
@@ -157,7 +164,8 @@ def plot_timeline(res: "BenchResult", max_requests: int = 400):
     return fig
 
 
-def save_run_plots(res: "BenchResult", folder: Path) -> None:
+def save_run_plots(res: Any, folder: Path) -> None:
+    """A run folder's figures: ``latency_cdf.png`` and ``timeline.png``."""
     plt = _plt()
     for name, fig in (("latency_cdf.png", plot_latency_cdf([res])),
                       ("timeline.png", plot_timeline(res))):
@@ -165,16 +173,26 @@ def save_run_plots(res: "BenchResult", folder: Path) -> None:
         plt.close(fig)
 
 
-def engine_colors(labels: Sequence[str]) -> dict[str, tuple[float, float, float, float]]:
+def save_sweep_plots(sweep: Any, folder: Path) -> None:
+    """A saved sweep folder's figures: each point's and probe's run figures in its own folder
+    (``path``, set when the sweep was saved), and ``load_curve.png``."""
+    for p in (*sweep.points, *sweep.probes.values()):
+        save_run_plots(p, p.path)
+    fig = plot_load_curve(sweep)
+    fig.savefig(Path(folder) / "load_curve.png", dpi=120, bbox_inches="tight")
+    _plt().close(fig)
+
+
+def engine_colors(labels: Sequence[str],
+                  known: Sequence[str] = KNOWN_ENGINES) -> dict[str, tuple[float, ...]]:
     """Each engine label's colour, the same in every figure (notebook 10's curves, notebook
-    11's decision chart): the showdown's own contenders always get the same tab10 colour,
-    whichever others are drawn; any other label gets one of the colours left, in sorted order
-    of the other labels drawn."""
+    11's decision chart): each of ``known`` always gets the same tab10 colour, whichever others
+    are drawn; any other label gets one of the colours left, in sorted order of the other
+    labels drawn."""
     from matplotlib import colormaps
 
-    from .showdown import CPU_FIELD, GPU_FIELD
     cmap = colormaps["tab10"]
-    known = list(dict.fromkeys(c.label for c in (*CPU_FIELD, *GPU_FIELD)))
+    known = list(known)
     spare = [i for i in range(cmap.N) if i >= len(known)]
     others = sorted({e for e in labels if e not in known})
     out = {}
@@ -184,17 +202,18 @@ def engine_colors(labels: Sequence[str]) -> dict[str, tuple[float, float, float,
     return out
 
 
-def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "ttft_ms"):
+def plot_showdown(sweeps: Mapping[str, Mapping[str, Any]], metric: str = "ttft_ms",
+                  colors: Mapping[str, Any] | None = None):
     """One column per workload: achieved vs offered load of every engine (knees starred, points
     too short to judge hollow), and below it the p99 of ``metric`` against offered load.
     ``sweeps``: workload -> engine -> sweep. Offered and achieved rates are in requests/s over
-    each point's steady window."""
+    each point's steady window. ``colors``: engine -> colour (default ``engine_colors``)."""
     from matplotlib.lines import Line2D
 
     from workshop.plots import new_figure
     workloads = list(sweeps)
     engines = sorted({e for per in sweeps.values() for e in per})
-    colors = engine_colors(engines)
+    colors = colors or engine_colors(engines)
     unjudged_any = False
     fig = new_figure((4.6 * max(len(workloads), 1), 7.2))
     axes = fig.subplots(2, max(len(workloads), 1), squeeze=False, sharex="col")
@@ -223,7 +242,8 @@ def plot_showdown(sweeps: "dict[str, dict[str, SweepResult]]", metric: str = "tt
         bottom.set_ylabel(f"p99 {metric.replace('_ms', '').upper()} (ms)")
         bottom.set_yscale("log")
         bottom.set_xlabel("offered load (req/s)")
-        slo = next(iter(sweeps[w].values())).config.get(f"slo_{metric}") if sweeps[w] else None
+        slo = (getattr(next(iter(sweeps[w].values())).slo, metric, None) if sweeps[w]
+               else None)
         if slo:
             bottom.axhline(slo, color="black", lw=0.8, ls=":", label="objective")
         for ax in (top, bottom):

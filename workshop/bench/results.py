@@ -6,7 +6,9 @@ Folder layout::
     environment.json   package versions, CPU/GPU, the server's own description when it has one
     requests.jsonl     one line per request, warm-up included (flagged), times in s from run start
     summary.json       metrics (see metrics.summarize), workload token stats, server metrics
-    *.png              plots
+
+Saving writes data only; figures are drawn by whoever wants them (``plots``; ``bench run``
+and ``bench sweep`` add ``latency_cdf.png`` and ``timeline.png`` to each run folder).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from workshop.session import cpu_name, gpus
 
 from .metrics import RequestRecord
 from .saturation import judged
@@ -44,7 +48,7 @@ class BenchResult:
         return (self.config.get("label") or self.environment.get("server", {}).get("engine")
                 or self.config.get("base_url", "run"))
 
-    def save(self, folder: str | os.PathLike, plots: bool = True) -> Path:
+    def save(self, folder: str | os.PathLike) -> Path:
         """Write the folder (created if needed; existing files of the same names replaced)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -55,14 +59,6 @@ class BenchResult:
             for r in self.records:
                 f.write(json.dumps(dataclasses.asdict(r)) + "\n")
         self.path = folder
-        if plots:
-            try:
-                import matplotlib  # noqa: F401  (optional: the notebooks extra)
-            except ImportError:
-                print("matplotlib is not installed: results saved without plots", file=sys.stderr)
-            else:
-                from . import plots as _plots
-                _plots.save_run_plots(self, folder)
         return folder
 
     @classmethod
@@ -81,23 +77,6 @@ class BenchResult:
                    records=records,
                    environment=json.loads(env_path.read_text()) if env_path.exists() else {},
                    path=folder)
-
-    # Plot shortcuts for notebooks; the functions live in workshop.bench.plots.
-    def plot_latency_cdf(self, **kw: Any):
-        from .plots import plot_latency_cdf
-        return plot_latency_cdf([self], **kw)
-
-    def plot_timeline(self, **kw: Any):
-        from .plots import plot_timeline
-        return plot_timeline(self, **kw)
-
-    def plot_percentiles(self, **kw: Any):
-        from .plots import plot_percentiles
-        return plot_percentiles([self], **kw)
-
-    def plot_prefix_hit(self, **kw: Any):
-        from .plots import plot_prefix_hit
-        return plot_prefix_hit([self], **kw)
 
     def print_summary(self) -> None:
         print(format_summary(self.summary))
@@ -167,7 +146,6 @@ def local_environment() -> dict[str, Any]:
             versions[p] = importlib.metadata.version(p)
         except importlib.metadata.PackageNotFoundError:
             pass
-    from workshop.session import cpu_name, gpus
     return {"python": sys.version.split()[0], "platform": platform.platform(), "cpu": cpu_name(),
             "cpu_count": os.cpu_count(), "gpus": gpus("name,memory.total,driver_version"),
             "packages": versions}

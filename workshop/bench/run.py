@@ -65,10 +65,8 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
                          concurrency: int | None = 8, request_rate: float | None = None,
                          burstiness: float = 1.0,
                          api_key: str | None = None, seed: int = 0, warmup: int = 2,
-                         slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
-                         slo_tpot_ms: float | None = None, slo_e2e_ms: float | None = None,
-                         progress: bool = True, output_dir: str | None = None,
-                         label: str | None = None,
+                         slo: SLO | None = None, progress: bool = True,
+                         output_dir: str | None = None, label: str | None = None,
                          tokenizer: str | None = None, timeout_s: float = 600.0,
                          ignore_eos: bool = True,
                          extra_body: dict | None = None, scrape_metrics: bool = True,
@@ -88,7 +86,7 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
         wl = build_workload(workload, tok, num_requests=num_requests, seed=seed, **workload_kwargs)
     load = Load(concurrency=concurrency, request_rate=request_rate, burstiness=burstiness,
                 seed=seed)
-    slo = SLO(ttft_ms=slo_ttft_ms, itl_ms=slo_itl_ms, tpot_ms=slo_tpot_ms, e2e_ms=slo_e2e_ms)
+    slo = slo or SLO()
     config = {"label": label, "base_url": base_url, "model": model, "workload": wl.name,
               "workload_params": wl.params, "num_sessions": len(wl.sessions),
               "concurrency": concurrency,
@@ -185,22 +183,21 @@ def run_benchmark(base_url: str, model: str, workload: str | Workload = "random"
                   concurrency: int | None = 8, request_rate: float | None = None,
                   burstiness: float = 1.0,
                   api_key: str | None = None, seed: int = 0, warmup: int = 2,
-                  slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
-                  progress: bool = True, output_dir: str | None = None,
+                  slo: SLO | None = None, progress: bool = True, output_dir: str | None = None,
                   **kwargs: Any) -> BenchResult:
     """Benchmark one OpenAI-compatible server with one workload; see docs/benchmarking.md.
 
     ``base_url`` is the server root (no ``/v1``). Closed loop at ``concurrency`` when
     ``request_rate`` is None, else open loop (Poisson for ``burstiness`` 1, gamma otherwise),
     capped at ``concurrency`` unless that is None. ``warmup`` short requests go first and are
-    excluded. Extra keyword arguments go to ``arun_benchmark`` (``label``, ``tokenizer``,
-    ``slo_tpot_ms``, ``slo_e2e_ms``, ``extra_body``, ``reset_cache`` (empty the server's prefix
-    cache first), ...) or to the workload builder
+    excluded. ``slo``: the objectives goodput counts requests against (``metrics.SLO``). Extra
+    keyword arguments go to ``arun_benchmark`` (``label``, ``tokenizer``, ``extra_body``,
+    ``reset_cache`` (empty the server's prefix cache first), ...) or to the workload builder
     (``input_len``, ``output_len``, ``num_groups``, ``branches``, ...). Works inside Jupyter
     (``event_loop.run_sync``).
     """
     coro = arun_benchmark(base_url, model, workload, num_requests, concurrency, request_rate,
                           burstiness,
-                          api_key, seed, warmup, slo_ttft_ms, slo_itl_ms, progress=progress,
+                          api_key, seed, warmup, slo, progress=progress,
                           output_dir=output_dir, **kwargs)
     return run_sync(coro)

@@ -8,12 +8,12 @@ then open-loop rates up to past the maximum) for every workload, and writes one 
                                          the objectives used and where they came from
     <root>/<engine>/<workload>/          a SweepResult (sweep.json, point-NN/, probe-*/)
 
-**Objectives** (p99 TTFT and p99 ITL) are used as stated (``Plan.slo_ttft_ms`` /
-``slo_itl_ms``). One not stated is derived from the run itself once every contender has run,
-by ``derive_objectives``: ``Plan.slo_factor`` x the best contender's unloaded latency (its
-synchronous probe, one request at a time: p99 TTFT for the TTFT objective, p99 ITL + p99 TTFT
-for the ITL objective, see ``DERIVED_FROM``) on each workload, the highest of those over the
-workloads, so that the fastest engine, unloaded, meets it on every workload. A fixed number
+**Objectives** (p99 TTFT and p99 ITL) are used as stated (``Plan.slo``, a ``metrics.SLO``: its
+``ttft_ms`` / ``itl_ms``). One not stated is derived from the run itself once every contender
+has run, by ``derive_objectives``: ``Plan.slo_factor`` x the best contender's unloaded latency
+(its synchronous probe, one request at a time: p99 TTFT for the TTFT objective, p99 ITL + p99
+TTFT for the ITL objective, see ``DERIVED_FROM``) on each workload, the highest of those over
+the workloads, so that the fastest engine, unloaded, meets it on every workload. A fixed number
 would be met by everything on a GPU and by nothing on a 2-core CPU. Every sweep is then judged
 under the objectives used (its knee re-scored from its stored points) and ``showdown.json``
 records them under ``slo``: the values, which were stated and which derived, and from what.
@@ -52,6 +52,13 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from reference_server.engines.sglang import CPU_MAX_RUNNING
+from workshop import session
+
+from .metrics import SLO
+from .sweep import sweep_load
+from .verify import verify_server
+from .workloads import build_workload, describe
+from .workloads import plan as planned_requests
 
 FORMAT = 1
 WORKLOADS = ("sharegpt", "agentic", "shared-prefix")
@@ -114,9 +121,9 @@ class Plan:
     sweep_points: int = 4              # open-loop rates between the synchronous and 1.5 x max rate
     probe_requests: int = 6            # one at a time, for the synchronous rate and the baseline
     probe_concurrency: int = 12        # the closed-loop throughput probe
-    # p99 objectives in ms; None: not stated, derived from the run (the module docstring)
-    slo_ttft_ms: float | None = None
-    slo_itl_ms: float | None = None
+    # p99 objectives (ttft_ms, itl_ms); one not stated (None) is derived from the run (the
+    # module docstring)
+    slo: SLO = SLO()
     # A derived objective is this x the best unloaded latency. In quick runs here (2026-12-02)
     # the lightest open-loop point sat near capacity, where queueing alone made p99 TTFT 3 to 6x
     # the unloaded one; with 3 almost no engine had a knee.
@@ -184,8 +191,7 @@ def default_field(gpu: bool | None = None, running: Iterable[str] = ()) -> tuple
     (SGLang only where its environment, kernel included, imports, or where its label is in
     ``running``: a server already up, wherever its engine was installed)."""
     if gpu is None:
-        from workshop.session import gpu_name
-        gpu = gpu_name() is not None
+        gpu = session.gpu_name() is not None
     field_ = GPU_FIELD if gpu else CPU_FIELD
     if not sglang_installed():
         field_ = tuple(c for c in field_ if c.engine != "sglang" or c.label in set(running))
@@ -206,8 +212,7 @@ def known_contenders(gpu: bool | None = None) -> dict[str, Contender]:
     """Every contender by label. The two fields share labels ("vllm", "sglang") with other
     arguments: this machine's field wins (the GPU field on a GPU, else the CPU field)."""
     if gpu is None:
-        from workshop.session import gpu_name
-        gpu = gpu_name() is not None
+        gpu = session.gpu_name() is not None
     other, here = (CPU_FIELD, GPU_FIELD) if gpu else (GPU_FIELD, CPU_FIELD)
     return {c.label: c for c in (*other, *here)}
 
@@ -241,9 +246,6 @@ def describe_workloads(
     """The plan's workloads before any engine sees them: a row each (sessions, requests, mean
     prompt and output tokens, prefix reuse: the share of prompt tokens a perfect prefix cache
     could skip), and per workload the (prompt ids, reply ids) of each request in send order."""
-    from .workloads import build_workload, describe
-    from .workloads import plan as planned_requests
-
     rows, sequences = [], {}
     for w in plan.workloads:
         wl = build_workload(w, tok, num_requests=plan.num_requests, seed=plan.seed,
@@ -290,7 +292,7 @@ def objectives_entry(plan: "Plan",
     ``unloaded_p99_ms``), or ``{"derived": null}`` (no probe to derive it from, or not yet)."""
     entry: dict[str, Any] = {"factor": plan.slo_factor, "how": {}}
     for key, _ in OBJECTIVES:
-        stated = getattr(plan, f"slo_{key}")
+        stated = getattr(plan.slo, key)
         if stated is not None:
             entry[key], entry["how"][key] = float(stated), {"stated": True}
             continue
@@ -337,10 +339,10 @@ def cpu_features() -> list[str]:
 
 
 def machine() -> dict[str, Any]:
-    from workshop.session import cores, cpu_name, gpu_name, memory_gib
-    return {"cpu": cpu_name(), "cores": cores(), "memory_gib": round(memory_gib() or 0.0, 1),
-            "cpu_features": cpu_features(),
-            "gpu": gpu_name(), "platform": platform.platform(), "python": platform.python_version()}
+    return {"cpu": session.cpu_name(), "cores": session.cores(),
+            "memory_gib": round(session.memory_gib() or 0.0, 1), "cpu_features": cpu_features(),
+            "gpu": session.gpu_name(), "platform": platform.platform(),
+            "python": platform.python_version()}
 
 
 @dataclass
@@ -373,7 +375,6 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
     A contender that fails to start, or a sweep that fails, is recorded in ``runs`` with its
     reason and the showdown goes on with the others.
     """
-    from .sweep import sweep_load
     plan = plan or Plan.full()
     contenders = list(contenders if contenders is not None else default_field())
     show = Showdown(Path(root), {
@@ -421,10 +422,10 @@ def run_showdown(root: str | Path, contenders: Sequence[Contender] | None = None
                         server.base_url, server.model, w, num_requests=n, api_key=server.api_key,
                         sweep_points=plan.sweep_points,
                         probe_requests=max(2, math.ceil(plan.probe_requests * c.request_scale)),
-                        probe_concurrency=plan.probe_concurrency, slo_ttft_ms=plan.slo_ttft_ms,
-                        slo_itl_ms=plan.slo_itl_ms, seed=plan.seed, progress=progress,
-                        reset_cache=True, label=c.label, **plan.kwargs_for(w, c.request_scale))
-                    result.save(show.folder(c.label, w), plots=False)
+                        probe_concurrency=plan.probe_concurrency, slo=plan.slo, seed=plan.seed,
+                        progress=progress, reset_cache=True, label=c.label,
+                        **plan.kwargs_for(w, c.request_scale))
+                    result.save(show.folder(c.label, w))
                     finished[(c.label, w)] = result
                     run["status"] = "ok"
                     run["knee"] = result.knee_note()
@@ -455,7 +456,6 @@ def _gate(show: Showdown, label: str, server: Any, plan: Plan, model: str,
     this machine cannot be checked: recorded as such, and the contender is swept."""
     from reference_server.models import ModelError, resolve_model
 
-    from .verify import verify_server
     entry = show.manifest["engines"][label]
     t0 = time.monotonic()
     try:
@@ -486,9 +486,9 @@ def _judge(show: Showdown, plan: Plan, finished: dict[tuple[str, str], Any],
     log(f"objectives: {objectives_text(entry)}")
     runs = {(r["engine"], r["workload"]): r for r in show.manifest["runs"]}
     for (label, w), sw in finished.items():
-        judged = sw.under_objectives(entry["ttft_ms"], entry["itl_ms"])
+        judged = sw.under_objectives(SLO(ttft_ms=entry["ttft_ms"], itl_ms=entry["itl_ms"]))
         if judged is not sw:
-            judged.save(show.folder(label, w), plots=False)
+            judged.save(show.folder(label, w))
         runs[(label, w)]["knee"] = judged.knee_note()
         log(f"   {label} / {w}: {judged.knee_note()}")
     show.write()
@@ -500,12 +500,9 @@ def _describe(c: Contender) -> dict[str, Any]:
 
 
 def _serve(c: Contender, model: str, timeout_s: float):
-    from workshop import session as sessions
     if c.base_url:
-        s = sessions.connect(c.engine, base_url=c.base_url, api_key=c.api_key, verbose=False)
-    else:
-        s = sessions.start(c.engine, c.server_args, model=model, verbose=False)
-    return s
+        return session.connect(c.engine, base_url=c.base_url, api_key=c.api_key, verbose=False)
+    return session.start(c.engine, c.server_args, model=model, verbose=False)
 
 
 def with_servers(contenders: Sequence[Contender], running: dict[str, Any]) -> list[Contender]:

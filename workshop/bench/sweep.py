@@ -27,23 +27,29 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
+from .metrics import SLO
 from .results import BenchResult
+from .run import run_benchmark
 from .saturation import Baseline, closed_loop_throughput, judge, judged
 from .workloads import Tokenizer, Workload, build_workload
 
+# The objectives a sweep's knee holds its points' p99s to; the sweep's config stores each as
+# ``slo_<name>`` (``slo_ttft_ms``, ``slo_itl_ms``), the keys its folders have always had.
+KNEE_OBJECTIVES = ("ttft_ms", "itl_ms")
+
 
 def find_knee(offered: Sequence[float], achieved: Sequence[float],
-              p99_ttft_ms: Sequence[float | None] | None = None,
-              p99_itl_ms: Sequence[float | None] | None = None,
-              slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
+              p99: Mapping[str, Sequence[float | None]] | None = None, slo: SLO | None = None,
               tolerance: float = 0.9, overloaded: Sequence[bool] | None = None) -> int | None:
     """Index of the knee among points sorted by ``offered`` (rates), or None if even the lowest
     fails.
 
+    ``p99``: per objective of ``slo`` (its field name: ``"ttft_ms"``, ``"e2e_ms"``, ...), each
+    point's p99 in ms; an objective is checked where both its limit and its values are given.
     ``overloaded``: per point, the verdict of ``saturation.judge`` (which already holds the
     throughput test, with its noise); when given it replaces ``achieved >= tolerance x offered``.
     """
@@ -52,8 +58,7 @@ def find_knee(offered: Sequence[float], achieved: Sequence[float],
     for i in range(n):
         ok = ((not overloaded[i]) if overloaded is not None
               else achieved[i] >= tolerance * offered[i])
-        ok = (ok and _slo_holds(i, p99_ttft_ms, slo_ttft_ms)
-              and _slo_holds(i, p99_itl_ms, slo_itl_ms))
+        ok = ok and _slo_holds(i, p99, slo)
         if not ok:
             break
         knee = i
@@ -61,15 +66,14 @@ def find_knee(offered: Sequence[float], achieved: Sequence[float],
 
 
 def find_knee_closed(concurrency: Sequence[int], achieved: Sequence[float],
-                     p99_ttft_ms: Sequence[float | None] | None = None,
-                     p99_itl_ms: Sequence[float | None] | None = None,
-                     slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
-                     min_gain: float = 0.1) -> int | None:
+                     p99: Mapping[str, Sequence[float | None]] | None = None,
+                     slo: SLO | None = None, min_gain: float = 0.1) -> int | None:
     """Knee of a concurrency sweep: last point whose throughput gain over the previous one is
-    at least ``min_gain`` times the relative concurrency increase, with the objectives holding."""
+    at least ``min_gain`` times the relative concurrency increase, with the objectives holding
+    (``p99`` and ``slo`` as in ``find_knee``)."""
     knee = None
     for i in range(len(concurrency)):
-        ok = _slo_holds(i, p99_ttft_ms, slo_ttft_ms) and _slo_holds(i, p99_itl_ms, slo_itl_ms)
+        ok = _slo_holds(i, p99, slo)
         if ok and i > 0:
             load_step = concurrency[i] / concurrency[i - 1] - 1
             gain = achieved[i] / achieved[i - 1] - 1 if achieved[i - 1] > 0 else 0.0
@@ -80,10 +84,17 @@ def find_knee_closed(concurrency: Sequence[int], achieved: Sequence[float],
     return knee
 
 
-def _slo_holds(i: int, values: Sequence[float | None] | None, slo: float | None) -> bool:
-    if slo is None or values is None:
-        return True
-    return values[i] is not None and values[i] <= slo
+def _slo_holds(i: int, p99: Mapping[str, Sequence[float | None]] | None,
+               slo: SLO | None) -> bool:
+    """Whether point ``i`` meets every objective of ``slo`` that ``p99`` has values for."""
+    slo = slo or SLO()
+    for name, values in (p99 or {}).items():
+        limit = getattr(slo, name)  # a name that is no objective raises
+        if limit is None or values is None:
+            continue
+        if values[i] is None or not values[i] <= limit:
+            return False
+    return True
 
 
 @dataclass
@@ -96,6 +107,12 @@ class SweepResult:
     knee_index: int | None
     config: dict[str, Any] = field(default_factory=dict)
     probes: dict[str, BenchResult] = field(default_factory=dict)  # "synchronous", "throughput"
+
+    @property
+    def slo(self) -> SLO:
+        """The objectives the knee was judged under (``KNEE_OBJECTIVES``, from the config)."""
+        cfg = self.config or {}
+        return SLO(**{name: cfg.get(f"slo_{name}") for name in KNEE_OBJECTIVES})
 
     @property
     def knee(self) -> float | None:
@@ -136,17 +153,19 @@ class SweepResult:
                 out.append((p.summary["request_throughput"], True))
         return out
 
-    def under_objectives(self, slo_ttft_ms: float | None,
-                         slo_itl_ms: float | None) -> "SweepResult":
-        """The same sweep with its knee (and config) as they are under other p99 objectives:
-        the stored points re-judged by the sweep's own rule, nothing run again."""
+    def under_objectives(self, slo: SLO | float | None,
+                         itl_ms: float | None = None) -> "SweepResult":
+        """The same sweep with its knee (and config) as they are under other p99 objectives
+        (those of ``slo`` in ``KNEE_OBJECTIVES``): the stored points re-judged by the sweep's own
+        rule, nothing run again."""
+        if not isinstance(slo, SLO):  # workshop.decision still passes (ttft_ms, itl_ms)
+            slo = SLO(ttft_ms=slo, itl_ms=itl_ms)
         cfg = self.config or {}
-        if cfg.get("slo_ttft_ms") == slo_ttft_ms and cfg.get("slo_itl_ms") == slo_itl_ms:
+        if all(cfg.get(f"slo_{name}") == getattr(slo, name) for name in KNEE_OBJECTIVES):
             return self
-        k = _knee(self.mode, self.loads, self.points, slo_ttft_ms, slo_itl_ms,
-                  cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1))
-        return SweepResult(self.mode, self.loads, self.points, k,
-                           {**cfg, "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms},
+        k = _knee(self.mode, self.loads, self.points, slo, cfg.get("tolerance", 0.9),
+                  cfg.get("min_gain", 0.1))
+        return SweepResult(self.mode, self.loads, self.points, k, {**cfg, **_slo_config(slo)},
                            self.probes)
 
     def rejudged(self, tolerance: float | None = None) -> "SweepResult":
@@ -172,8 +191,7 @@ class SweepResult:
             _rejudge(q, base, tol, cfg.get("max_throughput_rate"))
             points.append(q)
         cfg["tolerance"] = tol
-        k = _knee(self.mode, self.loads, points, cfg.get("slo_ttft_ms"), cfg.get("slo_itl_ms"), tol,
-                  cfg.get("min_gain", 0.1))
+        k = _knee(self.mode, self.loads, points, self.slo, tol, cfg.get("min_gain", 0.1))
         return SweepResult(self.mode, self.loads, points, k, cfg, self.probes)
 
     def overloaded(self) -> list[bool | None]:
@@ -244,8 +262,7 @@ class SweepResult:
             return f"knee: {at} at least (" + "; ".join(why) + how + ")"
         nxt = self.points[k + 1].summary
         why = (nxt.get("saturation") or {}).get("reasons") or []
-        slo = self.config.get("slo_ttft_ms"), self.config.get("slo_itl_ms")
-        if not why and any(slo):
+        if not why and any(getattr(self.slo, name) for name in KNEE_OBJECTIVES):
             why = self._broken_objectives(k + 1) or ["an objective fails (p99 TTFT / ITL)"]
         return f"knee: {at} (at {self.loads[k + 1]:.3g}: " + ("; ".join(why)
                                                               or "no gain") + how + ")"
@@ -255,8 +272,8 @@ class SweepResult:
         objective"."""
         s = self.points[i].summary
         return [f"p99 {name} {s[key]['p99']:,.0f} ms over the {lim:,.0f} ms objective"
-                for name, key, lim in (("TTFT", "ttft_ms", self.config.get("slo_ttft_ms")),
-                                       ("ITL", "itl_ms", self.config.get("slo_itl_ms")))
+                for name, key, lim in (("TTFT", "ttft_ms", self.slo.ttft_ms),
+                                       ("ITL", "itl_ms", self.slo.itl_ms))
                 if lim is not None and s[key]["p99"] is not None and s[key]["p99"] > lim]
 
     def table(self) -> str:
@@ -284,31 +301,25 @@ class SweepResult:
             rows.append(row)
         return "\n".join(rows)
 
-    def save(self, folder: str | os.PathLike, plots: bool = True) -> Path:
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write the folder: ``sweep.json`` and a run folder per point and probe (data only;
+        ``plots.save_sweep_plots`` draws its figures)."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         names = []
         for i, p in enumerate(self.points):
             name = f"point-{i:02d}"
-            p.save(folder / name, plots=plots)
+            p.save(folder / name)
             names.append(name)
         probes = {}
         for kind, p in self.probes.items():
-            p.save(folder / f"probe-{kind}", plots=plots)
+            p.save(folder / f"probe-{kind}")
             probes[kind] = f"probe-{kind}"
         (folder / "sweep.json").write_text(json.dumps(
             {"mode": self.mode, "loads": self.loads, "points": names, "knee_index": self.knee_index,
              "knee": self.knee, "config": self.config, "probes": probes,
              "overloaded": self.overloaded() if self.mode == "rate" else None,
              "offered": self.offered(), "achieved": self.achieved()}, indent=2, default=str))
-        if not plots:
-            return folder
-        try:
-            from .plots import plot_load_curve
-            fig = plot_load_curve(self)
-        except ImportError:  # matplotlib is optional
-            return folder
-        fig.savefig(folder / "load_curve.png", dpi=120, bbox_inches="tight")
         return folder
 
     @classmethod
@@ -320,11 +331,11 @@ class SweepResult:
         cfg = meta.get("config", {})
         # the knee re-derived from the stored verdicts by today's rule (a folder written before
         # points too short to judge were left out stored a knee claimed from one)
-        knee = _knee(meta["mode"], meta["loads"], points, cfg.get("slo_ttft_ms"),
-                     cfg.get("slo_itl_ms"),
-                     cfg.get("tolerance", 0.9),
-                     cfg.get("min_gain", 0.1)) if points else meta["knee_index"]
-        return cls(meta["mode"], meta["loads"], points, knee, cfg, probes)
+        sweep = cls(meta["mode"], meta["loads"], points, meta["knee_index"], cfg, probes)
+        if points:
+            sweep.knee_index = _knee(sweep.mode, sweep.loads, points, sweep.slo,
+                                     cfg.get("tolerance", 0.9), cfg.get("min_gain", 0.1))
+        return sweep
 
 
 def _fmt(x: float | None, nd: int = 1) -> str:
@@ -335,8 +346,7 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
                request_rates: Sequence[float] | None = None,
                concurrencies: Sequence[int] | None = None,
                num_requests: int = 32, burstiness: float = 1.0, max_concurrency: int | None = None,
-               slo_ttft_ms: float | None = None, slo_itl_ms: float | None = None,
-               tolerance: float = 0.9,
+               slo: SLO | None = None, tolerance: float = 0.9,
                min_gain: float = 0.1, seed: int = 0, warmup: int = 2, progress: bool = True,
                output_dir: str | None = None, stop_after_knee: bool = False,
                duration_s: float | None = None,
@@ -359,11 +369,12 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     the load (its machine stalled) is run again up to ``client_retries`` times. ``stop_after_knee``
     stops at the first point past the knee. With ``progress``, each run shows its bar and each point
     starts with a line (``log``, default ``print``) that says how long it and the rest of the
-    sweep should take (``_TimeLeft``).
+    sweep should take (``_TimeLeft``). ``slo``: every run's goodput counts the requests meeting
+    all of it; the knee holds the points' p99s to its ``KNEE_OBJECTIVES`` (TTFT and ITL).
     Other keyword arguments go to ``run_benchmark`` / the workload (``reset_cache=True``:
     empty the server's prefix cache before every run, as the showdown and ``bench sweep`` do).
     """
-    from .run import run_benchmark
+    slo = slo or SLO()
     if request_rates is not None and concurrencies is not None:
         raise ValueError("give at most one of request_rates or concurrencies")
     mode = "concurrency" if concurrencies is not None else "rate"
@@ -397,8 +408,8 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
         t0 = time.monotonic()
         res = run_benchmark(base_url, model, wl, num_requests=n_requests, burstiness=burstiness,
                             seed=seed,
-                            warmup=first_warmup[0], slo_ttft_ms=slo_ttft_ms, slo_itl_ms=slo_itl_ms,
-                            progress=progress, **load, **kwargs)
+                            warmup=first_warmup[0], slo=slo, progress=progress, **load,
+                            **kwargs)
         first_warmup[0] = 0
         left.elapsed_s += time.monotonic() - t0
         return res
@@ -456,17 +467,17 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
             res = point(num_requests, concurrency=int(load), request_rate=None)
         left.measured(res, left.elapsed_s - t0)
         points.append(res)
-        knee = _knee(mode, loads[:i + 1], points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
+        knee = _knee(mode, loads[:i + 1], points, slo, tolerance, min_gain)
         if stop_after_knee and knee is not None and knee < i:
             loads = loads[:i + 1]
             break
         if stop_after_knee and knee is None and i == 0:
             loads = loads[:1]
             break
-    knee = _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain)
+    knee = _knee(mode, loads, points, slo, tolerance, min_gain)
     config = {"workload": base.name, "workload_params": base.params,
               "requests_per_session": per_session,
-              "slo_ttft_ms": slo_ttft_ms, "slo_itl_ms": slo_itl_ms, "tolerance": tolerance,
+              **_slo_config(slo), "tolerance": tolerance,
               "min_gain": min_gain,
               "burstiness": burstiness, "max_concurrency": max_concurrency,
               "num_requests": num_requests,
@@ -483,9 +494,13 @@ def sweep_load(base_url: str, model: str, workload: str | Workload = "random",
     return result
 
 
-_RUN_KWARGS = {"api_key", "label", "slo_tpot_ms", "slo_e2e_ms", "timeout_s", "ignore_eos",
-               "extra_body",
-               "scrape_metrics", "environment", "reset_cache"}
+_RUN_KWARGS = {"api_key", "label", "timeout_s", "ignore_eos", "extra_body", "scrape_metrics",
+               "environment", "reset_cache"}
+
+
+def _slo_config(slo: SLO) -> dict[str, float | None]:
+    """The sweep config's entries for ``slo``'s knee objectives (``SweepResult.slo`` reads them)."""
+    return {f"slo_{name}": getattr(slo, name) for name in KNEE_OBJECTIVES}
 
 
 def _closed_rate(p: BenchResult, baseline: Baseline | None) -> float:
@@ -554,9 +569,8 @@ def _steady(p: BenchResult, key: str, default: float | None) -> float | None:
     return win[key] if win else default
 
 
-def _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain) -> int | None:
-    ttft = [p.summary["ttft_ms"]["p99"] for p in points]
-    itl = [p.summary["itl_ms"]["p99"] for p in points]
+def _knee(mode, loads, points, slo: SLO, tolerance, min_gain) -> int | None:
+    p99 = {name: [p.summary[name]["p99"] for p in points] for name in KNEE_OBJECTIVES}
     if mode == "rate":
         # A point where the client could not offer the load, or too short for a shortfall to
         # show, says nothing about the server: it is left out (neither the knee nor a failure).
@@ -564,12 +578,11 @@ def _knee(mode, loads, points, slo_ttft_ms, slo_itl_ms, tolerance, min_gain) -> 
         valid = [i for i, v in enumerate(verdicts) if not v.get("client_limited")
                  and judged(v) is not False]
         k = find_knee([loads[i] for i in valid], [loads[i] for i in valid],
-                      [ttft[i] for i in valid],
-                      [itl[i] for i in valid], slo_ttft_ms, slo_itl_ms, tolerance,
+                      {name: [v[i] for i in valid] for name, v in p99.items()}, slo, tolerance,
                       overloaded=[bool(verdicts[i].get("overloaded")) for i in valid])
         return None if k is None else valid[k]
     achieved = []
     for p in points:
         steady = closed_loop_throughput(p.records)
         achieved.append(steady if steady is not None else p.summary["request_throughput"])
-    return find_knee_closed(loads, achieved, ttft, itl, slo_ttft_ms, slo_itl_ms, min_gain)
+    return find_knee_closed(loads, achieved, p99, slo, min_gain)

@@ -14,10 +14,7 @@ import random
 import re
 import zlib
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
-
-if TYPE_CHECKING:
-    from .workloads import Request
+from typing import Any, Sequence
 
 
 class Tokenizer:
@@ -59,8 +56,9 @@ class Tokenizer:
     def count(self, text: str) -> int:
         return len(self.encode(text))
 
-    def prompt_ids(self, req: "Request") -> list[int]:
-        """The tokens the server will prefill (chat template applied for chat requests)."""
+    def prompt_ids(self, req: Any) -> list[int]:
+        """The tokens the server will prefill (chat template applied for chat requests), for a
+        ``workloads.Request`` (its ``prompt``, else its ``messages``)."""
         if req.prompt is not None:
             return self.encode(req.prompt)
         if self.hf is None or getattr(self.hf, "chat_template", None) is None:

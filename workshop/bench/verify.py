@@ -33,6 +33,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .workloads import sharegpt_pool
+
 # In logits of the float32 reference. On the bundled model, correct engines in bf16 departed
 # at most 0.25 below the reference's choice; an engine with one layer negated, several logits
 # (docs/near_ties.md).
@@ -157,7 +159,6 @@ def probes(sharegpt: int = 4, short: Sequence[str] = SHORT_PROMPTS, repeats: int
     sys_prompt = system_prompt()
     out += [Probe("system prompt", (("system", sys_prompt), ("user", q))) for q in questions]
     if sharegpt:
-        from .workloads import sharegpt_pool
         firsts = [conv[0][0] for conv in sharegpt_pool() if 20 <= len(conv[0][0]) <= 1500]
         out += [Probe("sharegpt", (("user", q),)) for q in firsts[:sharegpt]]
     return out

@@ -235,9 +235,8 @@ def knee(points: Sequence[Point], route: str, p99_objective_s: float) -> dict:
     rows = sorted((p.summary() for p in points if p.route == route),
                   key=lambda r: r["offered req/s"])
     i = find_knee([r["offered req/s"] for r in rows], [r["achieved req/s"] for r in rows],
-                  # the objective is on end-to-end latency; find_knee calls it TTFT
-                  p99_ttft_ms=[r["p99 s"] * 1e3 for r in rows],
-                  slo_ttft_ms=p99_objective_s * 1e3)
+                  {"e2e_ms": [r["p99 s"] * 1e3 for r in rows]},
+                  metrics.SLO(e2e_ms=p99_objective_s * 1e3))
     return {"route": route, "index": i,
             "knee req/s": None if i is None else rows[i]["offered req/s"],
             "last point": i == len(rows) - 1 if i is not None else False,
