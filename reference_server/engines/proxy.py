@@ -25,7 +25,6 @@ import math
 import os
 import secrets
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -33,6 +32,7 @@ from typing import Any, AsyncIterator
 
 import aiohttp
 
+from reference_server import launch
 from reference_server.config import ServerConfig, redact_args
 from reference_server.engines.base import (
     Engine,
@@ -41,7 +41,7 @@ from reference_server.engines.base import (
     EngineHung,
     EngineRestarting,
 )
-from reference_server.launch import die_with_parent, free_port
+from reference_server.launch import free_port
 from reference_server.models import ModelSpec
 from reference_server.protocol import ChatCompletionRequest, CompletionRequest, OpenAIRequest
 
@@ -122,7 +122,7 @@ class ProxyEngine(Engine):
         self.prefix = ""          # a path the engine's routes sit under ("" for a child)
         self.url, self.child_key = self.target()  # the key is never logged, never on a command line
         self.python = config.engine_python or sys.executable
-        self._proc: subprocess.Popen | None = None
+        self._child: launch.Launched | None = None
         self._ready = False
         self._exit_code: int | None = None
         self._stopping = False
@@ -189,23 +189,23 @@ class ProxyEngine(Engine):
         return math.ceil(left) if left >= 1 else 5    # later than the last start: ask again soon
 
     def supervision(self) -> dict | None:
-        if self._proc is None:
+        if self._child is None:
             return None                               # no child of ours (a remote engine)
         state = "hung" if self._hung and self.state == SERVING else self.state
         return {"state": state, "restarts": self.restarts,
                 "restart_limit": len(self.restart_delays), "last_death": self.last_death}
 
-    def spawn(self) -> subprocess.Popen | None:
-        """Start the engine's process (None: there is none to start)."""
+    def spawn(self) -> launch.Launched | None:
+        """Start the engine's process (None: there is none to start); its output is part
+        of the server's own."""
         cmd = self.command()
         log.info("starting %s engine: %s", self.name, " ".join(redact_args(cmd)))
-        return subprocess.Popen(cmd, env=self.env(), start_new_session=True,
-                                preexec_fn=die_with_parent)
+        return launch.start(cmd, self.port, env=self.env(), log_path=launch.INHERIT)
 
     async def start(self) -> None:
         """Start the child and return once it serves; also how a restart starts a new one."""
         t0 = time.monotonic()
-        self._proc = self.spawn()
+        self._child = child = self.spawn()
         # aiohttp rather than httpx: its C HTTP parser costs less CPU per relayed chunk, and
         # on a small CPU every cycle the proxy spends is taken from the engine. No pool
         # limit: one connection per in-flight stream, as the client would have had.
@@ -214,30 +214,32 @@ class ProxyEngine(Engine):
             headers={"Authorization": f"Bearer {self.child_key}"} if self.child_key else None,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10,
                                           sock_read=self.config.upstream_read_timeout))
-        deadline = time.monotonic() + self.config.engine_start_timeout
-        while time.monotonic() < deadline:
-            if self._proc is not None and self._proc.poll() is not None:
-                self._exit_code = self._proc.returncode
-                raise EngineDied(f"{self.name} engine {_exit_words(self._exit_code)} "
-                                 "while starting; see its log above")
+
+        async def serves() -> bool:
             try:
-                if await self.serving():
-                    break
+                return await self.serving()
             except (aiohttp.ClientError, asyncio.TimeoutError):
-                pass
-            await asyncio.sleep(0.5)
-        else:
+                return False
+
+        try:
+            await launch.await_ready(serves, timeout=self.config.engine_start_timeout,
+                                     proc=child.proc if child else None)
+        except launch.ChildExited as exited:
+            self._exit_code = exited.returncode
+            raise EngineDied(f"{self.name} engine {_exit_words(self._exit_code)} "
+                             "while starting; see its log above") from None
+        except TimeoutError:
             await self._end_child()
             raise EngineDied(f"{self.name} engine not ready after "
-                             f"{self.config.engine_start_timeout} s")
+                             f"{self.config.engine_start_timeout} s") from None
         # Serving from here: on_ready reads the child through the same checked calls requests use.
         self.state = SERVING
         await self.on_ready()
         self._ready = True
         self._start_took = time.monotonic() - t0
         self._serving_since = time.monotonic()
-        if self._proc is not None:
-            self._watch = asyncio.create_task(self._watch_process(self._proc))
+        if child is not None:
+            self._watch = asyncio.create_task(self._watch_process(child))
         self._probe = asyncio.create_task(self._liveness())
 
     async def serving(self) -> bool:
@@ -249,9 +251,9 @@ class ProxyEngine(Engine):
     async def on_ready(self) -> None:
         """Hook: read whatever ``info`` needs from the running engine."""
 
-    async def _watch_process(self, proc: subprocess.Popen) -> None:
-        code = await asyncio.to_thread(proc.wait)
-        if proc is not self._proc:
+    async def _watch_process(self, child: launch.Launched) -> None:
+        code = await asyncio.to_thread(child.proc.wait)
+        if child is not self._child:
             return
         self._exit_code = code
         if not self._stopping:
@@ -310,14 +312,8 @@ class ProxyEngine(Engine):
         if self._probe is not None and self._probe is not asyncio.current_task():
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
-        proc = self._proc
-        if proc is not None:
-            _signal_group(proc.pid, signal.SIGKILL)
-            await asyncio.to_thread(proc.wait)
-            deadline = time.monotonic() + 30
-            while _group_alive(proc.pid) and time.monotonic() < deadline:
-                _signal_group(proc.pid, signal.SIGKILL)
-                await asyncio.sleep(0.2)
+        if self._child is not None:
+            await asyncio.to_thread(self._child.kill, 30)
         if self._watch is not None:
             await asyncio.gather(self._watch, return_exceptions=True)
         if self._client is not None:
@@ -360,7 +356,7 @@ class ProxyEngine(Engine):
                           self.name, fails, self.hung_hint)
                 self._cut_in_flight()
             hung_for = time.monotonic() - (self._hung_since or time.monotonic())
-            if (self._hung and self._proc is not None and self.restart_delays
+            if (self._hung and self._child is not None and self.restart_delays
                     and hung_for >= self.hang_restart_after and self._exit_code is None):
                 self._died(f"did not answer its health check for {hung_for:.0f} s (hung): "
                            "killed it")
@@ -376,17 +372,8 @@ class ProxyEngine(Engine):
         if self._probe is not None:
             self._probe.cancel()
             await asyncio.gather(self._probe, return_exceptions=True)
-        proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                await asyncio.to_thread(proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                await asyncio.to_thread(proc.wait)
+        if self._child is not None:
+            await asyncio.to_thread(self._child.stop, 30)
         if self._watch is not None:
             await asyncio.gather(self._watch, return_exceptions=True)
         if self._client is not None:
@@ -482,13 +469,13 @@ class ProxyEngine(Engine):
     async def _upstream_error(self, exc: BaseException) -> EngineError | EngineDied:
         """What to tell the client when the child failed to answer."""
         code = None
-        if self._proc is not None and not isinstance(exc, asyncio.TimeoutError):
+        if self._child is not None and not isinstance(exc, asyncio.TimeoutError):
             # A lost connection is often the child dying: its sockets close a moment before
             # it is seen to have exited. Wait that moment, so the client learns why.
             deadline = time.monotonic() + 1.0
             while (self.state == SERVING and self._exit_code is None and not self._hung
                    and not self._stopping and time.monotonic() < deadline
-                   and (code := _exit_status(self._proc.pid)) is None):
+                   and (code := self._child.exit_code()) is None):
                 await asyncio.sleep(0.02)
         if code is not None and self.state == SERVING and not self._stopping:
             # it died under this request, before the watcher could say so
@@ -611,48 +598,6 @@ def _exit_words(code: int) -> str:
         except ValueError:
             pass
     return f"exited with code {code}"
-
-
-def _exit_status(pid: int) -> int | None:
-    """A child's exit code (negative: the signal that killed it) once it has ended, without
-    reaping it (the watcher does); None while it runs. ``Popen.poll`` cannot say while
-    another thread waits on it."""
-    try:
-        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:         # already reaped: the watcher knows and says (check)
-        return None
-    if info is None or info.si_pid == 0:
-        return None
-    return -info.si_status if info.si_code in (os.CLD_KILLED, os.CLD_DUMPED) else info.si_status
-
-
-def _signal_group(pgid: int, sig: int) -> None:
-    try:
-        os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
-
-
-def _group_alive(pgid: int) -> bool:
-    """Whether a process of group ``pgid`` still runs (zombies, waiting for init to reap
-    them, hold no memory and do not count)."""
-    try:
-        os.killpg(pgid, 0)
-    except (ProcessLookupError, PermissionError):
-        return False
-    try:
-        pids = [p for p in os.listdir("/proc") if p.isdigit()]
-    except OSError:
-        return True                   # no /proc: trust kill(0)
-    for pid in pids:
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if fields[2] == str(pgid) and fields[0] != "Z":   # state, ppid, pgrp, ...
-            return True
-    return False
 
 
 def _drop(post: asyncio.Task) -> None:

@@ -169,7 +169,7 @@ def test_hung_child_is_reported_then_recovers():
         t0 = time.monotonic()
         while not engine._sending and time.monotonic() - t0 < 10:
             time.sleep(0.05)
-        os.kill(engine._proc.pid, signal.SIGSTOP)     # alive, but answers nothing
+        os.kill(engine._child.pid, signal.SIGSTOP)     # alive, but answers nothing
         try:
             r = in_flight.result(timeout=15)
             assert r.status_code == 503 and r.json()["error"]["type"] == "engine_unresponsive"
@@ -182,7 +182,7 @@ def test_hung_child_is_reported_then_recovers():
             with pytest.raises(EngineHung):
                 engine.check()
         finally:
-            os.kill(engine._proc.pid, signal.SIGCONT)
+            os.kill(engine._child.pid, signal.SIGCONT)
         t0 = time.monotonic()
         while client.get("/health").status_code != 200 and time.monotonic() - t0 < 10:
             time.sleep(0.1)
@@ -287,7 +287,7 @@ def test_a_restart_that_fails_to_start_counts_as_a_try():
         engine = DyingEngine(lifetime=600, restart_delays=(0.1, 0.1))
         await engine.start()
         engine.command = lambda: [sys.executable, "-c", "import sys; sys.exit(7)"]
-        os.kill(engine._proc.pid, signal.SIGKILL)
+        os.kill(engine._child.pid, signal.SIGKILL)
         t0 = time.monotonic()
         while engine.state != "gave up" and time.monotonic() - t0 < 20:
             await asyncio.sleep(0.05)
@@ -328,7 +328,7 @@ def test_child_hung_too_long_is_killed_and_restarted():
     app = create_app(engine.config, engine=engine)
     with TestClient(app) as client:
         _ready(client)
-        hung = engine._proc.pid
+        hung = engine._child.pid
         os.kill(hung, signal.SIGSTOP)
         try:
             r = _until(lambda: (r := client.get("/health")).status_code == 503 and r,

@@ -53,7 +53,6 @@ def upstream_keys(n: int, env: dict[str, str]) -> list[str | None]:
 async def serve(argv: list[str] | None = None) -> int:
     import uvicorn
 
-    from reference_server import launch
     from workshop.api_gateway.app import Gateway, create_app
     from workshop.api_gateway.keys import load_keys
 
@@ -65,17 +64,10 @@ async def serve(argv: list[str] | None = None) -> int:
                  prefix_balance=args.prefix_balance)
     server = uvicorn.Server(uvicorn.Config(create_app(gw), host=args.host, port=args.port,
                                            log_level="warning", access_log=False))
-
-    def launcher_gone(pid: int) -> None:
-        # started by a notebook or a test: do not outlive it when it is killed
-        server.should_exit = True
-
-    watcher = launch.watch_launcher(launcher_gone)
     print(f"gateway on http://{args.host}:{args.port}: {len(args.upstream)} replicas, "
           f"policy {args.policy}, {len(keys)} keys", flush=True)
+    # started by reference_server.launch: SIGTERM when the launcher dies ends serve() too
     await server.serve()
-    if watcher is not None:
-        watcher.cancel()
     return 0
 
 

@@ -69,8 +69,7 @@ def start(upstreams: Sequence[tuple[str, str | None]], keys: Sequence[dict], *,
     for url, _ in upstreams:
         cmd += ["--upstream", url]
     env = {**os.environ, UPSTREAM_KEYS_ENV: ",".join(k or "" for _, k in upstreams)}
-    child = server_launch.start(cmd, port, log_path=log_path.with_suffix(".out"), env=env,
-                                follow_launcher=True)
+    child = server_launch.start(cmd, port, log_path=log_path.with_suffix(".out"), env=env)
     gw = RunningGateway(child.proc, child.base_url, admin_key, log_path, Path(keys_file))
     try:
         child.wait_ready(timeout, path="/health")

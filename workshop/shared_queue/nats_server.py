@@ -12,9 +12,7 @@ import atexit
 import json
 import shutil
 import socket
-import subprocess
 import tempfile
-import time
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -66,7 +64,7 @@ class NatsServer:
         return self.info.get("version", "?")
 
     def alive(self) -> bool:
-        return self.launched.proc.poll() is None
+        return self.launched.alive()
 
     def stop(self) -> None:
         self.launched.stop(timeout=10)
@@ -78,18 +76,6 @@ class NatsServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def _start(cmd: list[str], port: int, log_path: str | Path | None) -> launch.Launched:
-    out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    try:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True, preexec_fn=launch.die_with_parent)
-    finally:
-        if out is not subprocess.DEVNULL:
-            out.close()
-    return launch.Launched(proc, f"http://127.0.0.1:{port}", port,
-                           Path(log_path) if log_path else None)
 
 
 def start_nats(store_dir: str | Path | None = None, log_path: str | Path | None = None,
@@ -104,21 +90,24 @@ def start_nats(store_dir: str | Path | None = None, log_path: str | Path | None 
     store = Path(tempfile.mkdtemp(prefix="workshop-nats-") if own else store_dir)
     port = launch.free_port()
     cmd = [str(server_binary()), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(store)]
-    launched = _start(cmd, port, log_path)
+    launched = launch.start(cmd, port, log_path=log_path)
     server = NatsServer(launched, store, _own_store=own)
     atexit.register(server.stop)
-    deadline = time.monotonic() + timeout
-    while True:
-        if not server.alive():
-            raise RuntimeError(f"nats-server exited with code {launched.proc.returncode}: "
-                               f"{launched.log_tail()}")
+
+    def answers() -> bool:
         try:
             server.info = server_info("127.0.0.1", port)
-            if server.info.get("jetstream"):
-                return server
         except OSError:
-            pass
-        if time.monotonic() > deadline:
-            server.stop()
-            raise TimeoutError(f"nats-server did not answer on port {port} in {timeout:.0f} s")
-        time.sleep(0.05)
+            return False
+        return bool(server.info.get("jetstream"))
+
+    try:
+        launched.wait_ready(timeout, probe=answers, interval=0.05)
+    except launch.ChildExited as exited:
+        raise RuntimeError(f"nats-server exited with code {exited.returncode}: "
+                           f"{launched.log_tail()}") from None
+    except TimeoutError:
+        server.stop()
+        msg = f"nats-server did not answer on port {port} in {timeout:.0f} s"
+        raise TimeoutError(msg) from None
+    return server

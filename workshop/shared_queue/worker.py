@@ -32,7 +32,6 @@ import gc
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -41,7 +40,7 @@ from pathlib import Path
 import nats
 import nats.errors
 
-from reference_server.launch import die_with_parent
+from reference_server import launch
 from workshop.shared_queue import wire
 from workshop.shared_queue.packing import ModelPool
 
@@ -317,46 +316,36 @@ class Worker:
 @dataclass
 class WorkerProcess:
     spec: WorkerSpec
-    proc: subprocess.Popen
-    log_path: Path | None
+    child: launch.Launched
+
+    @property
+    def proc(self):
+        return self.child.proc
+
+    @property
+    def log_path(self) -> Path | None:
+        return self.child.log_path
 
     @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.child.pid
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        return self.child.alive()
 
     def kill(self) -> None:
         """SIGKILL: no clean-up, no goodbye, exactly what a crash looks like to the queue."""
-        if self.alive():
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        self.child.kill()
 
     def stop(self, timeout: float = 10.0) -> None:
-        if self.alive():
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.kill()
+        self.child.stop(timeout)
 
 
 def spawn(spec: WorkerSpec, log_path: str | Path | None = None) -> WorkerProcess:
     """Start a worker process (it announces itself on ``events.ready.<id>`` when ready)."""
-    import workshop
-    env = dict(os.environ)
-    root = str(Path(workshop.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    out = open(log_path, "w") if log_path else subprocess.DEVNULL
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "workshop.shared_queue.worker",
-                                 json.dumps(asdict(spec))], stdout=out, stderr=subprocess.STDOUT,
-                                env=env, preexec_fn=die_with_parent)
-    finally:
-        if out is not subprocess.DEVNULL:
-            out.close()
-    return WorkerProcess(spec, proc, Path(log_path) if log_path else None)
+    child = launch.start([sys.executable, "-m", "workshop.shared_queue.worker",
+                          json.dumps(asdict(spec))], log_path=log_path)
+    return WorkerProcess(spec, child)
 
 
 def main(argv: list[str] | None = None) -> None:
