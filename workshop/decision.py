@@ -590,7 +590,7 @@ def _metrics(p: Any, offered: float, achieved: float, slo: SLO) -> dict[str, Any
 
 def knee_under(sweep: SweepResult, slo: SLO) -> SweepResult:
     """The sweep with its knee (and config objectives) as they are under ``slo``."""
-    return sweep.under_objectives(slo.ttft_ms, slo.itl_ms)
+    return sweep.under_objectives(slo)
 
 
 def knee_row(run: Run, slo: SLO) -> dict[str, Any]:

@@ -131,3 +131,14 @@ def test_a_sweep_says_how_long_each_point_and_the_rest_should_take(mock_url):
     assert line == ("sweep: point 2 of 3, 1 req/s, 11 requests, about 12 s; "
                     "about 24 s left in the sweep"), line
     assert "min left" in _TimeLeft(1.0).line("rate", [0.1], [100], 1)
+
+
+def test_sweep_counts_every_objective_it_is_given_in_goodput(mock_url, tmp_path):
+    """No flag silently ignored: an e2e objective no request can meet leaves no goodput."""
+    from workshop.bench import SweepResult
+    assert main(["sweep", "--base-url", mock_url, "--model", "mock", "--request-rates", "20",
+                 "--num-requests", "4", "--input-len", "8", "--output-len", "2", "--warmup",
+                 "0", "--no-progress", "--slo-e2e-ms", "0.001",
+                 "--output-dir", str(tmp_path / "sw")]) == 0
+    point = SweepResult.load(tmp_path / "sw").points[0].summary
+    assert point["completed"] == 4 and point["goodput"] == 0

@@ -57,10 +57,16 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="warm-up requests, excluded from the metrics")
     p.add_argument("--burstiness", type=float, default=1.0,
                    help="gamma shape of arrival gaps (1 = Poisson)")
-    p.add_argument("--slo-ttft-ms", type=float)
-    p.add_argument("--slo-itl-ms", type=float)
-    p.add_argument("--slo-tpot-ms", type=float)
-    p.add_argument("--slo-e2e-ms", type=float)
+    p.add_argument("--slo-ttft-ms", type=float,
+                   help="objective on time to first token: counts in goodput; a sweep's knee "
+                        "holds the p99 to it")
+    p.add_argument("--slo-itl-ms", type=float,
+                   help="objective on the gap between tokens: counts in goodput; a sweep's knee "
+                        "holds the p99 to it")
+    p.add_argument("--slo-tpot-ms", type=float,
+                   help="objective on time per output token: counts in goodput (not in the knee)")
+    p.add_argument("--slo-e2e-ms", type=float,
+                   help="objective on a request's whole time: counts in goodput (not in the knee)")
     p.add_argument("--label", help="name of this run in tables and plots (e.g. the engine)")
     p.add_argument("--output-dir", help="results folder (default results/<time>-<kind>-<workload>)")
     p.add_argument("--no-progress", action="store_true")
@@ -68,6 +74,11 @@ def _add_common(p: argparse.ArgumentParser) -> None:
                    help="empty the server's prefix cache first (/reset_prefix_cache or "
                         "/flush_cache)")
     _add_workload_args(p)
+
+
+def _slo(args: argparse.Namespace) -> SLO:
+    return SLO(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms, tpot_ms=args.slo_tpot_ms,
+               e2e_ms=args.slo_e2e_ms)
 
 
 def _add_workload_args(p: argparse.ArgumentParser) -> None:
@@ -109,8 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                         concurrency=args.concurrency, request_rate=args.request_rate,
                         burstiness=args.burstiness,
                         api_key=args.api_key, seed=args.seed, warmup=args.warmup,
-                        slo=SLO(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms,
-                                tpot_ms=args.slo_tpot_ms, e2e_ms=args.slo_e2e_ms),
+                        slo=_slo(args),
                         progress=not args.no_progress, output_dir=out, label=args.label,
                         tokenizer=args.tokenizer,
                         reset_cache=args.reset_cache, **_workload_kwargs(args))
@@ -155,7 +165,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                     concurrencies=concs,
                     num_requests=args.num_requests, burstiness=args.burstiness,
                     max_concurrency=args.max_concurrency,
-                    slo=SLO(ttft_ms=args.slo_ttft_ms, itl_ms=args.slo_itl_ms),
+                    slo=_slo(args),
                     tolerance=args.tolerance,
                     seed=args.seed, warmup=args.warmup, progress=not args.no_progress,
                     output_dir=out,

@@ -153,13 +153,10 @@ class SweepResult:
                 out.append((p.summary["request_throughput"], True))
         return out
 
-    def under_objectives(self, slo: SLO | float | None,
-                         itl_ms: float | None = None) -> "SweepResult":
+    def under_objectives(self, slo: SLO) -> "SweepResult":
         """The same sweep with its knee (and config) as they are under other p99 objectives
         (those of ``slo`` in ``KNEE_OBJECTIVES``): the stored points re-judged by the sweep's own
         rule, nothing run again."""
-        if not isinstance(slo, SLO):  # workshop.decision still passes (ttft_ms, itl_ms)
-            slo = SLO(ttft_ms=slo, itl_ms=itl_ms)
         cfg = self.config or {}
         if all(cfg.get(f"slo_{name}") == getattr(slo, name) for name in KNEE_OBJECTIVES):
             return self
