@@ -138,7 +138,9 @@ def _(mo):
     | **full** (`benchmarks/showdown.py`) | all three | 24 (agentic: 20 sessions of 6) | 3 | all | vLLM 27 min, SGLang 64, each teaching engine 23, hf 32 (2 AVX2 cores, 2026-12-03) |
 
     Four requests per point are too few to judge a knee: the comparisons then fall back to
-    capacity and the lightest load. The full run is in `benchmarks/reference_results/showdown-cpu/`.
+    capacity and the lightest load. Full runs are committed in `benchmarks/reference_results/`:
+    `showdown-amx/` (a Xeon with AMX, every engine as documented, every answer checked) and
+    `showdown-cpu/` (AVX2 only).
 
     The **objectives** are yours to state; left at 0, one is derived from the run (section 4).
     In Jupyter, re-run the cells below after changing a control; marimo re-runs them.
