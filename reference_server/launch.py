@@ -58,6 +58,9 @@ try:
 except (OSError, AttributeError):
     _prctl = None                    # not Linux: a child goes when it is stopped, only
 _PR_SET_PDEATHSIG = 1
+# Where the kernel has no parent-death signal (macOS): the child's launcher, which a server
+# polls (``watch_launcher``) so that a killed notebook kernel does not leave it holding memory.
+PARENT_PID_ENV = "WORKSHOP_PARENT_PID"
 
 
 def die_with_parent(parent: int) -> None:
@@ -338,6 +341,8 @@ def start(cmd: Sequence[str], port: int | None = None, *,
     paths = env.get("PYTHONPATH")
     if not paths or paths.split(os.pathsep)[0] != _ROOT:     # once is enough
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_ROOT, paths) if p)
+    if _prctl is None:
+        env[PARENT_PID_ENV] = str(os.getpid())
     if log_path is INHERIT:
         out = None
     elif log_path is None:
@@ -377,11 +382,28 @@ def launch(args: Sequence[str] = (), *, port: int | None = None,
     return start(cmd, port, log_path=log_path, env=env, api_key=api_key)
 
 
-def watch_launcher(on_gone: Callable[[int], None]) -> None:
-    """Nothing to watch any more: a child dies with its launcher by the kernel's signal
-    (``die_with_parent``). Kept until ``reference_server/__main__.py`` drops its call."""
-    return None
+def watch_launcher(on_gone: Callable[[int], None]) -> "asyncio.Task | None":
+    """In a server: a task that calls ``on_gone(pid)`` once its launcher is gone, where the
+    kernel cannot tell it (``PARENT_PID_ENV`` set by ``start``); None elsewhere. The variable
+    is popped: it is not for this server's own children."""
+    parent = os.environ.pop(PARENT_PID_ENV, "")
+    if not parent.isdigit():
+        return None
+
+    async def watch(pid: int) -> None:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            except PermissionError:     # alive, another user's
+                pass
+            await asyncio.sleep(1.0)
+        on_gone(pid)
+
+    return asyncio.create_task(watch(int(parent)))
 
 
 __all__ = ["free_port", "wait_ready", "await_ready", "stop", "log_tail", "Launched", "start",
-           "launch", "ChildExited", "INHERIT", "die_with_parent", "watch_launcher"]
+           "launch", "ChildExited", "INHERIT", "die_with_parent", "watch_launcher",
+           "PARENT_PID_ENV"]

@@ -66,8 +66,16 @@ async def serve(argv: list[str] | None = None) -> int:
                                            log_level="warning", access_log=False))
     print(f"gateway on http://{args.host}:{args.port}: {len(args.upstream)} replicas, "
           f"policy {args.policy}, {len(keys)} keys", flush=True)
-    # started by reference_server.launch: SIGTERM when the launcher dies ends serve() too
+    from reference_server import launch
+
+    def launcher_gone(pid: int) -> None:
+        server.should_exit = True
+
+    # Linux: the kernel's SIGTERM ends serve() when the launcher dies; elsewhere this polls it
+    watcher = launch.watch_launcher(launcher_gone)
     await server.serve()
+    if watcher is not None:
+        watcher.cancel()
     return 0
 
 
