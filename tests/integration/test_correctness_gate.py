@@ -52,20 +52,24 @@ def broken_model(tmp_path_factory):
 
 def test_the_gate_fails_an_engine_that_answers_wrongly_and_the_showdown_does_not_rank_it(
         broken_model, tmp_path):
-    from reference_server.models import resolve_model
+    import json
+
     from workshop import decision
     from workshop.bench import showdown
+    from workshop.bench.verify import Gate
     server = wait_ready(launch("mini", "--model", broken_model, "--served-model-name",
                                "smollm2-135m"))
     try:
-        gate = verify_server(server.base_url, "smollm2-135m", api_key=server.api_key,
-                             reference=resolve_model("smollm2-135m").path, **SMALL)
         broken = showdown.Contender("broken", "mini", base_url=server.base_url,
                                     api_key=server.api_key)
         showdown.run_showdown(tmp_path / "sd", [broken], showdown.Plan.quick(), mode="quick",
                               command="test", progress=False, log=lambda s: None)
     finally:
         stop(server)
+    # the gate the showdown ran (against the bundled checkpoint) and recorded
+    manifest = json.loads((tmp_path / "sd" / "showdown.json").read_text())
+    gate = Gate.from_dict(manifest["engines"]["broken"]["gate"])
+    assert gate.reference.endswith("smollm2-135m") and gate.new_tokens == SMALL["new_tokens"]
     assert not gate.passed
     assert gate.counts["wrong"] >= 1 and gate.counts["error"] == 0
     worst = max(gate.failures, key=lambda c: c.gap)
