@@ -31,8 +31,10 @@ import logging
 from urllib.parse import urlsplit
 
 from reference_server import prometheus
+from reference_server.config import ServerConfig
 from reference_server.engines.base import EngineDied, EngineError, EngineInfo
 from reference_server.engines.proxy import ProxyEngine
+from reference_server.models import ModelSpec
 from reference_server.protocol import OpenAIRequest
 
 log = logging.getLogger("reference_server")
@@ -66,7 +68,7 @@ class RemoteEngine(ProxyEngine):
     name = "remote"
     hung_hint = "the remote server is down, unreachable or overloaded"
 
-    def __init__(self, config, model=None) -> None:
+    def __init__(self, config: ServerConfig, model: ModelSpec | None = None) -> None:
         if not config.upstream:
             raise ValueError("--engine remote needs --upstream URL (the remote server's base URL)")
         if config.engine_args:
