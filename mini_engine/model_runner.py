@@ -45,10 +45,10 @@ def keep_freed_memory() -> bool:
     Why: a step allocates and frees the same few-megabyte tensors layer after layer (each
     layer's gathered keys and values, scores, activations). With glibc's moving thresholds
     those can be unmapped at the end of one layer and mapped again, page by page, in the
-    next: ~1 million page faults in one served agentic round on a 2-core AVX2 machine, and
-    a loop timing one step's attention took 53-82 ms with 15,000 faults a step against 22 ms
-    with none. vLLM's CPU guide recommends preloading TCMalloc, an allocator that keeps
-    freed memory, for its performance."""
+    next, page by page, and a step then costs several times what it does without the faults
+    (measured: docs/runs/mini_engine_speed.md, "What each change bought"). vLLM's CPU guide
+    recommends preloading TCMalloc, an allocator that keeps freed memory, for its
+    performance."""
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c"))
         libc.gnu_get_libc_version          # only glibc has it (musl's mallopt is a stub)

