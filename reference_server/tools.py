@@ -17,8 +17,9 @@ the way small-model agent frameworks do, the same on every engine:
    - a named function: the same, with that tool alone and one call;
    - ``"auto"`` (the default when tools are given): that, or ``{"content": "..."}``.
 3. The JSON answer becomes ``message.tool_calls`` (``finish_reason`` "tool_calls") or plain
-   ``content``. A stream is answered once the answer is complete (the call must be whole to
-   be parsed), as OpenAI-shaped chunks.
+   ``content``. A stream is read as it grows (``Streamed``): a call's name goes out once it is
+   whole, its arguments as their JSON text arrives, as OpenAI streams them; a direct answer's
+   text as it arrives.
 
 ``tool_choice: "none"`` sends the conversation without the tools. A constrained answer
 drops ``ignore_eos`` (a call ends where its JSON does); every other field goes on as sent.
@@ -29,7 +30,6 @@ a small model cannot spend its whole budget listing calls.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -104,8 +104,6 @@ def _as_text(message: dict[str, Any], where: str) -> dict[str, Any]:
 class ToolPlan:
     """What the server sends the engine for a request with tools, and how it reads the answer."""
     request: Any               # the engine's request: no tools, a JSON-schema response_format
-    stream: bool               # the client asked for a stream (the engine is not streamed)
-    include_usage: bool
     calls: bool = True         # False for tool_choice "none": the answer is plain text
 
     def answer(self, response: dict[str, Any]) -> dict[str, Any]:
@@ -128,26 +126,9 @@ class ToolPlan:
                 message["content"] = parsed["content"]
         return response
 
-    def chunks(self, response: dict[str, Any]) -> list[dict[str, Any]]:
-        """A complete answer as the chunks of a stream: role, then content or tool calls,
-        then the finish reason (and usage, if asked for)."""
-        base = {"id": response.get("id", "chatcmpl-" + uuid.uuid4().hex),
-                "object": "chat.completion.chunk",
-                "created": response.get("created", int(time.time())),
-                "model": response.get("model", "")}
-        out = []
-        for choice in response.get("choices", []):
-            i, message = choice.get("index", 0), choice.get("message") or {}
-            delta: dict[str, Any] = {"role": "assistant", "content": message.get("content")}
-            if message.get("tool_calls"):
-                delta["tool_calls"] = [{"index": k, **c}
-                                       for k, c in enumerate(message["tool_calls"])]
-            out.append({**base, "choices": [{"index": i, "delta": delta, "finish_reason": None}]})
-            out.append({**base, "choices": [{"index": i, "delta": {},
-                                             "finish_reason": choice.get("finish_reason")}]})
-        if self.include_usage and response.get("usage"):
-            out.append({**base, "choices": [], "usage": response["usage"]})
-        return out
+    def relay(self, stream: Any) -> Any:
+        """The engine's stream of the JSON answer, as a stream of tool calls or content."""
+        return _CallRelay(stream) if self.calls else stream
 
 
 def plan(request) -> ToolPlan | None:
@@ -180,7 +161,7 @@ def plan(request) -> ToolPlan | None:
         tools, max_calls, choice = chosen, 1, "required"
     messages = [_as_text(m.model_dump(exclude_none=True), f"messages[{i}]")
                 for i, m in enumerate(request.messages)]
-    drop = {"tools", "tool_choice", "parallel_tool_calls", "stream", "stream_options", "messages"}
+    drop = {"tools", "tool_choice", "parallel_tool_calls", "messages"}
     fields: dict[str, Any] = {}
     if choice != "none":
         # a call ends where its JSON does (a benchmark client sends ignore_eos)
@@ -199,5 +180,193 @@ def plan(request) -> ToolPlan | None:
     engine_request = type(request).model_validate(
         {**request.model_dump(exclude_unset=True, by_alias=True, exclude=drop),
          **fields, "messages": messages})
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return ToolPlan(engine_request, bool(request.stream), include_usage, calls=choice != "none")
+    return ToolPlan(engine_request, calls=choice != "none")
+
+
+# ---------------------------------------------------------------------------------------------
+# Streams: the constrained JSON read as it grows
+# ---------------------------------------------------------------------------------------------
+
+def _string(text: str, i: int) -> tuple[str, int, bool]:
+    """The JSON string starting at ``text[i]`` (a quote): its decoded text so far, the index
+    after what was read, and whether it is closed. An escape not yet whole is left unread."""
+    out, j, n = [], i + 1, len(text)
+    while j < n:
+        c = text[j]
+        if c == '"':
+            return "".join(out), j + 1, True
+        if c != "\\":
+            out.append(c)
+            j += 1
+            continue
+        end = j + 6 if text[j + 1:j + 2] == "u" else j + 2
+        # a high surrogate waits for its pair: the two decode together
+        if end == j + 6 and text[j + 2:j + 4].lower() in ("d8", "d9", "da", "db"):
+            end = j + 12
+        if end > n:
+            break
+        out.append(json.loads('"' + text[j:end] + '"'))
+        j = end
+    return "".join(out), j, False
+
+
+@dataclass
+class _Call:
+    name: str | None = None
+    args_start: int | None = None      # where the arguments' JSON text begins in the answer
+    args_end: int | None = None
+
+
+def scan(text: str) -> tuple[str | None, str, list[_Call]]:
+    """What a prefix of a constrained answer already says: its kind (the first key:
+    ``"tool_calls"`` or ``"content"``, None until it is whole), the direct answer's text so
+    far, and the calls begun (a name once it is whole, where the arguments' text lies)."""
+    stack: list[list] = []           # [kind "o" or "a", the key being read in an object]
+    expect_key, kind, content, calls = False, None, "", []
+    i, n = 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == '"':
+            value, i, whole = _string(text, i)
+            if expect_key:
+                if not whole:
+                    break
+                stack[-1][1], expect_key = value, False
+                if len(stack) == 1 and kind is None:
+                    kind = value
+            elif len(stack) == 1 and stack[0][1] == "content":
+                content = value
+            elif (len(stack) == 3 and kind == "tool_calls" and stack[2][1] == "name" and whole
+                  and calls):
+                calls[-1].name = value
+            if not whole:
+                break
+            continue
+        if c in "{[":
+            if len(stack) == 2 and kind == "tool_calls" and c == "{":
+                calls.append(_Call())
+            elif len(stack) == 3 and kind == "tool_calls" and stack[2][1] == "arguments" \
+                    and calls and calls[-1].args_start is None:
+                calls[-1].args_start = i
+            stack.append(["o" if c == "{" else "a", None])
+            expect_key = c == "{"
+        elif c in "}]":
+            if stack:
+                stack.pop()
+            if len(stack) == 3 and kind == "tool_calls" and stack[2][1] == "arguments" \
+                    and calls:
+                calls[-1].args_end = i + 1
+            expect_key = False
+        elif c == ",":
+            expect_key = bool(stack) and stack[-1][0] == "o"
+        elif c == ":":
+            expect_key = False
+        i += 1
+    return kind, content, calls
+
+
+class Streamed:
+    """One choice of a streamed constrained answer, turned into OpenAI deltas as it grows."""
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.sent_content = 0
+        self.sent_calls: list[int] = []     # per call begun: characters of arguments sent
+        self.kind: str | None = None
+
+    def feed(self, piece: str) -> list[dict[str, Any]]:
+        """Deltas for the answer grown by ``piece``."""
+        self.text += piece
+        self.kind, content, calls = scan(self.text)
+        out: list[dict[str, Any]] = []
+        if self.kind == "content" and len(content) > self.sent_content:
+            out.append({"content": content[self.sent_content:]})
+            self.sent_content = len(content)
+        for k, call in enumerate(calls):
+            if call.name is None or call.args_start is None:
+                continue            # a call goes out once its name is whole and its arguments begun
+            if k == len(self.sent_calls):
+                self.sent_calls.append(0)
+                out.append({"tool_calls": [{"index": k, "id": "call_" + uuid.uuid4().hex[:24],
+                                            "type": "function",
+                                            "function": {"name": call.name, "arguments": ""}}]})
+            args = self.text[call.args_start:call.args_end or len(self.text)]
+            if len(args) > self.sent_calls[k]:
+                out.append({"tool_calls": [{"index": k,
+                                            "function": {"arguments": args[self.sent_calls[k]:]}}]})
+                self.sent_calls[k] = len(args)
+        return out
+
+    def finish(self, reason: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        """Deltas still owed at the end, and the finish reason to report."""
+        try:
+            whole = json.loads(self.text)
+        except json.JSONDecodeError:
+            whole = None
+        if isinstance(whole, dict) and "tool_calls" in whole and self.sent_calls:
+            return [], "tool_calls"
+        if not self.sent_calls and not self.sent_content and self.text:
+            # not an answer of either shape (cut short): the raw text is the answer
+            return [{"content": self.text}], reason
+        return [], reason
+
+
+class _CallRelay:
+    """An engine's stream (its SSE bytes, or chunk dicts) as chunks of tool calls or content.
+    A class, so that ``failed`` (a proxied engine's own error event) and ``aclose`` reach the
+    engine's stream."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.choices: dict[int, Streamed] = {}
+        self._buffer = b""
+        self._pending: list[dict[str, Any]] = []
+
+    @property
+    def failed(self) -> bool:
+        return getattr(self.stream, "failed", False)
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self) -> dict[str, Any]:
+        while not self._pending:
+            item = await self.stream.__anext__()      # StopAsyncIteration ends this one too
+            for event in self._events(item):
+                self._pending.extend(self._convert(event))
+        return self._pending.pop(0)
+
+    def _events(self, item: Any) -> list[dict[str, Any]]:
+        if not isinstance(item, bytes):
+            return [item]
+        self._buffer += item
+        *whole, self._buffer = self._buffer.split(b"\n\n")
+        out = []
+        for event in whole:
+            for line in event.splitlines():
+                if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                    out.append(json.loads(line[5:]))
+        return out
+
+    def _convert(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
+        if not chunk.get("choices"):
+            return [chunk]         # usage, or an error event: as it came
+        out = []
+        for choice in chunk["choices"]:
+            state = self.choices.setdefault(choice.get("index", 0), Streamed())
+            delta = choice.get("delta") or {}
+            deltas = state.feed(delta.get("content") or "")
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                more, reason = state.finish(reason)
+                deltas += more
+            if "role" in delta:
+                deltas = [{"role": delta["role"], **(deltas[0] if deltas else {})}, *deltas[1:]]
+            for k, d in enumerate(deltas or [{}]):
+                last = k == max(len(deltas), 1) - 1
+                out.append({**chunk, "choices": [{"index": choice.get("index", 0), "delta": d,
+                                                  "finish_reason": reason if last else None}]})
+        return [c for c in out if c["choices"][0]["delta"] or c["choices"][0]["finish_reason"]]
+
+    async def aclose(self) -> None:
+        await self.stream.aclose()

@@ -11,7 +11,7 @@ import logging
 import time
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
 from reference_server import tools
@@ -87,10 +87,10 @@ async def generate(request: Request, state: ServerState, schema, method: str) ->
     streaming = False        # a stream hands the in-flight count over to EngineStream
     try:
         result = await unless_disconnected(request, getattr(engine, method)(parsed))
-        if tool_plan is not None:
-            return _tool_answer(tool_plan, result)
         if isinstance(result, dict):
-            return JSONResponse(result)
+            return JSONResponse(tool_plan.answer(result) if tool_plan else result)
+        if tool_plan is not None:
+            result = tool_plan.relay(result)
         streaming = True
         return EngineStream(result, state, request.scope)
     except (EngineError, EngineDied) as exc:
@@ -101,15 +101,6 @@ async def generate(request: Request, state: ServerState, schema, method: str) ->
     finally:
         if not streaming:
             state.request_finished()
-
-
-def _tool_answer(plan: tools.ToolPlan, result) -> Response:
-    """An engine's complete JSON answer as tool calls: one JSON body, or a short stream."""
-    answer = plan.answer(result)
-    if not plan.stream:
-        return JSONResponse(answer)
-    events = [f"data: {json.dumps(c)}\n\n".encode() for c in plan.chunks(answer)]
-    return StreamingResponse(iter([*events, b"data: [DONE]\n\n"]), media_type="text/event-stream")
 
 
 async def _read_body(request: Request, limit: int) -> dict | Response:

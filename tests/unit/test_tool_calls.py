@@ -114,8 +114,8 @@ def test_a_conversation_with_calls_and_results_is_sent_as_text():
     assert e.value.param == "messages[1].tool_calls"
 
 
-def test_the_engines_json_becomes_tool_calls_or_content_and_a_stream():
-    plan = tools.plan(req(tools=[ADD], stream=True, stream_options={"include_usage": True}))
+def test_the_engines_json_becomes_tool_calls_or_content():
+    plan = tools.plan(req(tools=[ADD]))
     calls = {"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": 3}}]}
     response = {"id": "x", "created": 1, "model": "m", "usage": {"total_tokens": 9},
                 "choices": [{"index": 0, "finish_reason": "stop",
@@ -132,7 +132,110 @@ def test_the_engines_json_becomes_tool_calls_or_content_and_a_stream():
     assert out[1]["message"]["content"] == "five" and out[1]["finish_reason"] == "stop"
     assert (out[2]["message"]["content"] == '{"tool_calls": [{"na'
             and out[2]["finish_reason"] == "length")
-    chunks = plan.chunks(response)
-    assert chunks[0]["choices"][0]["delta"]["tool_calls"][0]["index"] == 0
-    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"
-    assert chunks[-1]["usage"] == {"total_tokens": 9} and chunks[-1]["choices"] == []
+
+
+ANSWER_TEXT = ('{"tool_calls": [{"name": "add", "arguments": {"a": 2, "b": {"x": "}\\"é"}}}, '
+               '{"name": "capital", "arguments": {"country": "France"}}]}')
+
+
+def _pieces(text: str, size: int) -> list[str]:
+    return [text[i:i + size] for i in range(0, len(text), size)]
+
+
+@pytest.mark.parametrize("size", [1, 3, 7, 1000])
+def test_a_streamed_answer_sends_each_call_once_its_name_is_whole_and_its_arguments_as_they_come(
+        size):
+    state, deltas = tools.Streamed(), []
+    for piece in _pieces(ANSWER_TEXT, size):
+        deltas += state.feed(piece)
+        # a name goes out whole, and no argument text before it has arrived
+        for d in deltas:
+            for c in d.get("tool_calls", []):
+                assert c["function"].get("name", "add") in ("add", "capital")
+        sent = "".join(c["function"]["arguments"] for d in deltas for c in d["tool_calls"])
+        assert len(sent) <= len(state.text)
+    more, reason = state.finish("stop")
+    calls: dict[int, dict] = {}
+    for d in deltas + more:
+        for c in d["tool_calls"]:
+            call = calls.setdefault(c["index"], {"arguments": ""})
+            call.update({k: v for k, v in c.items() if k not in ("function", "index")})
+            call["name"] = c["function"].get("name", call.get("name"))
+            call["arguments"] += c["function"]["arguments"]
+    assert reason == "tool_calls" and set(calls) == {0, 1}
+    assert [c["name"] for c in calls.values()] == ["add", "capital"]
+    assert [json.loads(c["arguments"]) for c in calls.values()] == \
+        [c["arguments"] for c in json.loads(ANSWER_TEXT)["tool_calls"]]
+    assert all(c["id"].startswith("call_") and c["type"] == "function" for c in calls.values())
+
+
+def test_a_streamed_direct_answer_is_its_text_and_a_cut_one_the_raw_text():
+    state = tools.Streamed()
+    text = "".join(d["content"] for p in _pieces('{"content": "5, \\u00e9\\n ok"}', 2)
+                   for d in state.feed(p))
+    assert text == "5, é\n ok" and state.finish("stop") == ([], "stop")
+    cut = tools.Streamed()
+    assert cut.feed('{"tool_calls": [{"na') == []
+    assert cut.finish("length") == ([{"content": '{"tool_calls": [{"na'}], "length")
+
+
+def test_the_relay_turns_an_engines_chunks_or_sse_bytes_into_calls_and_keeps_usage():
+    import asyncio
+
+    def chunk(content, reason=None, **extra):
+        return {"id": "x", "object": "chat.completion.chunk", "created": 1, "model": "m",
+                "choices": [{"index": 0, "delta": {"content": content, **extra},
+                             "finish_reason": reason}]}
+    parts = [chunk("", role="assistant")] + [chunk(p) for p in _pieces(ANSWER_TEXT, 5)]
+    parts += [chunk("", "stop"), {"id": "x", "choices": [], "usage": {"total_tokens": 9}}]
+
+    class Engine:               # an engine's stream: dicts (local) or SSE bytes (proxied)
+        def __init__(self, items):
+            self.items, self.closed, self.failed = iter(items), False, False
+
+        def __aiter__(self):
+            return self
+
+        async def __anext__(self):
+            try:
+                return next(self.items)
+            except StopIteration:
+                raise StopAsyncIteration from None
+
+        async def aclose(self):
+            self.closed = True
+
+    sse = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in parts) + \
+        b"data: [DONE]\n\n"
+    plan = tools.plan(req(tools=[ADD, CAPITAL], stream=True))
+    assert plan.request.stream is True          # the engine streams as the client asked
+    for items in (parts, [sse[i:i + 37] for i in range(0, len(sse), 37)]):
+        engine = Engine(items)
+        relay = plan.relay(engine)
+
+        async def drain(relay=relay):
+            out = [c async for c in relay]
+            await relay.aclose()
+            return out
+        out = asyncio.run(drain())
+        assert out[0]["choices"][0]["delta"]["role"] == "assistant" and engine.closed
+        assert out[-1] == {"id": "x", "choices": [], "usage": {"total_tokens": 9}}
+        assert [c["choices"][0]["finish_reason"] for c in out[:-1]][-1] == "tool_calls"
+        names = [t["function"].get("name") for c in out[:-1]
+                 for t in c["choices"][0]["delta"].get("tool_calls", [])]
+        assert [n for n in names if n] == ["add", "capital"]
+    none = tools.plan(req(tools=[ADD], tool_choice="none", stream=True))
+    engine = Engine(parts)
+    assert none.relay(engine) is engine          # no calls asked for: the engine's own stream
+
+
+def test_arguments_before_the_name_wait_for_the_whole_name():
+    state = tools.Streamed()
+    text = '{"tool_calls": [{"arguments": {"a": 1, "b": 2}, "name": "add"}]}'
+    sent = [d for p in _pieces(text, 2) for d in state.feed(p)]
+    names = [c["function"]["name"] for d in sent for c in d["tool_calls"]
+             if "name" in c["function"]]
+    assert names == ["add"]
+    assert json.loads("".join(c["function"]["arguments"] for d in sent
+                              for c in d["tool_calls"])) == {"a": 1, "b": 2}
+    assert state.finish("stop") == ([], "tool_calls")
