@@ -205,7 +205,11 @@ def _string(text: str, i: int) -> tuple[str, int, bool]:
             end = j + 12
         if end > n:
             break
-        out.append(json.loads('"' + text[j:end] + '"'))
+        try:
+            out.append(json.loads('"' + text[j:end] + '"'))
+        except json.JSONDecodeError:        # no pair after all: the one escape alone
+            end = j + 6
+            out.append(json.loads('"' + text[j:end] + '"'))
         j = end
     return "".join(out), j, False
 

@@ -174,6 +174,10 @@ def test_a_streamed_direct_answer_is_its_text_and_a_cut_one_the_raw_text():
     text = "".join(d["content"] for p in _pieces('{"content": "5, \\u00e9\\n ok"}', 2)
                    for d in state.feed(p))
     assert text == "5, é\n ok" and state.finish("stop") == ([], "stop")
+    pair = tools.Streamed()        # a surrogate pair split across pieces decodes as one
+    text = "".join(d["content"] for p in _pieces('{"content": "\\ud83d\\ude00!"}', 3)
+                   for d in pair.feed(p))
+    assert text == "\U0001F600!"
     cut = tools.Streamed()
     assert cut.feed('{"tool_calls": [{"na') == []
     assert cut.finish("length") == ([{"content": '{"tool_calls": [{"na'}], "length")
