@@ -6,7 +6,8 @@ queue's NATS server and workers, the test fixtures and the benchmarks' servers. 
 
 * leads a process group of its own: stopping it stops the helpers it started too;
 * writes to its log file (``INHERIT``: to this process's output; None: nowhere);
-* dies with this process, even one killed outright (``die_with_parent``).
+* dies with this process, even one killed outright (``die_with_parent``; where the kernel
+  cannot do that, a server polls its launcher: ``watch_launcher``).
 
 ``Launched`` then waits until the child serves (``wait_ready``; ``await_ready`` in async
 code), stops it (SIGTERM to its group, SIGKILL after a timeout) or kills it (``kill``).
@@ -56,7 +57,7 @@ try:
     # not load libraries.
     _prctl = ctypes.CDLL(None).prctl
 except (OSError, AttributeError):
-    _prctl = None                    # not Linux: a child goes when it is stopped, only
+    _prctl = None                    # not Linux: servers poll their launcher instead
 _PR_SET_PDEATHSIG = 1
 # Where the kernel has no parent-death signal (macOS): the child's launcher, which a server
 # polls (``watch_launcher``) so that a killed notebook kernel does not leave it holding memory.
