@@ -45,6 +45,10 @@ class ToolError(ValueError):
         self.param = param
 
 
+def _call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
 def _tool(t) -> dict[str, Any]:
     return t.model_dump(exclude_none=True)["function"]
 
@@ -117,7 +121,7 @@ class ToolPlan:
             if isinstance(parsed, dict) and "tool_calls" in parsed:
                 message["content"] = None
                 message["tool_calls"] = [
-                    {"id": "call_" + uuid.uuid4().hex[:24], "type": "function",
+                    {"id": _call_id(), "type": "function",
                      "function": {"name": c["name"],
                                   "arguments": json.dumps(c["arguments"], separators=(",", ":"))}}
                     for c in parsed["tool_calls"]]
@@ -276,14 +280,13 @@ class Streamed:
         self.text = ""
         self.sent_content = 0
         self.sent_calls: list[int] = []     # per call begun: characters of arguments sent
-        self.kind: str | None = None
 
     def feed(self, piece: str) -> list[dict[str, Any]]:
         """Deltas for the answer grown by ``piece``."""
         self.text += piece
-        self.kind, content, calls = scan(self.text)
+        kind, content, calls = scan(self.text)
         out: list[dict[str, Any]] = []
-        if self.kind == "content" and len(content) > self.sent_content:
+        if kind == "content" and len(content) > self.sent_content:
             out.append({"content": content[self.sent_content:]})
             self.sent_content = len(content)
         for k, call in enumerate(calls):
@@ -291,7 +294,7 @@ class Streamed:
                 continue            # a call goes out once its name is whole and its arguments begun
             if k == len(self.sent_calls):
                 self.sent_calls.append(0)
-                out.append({"tool_calls": [{"index": k, "id": "call_" + uuid.uuid4().hex[:24],
+                out.append({"tool_calls": [{"index": k, "id": _call_id(),
                                             "type": "function",
                                             "function": {"name": call.name, "arguments": ""}}]})
             args = self.text[call.args_start:call.args_end or len(self.text)]
