@@ -202,18 +202,17 @@ def engine_colors(labels: Sequence[str],
     return out
 
 
-def plot_showdown(sweeps: Mapping[str, Mapping[str, Any]], metric: str = "ttft_ms",
-                  colors: Mapping[str, Any] | None = None):
+def plot_showdown(sweeps: Mapping[str, Mapping[str, Any]], metric: str = "ttft_ms"):
     """One column per workload: achieved vs offered load of every engine (knees starred, points
     too short to judge hollow), and below it the p99 of ``metric`` against offered load.
     ``sweeps``: workload -> engine -> sweep. Offered and achieved rates are in requests/s over
-    each point's steady window. ``colors``: engine -> colour (default ``engine_colors``)."""
+    each point's steady window."""
     from matplotlib.lines import Line2D
 
     from workshop.plots import new_figure
     workloads = list(sweeps)
     engines = sorted({e for per in sweeps.values() for e in per})
-    colors = colors or engine_colors(engines)
+    colors = engine_colors(engines)
     unjudged_any = False
     fig = new_figure((4.6 * max(len(workloads), 1), 7.2))
     axes = fig.subplots(2, max(len(workloads), 1), squeeze=False, sharex="col")
