@@ -133,6 +133,10 @@ class VLLMEngine(ProxyEngine):
         env["VLLM_SERVER_DEV_MODE"] = "0"       # see the module docstring
         env.setdefault("VLLM_LOGGING_LEVEL", "WARNING" if self.config.log_level != "debug"
                        else "DEBUG")
+        if self.device == "cpu" and not self.eager:
+            # vLLM 0.32 cannot load its AOT-compiled model back on a CPU, so every start would
+            # compile again; its older cache reloads (docs/troubleshooting.md, AMX start-up).
+            env.setdefault("VLLM_USE_AOT_COMPILE", "0")
         if self.device == "cpu":
             # The CPU backend sizes its KV cache from this (whole GiB); when it is set it wins
             # over --kv-cache-memory-bytes, so drop it for fractional sizes.

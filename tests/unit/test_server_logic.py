@@ -478,6 +478,18 @@ def test_vllm_child_runs_without_dev_mode_and_with_its_own_key(tmp_path):
     assert env["VLLM_API_KEY"] == e.child_key and e.child_key not in " ".join(e.command())
 
 
+def test_compiled_vllm_on_a_cpu_reuses_its_compile_cache(tmp_path, monkeypatch):
+    # Its AOT cache does not load back on a CPU (vLLM 0.32), so a start would compile again.
+    e = _proxy_engine("vllm", tmp_path)
+    e.device, e.eager = "cpu", False
+    assert e.env()["VLLM_USE_AOT_COMPILE"] == "0"
+    monkeypatch.setenv("VLLM_USE_AOT_COMPILE", "1")       # a user's own choice wins
+    assert e.env()["VLLM_USE_AOT_COMPILE"] == "1"
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE")
+    e.eager = True                                        # nothing compiled, nothing to cache
+    assert "VLLM_USE_AOT_COMPILE" not in e.env()
+
+
 def test_concurrent_preparations_convert_once(tmp_path, monkeypatch):
     """Setup, a notebook and a test session preparing the model at once: one converts, the
     others wait and find it prepared (two conversions used to delete each other's folder)."""
