@@ -12,16 +12,16 @@ Every notebook runs in Jupyter. Both formats run the same cells (scripts/sync_no
 writes them from one source and refuses what one format cannot run), and ``marimo check``
 (tests/unit/test_notebooks_sync.py) checks every marimo file's cell graph; what only an
 execution in marimo shows is its kernel at work: cells in dependency order, UI elements and
-progress bars through ``workshop.ui``. So by default marimo executes the notebooks that are
-quick to run (``MARIMO_NAMES``), which keeps the suite within its time budget on a 2-core
-machine; ``WORKSHOP_TEST_MATRIX=full`` executes every notebook in both formats, and notebook
+progress bars through ``workshop.ui``. So by default marimo executes a few notebooks
+(``MARIMO_NAMES``), which keeps the suite within its time budget on a 2-core machine; ``WORKSHOP_TEST_MATRIX=full`` executes every notebook in both formats, and notebook
 1 on SGLang too (before a release, or after changing ``workshop.ui``, the sync script or
 ``workshop.session``'s engine choice).
 
 Notebook 0 also runs against the session's SGLang server (``WORKSHOP_ENGINE=sglang``, its URL
-in ``WORKSHOP_SGLANG_BASE_URL``), and notebook 1 in the full matrix (its baseline is still the
-hf server). Those runs come first in this file: the fleet stops each engine's server after the last test that
-uses it (tests/conftest.py), so SGLang is gone before the other notebooks run.
+in ``WORKSHOP_SGLANG_BASE_URL``); in the full matrix, notebook 1 too (its baseline is still the
+hf server), and notebook 0 in marimo. Those runs come first in this file: the fleet stops each
+engine's server after the last test that uses it (tests/conftest.py), so SGLang is gone before
+the other notebooks run.
 """
 
 from __future__ import annotations
@@ -47,12 +47,11 @@ OUT_DIR = Path(os.environ.get("WORKSHOP_TEST_LOGS", "/tmp/workshop-test-logs")) 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(TIMEOUT_S + 120)]
 
 
-# Executed in marimo by default: the quick ones (seconds to a minute each in quick mode on a
-# 2-core CPU), which between them use every kind of UI element and progress bar. Notebook 0
-# runs in marimo against SGLang (SGLANG_MARIMO_NAMES), so not a second time against vLLM.
-# (Notebooks 15 and 16, about a minute each in marimo, run there in the full matrix only.)
-MARIMO_NAMES = ["02_kv_cache_capacity", "06_flash_attention", "11_decision_chart",
-                "12_shared_queue", "13_cold_starts", "17_disaggregated_prefill_decode"]
+# Executed in marimo by default: the newest notebooks (15-17, which their issues ask to run in
+# both formats), and 02 and 11, quick ones that add the UI elements those lack (a dropdown, a
+# text field). Between them they use every kind of UI element and progress bar.
+MARIMO_NAMES = ["02_kv_cache_capacity", "11_decision_chart", "15_sampling_structured_output",
+                "16_cache_aware_routing", "17_disaggregated_prefill_decode"]
 if FULL_MATRIX:
     MARIMO_NAMES = NAMES
 
@@ -60,8 +59,9 @@ if FULL_MATRIX:
 # 2-core AVX2 CPU, where SGLang decodes several times slower than vLLM) only in the full
 # matrix; the rest need what only vLLM or the teaching engine offers.
 SGLANG_NAMES = ["00_setup_first_request"] + (["01_pain_points"] if FULL_MATRIX else [])
-# One marimo run shows the first cell takes WORKSHOP_ENGINE in that format too.
-SGLANG_MARIMO_NAMES = ["00_setup_first_request"]
+# The first cell is the same code in both formats, so marimo runs notebook 0 on SGLang in the
+# full matrix only (the Jupyter run checks the engine line it printed).
+SGLANG_MARIMO_NAMES = ["00_setup_first_request"] if FULL_MATRIX else []
 # Notebooks that set SGLang beside the session's vLLM (``workshop.session.beside``) when
 # WORKSHOP_SGLANG_BASE_URL names it: their Jupyter run, with SGLang, is in the SGLang section
 # (where SGLang is installed, so always on CI) instead of among the plain runs.
