@@ -15,10 +15,9 @@ logits only for the last prompt token, so a prefill does the LM head's matmul on
 The compute roof is the best FLOP/s the machine reaches with the kernels engines use for their
 linear layers (``x @ W.T``: ``torch.nn.functional.linear`` and oneDNN's packed matmul), over the
 dtypes it offers. The
-kernel matters: on a CPU without bf16 instructions (AVX2 only) PyTorch's bf16 ``a @ b`` took
-0.5 GFLOP/s where bf16 ``F.linear`` on the same matrices took 3.6 and float32 7.5-145
-(measured 2026-12-01 on the course's 2-core machine), so a roof timed with bf16 ``a @ b`` sat
-below the engine's measured prefill.
+kernel matters: on a CPU without bf16 instructions (AVX2 only) PyTorch's bf16 ``a @ b`` was
+several times slower than bf16 ``F.linear`` on the same matrices (docs/measured_here.md), so
+a roof timed with bf16 ``a @ b`` sat below the engine's measured prefill.
 
 Pure arithmetic: measuring this machine and a live server is ``roofline_measure``, drawing the
 roofs ``roofline_plots``.

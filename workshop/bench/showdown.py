@@ -124,9 +124,9 @@ class Plan:
     # p99 objectives (ttft_ms, itl_ms); one not stated (None) is derived from the run (the
     # module docstring)
     slo: SLO = SLO()
-    # A derived objective is this x the best unloaded latency. In quick runs here (2026-12-02)
-    # the lightest open-loop point sat near capacity, where queueing alone made p99 TTFT 3 to 6x
-    # the unloaded one; with 3 almost no engine had a knee.
+    # A derived objective is this x the best unloaded latency: queueing alone at the lightest
+    # open-loop point can make p99 TTFT several times the unloaded one (docs/measured_here.md,
+    # "Why the showdown's plans are sized so").
     slo_factor: float = 5.0
     seed: int = 0
     # ShareGPT replies clipped to this many tokens: the recorded ones average ~300, which would
@@ -140,8 +140,7 @@ class Plan:
 
     @classmethod
     def full(cls) -> "Plan":
-        # Sized for the whole CPU field on 2 AVX2 cores: 2 h 50 min, SGLang's agentic sweep the
-        # longest (43 minutes; benchmarks/reference_results/showdown-cpu, 2026-12-03).
+        # Sized for the whole CPU field on 2 cores in a few hours (docs/measured_here.md).
         # ShareGPT's replies are clipped at 64 tokens and an agent session is 6 requests (two
         # main turns, a fork into two one-turn branches, a summary, a final answer), so that a
         # load point holds enough arrivals to be judged: 24 requests, or 20 sessions
@@ -156,9 +155,8 @@ class Plan:
     @classmethod
     def quick(cls) -> "Plan":
         # One workload, the one whose cache effect is largest per request sent.
-        # Sized for CI's 2 slow cores (2026-12-02: a teaching-engine contender took about a
-        # minute with 8 requests per point and 300-token prompts): two groups, so each point's
-        # four requests have two that find their group's prompt cached.
+        # Sized for CI's 2 slow cores (docs/measured_here.md): two groups, so each point's four
+        # requests have two that find their group's prompt cached.
         return cls(workloads=("shared-prefix",), num_requests=4, sweep_points=2, probe_requests=2,
                    probe_concurrency=3, sharegpt_max_output=32, gate_sharegpt=1, gate_tokens=16,
                    workload_args={"shared-prefix": {"num_groups": 2, "system_prompt_len": 128,
