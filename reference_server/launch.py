@@ -33,7 +33,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Awaitable, Callable, Mapping, Sequence
+from typing import Awaitable, Callable, Iterator, Mapping, Sequence
 
 import httpx
 
@@ -160,21 +160,29 @@ def _http_probe(base_url: str, api_key: str | None, path: str) -> Callable[[], b
     return probe
 
 
-def _poll(probe: Callable[[], bool], what: str, timeout: float, proc, log_path,
-          progress: Callable[[float], None] | None, interval: float) -> None:
-    t0 = last_note = time.monotonic()
+def _waits(what: str, timeout: float, proc, log_path) -> Iterator[float]:
+    """The seconds waited, before each probe of a wait, sync or async; raises ``ChildExited``
+    once ``proc`` has exited, ``TimeoutError`` after ``timeout`` seconds."""
+    t0 = time.monotonic()
     while True:
         if proc is not None and proc.poll() is not None:
             raise ChildExited(proc.returncode, log_path)
-        if probe():
-            return
-        now = time.monotonic()
-        if now - t0 > timeout:
+        waited = time.monotonic() - t0
+        if waited > timeout:
             raise TimeoutError(f"{what} not ready after {timeout:.0f} s; last log lines "
                                f"({log_path}):\n{log_tail(log_path)}")
-        if progress is not None and now - last_note > 15:
-            progress(now - t0)
-            last_note = now
+        yield waited
+
+
+def _poll(probe: Callable[[], bool], what: str, timeout: float, proc, log_path,
+          progress: Callable[[float], None] | None, interval: float) -> None:
+    last_note = 0.0
+    for waited in _waits(what, timeout, proc, log_path):
+        if probe():
+            return
+        if progress is not None and waited - last_note > 15:
+            progress(waited)
+            last_note = waited
         time.sleep(interval)
 
 
@@ -197,14 +205,9 @@ async def await_ready(probe: Callable[[], Awaitable[bool]], *, timeout: float,
     """``wait_ready`` for async code: await ``probe()`` until it is true (it catches its own
     connection errors). Raises ``ChildExited`` if ``proc`` exits first, ``TimeoutError``
     after ``timeout`` seconds."""
-    t0 = time.monotonic()
-    while True:
-        if proc is not None and proc.poll() is not None:
-            raise ChildExited(proc.returncode, log_path)
+    for _ in _waits("the server", timeout, proc, log_path):
         if await probe():
             return
-        if time.monotonic() - t0 > timeout:
-            raise TimeoutError(f"not ready after {timeout:.0f} s")
         await asyncio.sleep(interval)
 
 
