@@ -254,8 +254,19 @@ def _():
     return (my_sentence_tokens,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(client, my_sentence_tokens, session, ui):
+def _(client, mo, my_sentence_tokens, reveal_exercise_1, session, ui):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     exercise_sentence = ("Tokenizers split rare words such as antidisestablishmentarianism into "
                          "several pieces.")
     exercise_count = client.completions.create(model=session.model, prompt=exercise_sentence,
@@ -266,8 +277,17 @@ def _(client, my_sentence_tokens, session, ui):
 
 
 @app.cell
-def _(exercise_count, exercise_sentence, next_token, tokenizer, ui):
+def _(
+    exercise_count,
+    exercise_sentence,
+    mo,
+    next_token,
+    reveal_exercise_1,
+    tokenizer,
+    ui,
+):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     import re
 
     # Each word alone, with the space before it (the first has none), through the same tokenizer.
@@ -553,16 +573,29 @@ def _():
     return (my_long_answer_s,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     client,
     exercise_long_tokens,
+    mo,
     my_long_answer_s,
     probe,
     prompt,
+    reveal_exercise_2,
     session,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     exercise_long = probe.stream_chat(client, session.model,
                                       [{"role": "user", "content": prompt.value}],
                                       max_tokens=exercise_long_tokens,
@@ -573,8 +606,9 @@ def _(
 
 
 @app.cell
-def _(exercise_long, repeat_summary, ui):
+def _(exercise_long, mo, repeat_summary, reveal_exercise_2, ui):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _ttft_s = repeat_summary["ttft_ms_median"] / 1000
     _rate = repeat_summary["decode_tok_s_median"]
     _expected_s = _ttft_s + (exercise_long.tokens - 1) / _rate

@@ -259,8 +259,29 @@ def _():
     return (my_three_users_pct,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(kv, kv_out_tokens, kv_usage, maker, my_three_users_pct, session, ui):
+def _(
+    kv,
+    kv_out_tokens,
+    kv_usage,
+    maker,
+    mo,
+    my_three_users_pct,
+    reveal_exercise_1,
+    session,
+    ui,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     exercise_users = kv_usage.users_sweep(session, kv, maker, [3], 300, kv_out_tokens)
     ui.compare(my_three_users_pct, exercise_users[0]["measured usage (%)"],
                f"peak KV usage, 3 users x (300 + {kv_out_tokens}) tokens", "%")
@@ -268,8 +289,9 @@ def _(kv, kv_out_tokens, kv_usage, maker, my_three_users_pct, session, ui):
 
 
 @app.cell
-def _(exercise_users, kv, kv_out_tokens, kv_usage, ui):
+def _(exercise_users, kv, kv_out_tokens, kv_usage, mo, reveal_exercise_1, ui):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _per_user = 300 + kv_out_tokens
     _blocks = kv_usage.blocks_for(_per_user, kv.block_size)
     _usable = kv_usage.usable_blocks(kv.capacity_tokens, kv.block_size)
@@ -457,8 +479,27 @@ def _():
     return (my_ttft_600_ms,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
-def _(maker, my_ttft_600_ms, prompt_latency, session, ui):
+def _(
+    maker,
+    mo,
+    my_ttft_600_ms,
+    prompt_latency,
+    reveal_exercise_2,
+    session,
+    ui,
+):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     exercise_ttft = prompt_latency.ttft_sweep(session, maker, [600], repeats=2)
     exercise_600 = prompt_latency.median_by_length(exercise_ttft)
     ui.compare(my_ttft_600_ms, exercise_600[0][1] if exercise_600 else float("nan"),
@@ -467,8 +508,17 @@ def _(maker, my_ttft_600_ms, prompt_latency, session, ui):
 
 
 @app.cell
-def _(exercise_600, exercise_ttft, prompt_latency, ttft_rows, ui):
+def _(
+    exercise_600,
+    exercise_ttft,
+    mo,
+    prompt_latency,
+    reveal_exercise_2,
+    ttft_rows,
+    ui,
+):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _n, _got = exercise_600[0] if exercise_600 else (600, float("nan"))
     _line = prompt_latency.ttft_slope(ttft_rows)
     _on_line = (lambda n: _line[1] + _line[0] * n / 1000) if _line else None

@@ -192,8 +192,19 @@ def _():
     return (predict_engine_blocks,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(check, predict_engine_blocks, session, ui):
+def _(check, mo, predict_engine_blocks, reveal_exercise_1, session, ui):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     (ui.compare(predict_engine_blocks, check["engine_blocks"], "KV blocks the engine made", "blocks")
      if check["engine_blocks"] is not None else
      ui.md(f"This {session.engine_name} server publishes no block count (vLLM's "
@@ -202,8 +213,9 @@ def _(check, predict_engine_blocks, session, ui):
 
 
 @app.cell
-def _(check, kvcache, served_config_from, session, ui):
+def _(check, kvcache, mo, reveal_exercise_1, served_config_from, session, ui):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _block_bytes = check["block_size"] * check["our_bytes_per_token"]
     if check.get("kv_memory_bytes") is not None:
         check_text = (
@@ -598,17 +610,30 @@ def _():
     return (my_batch_at_double_target,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Compute")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     calc_cfg,
     calc_deployment,
     capacity,
+    mo,
     my_batch_at_double_target,
+    reveal_exercise_2,
     slo_gpu,
     slo_target_s,
     slo_tpot_ms,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Compute** under it._"))
     slo_double = capacity.latency_plan(calc_cfg, slo_gpu, 2 * slo_target_s, **calc_deployment)
     ui.compare(my_batch_at_double_target, slo_double.batch,
                f"largest batch at {2 * slo_tpot_ms.value} ms per token", "users", how="computed")
@@ -619,6 +644,8 @@ def _(
 def _(
     calc_cfg,
     math,
+    mo,
+    reveal_exercise_2,
     slo_bandwidth,
     slo_closed_form,
     slo_double,
@@ -629,6 +656,7 @@ def _(
 ):
     # Worked answer to Exercise 2, collapsed until opened
     # The closed form's two terms as times: the weights (any batch) and one user's KV cache.
+    mo.stop(not reveal_exercise_2.value)
     _weights_ms = slo_weight_bytes / slo_bandwidth * 1e3
     _user_ms = slo_kv_per_user / slo_bandwidth * 1e3
     _double_ms = 2 * slo_tpot_ms.value
@@ -869,11 +897,22 @@ def _():
     return (my_prompts_at_double_length,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Compute")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
 def _(
     calc_cfg,
     capacity,
+    mo,
     my_prompts_at_double_length,
+    reveal_exercise_3,
     slo_gpu,
     slo_ttft_ms,
     ttft_deployment,
@@ -881,6 +920,8 @@ def _(
     ttft_target_s,
     ui,
 ):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Compute** under it._"))
     ttft_double = capacity.ttft_plan(calc_cfg, slo_gpu, ttft_target_s, prompt_len=2 * ttft_prompt,
                                      **ttft_deployment)
     ui.compare(my_prompts_at_double_length, ttft_double.together,
@@ -893,6 +934,8 @@ def _(
 def _(
     calc_cfg,
     math,
+    mo,
+    reveal_exercise_3,
     roofline,
     ttft_closed_form,
     ttft_double,
@@ -903,6 +946,7 @@ def _(
     ui,
 ):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     _flops_double = roofline.prefill_flops(calc_cfg, 2 * ttft_prompt)
     _budget = ttft_target_s * ttft_peak
     _closed_double = math.floor(_budget / _flops_double)

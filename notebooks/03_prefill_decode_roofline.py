@@ -313,6 +313,15 @@ def _():
 
 
 @app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
+@app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
     ## 4. Measure the live server
@@ -328,7 +337,9 @@ def _(mo):
 
 
 @app.cell
-def _(roofline_measure, session, sweep, ui):
+def _(mo, reveal_exercise_1, roofline_measure, session, sweep, ui):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     decode_batches = sweep([1, 2, 4, 8, 16, 32, 64], [1, 2, 4])
     decode_input, decode_output = 128, sweep(64, 16)
     serve_decode_rows = [roofline_measure.serve_decode(session, _b, decode_input, decode_output)
@@ -353,7 +364,16 @@ def _(serve_prefill_rows, ui):
 
 
 @app.cell
-def _(decode_rows, predict_batch1_tok_s, serve_decode_rows, ui):
+def _(
+    decode_rows,
+    mo,
+    predict_batch1_tok_s,
+    reveal_exercise_1,
+    serve_decode_rows,
+    ui,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     served_b1 = serve_decode_rows[0]["tok/s total"]
     inprocess_b1 = 1e3 / decode_rows[0]["KV-cached step (ms)"]
     ui.compare(predict_batch1_tok_s, served_b1, "batch-1 decode rate through the server", "tokens/s")
@@ -368,11 +388,14 @@ def _(
     kvcache,
     leaf_modules,
     machine,
+    mo,
+    reveal_exercise_1,
     served_b1,
     ui,
     weight_bytes,
 ):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     ui.worked_answer(
         f"The roof bounds batch-1 decode at **{bound_b1:,.0f} tokens/s**: every token streams "
         f"{kvcache.human_bytes(weight_bytes)} of weights at {machine.bandwidth / 1e9:,.1f} GB/s. "
@@ -644,16 +667,29 @@ def _():
     return (predict_batch_tok_s,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     decode_input,
     decode_output,
     exercise_batch,
+    mo,
     predict_batch_tok_s,
+    reveal_exercise_2,
     roofline_measure,
     session,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     exercise_decode = roofline_measure.serve_decode(session, exercise_batch, decode_input,
                                                     decode_output)
     ui.compare(predict_batch_tok_s, exercise_decode["tok/s total"],
@@ -665,8 +701,10 @@ def _(
 def _(
     exercise_batch,
     exercise_decode,
+    mo,
     model_cfg,
     np,
+    reveal_exercise_2,
     roof,
     roofline,
     sanity,
@@ -676,6 +714,7 @@ def _(
 ):
     # Worked answer to Exercise 2, collapsed until opened
     # A step costs a fixed part plus a part per sequence in it: fit step = fixed + per x batch.
+    mo.stop(not reveal_exercise_2.value)
     _per, _fixed = np.polyfit([r["batch"] for r in serve_decode_rows],
                               [r["TPOT ms (median)"] for r in serve_decode_rows], 1)
     _step = _fixed + _per * exercise_batch
@@ -718,8 +757,27 @@ def _():
     return (predict_ttft_768_ms,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
-def _(predict_ttft_768_ms, roofline_measure, session, sweep, ui):
+def _(
+    mo,
+    predict_ttft_768_ms,
+    reveal_exercise_3,
+    roofline_measure,
+    session,
+    sweep,
+    ui,
+):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     exercise_prefill = roofline_measure.cold_prefill(session, 768, repeats=sweep(2, 1))
     ui.compare(predict_ttft_768_ms, exercise_prefill["TTFT ms (median)"],
                "time to first token, 768-token prompt", "ms")
@@ -727,8 +785,18 @@ def _(predict_ttft_768_ms, roofline_measure, session, sweep, ui):
 
 
 @app.cell
-def _(exercise_prefill, model_cfg, np, roofline, serve_prefill_rows, ui):
+def _(
+    exercise_prefill,
+    mo,
+    model_cfg,
+    np,
+    reveal_exercise_3,
+    roofline,
+    serve_prefill_rows,
+    ui,
+):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     _per_token, _fixed_ms = np.polyfit([r["prompt tokens"] for r in serve_prefill_rows],
                                        [r["TTFT ms (median)"] for r in serve_prefill_rows], 1)
     _line_ms = _fixed_ms + _per_token * 768

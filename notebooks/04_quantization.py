@@ -183,8 +183,19 @@ def _():
     return (predict_error_group16,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(gate_weight, predict_error_group16, quant, ui):
+def _(gate_weight, mo, predict_error_group16, quant, reveal_exercise_1, ui):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     exercise_q16 = quant.quantize_int4_groupwise(gate_weight, 16, symmetric=True)
     exercise_error_group16 = quant.relative_error(gate_weight, quant.dequantize_int4(exercise_q16))
     ui.compare(predict_error_group16, exercise_error_group16,
@@ -193,10 +204,18 @@ def _(gate_weight, predict_error_group16, quant, ui):
 
 
 @app.cell
-def _(exercise_error_group16, gate_weight, ui, weight_error_rows):
+def _(
+    exercise_error_group16,
+    gate_weight,
+    mo,
+    reveal_exercise_1,
+    ui,
+    weight_error_rows,
+):
     # Worked answer to Exercise 1, collapsed until opened
     # Rounding to the nearest level misses a weight by 0 to half a step, a quarter step on average;
     # a symmetric group's step is its largest |w| / 7, and that largest weight is rebuilt exactly.
+    mo.stop(not reveal_exercise_1.value)
     _measured = {int(r["scheme"].split()[2].rstrip(",")): r["relative error"]
                  for r in weight_error_rows if r["scheme"].endswith("symmetric")}
     _measured[16] = exercise_error_group16
@@ -509,15 +528,28 @@ def _():
     return (predict_group192_mib,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
+    mo,
     model_memory,
     model_path,
     predict_group192_mib,
     quant,
     quantization_measure,
+    reveal_exercise_2,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     _model = quant.quantize_model(quantization_measure.load_bf16(model_path), 4, 192,
                                   symmetric=False)
     exercise_group192_mib = model_memory.state_dict_bytes(_model) / 2**20
@@ -538,14 +570,17 @@ def _(
 @app.cell
 def _(
     exercise_group192_mib,
+    mo,
     model_file,
     quality_rows,
     quantized_tensor_count,
     quantized_weight_count,
+    reveal_exercise_2,
     safe_open,
     ui,
 ):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _bf16_mib = quality_rows[0]["weights (MiB)"]
     _per_weight = 0.5 + 2 * 2 / 192          # half a byte, plus 4 bytes per group of 192
     _forecast_mib = _bf16_mib - quantized_weight_count * (2 - _per_weight) / 2**20
@@ -584,19 +619,32 @@ def _():
     return (predict_group192_ppl,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
 def _(
     heldout,
+    mo,
     model_memory,
     model_path,
     model_quality,
     predict_group192_ppl,
     quant,
     quantization_measure,
+    reveal_exercise_3,
     tokenizer,
     ui,
     workshop,
 ):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     _model = quant.quantize_model(quantization_measure.load_bf16(model_path), 4, 192,
                                   symmetric=False)
     exercise_group192_ppl = model_quality.perplexity(_model, tokenizer, heldout,
@@ -612,13 +660,16 @@ def _(
 def _(
     exercise_group192_ppl,
     gate_weight,
+    mo,
     quality_rows,
     quant,
+    reveal_exercise_3,
     ui,
     weight_error_rows,
     weights_on_4bit_grid,
 ):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     import math
 
     # Near a trained minimum the loss grows with the square of a small change of the weights, so

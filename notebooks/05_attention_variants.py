@@ -138,8 +138,19 @@ def _():
     return (predict_70b_over_dsv3,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Compute")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(predict_70b_over_dsv3):
+def _(mo, predict_70b_over_dsv3, reveal_exercise_1):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Compute** under it._"))
     from workshop import attention_variants as av
     from workshop import kvcache, ui
 
@@ -153,8 +164,17 @@ def _(predict_70b_over_dsv3):
 
 
 @app.cell
-def _(dsv3, exercise_70b_over_dsv3, kvcache, llama70, ui):
+def _(
+    dsv3,
+    exercise_70b_over_dsv3,
+    kvcache,
+    llama70,
+    mo,
+    reveal_exercise_1,
+    ui,
+):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _gqa_layer = kvcache.kv_values_per_token_per_layer(llama70)
     _mla_layer = kvcache.kv_values_per_token_per_layer(dsv3)
     ui.worked_answer(
@@ -345,6 +365,15 @@ def _():
 
 
 @app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
+@app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
     Quality. A perplexity needs the probability of every token of a given text: the server must
@@ -366,7 +395,9 @@ def _(mo):
 
 
 @app.cell
-def _(av, live_variants, sweep, ui, workshop):
+def _(av, live_variants, mo, reveal_exercise_2, sweep, ui, workshop):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     from transformers import AutoTokenizer
 
     from workshop import model_quality
@@ -410,7 +441,16 @@ def _(av, live_variants, sweep, ui, workshop):
 
 
 @app.cell
-def _(exercise_rank, live_results, predict_mla_bytes, ui):
+def _(
+    exercise_rank,
+    live_results,
+    mo,
+    predict_mla_bytes,
+    reveal_exercise_2,
+    ui,
+):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     exercise_mla_info = next(r["info"] for r in live_results
                              if r["attention"] == "mla" and r["rank"] == exercise_rank)
     ui.compare(predict_mla_bytes, exercise_mla_info["kv_bytes_per_token"],
@@ -419,8 +459,17 @@ def _(exercise_rank, live_results, predict_mla_bytes, ui):
 
 
 @app.cell
-def _(exercise_mla_info, exercise_rank, kvcache, smol, ui):
+def _(
+    exercise_mla_info,
+    exercise_rank,
+    kvcache,
+    mo,
+    reveal_exercise_2,
+    smol,
+    ui,
+):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     from reference_server import dtypes
 
     _dtype = exercise_mla_info["dtype"]
@@ -610,8 +659,27 @@ def _():
     return (predict_time_ratio,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
-def _(attn_contexts, av, decode_attention, predict_time_ratio, ui):
+def _(
+    attn_contexts,
+    av,
+    decode_attention,
+    mo,
+    predict_time_ratio,
+    reveal_exercise_3,
+    ui,
+):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     attn_rows = av.attention_time_rows(decode_attention, kv_heads=[1, 3, 9], contexts=attn_contexts,
                                        q_heads=9, head_dim=64, progress=ui.progress)
     attn_long_rows = [r for r in attn_rows if r["context"] == max(attn_contexts)]
@@ -622,8 +690,17 @@ def _(attn_contexts, av, decode_attention, predict_time_ratio, ui):
 
 
 @app.cell
-def _(attn_contexts, attn_long_rows, attn_ratio_long, av, ui):
+def _(
+    attn_contexts,
+    attn_long_rows,
+    attn_ratio_long,
+    av,
+    mo,
+    reveal_exercise_3,
+    ui,
+):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     from workshop import flash_attention as fa
 
     _one, _nine = attn_long_rows[0], attn_long_rows[-1]

@@ -268,8 +268,19 @@ def _():
     return (my_naive_peak_mib,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(fa, my_naive_peak_mib, naive_attention, ui):
+def _(fa, mo, my_naive_peak_mib, naive_attention, reveal_exercise_1, ui):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     exercise_n = 4096
     _q, _k, _v = fa.random_qkv(exercise_n, 64)
     exercise_peak_mib = fa.peak_extra_bytes(naive_attention, _q, _k, _v) / 2**20
@@ -279,8 +290,9 @@ def _(fa, my_naive_peak_mib, naive_attention, ui):
 
 
 @app.cell
-def _(exercise_n, exercise_peak_mib, ui):
+def _(exercise_n, exercise_peak_mib, mo, reveal_exercise_1, ui):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _matrix_mib = exercise_n**2 * 4 / 2**20
     _matrices = exercise_peak_mib / _matrix_mib
     ui.worked_answer(
@@ -433,16 +445,29 @@ def _():
     return (my_tiled_over_naive,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     fa,
+    mo,
     my_tiled_over_naive,
     naive_attention,
+    reveal_exercise_2,
     sweep,
     tile_size,
     tiled_attention,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     _q, _k, _v = fa.random_qkv(2048, 64)
     _naive_s = fa.best_time_s(lambda: naive_attention(_q, _k, _v, causal=True), sweep(5, 3))
     _tiled_s = fa.best_time_s(lambda: tiled_attention(_q, _k, _v, tile=tile_size.value, causal=True),
@@ -455,8 +480,17 @@ def _(
 
 
 @app.cell
-def _(exercise_ratio, exercise_times_ms, fa, tile_size, ui):
+def _(
+    exercise_ratio,
+    exercise_times_ms,
+    fa,
+    mo,
+    reveal_exercise_2,
+    tile_size,
+    ui,
+):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _naive_mib = fa.naive_io_bytes(2048, 64) / 2**20
     _tiled_mib = fa.tiled_io_bytes(2048, 64, tile_size.value, causal=True) / 2**20
     _tiles = sum(1 for _i in range(0, 2048, tile_size.value) for _j in range(0, _i + tile_size.value,
@@ -590,8 +624,28 @@ def _():
     return (my_ttft_ms,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
-def _(exercise_prompt, my_ttft_ms, roofline_measure, session, sweep, ui):
+def _(
+    exercise_prompt,
+    mo,
+    my_ttft_ms,
+    reveal_exercise_3,
+    roofline_measure,
+    session,
+    sweep,
+    ui,
+):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     exercise_prefill = roofline_measure.cold_prefill(session, exercise_prompt, repeats=sweep(3, 2))
     ui.compare(my_ttft_ms, exercise_prefill["TTFT ms (median)"],
                f"TTFT for a {exercise_prompt:,}-token prompt", "ms")
@@ -603,12 +657,15 @@ def _(
     exercise_prefill,
     exercise_prompt,
     fa,
+    mo,
     prefill_results,
+    reveal_exercise_3,
     roofline,
     served_cfg,
     ui,
 ):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     _fit_sweep = fa.fixed_cost_fit(prefill_results, served_cfg)
     _got = exercise_prefill["TTFT ms (median)"]
     _flops = roofline.prefill_flops(served_cfg, exercise_prompt) / 1e9

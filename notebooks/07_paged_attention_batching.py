@@ -170,16 +170,29 @@ def _():
     return (predict_paged_fit,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Compute")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
 def _(
     batching,
     mem_block,
     mem_budget,
     mem_max_len,
+    mo,
     predict_paged_fit,
+    reveal_exercise_1,
     sharegpt_totals,
     ui,
 ):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Compute** under it._"))
     mem_B, mem_L, mem_C = int(mem_block.value), int(mem_max_len.value), int(mem_budget.value)
     paged_fit = batching.fit_count(sharegpt_totals, mem_C, "paged", mem_B, mem_L)
     ui.compare(predict_paged_fit, paged_fit, "ShareGPT requests that fit at once, paged", "requests",
@@ -193,12 +206,15 @@ def _(
     mem_B,
     mem_C,
     mem_L,
+    mo,
     paged_fit,
+    reveal_exercise_1,
     sharegpt_totals,
     statistics,
     ui,
 ):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _paged_each = statistics.mean(batching.reserved_slots(_t, "paged", mem_B, mem_L) for _t in sharegpt_totals)
     _first_each = statistics.mean([batching.reserved_slots(_t, "paged", mem_B, mem_L)
                                    for _t in sharegpt_totals[:paged_fit]] or [0])
@@ -319,6 +335,15 @@ def _():
     return (predict_contiguous_running,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     batching,
@@ -327,10 +352,14 @@ def _(
     burst_prompt,
     kv_usage,
     live_requests,
+    mo,
     predict_contiguous_running,
+    reveal_exercise_2,
     servers,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     maker = live_requests.PromptMaker(servers["paged"].model, servers["paged"].info.get("model_path"))
     burst_prompts = [maker.make(burst_prompt) for _ in range(burst_n)]
     burst_runs = {_name: kv_usage.measure_kv(servers[_name], burst_prompts, burst_out)
@@ -343,8 +372,9 @@ def _(
 
 
 @app.cell
-def _(batching, burst_n, burst_rows, servers, ui):
+def _(batching, burst_n, burst_rows, mo, reveal_exercise_2, servers, ui):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _pg, _ct = burst_rows
     _info = servers["contiguous"].info
     _B, _L, _cap = int(_info["block_size"]), int(_info["max_model_len"]), int(_info["kv_capacity_tokens"])
@@ -497,8 +527,27 @@ def _():
     return (predict_static_share_pct,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
-def _(batching, predict_static_share_pct, servers, ui, workshop):
+def _(
+    batching,
+    mo,
+    predict_static_share_pct,
+    reveal_exercise_3,
+    servers,
+    ui,
+    workshop,
+):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     from workshop.bench import run_benchmark
 
     bench_n, bench_conc = workshop.session.sweep(24, 6), workshop.session.sweep(6, 3)
@@ -516,9 +565,19 @@ def _(batching, predict_static_share_pct, servers, ui, workshop):
 
 
 @app.cell
-def _(batching, bench_conc, bench_runs, static_share_pct, timeline_rows, ui):
+def _(
+    batching,
+    bench_conc,
+    bench_runs,
+    mo,
+    reveal_exercise_3,
+    static_share_pct,
+    timeline_rows,
+    ui,
+):
     # Worked answer to Exercise 3, collapsed until opened
     # The answers' lengths, in the order the static server's users sent them.
+    mo.stop(not reveal_exercise_3.value)
     _outs = [_r.output_tokens for _r in sorted(bench_runs["static"].records, key=lambda _r: _r.index)
              if _r.ok and not _r.warmup]
     _pf, _dc = (timeline_rows[0][f"mean {_k} step (ms)"] for _k in ("prefill", "decode"))
@@ -767,17 +826,30 @@ def _():
     return (predict_block_speedup,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_4 = _reveal_button("Measure")
+    reveal_exercise_4
+    return (reveal_exercise_4,)
+
+
 @app.cell
 def _(
     batching,
     gather_bs,
     gather_placements,
     gather_pool,
+    mo,
     os,
     predict_block_speedup,
+    reveal_exercise_4,
     ui,
 ):
     # One torch thread, then two (if this machine has them: the servers decode a batch on two).
+    mo.stop(not reveal_exercise_4.value,
+            mo.md("_Write your prediction for Exercise 4, then press **Measure** under it._"))
     gather_rows = batching.time_gathers(gather_pool.layers, gather_placements, gather_bs,
                                         sorted({1, min(2, os.cpu_count() or 1)}))
     gather_threads = max(_r["threads"] for _r in gather_rows)
@@ -798,9 +870,12 @@ def _(
     gather_shape,
     gather_speedup,
     gather_threads,
+    mo,
+    reveal_exercise_4,
     ui,
 ):
     # Worked answer to Exercise 4, collapsed until opened
+    mo.stop(not reveal_exercise_4.value)
     _n = gather_threads
     _rows_block = 2 * gather_shape["layers"] * gather_shape["KV heads"] * gather_blocks   # K and V
     _rows_slot, _row_bytes = _rows_block * gather_bs, gather_shape["head_dim"] * 2

@@ -160,8 +160,27 @@ def _():
     return (predict_radix_tokens,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Compute")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(demo_block, demo_prompts, predict_radix_tokens, prefix_caching, ui):
+def _(
+    demo_block,
+    demo_prompts,
+    mo,
+    predict_radix_tokens,
+    prefix_caching,
+    reveal_exercise_1,
+    ui,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Compute** under it._"))
     demo_rows = prefix_caching.match_rows(demo_prompts, demo_block.value)
     ui.compare(predict_radix_tokens, demo_rows[1]["radix: tokens reused"],
                "tokens of B the radix cache reused", "tokens", how="computed")
@@ -169,8 +188,9 @@ def _(demo_block, demo_prompts, predict_radix_tokens, prefix_caching, ui):
 
 
 @app.cell
-def _(demo_block, demo_rows, ui):
+def _(demo_block, demo_rows, mo, reveal_exercise_1, ui):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _b, _bs = demo_rows[1], demo_block.value
     ui.worked_answer(
         f"The teaching engine's tree compares whole blocks of {_bs}. B shares 10 tokens with A: "
@@ -313,8 +333,28 @@ def _():
     return (predict_hit_rate,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
-def _(agent_args, mini, predict_hit_rate, prefix_caching, shared_args, ui):
+def _(
+    agent_args,
+    mini,
+    mo,
+    predict_hit_rate,
+    prefix_caching,
+    reveal_exercise_2,
+    shared_args,
+    ui,
+):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     kinds_rows, kinds_raw = prefix_caching.run_kinds(
         mini, {"shared-prefix": shared_args, "agentic": agent_args},
         progress=lambda jobs: ui.progress(jobs, title="workload x cache"))
@@ -329,12 +369,15 @@ def _(
     mean_prompt_tokens,
     measured_hit_rate,
     mini_info,
+    mo,
+    reveal_exercise_2,
     shared_args,
     shared_prefix_tokens,
     shared_stats,
     ui,
 ):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _n, _g, _bs = shared_args["num_requests"], shared_stats["groups"], mini_info["block_size"]
     _reused = shared_prefix_tokens // _bs * _bs
     formula_hit_rate = (_n - _g) * _reused / (_n * mean_prompt_tokens)
@@ -652,6 +695,15 @@ def _():
     return (predict_cascade_speedup,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
 def _(
     cascade,
@@ -660,9 +712,13 @@ def _(
     cascade_seqs,
     cascade_written_out,
     mini_model,
+    mo,
     predict_cascade_speedup,
+    reveal_exercise_3,
     ui,
 ):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     cascade.written_out = cascade_written_out     # the form picked above (marimo re-runs this)
     cascade_rows = cascade.time_rows(cascade_batches,
                                      lambda b: mini_model.use_cascade(True, b, cascade_P),
@@ -680,9 +736,12 @@ def _(
     cascade_rows,
     cascade_seqs,
     cascade_speedup,
+    mo,
+    reveal_exercise_3,
     ui,
 ):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     _at = next(r for r in cascade_rows if r["sequences"] == cascade_seqs.value)
     _one = cascade_rows[0]
     _keys_ratio, _one_ratio = (_r["keys read per sequence way"] / _r["keys read cascade"]
@@ -797,10 +856,21 @@ def _():
     return (predict_ttft_ratio,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_4 = _reveal_button("Measure")
+    reveal_exercise_4
+    return (reveal_exercise_4,)
+
+
 @app.cell
 def _(
+    mo,
     predict_ttft_ratio,
     prefix_caching,
+    reveal_exercise_4,
     server_has_cache,
     server_mean_prompt,
     server_name,
@@ -809,6 +879,8 @@ def _(
     session,
     ui,
 ):
+    mo.stop(not reveal_exercise_4.value,
+            mo.md("_Write your prediction for Exercise 4, then press **Measure** under it._"))
     from workshop import sanity
 
     server_runs, server_rows = {}, []
@@ -840,6 +912,8 @@ def _(
 @app.cell
 def _(
     hit_gate,
+    mo,
+    reveal_exercise_4,
     sanity,
     server_has_cache,
     server_mean_prompt,
@@ -850,6 +924,7 @@ def _(
     ui,
 ):
     # Worked answer to Exercise 4, collapsed until opened
+    mo.stop(not reveal_exercise_4.value)
     _p, _skip = server_pairs, server_reusable / server_mean_prompt
     _off_ms, _ok = _p["off ms"], server_has_cache and bool(_p["hits"]) and _skip > 0
     # off = fixed + prefill, on = fixed + prefill x (1 - skipped share): the fixed part they imply

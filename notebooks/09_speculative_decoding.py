@@ -484,8 +484,27 @@ def _():
     return (my_formula_speedup,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Compute")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(costs, exercise_alpha, my_formula_speedup, sd, ui):
+def _(
+    costs,
+    exercise_alpha,
+    mo,
+    my_formula_speedup,
+    reveal_exercise_1,
+    sd,
+    ui,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Compute** under it._"))
     exercise_formula = sd.expected_speedup(exercise_alpha, 4, costs["n-gram (prompt lookup)"])
     ui.compare(my_formula_speedup, exercise_formula, "formula speed-up at k = 4", "x",
                how="computed")
@@ -493,8 +512,18 @@ def _(costs, exercise_alpha, my_formula_speedup, sd, ui):
 
 
 @app.cell
-def _(costs, demo_runs, exercise_alpha, exercise_formula, sd, ui):
+def _(
+    costs,
+    demo_runs,
+    exercise_alpha,
+    exercise_formula,
+    mo,
+    reveal_exercise_1,
+    sd,
+    ui,
+):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _c = costs["n-gram (prompt lookup)"]
     _per_step = sd.expected_tokens_per_step(exercise_alpha, 4)
     ui.worked_answer(
@@ -527,14 +556,25 @@ def _():
     return (my_measured_speedup,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     costs,
     demo_prompt,
     drafter,
     max_new_tokens,
+    mo,
     my_measured_speedup,
     ngram_draft,
+    reveal_exercise_2,
     sd,
     self_draft,
     speculative_decode,
@@ -543,6 +583,8 @@ def _(
     ui,
     verify_costs,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     sweep_draft = ngram_draft if drafter.value.startswith("n-gram") else self_draft
     sweep_rows = sd.draft_length_sweep(
         lambda k: speculative_decode(demo_prompt, max_new_tokens.value, k, sweep_draft),
@@ -562,6 +604,8 @@ def _(
     decode_s,
     demo_runs,
     drafter,
+    mo,
+    reveal_exercise_2,
     sanity,
     sweep_at_4,
     sweep_rows,
@@ -571,6 +615,7 @@ def _(
 ):
     # Worked answer to Exercise 2, collapsed until opened
     # The same prompt, drafter and k ran in section 1's demo: its steps are the sweep's k = 4 run.
+    mo.stop(not reveal_exercise_2.value)
     _demo = next(name for name in demo_runs if name.startswith(drafter.value.split(" (")[0]))
     _ids, _steps = demo_runs[_demo]
     _c, _v = costs[drafter.value], verify_costs[4]
@@ -685,16 +730,29 @@ def _():
     return (my_chat_acceptance,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
 def _(
     mini_base,
     mini_ngram,
+    mo,
     my_chat_acceptance,
+    reveal_exercise_3,
     sd,
     server_prompts,
     server_tokens,
     ui,
 ):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     mini_runs = []
     for _name, _prompts in ui.progress(list(server_prompts.items()), title="teaching engine"):
         mini_runs.append(sd.run_workload(mini_base, _prompts, server_tokens, "mini, no spec", _name))
@@ -713,7 +771,9 @@ def _(
     mini_chat_row,
     mini_ngram,
     mini_runs,
+    mo,
     ngram_draft,
+    reveal_exercise_3,
     sd,
     server_prompts,
     server_tokens,
@@ -724,6 +784,7 @@ def _(
     # Worked answer to Exercise 3, collapsed until opened
     # The mechanism, in this process: section 1's loop with the same drafter (prompt lookup, up to
     # 3-grams, k = 4) on the same open-chat prompts, as many tokens as the servers generate.
+    mo.stop(not reveal_exercise_3.value)
     _runs = [speculative_decode(chat_ids(_p), server_tokens, 4, ngram_draft)
              for _p in server_prompts["open chat"]]
     _n = sd.step_counts([_st for _, _st_list in _runs for _st in _st_list])

@@ -266,6 +266,15 @@ def _():
 
 
 @app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
+@app.cell(hide_code=True)
 def _(mo):
     mo.md(r"""
     ## 3. Run it
@@ -284,7 +293,19 @@ def _(mo):
 
 
 @app.cell
-def _(contenders, decision, plan, plan_choice, session, showdown, ui):
+def _(
+    contenders,
+    decision,
+    mo,
+    plan,
+    plan_choice,
+    reveal_exercise_1,
+    session,
+    showdown,
+    ui,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     showdown_root = showdown.new_root()
     showdown.run_showdown(showdown_root, contenders, plan, model=session.model, mode=plan_choice.value,
                           command="notebook 10")
@@ -467,7 +488,16 @@ def _(mo):
 
 
 @app.cell
-def _(decision, predict_radix_over_hash, showdown_results, ui):
+def _(
+    decision,
+    mo,
+    predict_radix_over_hash,
+    reveal_exercise_1,
+    showdown_results,
+    ui,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     knee_rows = decision.knee_table(showdown_results)
     _r, _h = (decision.row_of(knee_rows, "shared-prefix", _e) for _e in ("mini-radix", "mini-hash"))
     radix_over_hash = (_r["capacity_tps"] / _h["capacity_tps"]
@@ -479,8 +509,18 @@ def _(decision, predict_radix_over_hash, showdown_results, ui):
 
 
 @app.cell
-def _(decision, knee_rows, plan, radix_over_hash, ui, workload_rows):
+def _(
+    decision,
+    knee_rows,
+    mo,
+    plan,
+    radix_over_hash,
+    reveal_exercise_1,
+    ui,
+    workload_rows,
+):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _shared = next(r for r in workload_rows if r["workload"] == "shared-prefix") if radix_over_hash else None
     _cache_rows = (decision.cache_work_rows(knee_rows, "shared-prefix", ("mini-hash", "mini-radix"),
                                             _shared["mean prompt (tok)"]) if _shared else [])
@@ -524,8 +564,19 @@ def _():
     return (predict_batching_gain,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
-def _(knee_rows, predict_batching_gain, ui):
+def _(knee_rows, mo, predict_batching_gain, reveal_exercise_2, ui):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     batching_rows = {r["engine"]: r for r in knee_rows
                      if r["workload"] == "shared-prefix" and r["capacity_tps"] and r["synchronous_tps"]}
     best_engine = max(batching_rows, key=lambda e: batching_rows[e]["capacity_tps"]) if batching_rows else None
@@ -544,10 +595,13 @@ def _(
     batching_rows,
     best_engine,
     decision,
+    mo,
+    reveal_exercise_2,
     showdown_sweeps,
     ui,
 ):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _best_row = batching_rows.get(best_engine)
     batching_in_flight = decision.in_flight_at_capacity(
         showdown_sweeps["shared-prefix"].get(best_engine) if best_engine else None, _best_row)
@@ -585,9 +639,29 @@ def _():
     return (predict_hit_rate,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
-def _(contenders, decision, knee_rows, predict_hit_rate, session, ui):
+def _(
+    contenders,
+    decision,
+    knee_rows,
+    mo,
+    predict_hit_rate,
+    reveal_exercise_3,
+    session,
+    ui,
+):
     # The contender running the connected engine (the teaching engine: mini-hash), else the first.
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     hit_label = next((c.label for c in contenders if c.engine == session.engine),
                      contenders[0].label if contenders else None)
     _knee, _offered, hit_measured = decision.hit_rate_reading(decision.row_of(knee_rows, "shared-prefix", hit_label))
@@ -604,12 +678,15 @@ def _(
     hit_at,
     hit_label,
     hit_measured,
+    mo,
     prefix_reuse_ratio,
+    reveal_exercise_3,
     showdown_results,
     ui,
     workload_sequences,
 ):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     from workshop import sanity
 
     _seqs = workload_sequences.get("shared-prefix") or []
@@ -782,10 +859,21 @@ def _():
     return (predict_worst_ratio,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_4 = _reveal_button("Measure")
+    reveal_exercise_4
+    return (reveal_exercise_4,)
+
+
 @app.cell
 def _(
     engine_switches,
+    mo,
     resolve_model,
+    reveal_exercise_4,
     switch_device,
     switch_dtype,
     switch_own,
@@ -794,6 +882,8 @@ def _(
     switch_shared,
     ui,
 ):
+    mo.stop(not reveal_exercise_4.value,
+            mo.md("_Write your prediction for Exercise 4, then press **Measure** under it._"))
     switch_rows, switch_step_ms = engine_switches.decode_step_rows(
         resolve_model("smollm2-135m").path, dtype=switch_dtype.value, device=switch_device,
         batch=int(switch_seqs.value), shared_tokens=int(switch_shared.value),
@@ -822,7 +912,9 @@ def _(
 
 
 @app.cell
-def _(predict_worst_ratio, switch_rows, ui):
+def _(mo, predict_worst_ratio, reveal_exercise_4, switch_rows, ui):
+    mo.stop(not reveal_exercise_4.value,
+            mo.md("_Write your prediction for Exercise 4, then press **Measure** under it._"))
     switch_applied = [r for r in switch_rows[1:] if r["applies here"]]
     switch_worst = max(switch_applied, key=lambda r: r["slower than defaults"], default=None)
     (ui.compare(predict_worst_ratio, switch_worst["slower than defaults"],
@@ -835,6 +927,8 @@ def _(predict_worst_ratio, switch_rows, ui):
 @app.cell
 def _(
     engine_switches,
+    mo,
+    reveal_exercise_4,
     switch_dtype,
     switch_own,
     switch_rounds,
@@ -844,6 +938,7 @@ def _(
     ui,
 ):
     # Worked answer to Exercise 4, collapsed until opened
+    mo.stop(not reveal_exercise_4.value)
     from workshop import kvcache
 
     _cfg = kvcache.load_model("smollm2-135m")

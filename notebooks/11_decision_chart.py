@@ -193,8 +193,27 @@ def _():
     return (my_throughput_margin,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Compute")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(decision, exercise_rows, exercise_workload, my_throughput_margin, ui):
+def _(
+    decision,
+    exercise_rows,
+    exercise_workload,
+    mo,
+    my_throughput_margin,
+    reveal_exercise_1,
+    ui,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Compute** under it._"))
     exercise_throughput = (decision.decide(exercise_rows, exercise_workload, "throughput")
                            if exercise_workload else None)
     _ok = exercise_throughput is not None and exercise_throughput.margin is not None
@@ -208,8 +227,16 @@ def _(decision, exercise_rows, exercise_workload, my_throughput_margin, ui):
 
 
 @app.cell
-def _(exercise_rows, exercise_throughput, exercise_workload, ui):
+def _(
+    exercise_rows,
+    exercise_throughput,
+    exercise_workload,
+    mo,
+    reveal_exercise_1,
+    ui,
+):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _v = exercise_throughput
     _pair = ([_v.winner or _v.tied[0], _v.runner_up] if _v is not None and _v.margin is not None else [])
     _by = {r["engine"]: r for r in exercise_rows if r["workload"] == exercise_workload}
@@ -460,16 +487,29 @@ def _():
     return (my_goodput_tight,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Compute")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     decision,
     exercise_workload,
     goodput_run,
     goodput_winner,
+    mo,
     my_goodput_tight,
+    reveal_exercise_2,
     tight_slo,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Compute** under it._"))
     exercise_goodput = decision.knee_row(goodput_run, tight_slo)["best_goodput"] if tight_slo else None
     (ui.compare(my_goodput_tight, exercise_goodput,
                 f"best goodput of {goodput_winner} on {exercise_workload} with p99 TTFT ≤ "
@@ -488,10 +528,13 @@ def _(
     goodput_row,
     goodput_run,
     goodput_winner,
+    mo,
+    reveal_exercise_2,
     tight_slo,
     ui,
 ):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _old = goodput_row["points"] if tight_slo else []
     _new = decision.knee_row(goodput_run, tight_slo)["points"] if tight_slo else []
     _point_rows = [{"offered (req/s)": _a["offered"], "completed (req/s)": _a["achieved"],
@@ -592,15 +635,28 @@ def _():
     return (my_stage_ratio,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Compute")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
 def _(
     decision,
+    mo,
     my_stage_ratio,
     reference_stage_runs,
+    reveal_exercise_3,
     stage_engine,
     stage_workload,
     ui,
 ):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Compute** under it._"))
     stage_names = list(reference_stage_runs)
     stage_sync = {_name: next((r["synchronous_tps"] for r in decision.knee_table(_r)
                                if r["engine"] == stage_engine and r["workload"] == stage_workload), None)
@@ -614,8 +670,17 @@ def _(
 
 
 @app.cell
-def _(stage_names, stage_ratio, stage_setups, stage_sync, ui):
+def _(
+    mo,
+    reveal_exercise_3,
+    stage_names,
+    stage_ratio,
+    stage_setups,
+    stage_sync,
+    ui,
+):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     _bytes = {_name: {"bfloat16": 2, "float16": 2, "float32": 4}.get((_s or {}).get("dtype")) for _name, _s in stage_setups.items()}
     stage_expected = _bytes[stage_names[1]] / _bytes[stage_names[0]] if stage_ratio and all(_bytes.values()) else None
     ui.worked_answer(

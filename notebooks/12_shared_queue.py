@@ -389,20 +389,33 @@ def _():
     return (my_p99_ratio,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
 def _(
     PULL,
     PUSH_RR,
     cluster,
     mix,
+    mo,
     my_p99_ratio,
     qx,
     requests_per_point,
+    reveal_exercise_1,
     sweep,
     sweep_rates,
     sweep_routes,
     ui,
 ):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     sweep_points = qx.sweep(cluster, sweep_routes, sweep_rates, requests_per_point.value, mix,
                             rounds=sweep(2, 1),
                             progress=lambda jobs: ui.progress(jobs, title="load sweep"))
@@ -418,8 +431,10 @@ def _(
     PUSH_RR,
     capacity,
     cluster,
+    mo,
     p99_ratio,
     qx,
+    reveal_exercise_1,
     slots,
     sweep_points,
     sweep_rates,
@@ -428,6 +443,7 @@ def _(
     workshop,
 ):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     step_line = (capacity["step fixed s"], capacity["step per request s"])
     sim_p99 = {p.route: qx.simulated_p99(p, len(cluster.workers), slots.value, step_line)
                for p in sweep_points if p.rate == sweep_rates[-1]}
@@ -589,18 +605,31 @@ def _():
     return (my_hit_rate,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     budget_models,
     capacity,
     cluster,
+    mo,
     my_hit_rate,
     pinned_count,
     qx,
+    reveal_exercise_2,
     sweep,
     ui,
     zipf_s,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     zipf_names = list(cluster.models)
     zipf_budget = min(budget_models.value, len(zipf_names))
     # pinned models leave room for at least one other, unless every model fits
@@ -616,7 +645,9 @@ def _(
 
 @app.cell
 def _(
+    mo,
     packing,
+    reveal_exercise_2,
     ui,
     zipf_budget,
     zipf_live,
@@ -626,6 +657,7 @@ def _(
     zipf_s,
 ):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _p = packing.zipf_weights(len(zipf_names), zipf_s.value)
     _k = len(zipf_pinned)
     _served = [r for r in zipf_live.point.records if r["hit"] is not None]
@@ -805,12 +837,23 @@ def _():
     return (my_recovery_s,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
 def _(
     cluster,
     encoding_rows,
+    mo,
     my_recovery_s,
     qx,
+    reveal_exercise_3,
     slots,
     sweep,
     sweep_points,
@@ -818,6 +861,8 @@ def _(
     victim,
     zipf_live,
 ):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     _after = (sweep_points, zipf_live, encoding_rows)      # this section runs last: it kills w1
     kill_result = (qx.kill_run(cluster, victim, n=sweep(3, 2) * slots.value,
                                mix=qx.Mix(prompt=(8, 16), short=sweep(12, 6), long=sweep(12, 6),
@@ -840,11 +885,14 @@ def _(
     kill_redelivered,
     kill_result,
     math,
+    mo,
+    reveal_exercise_3,
     step_line,
     ui,
     workshop,
 ):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     _aw = cluster.gateway.ack_wait
     _held = kill_result["held_when_killed"] if kill_result else 0
     _tokens = max((r["max_tokens"] for r in kill_records), default=0)

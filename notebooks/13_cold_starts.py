@@ -233,8 +233,19 @@ def _():
     return (my_cold_torch_load_s,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(cs, my_cold_torch_load_s, paths, ui):
+def _(cs, mo, my_cold_torch_load_s, paths, reveal_exercise_1, ui):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     exercise_cold = cs.time_load("torch.load", paths["torch.load"], cold=True)
     ui.compare(my_cold_torch_load_s, exercise_cold["seconds"],
                "seconds for a cold torch.load of the whole checkpoint", "s")
@@ -242,8 +253,9 @@ def _(cs, my_cold_torch_load_s, paths, ui):
 
 
 @app.cell
-def _(cache_check, exercise_cold, paths, ui):
+def _(cache_check, exercise_cold, mo, paths, reveal_exercise_1, ui):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _file_gb = paths["torch.load"].stat().st_size / 1e9
     _cold_read_s = _file_gb / cache_check["first read GB/s"]
     _checksum_s = _file_gb / cache_check["second read GB/s"]
@@ -399,19 +411,32 @@ def _():
     return (my_big_load_s,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     chunk_mib,
     cs,
     exercise_factor,
     full_bytes,
+    mo,
     my_big_load_s,
     paths,
     read_threads,
+    reveal_exercise_2,
     scratch,
     state_dict,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     _big_path = paths["packed"] if exercise_factor == 1 else cs.write_packed(
         cs.resized(state_dict, int(full_bytes * exercise_factor)), scratch / "bigger.packed")
     exercise_big = cs.time_load("packed", _big_path, cold=True, chunk_mib=chunk_mib.value,
@@ -431,8 +456,17 @@ def _(cs, exercise_big, exercise_big_bytes, load_fits, size_rows):
 
 
 @app.cell
-def _(cs, exercise_big, exercise_big_bytes, load_fits, ui):
+def _(
+    cs,
+    exercise_big,
+    exercise_big_bytes,
+    load_fits,
+    mo,
+    reveal_exercise_2,
+    ui,
+):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _line = load_fits["packed"].fixed_s + exercise_big_bytes / load_fits["packed"].bandwidth
     _off = exercise_big["seconds"] / _line - 1
     ui.worked_answer(f"The line says `fixed + size / bandwidth`: {load_fits['packed'].fixed_s * 1e3:.0f} ms + "
@@ -581,16 +615,29 @@ def _():
     return (my_kv_mib,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
 def _(
     cs,
     destination_engine,
     migration_decoded,
     migration_lengths,
+    mo,
     my_kv_mib,
+    reveal_exercise_3,
     source_engine,
     ui,
 ):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     migration_rows = cs.migration_sweep(source_engine, destination_engine, migration_lengths,
                                         decoded=migration_decoded, follow=migration_decoded,
                                         progress=lambda xs: ui.progress(xs, title="migrating"))
@@ -601,8 +648,9 @@ def _(
 
 
 @app.cell
-def _(cs, migration_rows, source_engine, ui):
+def _(cs, migration_rows, mo, reveal_exercise_3, source_engine, ui):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     kv_cfg = source_engine.runner.cfg
     kv_longest = max((r for r in migration_rows if r["method"] == "kv"),
                      key=lambda r: r["tokens"])

@@ -241,8 +241,19 @@ def _():
     return (my_admitted,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(gw_spread, key_of, model, my_admitted, time, ui):
+def _(gw_spread, key_of, mo, model, my_admitted, reveal_exercise_1, time, ui):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -280,14 +291,17 @@ def _(rate_rows, ui):
 @app.cell
 def _(
     TokenBucket,
+    mo,
     np,
     rate_admitted,
     rate_rows,
+    reveal_exercise_1,
     trial_burst,
     trial_per_minute,
     ui,
 ):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _per = 60 / trial_per_minute.value
     _span = rate_rows[-1]["sent at s"]
     _replay = TokenBucket(trial_per_minute.value, trial_burst.value)
@@ -562,6 +576,15 @@ def _():
     return (my_p99_ratio,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
 def _(
     bench_input_len,
@@ -569,13 +592,17 @@ def _(
     gw_concentrate,
     gw_spread,
     gx,
+    mo,
     model,
     my_p99_ratio,
     policy_rates,
     replica_list,
     requests_per_point,
+    reveal_exercise_2,
     ui,
 ):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     policy_runs = []
     for _rate in ui.progress(policy_rates, title="loads"):
         for _gw in (gw_spread, gw_concentrate):
@@ -593,17 +620,20 @@ def _(
 def _(
     gx,
     max_per_replica,
+    mo,
     p99_ratio,
     per_other_s,
     policy_rates,
     policy_top,
     replica_list,
     requests_per_point,
+    reveal_exercise_2,
     ui,
     unloaded_latency_s,
     workshop,
 ):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     policy_forecast = {p: gx.forecast(p, policy_rates[-1], len(replica_list), unloaded_latency_s,
                                       per_other_s, max_per_replica.value)
                        for p in ("spread", "concentrate")}
@@ -832,18 +862,31 @@ def _():
     return (my_peak_replicas,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Compute")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
 def _(
     capacity,
     demand_tokens_per_day,
+    mo,
     my_peak_replicas,
     peak_hours,
     peak_to_mean,
     plan_tokens_per_s,
     price_on_demand,
     price_reserved,
+    reveal_exercise_3,
     ui,
 ):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Compute** under it._"))
     plan_peak_hours = min(peak_hours.value, 24 / peak_to_mean.value)
     fleet = capacity.fleet_plan(demand_tokens_per_day.value, peak_to_mean.value, plan_peak_hours,
                                 plan_tokens_per_s, price_on_demand.value, price_reserved.value)
@@ -852,8 +895,17 @@ def _(
 
 
 @app.cell
-def _(demand_tokens_per_day, fleet, peak_to_mean, plan_tokens_per_s, ui):
+def _(
+    demand_tokens_per_day,
+    fleet,
+    mo,
+    peak_to_mean,
+    plan_tokens_per_s,
+    reveal_exercise_3,
+    ui,
+):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     ui.worked_answer(
         f"A day has 86,400 s: {demand_tokens_per_day.value:,.0f} tokens a day is a mean of "
         f"{fleet.mean_tokens_per_s:,.1f} tokens/s, and the peak {peak_to_mean.value:g}x that, "

@@ -162,18 +162,31 @@ def _():
     return (my_top_share,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
 def _(
     engines,
     first_engine,
+    mo,
     my_top_share,
     question,
     raw,
+    reveal_exercise_1,
     sampling,
     sweep,
     temperature,
     ui,
 ):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     draws = sweep(400, 48)
     computed = {name: sampling.softmax_at(lps, temperature.value) for name, lps in raw.items()}
     counts = {name: sampling.sample_first_tokens(
@@ -193,13 +206,16 @@ def _(
     draws,
     first_engine,
     math,
+    mo,
     raw,
+    reveal_exercise_1,
     sampled,
     temperature,
     top_token,
     ui,
 ):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _p = computed[first_engine][top_token]
     _q = sampled[first_engine][top_token]
     _se = (_p * (1 - _p) / draws) ** 0.5
@@ -416,8 +432,28 @@ def _():
     return (my_valid_share,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
-def _(engines, response_format, sampling, schema, sweep, ui):
+def _(
+    engines,
+    mo,
+    response_format,
+    reveal_exercise_2,
+    sampling,
+    schema,
+    sweep,
+    ui,
+):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     ask_json = [{"role": "user", "content": "What is the capital of France? Answer as JSON with "
                  "the keys city, country and continent."}]
     json_answers = sweep(16, 8)
@@ -440,7 +476,9 @@ def _(engines, response_format, sampling, schema, sweep, ui):
 
 
 @app.cell
-def _(first_engine, my_valid_share, ui, validity):
+def _(first_engine, mo, my_valid_share, reveal_exercise_2, ui, validity):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     json_off = next(r for r in validity if r["engine"] == first_engine and r["grammar"] == "off")
     ui.compare(my_valid_share, json_off["valid"], f"share of valid answers without the grammar on "
                f"{first_engine}")
@@ -448,8 +486,9 @@ def _(first_engine, my_valid_share, ui, validity):
 
 
 @app.cell
-def _(first_engine, json_off, ui, validity):
+def _(first_engine, json_off, mo, reveal_exercise_2, ui, validity):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _on = [r for r in validity if r["grammar"] == "on"]
     ui.worked_answer(
         "Without the grammar nothing makes the model follow the schema: a 135M-parameter model "
@@ -486,8 +525,29 @@ def _():
     return (my_extra_ms,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_3 = _reveal_button("Measure")
+    reveal_exercise_3
+    return (reveal_exercise_3,)
+
+
 @app.cell
-def _(ask_json, engines, probe, response_format, statistics, sweep, ui):
+def _(
+    ask_json,
+    engines,
+    mo,
+    probe,
+    response_format,
+    reveal_exercise_3,
+    statistics,
+    sweep,
+    ui,
+):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     def per_token_ms(server, **extra) -> float:
         t = probe.stream_chat(server.openai(), server.model, ask_json, max_tokens=sweep(48, 32),
                               temperature=0, **extra)
@@ -510,7 +570,9 @@ def _(ask_json, engines, probe, response_format, statistics, sweep, ui):
 
 
 @app.cell
-def _(cost, my_extra_ms, ui):
+def _(cost, mo, my_extra_ms, reveal_exercise_3, ui):
+    mo.stop(not reveal_exercise_3.value,
+            mo.md("_Write your prediction for Exercise 3, then press **Measure** under it._"))
     mini_cost = next((r for r in cost if r["engine"] == "teaching engine"), cost[0])
     ui.compare(my_extra_ms, mini_cost["added (ms/token)"],
                f"ms added per token on {mini_cost['engine']}", "ms")
@@ -518,8 +580,9 @@ def _(cost, my_extra_ms, ui):
 
 
 @app.cell
-def _(mask_ms, mini_cost, rounds, ui, vocab_size):
+def _(mask_ms, mini_cost, mo, reveal_exercise_3, rounds, ui, vocab_size):
     # Worked answer to Exercise 3, collapsed until opened
+    mo.stop(not reveal_exercise_3.value)
     _ratio = abs(mini_cost["added (ms/token)"]) / max(mini_cost["spread of free runs (ms/token)"], 1e-9)
     ui.worked_answer(
         f"The grammar's own work per token was measured above: **{mask_ms:.3f} ms** (xgrammar "

@@ -267,8 +267,29 @@ def _():
     return (my_hit_ratio,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(car, fleet, my_hit_ratio, policies, session_counts, ui, workload):
+def _(
+    car,
+    fleet,
+    mo,
+    my_hit_ratio,
+    policies,
+    reveal_exercise_1,
+    session_counts,
+    ui,
+    workload,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     sweep_rows = []
     for _n, _p in ui.progress([(n, p) for n in session_counts for p in policies],
                               title="sessions x policy"):
@@ -287,11 +308,14 @@ def _(
     fits_per_replica,
     hit_ceiling,
     hit_ratio,
+    mo,
+    reveal_exercise_1,
     session_counts,
     top,
     ui,
 ):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _n = session_counts[-1]
     _prefix_fits = _n / 2 <= fits_per_replica
     ui.worked_answer(
@@ -448,8 +472,19 @@ def _():
     return (my_accuracy,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Measure")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
-def _(fleet, my_accuracy, n_probes, probe_tokens, ui):
+def _(fleet, mo, my_accuracy, n_probes, probe_tokens, reveal_exercise_2, ui):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     from workshop import tenant_isolation
 
     tenant = tenant_isolation.measure(fleet.replicas[0], n_probes, probe_tokens)
@@ -459,8 +494,18 @@ def _(fleet, my_accuracy, n_probes, probe_tokens, ui):
 
 
 @app.cell
-def _(n_probes, plain, probe_tokens, salted, tenant, ui):
+def _(
+    mo,
+    n_probes,
+    plain,
+    probe_tokens,
+    reveal_exercise_2,
+    salted,
+    tenant,
+    ui,
+):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _sent = sorted(r["ttft_ms"] for r in tenant["rows"] if not r["salts"] and r["sent_by_a"]
                    and r["ttft_ms"] is not None)
     _unsent = sorted(r["ttft_ms"] for r in tenant["rows"] if not r["salts"] and not r["sent_by_a"]

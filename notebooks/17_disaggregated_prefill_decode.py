@@ -210,8 +210,28 @@ def _():
     return (my_handoff_mib,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_1 = _reveal_button("Measure")
+    reveal_exercise_1
+    return (reveal_exercise_1,)
+
+
 @app.cell
-def _(chunk_tokens, colocated_threads, dg, my_handoff_mib, ui, workload):
+def _(
+    chunk_tokens,
+    colocated_threads,
+    dg,
+    mo,
+    my_handoff_mib,
+    reveal_exercise_1,
+    ui,
+    workload,
+):
+    mo.stop(not reveal_exercise_1.value,
+            mo.md("_Write your prediction for Exercise 1, then press **Measure** under it._"))
     runs = [dg.run_setup(_setup, workload, chunk_tokens=int(chunk_tokens.value),
                          colocated_threads=int(colocated_threads.value))
             for _setup in ui.progress(dg.SETUPS, title="set-ups")]
@@ -224,8 +244,9 @@ def _(chunk_tokens, colocated_threads, dg, my_handoff_mib, ui, workload):
 
 
 @app.cell
-def _(long_handoffs, model_cfg, number_bytes, ui):
+def _(long_handoffs, mo, model_cfg, number_bytes, reveal_exercise_1, ui):
     # Worked answer to Exercise 1, collapsed until opened
+    mo.stop(not reveal_exercise_1.value)
     _n = long_handoffs[0]["kv_tokens"]
     _formula = 2 * model_cfg.num_layers * model_cfg.num_kv_heads * model_cfg.head_dim * number_bytes
     ui.worked_answer(
@@ -389,8 +410,19 @@ def _():
     return (my_breakeven_gbps,)
 
 
+@app.cell(hide_code=True)
+def _():
+    from workshop.ui import reveal_button as _reveal_button
+
+    reveal_exercise_2 = _reveal_button("Compute")
+    reveal_exercise_2
+    return (reveal_exercise_2,)
+
+
 @app.cell
-def _(by_setup, dg, disagg, my_breakeven_gbps, ui):
+def _(by_setup, dg, disagg, mo, my_breakeven_gbps, reveal_exercise_2, ui):
+    mo.stop(not reveal_exercise_2.value,
+            mo.md("_Write your prediction for Exercise 2, then press **Compute** under it._"))
     breakevens = [dg.breakeven(by_setup[_k], disagg) for _k in dg.SETUPS[:2]]
     _vs_whole = breakevens[1]["break-even link (Gb/s)"]
     ui.compare(my_breakeven_gbps, _vs_whole or 0.0,
@@ -399,8 +431,9 @@ def _(by_setup, dg, disagg, my_breakeven_gbps, ui):
 
 
 @app.cell
-def _(breakevens, summary_by_setup, ui):
+def _(breakevens, mo, reveal_exercise_2, summary_by_setup, ui):
     # Worked answer to Exercise 2, collapsed until opened
+    mo.stop(not reveal_exercise_2.value)
     _b = breakevens[1]
     ui.worked_answer(
         f"Stall avoided per long prompt: "

@@ -17,6 +17,13 @@ Source conventions (see notebooks/README.md):
   ``_`` are cell-local in marimo and exempt) -- checked here, so a broken source fails loudly
   instead of being renamed silently.
 
+"Predict, then measure" exercises (a markdown cell ``**Exercise N (predict, then measure).**``,
+a prediction cell ``name = None  # your prediction``, a cell calling ``ui.compare(name, ...)``,
+a ``# Worked answer to Exercise N,`` cell) need nothing more in Jupyter, which runs cells in
+order. marimo runs them all at once, so its file gets a button after each prediction
+(``workshop.ui.reveal_button``) and ``mo.stop`` until it is pressed at the top of the cell after
+the prediction, of the ``ui.compare`` cell and of the worked answer (``with_reveals``).
+
 Usage::
 
     python scripts/sync_notebooks.py           # regenerate every notebook
@@ -58,6 +65,21 @@ MARIMO_SCRIPT_HEADER = """\
 # ///"""
 MARIMO_IMPORT_CELL = "import marimo as mo"
 REPO_PLACEHOLDER = "{{github_repo}}"
+# A "predict, then measure" exercise (the order is checked by tests/unit/test_exercise_order.py).
+EXERCISE = re.compile(r"^\*\*Exercise (\d+) \(predict, then (measure|compute)\)\.\*\*", re.M)
+PREDICTION = re.compile(r"^(\w+) = None\b.*#.*predict")
+# What marimo gets for one (see with_reveals): a button cell after the prediction, and a first
+# statement for the cells that measure and for the worked answer. The button imports its own
+# helper: a notebook may import `ui` in the very cell that waits on the button (05's first).
+REVEAL_BUTTON = """\
+from workshop.ui import reveal_button as _reveal_button
+
+{button} = _reveal_button("{label}")
+{button}"""
+REVEAL_MEASUREMENT = """\
+mo.stop(not {button}.value,
+        mo.md("_Write your prediction for Exercise {n}, then press **{label}** under it._"))"""
+REVEAL_ANSWER = "mo.stop(not {button}.value)"
 
 
 class NotebookSourceError(ValueError):
@@ -177,17 +199,62 @@ def _markdown_call(markdown: str) -> str:
     return f"mo.md(r{quote}\n{markdown}\n{quote})"
 
 
+def with_reveals(cells: list[Cell]) -> list[Cell]:
+    """marimo's cells, each exercise's measurement waiting for the learner's prediction.
+
+    marimo runs every cell at once, so after each prediction cell (``name = None  # your
+    prediction``) comes a button (``workshop.ui.reveal_button``), and three cells start with
+    ``mo.stop`` until it is pressed: the code cell after the prediction (where the measuring
+    starts), the one calling ``ui.compare(name, ...)`` and the worked answer. Jupyter runs
+    cells in order, so its notebook needs none of this.
+    """
+    cells = [c for c in cells if c.in_format("marimo")]
+    gates: dict[int, str] = {}      # cell index -> the statement it starts with
+    buttons: dict[int, Cell] = {}   # prediction cell index -> the button cell after it
+    exercise = None
+    for i, cell in enumerate(cells):
+        heading = EXERCISE.search(cell.source) if cell.kind == "markdown" else None
+        guess = PREDICTION.match(cell.source) if cell.kind == "code" and exercise else None
+        if heading:
+            exercise = int(heading.group(1)), heading.group(2).capitalize()
+        elif guess:
+            (n, label), exercise = exercise, None
+            later = [j for j in range(i + 1, len(cells)) if cells[j].kind == "code"]
+            compare = next((j for j in later if f"ui.compare({guess.group(1)}," in cells[j].source),
+                           None)
+            if compare is None:
+                raise NotebookSourceError(f"exercise {n}: no cell calls ui.compare("
+                                          f"{guess.group(1)}, ...) after its prediction")
+            names = {"button": f"reveal_exercise_{n}", "n": n, "label": label}
+            buttons[i] = Cell("code", REVEAL_BUTTON.format(**names),
+                              frozenset({MARIMO_ONLY, HIDE_CODE}))
+            gates[later[0]] = gates[compare] = REVEAL_MEASUREMENT.format(**names)
+            worked = next((j for j in later if j > compare
+                           and f"# Worked answer to Exercise {n}," in cells[j].source), None)
+            if worked is not None:
+                gates[worked] = REVEAL_ANSWER.format(**names)
+    out = []
+    for i, cell in enumerate(cells):
+        if i in gates:
+            # after the cell's leading comments, which say what it is
+            lines = cell.source.splitlines()
+            head = next((k for k, line in enumerate(lines) if not line.startswith("#")), len(lines))
+            cell = Cell(cell.kind, "\n".join(lines[:head] + [gates[i]] + lines[head:]), cell.tags)
+        out += [cell, buttons[i]] if i in buttons else [cell]
+    return out
+
+
 def to_marimo(metadata: dict, cells: list[Cell]) -> str:
     from marimo._ast.app_config import _AppConfig
     from marimo._ast.cell import CellConfig
     from marimo._ast.codegen import generate_filecontents
 
     check_marimo_rules(cells)
+    cells = with_reveals(cells)
+    check_marimo_rules(cells)    # the buttons' names are free
     codes = [MARIMO_IMPORT_CELL]
     configs = [CellConfig(hide_code=True)]
     for cell in cells:
-        if not cell.in_format("marimo"):
-            continue
         if cell.kind == "markdown":
             codes.append(_markdown_call(cell.source))
             configs.append(CellConfig(hide_code=True))

@@ -98,6 +98,20 @@ def text(value: str, label: str = "") -> Any:
                         layout=widgets.Layout(width="80%"))
 
 
+def reveal_button(label: str) -> Any:
+    """The button a "predict, then measure" exercise waits on in marimo, where every cell runs
+    at once: ``scripts/sync_notebooks.py`` puts it under the prediction and starts the
+    measuring cells with ``mo.stop(not button.value, ...)``. Once pressed it stays pressed, so
+    re-running a cell above does not hide the measurement again. A run no browser asked for
+    (``marimo export html``, ``python notebook.py``) finds it pressed and shows everything."""
+    if frontend() == "marimo":
+        import marimo as mo
+        # `marimo export` runs in "edit" mode too; only runs a browser asked for have a request.
+        return mo.ui.button(value=mo.app_meta().request is None, on_click=lambda _: True,
+                            label=label, kind="success")
+    return Fixed(True, label)
+
+
 def progress(items: Iterable[T], total: int | None = None, title: str = "") -> Iterator[T]:
     """Wrap an iterable in a progress bar that the current front end can draw."""
     if total is None and hasattr(items, "__len__"):

@@ -1,7 +1,8 @@
 """Predict, then measure, in that order: every exercise in a notebook source has a prediction
 cell, then the cell that measures or computes it (``ui.compare`` on that prediction), then a
 worked answer (``ui.worked_answer``) before the next exercise. Read from the sources, so a
-reordering that shows the answer before the question fails here."""
+reordering that shows the answer before the question fails here. In the generated marimo files,
+which run every cell at once, each exercise's measurement waits for its own button."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-SOURCES = Path(__file__).resolve().parents[2] / "notebooks" / "src"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
+SOURCES = NOTEBOOKS / "src"
 EXERCISE = re.compile(r"^# \*\*Exercise (\d+) \(predict, then (?:measure|compute)\)\.\*\*", re.M)
 PREDICTION = re.compile(r"^(\w+) = None\b.*#.*predict", re.M)
 # Every notebook (issue 36: two to four exercises each, each with a worked answer).
@@ -51,6 +53,20 @@ def order_problems(text: str) -> list[str]:
 @pytest.mark.parametrize("name", WORKED)
 def test_each_exercise_predicts_then_measures_then_works_the_answer(name):
     assert order_problems((SOURCES / f"{name}.py").read_text()) == []
+
+
+@pytest.mark.parametrize("name", WORKED)
+def test_each_marimo_exercise_waits_for_its_own_button(name):
+    found = exercises((SOURCES / f"{name}.py").read_text())
+    cells = (NOTEBOOKS / f"{name}.py").read_text().split("\n@app.cell")
+    buttons = re.findall(r"^    (reveal_exercise_\d+) = ", "\n".join(cells), re.M)
+    assert buttons == [f"reveal_exercise_{n}" for n, _ in found]
+    for n, body in found:
+        guess = PREDICTION.search(body).group(1)
+        gated = [c for c in cells if f"ui.compare({guess}," in c
+                 or f"# Worked answer to Exercise {n}," in c]
+        assert len(gated) == 2 and all(f"mo.stop(not reveal_exercise_{n}.value" in c
+                                       for c in gated), f"exercise {n}"
 
 
 def test_the_check_fails_an_answer_shown_before_the_question():

@@ -26,3 +26,9 @@ def test_a_worked_answer_is_collapsed_until_opened():
     shown = ui.worked_answer("**3 x 4 = 12**").text
     assert shown.startswith("<details><summary><b>Worked answer</b></summary>")
     assert "**3 x 4 = 12**" in shown and shown.rstrip().endswith("</details>")
+
+
+def test_outside_marimo_every_reveal_button_is_already_pressed():
+    # a script has no one to press it; marimo's own button is checked by exporting a notebook
+    # (tests/unit/test_notebooks_sync.py)
+    assert ui.reveal_button("Measure").value is True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -108,6 +109,68 @@ def test_marimo_file_runs_as_a_script(tmp_path: Path):
     assert "1 marimo" in r.stdout
 
 
+EXERCISE_SAMPLE = '''\
+# %% [markdown]
+# **Exercise 1 (predict, then measure).** How many widgets?
+
+# %%
+my_widgets = None    # your prediction
+
+# %%
+from workshop import ui
+
+widgets = 6 * 7
+print("measured", widgets)
+ui.compare(my_widgets, widgets, "widgets")
+
+# %%
+# Worked answer to Exercise 1, collapsed until opened
+ui.worked_answer(f"6 x 7 = {widgets}")
+'''
+
+
+def _marimo_cells(text: str) -> list[str]:
+    return text.split("\n@app.cell")[1:]
+
+
+def test_an_exercise_waits_for_its_button_in_marimo_only(tmp_path: Path):
+    out = _generate(tmp_path, EXERCISE_SAMPLE)
+    cells = _marimo_cells(out[".py"])
+    at = next(i for i, c in enumerate(cells) if "my_widgets = None" in c)
+    assert "(hide_code=True)" in cells[at + 1]
+    assert 'reveal_exercise_1 = _reveal_button("Measure")' in cells[at + 1]
+    # the measurement and the worked answer start with the stop (after the cell's comments)
+    assert "):\n    mo.stop(not reveal_exercise_1.value,\n" in cells[at + 2]
+    assert "press **Measure**" in cells[at + 2] and "ui.compare(my_widgets" in cells[at + 2]
+    assert ("):\n    # Worked answer to Exercise 1, collapsed until opened\n"
+            "    mo.stop(not reveal_exercise_1.value)\n    ui.worked_answer(") in cells[at + 3]
+    sources = ["".join(c["source"]) for c in json.loads(out[".ipynb"])["cells"]]
+    # Jupyter gets the cells as written
+    assert sources == [c.source for c in sync.read_source(EXERCISE_SAMPLE)[1]]
+
+
+def test_an_unattended_marimo_run_reveals_every_exercise(tmp_path: Path):
+    """No one presses the button in a script or ``marimo export html``: both show the
+    measurement and the worked answer (the export tells itself from the editor by the missing
+    HTTP request, which a marimo release could change)."""
+    path = tmp_path / "00_sample.py"
+    path.write_text(_generate(tmp_path, EXERCISE_SAMPLE)[".py"])
+    # the notebook imports workshop.ui from this checkout
+    env = {**os.environ,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, str(path)], capture_output=True, text=True, timeout=120,
+                       env=env)
+    assert r.returncode == 0 and "measured 42" in r.stdout, r.stderr
+    html = tmp_path / "sample.html"
+    r = subprocess.run([sys.executable, "-m", "marimo", "export", "html", "--no-sandbox",
+                        "--no-include-code", str(path), "-o", str(html)],
+                       capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-2000:]
+    shown = html.read_text()
+    assert "measured widgets: 42" in shown and "6 x 7 = 42" in shown
+    assert "then press" not in shown
+
+
 @pytest.mark.parametrize("bad, message", [
     ("# %%\nx = 1\n\n# %%\nx = 2\n", "defined in cell"),
     ("# %%\n%pip install foo\n", "magics"),
@@ -115,6 +178,8 @@ def test_marimo_file_runs_as_a_script(tmp_path: Path):
     ('# %% tags=["colab"]\nx = 1\n', "unknown cell tags"),
     ('# %% tags=["jupyter-only", "marimo-only"]\nx = 1\n', "both"),
     ("# %%\n_t = 1\n\n# %%\ny = _t + 1\n", "reads '_t' without defining it"),
+    ("# %% [markdown]\n# **Exercise 1 (predict, then measure).** ?\n\n# %%\n"
+     "guess = None  # your prediction\n\n# %%\nprint(guess)\n", "no cell calls ui.compare"),
 ])
 def test_sources_that_break_a_format_are_rejected(tmp_path: Path, bad: str, message: str):
     with pytest.raises(sync.NotebookSourceError, match=message):
