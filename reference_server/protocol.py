@@ -326,13 +326,16 @@ _NEUTRAL: dict[str, tuple] = {
 def unsupported_fields(req: ChatCompletionRequest | CompletionRequest, kind: str) -> list[str]:
     """Fields of ``req`` an in-process engine would ignore: every field outside
     ``LOCAL_FIELDS[kind]`` that the client set to something other than null or a neutral
-    value, the vLLM extension ``stream_options.continuous_usage_stats``, and any field of a
-    message but ``role`` and ``content`` (``messages[1].tool_calls``): a message's ``name``
-    is meant for the model, and the engines give it only role and content."""
+    value, ``stream_options.continuous_usage_stats`` without ``include_usage`` (vLLM's
+    extension: counts in every chunk, which vLLM, and so the local engines, give only with
+    ``include_usage``), and any field of a message but ``role`` and ``content``
+    (``messages[1].tool_calls``): a message's ``name`` is meant for the model, and the engines
+    give it only role and content."""
     values = {**{k: getattr(req, k) for k in req.model_fields_set}, **(req.model_extra or {})}
     out = [k for k, v in values.items() if k not in LOCAL_FIELDS[kind] and v is not None
            and v not in _NEUTRAL.get(k, ())]
-    if req.stream_options is not None and req.stream_options.continuous_usage_stats:
+    opts = req.stream_options
+    if opts is not None and opts.continuous_usage_stats and not opts.include_usage:
         out.append("stream_options.continuous_usage_stats")
     out = sorted(out)
     for i, m in enumerate(getattr(req, "messages", ())):

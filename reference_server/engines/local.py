@@ -227,8 +227,11 @@ class LocalEngine(Engine):
         streams = [self._run_one(f"{rid}-{i}", prompt_ids, params, stops) for i in range(n)]
         shape = _ChunkShape(rid, created, self.model_name, chat)
         if request.stream:
-            include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return await _Primed.start(_stream(streams, shape, len(prompt_ids), include_usage))
+            opts = request.stream_options
+            include_usage = bool(opts and opts.include_usage)
+            continuous = bool(include_usage and opts.continuous_usage_stats)
+            return await _Primed.start(_stream(streams, shape, len(prompt_ids), include_usage,
+                                               continuous))
         return await _collect(streams, shape, len(prompt_ids))
 
     def _grammar(self, response_format) -> Grammar | None:
@@ -488,12 +491,13 @@ async def _merge(streams: list[AsyncIterator]) -> AsyncIterator[tuple[int, SeqDe
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-async def _stream(streams, shape: _ChunkShape, prompt_tokens: int,
-                  include_usage: bool) -> AsyncIterator[dict]:
+async def _stream(streams, shape: _ChunkShape, prompt_tokens: int, include_usage: bool,
+                  continuous: bool = False) -> AsyncIterator[dict]:
     completion_tokens = 0
     cached = 0
     first = [True] * len(streams)
-    # With include_usage every chunk carries "usage": null and a last chunk the totals.
+    # With include_usage every chunk carries "usage": null and a last chunk the totals; with
+    # vLLM's continuous_usage_stats too, every chunk carries the counts so far, as vLLM's do.
     exclude = None if include_usage else {"usage"}
     # aclosing: when the client leaves, this generator is closed, and the close must reach
     # the engine now (an abandoned inner generator is only finalized later, by the GC)
@@ -503,6 +507,8 @@ async def _stream(streams, shape: _ChunkShape, prompt_tokens: int,
             completion_tokens += d.num_new_tokens
             chunk = shape.chunk(i, d.text, d.logprobs, d.finish_reason, first[i])
             first[i] = False
+            if continuous:
+                chunk.usage = shape.usage(prompt_tokens, completion_tokens, cached)
             yield chunk.model_dump(exclude=exclude)
     if include_usage:
         final = shape.chunk(0, "", [], None, False)

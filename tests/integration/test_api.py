@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -88,6 +89,25 @@ def test_chat_stream_with_usage(server):
     if check.verdict == "agree":
         assert finish == "stop"
     assert usage is not None and usage.completion_tokens > 0
+
+
+def test_continuous_usage_stats_count_in_every_chunk(server):
+    """vLLM's ``stream_options.continuous_usage_stats`` (GuideLLM sends it with every
+    request): with ``include_usage``, each chunk carries the counts so far; the last one the
+    totals. Refused once by the local engines, which failed every GuideLLM request."""
+    r = httpx.post(server.base_url + "/v1/completions", headers=server.headers, timeout=120,
+                   json={"model": server.model, "prompt": "Count: one, two,", "max_tokens": 8,
+                         "ignore_eos": True, "stream": True,
+                         "stream_options": {"include_usage": True,
+                                            "continuous_usage_stats": True}})
+    assert r.status_code == 200, r.text
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines()
+              if line.startswith("data: ") and line != "data: [DONE]"]
+    with_text = [c for c in chunks if c["choices"] and c["choices"][0]["text"]]
+    assert with_text and all(c.get("usage") for c in with_text), chunks[:3]
+    counts = [c["usage"]["completion_tokens"] for c in with_text]
+    assert counts == sorted(counts) and counts[-1] <= 8, counts
+    assert chunks[-1]["usage"]["completion_tokens"] == 8, chunks[-1]
 
 
 def test_completion_stream_matches_non_stream(server):

@@ -207,6 +207,25 @@ def test_adapter_streams_n_choices_and_usage():
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
 
 
+def test_adapter_counts_usage_in_every_chunk_when_asked():
+    """vLLM's continuous_usage_stats: with include_usage, every chunk the counts so far; on
+    its own (vLLM would ignore it) a 400 that names it."""
+    from reference_server.engines.base import EngineError
+    engine = ScriptedEngine("abc")
+
+    async def run(options):
+        req = CompletionRequest.model_validate({"model": "m", "prompt": "x", "stream": True,
+                                                "stream_options": options})
+        return [c async for c in await engine.complete(req)]
+
+    chunks = asyncio.run(run({"include_usage": True, "continuous_usage_stats": True}))
+    counts = [c["usage"]["completion_tokens"] for c in chunks]   # "abc" and the EOS step
+    assert counts == [1, 2, 3, 4, 4] and chunks[-1]["choices"] == [], counts
+    with pytest.raises(EngineError) as e:
+        asyncio.run(run({"continuous_usage_stats": True}))
+    assert e.value.status_code == 400 and "continuous_usage_stats" in str(e.value)
+
+
 def test_adapter_refuses_what_does_not_fit():
     from reference_server.engines.base import EngineError
     with pytest.raises(EngineError) as e:
