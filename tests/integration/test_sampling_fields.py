@@ -1,6 +1,7 @@
 """Issue 39: every sampling field works or is refused by name, on every engine, over real HTTP;
-and vLLM's own benchmark client (which sends ``repetition_penalty: 1.0`` in every request)
-gets its answers from every engine."""
+and peer benchmark clients get their answers from every engine: vLLM's own (which sends
+``repetition_penalty: 1.0`` in every request) and, in the full matrix, GuideLLM (which sends
+``stream_options.continuous_usage_stats``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import sys
 
 import httpx
 import pytest
-from conftest import ENGINES
+from conftest import ENGINES, FULL_MATRIX
 
 pytestmark = pytest.mark.engine
 
@@ -162,3 +163,59 @@ def test_vllm_benchmark_client_gets_answers_from_every_engine(tmp_path, vllm_ser
             if path.exists() else 0
     assert completed == {k: NUM_PROMPTS for k in completed}, \
         (completed, proc.stdout[-3000:], proc.stderr[-3000:])
+
+
+# ---- a peer client: GuideLLM ------------------------------------------------------------------
+
+GUIDELLM = "guidellm==0.8.1"
+GUIDELLM_REQUESTS = 8
+
+
+def _guidellm(tmp_path) -> str:
+    """GuideLLM in an environment of its own that sees this one's packages (a ``.pth``): it
+    pins versions this one holds newer (click, multidict), which land in its own folder."""
+    venv = tmp_path / "guidellm-venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    (site / "workshop-env.pth").write_text(
+        next(p for p in sys.path if p.endswith("site-packages")) + "\n")
+    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "-q", GUIDELLM],
+                   check=True, timeout=900)
+    return str(venv / "bin" / "guidellm")
+
+
+@pytest.mark.skipif(not FULL_MATRIX, reason=(
+    "full matrix only: GuideLLM needs an environment of its own (its pins clash with "
+    "vLLM's), a minute of CI to build; the field it once failed on "
+    "(stream_options.continuous_usage_stats) is tested on every engine in test_api.py"))
+def test_guidellm_gets_answers_from_every_engine(tmp_path, vllm_server, sglang_server,
+                                                 hf_server, mini_server, remote_server):
+    """GuideLLM 0.8.1 (concurrent, synthetic 128 tokens in / 32 out, chat) once got a 400 for
+    every request to the teaching engine and hf (its stream_options.continuous_usage_stats).
+    Counted from its result file, not its exit code."""
+    from reference_server.models import resolve_model
+    guidellm = _guidellm(tmp_path)
+    completed = {}
+    for engine, server in {"vllm": vllm_server, "sglang": sglang_server, "hf": hf_server,
+                           "mini": mini_server, "remote": remote_server}.items():
+        out = tmp_path / engine
+        out.mkdir()                    # an existing folder: GuideLLM writes benchmarks.json there
+        scenario = {"spec": {
+            "backend": {"kind": "openai_http", "target": server.base_url, "model": M,
+                        "api_key": server.api_key, "request_format": "/v1/chat/completions"},
+            "profile": {"kind": "concurrent", "streams": 4},
+            "tokenizer": {"kind": "huggingface_auto",
+                          "model": resolve_model(M, prepare=False).path},
+            "data": [{"kind": "synthetic_text", "prompt_tokens": 128, "output_tokens": 32}],
+            "constraints": [{"kind": "max_requests", "count": GUIDELLM_REQUESTS}],
+            "outputs": [{"kind": "json", "path": str(out)}]}}
+        (tmp_path / f"{engine}.json").write_text(json.dumps(scenario))
+        proc = subprocess.run([guidellm, "run", "--scenario", str(tmp_path / f"{engine}.json"),
+                               "--disable-console-interactive"],
+                              capture_output=True, text=True, timeout=900)
+        report = out / "benchmarks.json"
+        bench = json.loads(report.read_text())["benchmarks"][0] if report.exists() else {}
+        completed[engine] = (bench.get("metrics", {}).get("request_totals", {})
+                             .get("successful"), proc.stderr[-1500:])
+    assert {e: n for e, (n, _) in completed.items()} == \
+        {e: GUIDELLM_REQUESTS for e in completed}, completed
