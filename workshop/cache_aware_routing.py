@@ -458,10 +458,11 @@ def figure(rows: Sequence[dict], ceiling: float | dict | None = None,
                 if x <= max(r["sessions"] for r in rows) * 1.05:
                     ax1.axvline(x, color="grey", linestyle=style, linewidth=1, label=what)
         who = f"{engine_name(engine)}: " if len(engines) > 1 else ""
-        ax1.set_title(f"{who}prefix-cache hit rate, whole fleet")
+        ax1.set_title(f"{who}prefix-cache hit rate, whole fleet" if who else
+                      "Prefix-cache hit rate, whole fleet")
         ax1.set_ylabel("prompt tokens found in a cache")
         ax1.set_ylim(-0.02, 1.0)
-        ax2.set_title(f"{who}p99 time to first token")
+        ax2.set_title(f"{who}p99 time to first token" if who else "p99 time to first token")
         ax2.set_ylabel("seconds")
         for ax in (ax1, ax2):
             ax.set_xticks(sorted({r["sessions"] for r in rows}))

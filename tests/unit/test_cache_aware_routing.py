@@ -112,6 +112,7 @@ def test_the_figure_has_both_panels_and_tolerates_a_missing_value():
     fig = car.figure(rows, ceiling=0.62)
     ax1, ax2 = fig.axes
     assert [line.get_label() for line in ax1.lines][:2] == ["spread", "prefix"]
+    assert ax1.get_title() == "Prefix-cache hit rate, whole fleet"      # one engine: unnamed
     assert ax2.get_ylabel() == "seconds"
 
 
