@@ -50,7 +50,7 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, Mapping, Sequence, TypeVar
 from urllib.parse import urlparse
 
 import httpx
@@ -259,13 +259,15 @@ def connect(engine: str | None = None, model: str | None = None, base_url: str |
 
 
 def start(engine: str = "mini", server_args: Sequence[str] = (), model: str | None = None,
-          verbose: bool = True) -> Session:
+          verbose: bool = True, env: Mapping[str, str] | None = None) -> Session:
     """A new server of this notebook's own: ``start("mini", ["--", "--kv-layout",
     "contiguous"])``. A free port and a fresh key, so it never meets the course's shared
-    servers or another ``start``; stopped by ``.stop()``, a ``with`` block, or at exit."""
+    servers or another ``start``; stopped by ``.stop()``, a ``with`` block, or at exit.
+    ``env``: variables added to this process's environment for the server and the engine
+    it runs (``{"VLLM_CPU_OMP_THREADS_BIND": "1"}``)."""
     api_key = "sk-" + secrets.token_hex(12)
     session = _start_server(engine, model, launch.free_port(), api_key, list(server_args),
-                            verbose)
+                            verbose, env)
     if verbose:
         print(session.describe())
     return session
@@ -288,15 +290,24 @@ def installed(engine: str) -> bool:
     return not_installed() is None
 
 
-def start_many(engine: str, server_args: dict[str, Sequence[str]]) -> dict[str, Session]:
-    """``start`` for each ``name: server_args``, side by side (a start is mostly loading
-    Python and the model, one core each), quietly; the servers by name."""
+def start_many(engine: str, server_args: dict[str, Sequence[str]],
+               envs: dict[str, Mapping[str, str]] | None = None) -> dict[str, Session]:
+    """``start`` for each ``name: server_args`` (with ``envs[name]`` as its ``env``), side by
+    side (a start is mostly loading Python and the model, one core each), quietly; the
+    servers by name. If one fails to start, those that did are stopped."""
     from concurrent.futures import ThreadPoolExecutor
 
+    envs = envs or {}
     with ThreadPoolExecutor(len(server_args)) as pool:
-        futures = {name: pool.submit(start, engine, args, verbose=False)
+        futures = {name: pool.submit(start, engine, args, verbose=False, env=envs.get(name))
                    for name, args in server_args.items()}
-        return {name: f.result() for name, f in futures.items()}
+        try:
+            return {name: f.result() for name, f in futures.items()}
+        except BaseException:
+            for f in futures.values():
+                if f.exception() is None:
+                    f.result().stop()
+            raise
 
 
 # -- finding and starting servers -------------------------------------------------------------
@@ -342,7 +353,8 @@ def upstream_args(env: dict[str, str] | None = None) -> list[str]:
 
 
 def _start_server(engine: str, model: str | None, port: int, api_key: str | None,
-                  server_args: list[str], verbose: bool) -> Session:
+                  server_args: list[str], verbose: bool,
+                  env: Mapping[str, str] | None = None) -> Session:
     device_args: list[str] = []
     if engine == "remote":
         # the remote server's model (--model only picks one when it serves several), its device
@@ -361,7 +373,8 @@ def _start_server(engine: str, model: str | None, port: int, api_key: str | None
               f"(log: {log_path}); the first start can take a minute or more", flush=True)
     model_args = ["--model", model] if model else []
     child = launch.launch(["--engine", engine, *model_args, *device_args, *server_args],
-                          port=port, log_path=log_path, api_key=api_key)
+                          port=port, log_path=log_path, api_key=api_key,
+                          env={**os.environ, **env} if env else None)
     session = Session(base_url=child.base_url, api_key=api_key, model=model or "", engine=engine,
                       how="started by this notebook", process=child.proc, log_path=log_path)
     atexit.register(session.stop)

@@ -10,12 +10,12 @@
 # repeats its whole history; sent to the replica that served the last turn, most of it is
 # found in the cache; sent anywhere else, it is computed again, and that replica's cache now
 # holds a second copy. The gateway can prefer the replica that probably has the prefix, as
-# SGLang's router, llm-d and Dynamo do. Measured here, on two teaching-engine replicas behind
-# the course's gateway (`workshop/api_gateway/`):
+# SGLang's router, llm-d and Dynamo do. Measured here on two replicas behind the course's
+# gateway (`workshop/api_gateway/`): of the teaching engine, and (outside quick mode) of vLLM:
 #
 # 1. **A prefix-aware policy**: the rule, and how it places a few conversations;
 # 2. **Sessions against cache size**: hit rate, time to first token and throughput per policy
-#    as the number of concurrent sessions outgrows a replica's cache;
+#    as the number of concurrent sessions outgrows a replica's cache, on each engine's fleet;
 # 3. **A hot prefix**: the load bound that keeps one popular prefix from pinning one replica;
 # 4. **Tenants sharing a cache**: what one tenant's timing tells about another's prompts, and
 #    what a per-tenant `cache_salt` costs.
@@ -115,7 +115,10 @@ ui.md(f"**{_stayed} of {len(_later)} second turns went where their first turn we
 #
 # Two teaching-engine replicas, one torch thread each, each with a **small KV pool**: its
 # blocks hold the requests running and, once they finish, the cached prefixes, evicted least
-# recently used first. One gateway per policy in front of the same two replicas. The workload
+# recently used first. One gateway per policy in front of the same two replicas. Then, if
+# chosen below, the same on two vLLM replicas, one core each, whose caches hold as many
+# tokens: vLLM-CPU's blocks hold 128 tokens, not 16, so the same tokens make fewer blocks and a
+# turn finds its history only in whole runs of 128. The workload
 # (`car.session_workload`): concurrent chat sessions, each with a long system prompt of its own
 # and a few turns, each turn after a short pause (a user reading, a tool running) so that the
 # load on the replicas changes between turns. Before each run both caches are emptied.
@@ -140,15 +143,22 @@ policy_choice = ui.dropdown(["spread, prefix", "round_robin, prefix",
 policy_choice
 
 # %%
+# Sections 3 and 4 run on the teaching engine's fleet, so it is always measured.
+fleet_choice = ui.dropdown(["mini", "mini, vllm"], sweep("mini, vllm", "mini"),
+                           "fleets measured (replicas of)")
+fleet_choice
+
+# %%
 policies = [p.strip() for p in policy_choice.value.split(",")]
 workload = dict(prefix_len=sweep(256, 192), turns=3, question_len=24,
                 output_len=sweep(8, 4), think_s=0.3)
 session_counts = sorted({n for n in (2, 4, 8, 12, 16) if n <= max_sessions.value}
                         | {max_sessions.value})
 fleet = car.start_fleet(2, cache_blocks.value, policies)
-per_session_blocks = car.session_blocks(**workload)
-fits_per_replica = cache_blocks.value / per_session_blocks
-hit_ceiling = car.hit_ceiling(**workload)
+room = car.capacity(fleet, workload)
+per_session_blocks = room["session blocks"]
+fits_per_replica = room["sessions it keeps"]
+hit_ceiling = room["hit ceiling"]
 ui.table([{"replica": i, "server": r.base_url, "KV blocks": cache_blocks.value,
            "KV tokens": r.info.get("kv_capacity_tokens"),
            "sessions it can keep": fits_per_replica}
@@ -205,11 +215,49 @@ ui.worked_answer(
     "replica it returns to, and `spread` keeps a session home by chance whenever the replica "
     "it left is still the least loaded.")
 
-# %%
-ui.table([{k: v for k, v in r.items() if k != "wall s"} for r in sweep_rows])
+# %% [markdown]
+# ### The same on vLLM
+#
+# Two vLLM replicas, started after the teaching engine's sweep, with as many KV tokens each
+# (`car.vllm_replica_args`: blocks x 16 tokens x vLLM's bytes per token, as `--kv-cache-gib`),
+# eager (a third of a compiled start on a CPU; the teaching engine is not compiled either),
+# the same policies and sessions, then stopped. Same questions: does the prefix-aware policy
+# keep its lead with vLLM's own cache, scheduler and coarser blocks?
 
 # %%
-car.figure(sweep_rows, hit_ceiling, fits_per_replica, len(fleet.replicas))
+vllm_rows = []
+vllm_room = None
+if "vllm" not in fleet_choice.value:
+    vllm_reason = "not chosen above" + ("; quick mode measures the teaching engine's fleet "
+                                        "only, as two vLLM starts take a minute or more"
+                                        if workshop.session.quick() else "")
+else:
+    vllm_reason = car.vllm_unavailable(session.engine)
+if vllm_reason is None:
+    try:
+        _vf = car.start_fleet(2, cache_blocks.value, policies, engine="vllm")
+    except Exception as _exc:     # shown, not hidden: a refusal is a result too
+        _vf, vllm_reason = None, "did not start: `" + f"{type(_exc).__name__}: {_exc}"[-600:] + "`"
+    if _vf is not None:
+        try:
+            vllm_room = car.capacity(_vf, workload)
+            for _n, _p in ui.progress([(n, p) for n in session_counts for p in policies],
+                                      title="vLLM: sessions x policy"):
+                vllm_rows.append(car.run_point(_vf, _p, _n, **workload))
+        finally:
+            _vf.stop()     # its cores and memory go back before sections 3 and 4
+(ui.table([{**r, "engine": workshop.session.engine_name(r["engine"])}
+           for r in (room, vllm_room)])
+ if vllm_room else ui.md(f"**vLLM's fleet is not measured: {vllm_reason}.**"))
+
+# %%
+ui.table([{k: v for k, v in r.items() if k != "wall s"} for r in sweep_rows + vllm_rows])
+
+# %%
+car.figure(sweep_rows + vllm_rows, {"mini": hit_ceiling} | ({"vllm": vllm_room["hit ceiling"]}
+                                                          if vllm_room else {}),
+           {"mini": fits_per_replica} | ({"vllm": vllm_room["sessions it keeps"]}
+                                         if vllm_room else {}), len(fleet.replicas))
 
 # %%
 _pre = top["prefix"]
@@ -226,9 +274,10 @@ _lead = max(((n, (next(r["hit rate"] for r in sweep_rows if r["sessions"] == n
 _verdict = ("**Prefix-aware routing won**" if _gain > 0.05 else
             "**Prefix-aware routing lost**" if _gain < -0.05 else
             "**No clear winner**")
-ui.md(f"{_verdict} at {session_counts[-1]} sessions: it found **{_pre['hit rate']:.0%}** of "
-      f"prompt tokens in a cache against {_best['hit rate']:.0%} for {_best['policy']} (the "
-      f"best of the rest), with a p99 time to first token of {_p99['prefix']:.2f} s against "
+ui.md(f"Teaching engine: {_verdict} at {session_counts[-1]} sessions: it found "
+      f"**{_pre['hit rate']:.0%}** of prompt tokens in a cache against "
+      f"{_best['hit rate']:.0%} for {_best['policy']} (the best of the rest), with a p99 "
+      f"time to first token of {_p99['prefix']:.2f} s against "
       f"{_p99[_best['policy']]:.2f} s and {_tok['prefix']:.1f} output tokens/s against "
       f"{_tok[_best['policy']]:.1f}. Requests per replica, max over mean: "
       + ", ".join(f"{p} {r['imbalance']:.2f}" for p, r in top.items())
@@ -240,6 +289,38 @@ ui.md(f"{_verdict} at {session_counts[-1]} sessions: it found **{_pre['hit rate'
                                            - min(r["hit rate"] or 0 for r in sweep_rows
                                                  if r["sessions"] == 2) < 0.1
                                            else "already differed."))
+
+# %%
+def _says(c: dict) -> str:
+    _ratio = (f"**{c['hit-rate ratio']:.1f}x** {baseline}'s hit rate" if c["hit-rate ratio"]
+              else f"**{c['prefix hit rate']:.0%}**, {baseline} nothing")
+    return (f"- **{workshop.session.engine_name(c['engine'])}**: {_ratio} "
+            f"({c['prefix hit rate']:.0%} against {c[baseline + ' hit rate']:.0%}), p99 TTFT "
+            f"**{c['prefix p99 TTFT s']:.2f} s** against {c[baseline + ' p99 TTFT s']:.2f} s")
+
+
+_cmp = car.engine_comparison(sweep_rows + vllm_rows, baseline)
+_text = (f"Prefix-aware routing against {baseline} at {_cmp[0]['sessions']} sessions:\n\n"
+         + "\n".join(_says(c) for c in _cmp) + "\n\n")
+if len(_cmp) < 2:
+    _text += f"No comparison between engines: vLLM's fleet was not measured ({vllm_reason})."
+else:
+    _gain = {c["engine"]: (c["hit-rate ratio"] or float("inf")) for c in _cmp}
+    _faster = {c["engine"]: c[baseline + " p99 TTFT s"] / max(c["prefix p99 TTFT s"], 1e-9)
+               for c in _cmp}
+    _text += (("The hit-rate lead is about the same with both engines' replicas"
+               if abs(_gain["mini"] - _gain["vllm"]) < 0.15 * min(_gain.values()) else
+               "The hit-rate lead is larger with "
+               f"{workshop.session.engine_name(max(_gain, key=_gain.get))} replicas")
+              + f". vLLM's {vllm_room['block size']}-token blocks cap what a session at home "
+              f"can find at {vllm_room['hit ceiling']:.0%} (the teaching engine's "
+              f"{room['block size']}-token ones at {hit_ceiling:.0%}), and its caches keep "
+              f"{vllm_room['sessions it keeps']:.1f} sessions against {fits_per_replica:.1f}. "
+              f"{baseline}'s p99 TTFT over prefix-aware routing's: "
+              + ", ".join(f"**{x:.2f}** with {workshop.session.engine_name(e)}"
+                          for e, x in _faster.items())
+              + " (above 1: prefix-aware routing answered sooner).")
+ui.md(_text)
 
 # %% [markdown]
 # Try fewer blocks per replica (even prefix-aware routing runs out: the sessions outgrow two
@@ -283,7 +364,8 @@ ui.md(f"**{hot_sessions} sessions on one prefix, bound {hot_balance.value}: requ
 #
 # A shared prefix cache serves a prompt's blocks to whoever sends that prompt next, so its
 # speed is a side channel: tenant B, timing its own first token, can tell whether tenant A
-# recently sent a prompt. `workshop.tenant_isolation` measures it on replica 0: A sends a
+# recently sent a prompt. `workshop.tenant_isolation` measures it on the teaching engine's
+# replica 0: A sends a
 # prompt, then B probes either that prompt or a fresh one, in a shuffled order; the single
 # TTFT threshold that best separates the two kinds scores the guess (0.5 is a coin flip). Then
 # the same with a random `cache_salt` per tenant, which the teaching engine (like vLLM) mixes
@@ -363,10 +445,13 @@ ui.md(f"**Without salts B's timing told A's prompts apart {plain['accuracy']:.0%
 # Ours is the approximate kind: the gateway guesses from what it sent, and does not learn that
 # a replica evicted a prefix or restarted; a replica's own events (precise routing) close that
 # gap, which is what llm-d's comparison measures. Ours also hashes characters, not tokens, and
-# counts outstanding requests, not queued tokens. The figures above are each project's own, on
-# GPUs and large models; here, two CPU replicas of a 135M model only show the mechanism.
+# counts outstanding requests, not queued tokens. vLLM can publish the events precise routing
+# reads (`--kv-events-config`); our gateway does not read them, so it routes vLLM's replicas by
+# the same guess. The figures above are each project's own, on GPUs and large models; here,
+# two CPU replicas of a 135M model, of either engine, only show the mechanism.
 
 # %%
 _done_with = (sweep_rows, hot_row, tenant)   # stop only after their last use
 fleet.stop()
-ui.md("The gateways and both replicas are stopped.")
+ui.md("The teaching engine's gateways and both its replicas are stopped"
+      + ("; vLLM's were stopped after their sweep." if vllm_room else "."))
