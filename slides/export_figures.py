@@ -197,7 +197,7 @@ FIGURES: dict[str, list[FigureSpec]] = {
                    "tokens a JSON schema's grammar allows before each token of a valid answer"),
     ],
     "16_cache_aware_routing": [
-        FigureSpec("routing", r"car\.figure\(", r"^Prefix-cache hit rate, whole fleet",
+        FigureSpec("routing", r"car\.figure\(", r"[Pp]refix-cache hit rate, whole fleet",
                    "hit rate and p99 TTFT per routing policy as the sessions outgrow the caches"),
         FigureSpec("tenants", r"car\.tenant_figure\(", r"no salts",
                    "another tenant's probe TTFT, with and without a salt per tenant"),
@@ -509,9 +509,9 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
                      "exercise 3: ms per token added, teaching engine"),
     },
     "16_cache_aware_routing": {
-        "verdict": (r"^\*\*(Prefix-aware routing won|Prefix-aware routing lost"
+        "verdict": (r"^Teaching engine: \*\*(Prefix-aware routing won|Prefix-aware routing lost"
                     r"|No clear winner)\*\*",
-                    "the verdict at the largest session count"),
+                    "the verdict at the largest session count (the teaching engine's fleet)"),
         "sessions": (r"\*\* at (\d+) sessions: it found", "sessions at the largest point"),
         "hit_prefix": (r"sessions: it found \*\*(\d+%)\*\* of prompt tokens",
                        "prefix-aware hit rate"),
@@ -526,6 +526,16 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "lead_sessions": (r"over the best of the rest: [+\-]\d+ percentage points, at (\d+) "
                           r"sessions",
                           "sessions where that lead was measured"),
+        "cmp_baseline": (r"^Prefix-aware routing against (\S+) at \d+ sessions:",
+                         "the policy the engines' comparison is against"),
+        "cmp_sessions": (r"^Prefix-aware routing against \S+ at (\d+) sessions:",
+                         "the session count of the engines' comparison"),
+        "vllm_hits": (r"^- \*\*vLLM\*\*: .*?\((\d+% against \d+%)\), p99 TTFT",
+                      "on vLLM's replicas: prefix-aware hit rate against the baseline's"),
+        "vllm_p99": (r"^- \*\*vLLM\*\*: .*p99 TTFT \*\*([\d.]+ s)\*\* against",
+                     "on vLLM's replicas: prefix-aware p99 TTFT"),
+        "vllm_p99_other": (r"^- \*\*vLLM\*\*: .*p99 TTFT \*\*[\d.]+ s\*\* against ([\d.]+ s)",
+                           "on vLLM's replicas: the baseline's p99 TTFT"),
         "told_plain": (r"told A's prompts apart (\d+%) of the time", "probes told apart, no salts"),
         "told_salted": (r"with a salt per tenant (\d+%)\*\*",
                         "probes told apart, a salt per tenant"),
