@@ -36,6 +36,7 @@ from workshop.bench import run_benchmark
 from workshop.bench.server_metrics import PREFIX_HITS, PREFIX_QUERIES
 from workshop.bench.tokenizer import Tokenizer, filler
 from workshop.bench.workloads import Request, Send, Session, Workload
+from workshop.live_requests import reset_prefix_cache
 
 
 @dataclass
@@ -304,20 +305,10 @@ RESET_TRIES = 20
 
 
 def empty_cache(replica: Any, tries: int = RESET_TRIES, pause_s: float = 0.25) -> None:
-    """Empty ``replica``'s prefix cache, or raise. vLLM answers ``success: false`` and keeps its
-    cache while a request still holds blocks (one just finished may, briefly), so a refusal is
-    retried; a cache left full would hand the next policy's run the previous one's prompts."""
-    import time
-
-    import httpx
-    for _ in range(tries):
-        r = httpx.post(replica.base_url + "/reset_prefix_cache", headers=replica.headers,
-                       timeout=30)
-        r.raise_for_status()
-        if r.json().get("success") is True:
-            return
-        time.sleep(pause_s)
-    raise RuntimeError(f"{replica.base_url} refused to empty its prefix cache {tries} times")
+    """Empty ``replica``'s prefix cache, asking again while it refuses, or raise: a cache left
+    full would hand the next policy's run the previous one's prompts."""
+    if not reset_prefix_cache(replica, tries, pause_s):
+        raise RuntimeError(f"{replica.base_url} refused to empty its prefix cache {tries} times")
 
 
 def imbalance(served: Sequence[int]) -> float | None:

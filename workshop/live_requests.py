@@ -90,12 +90,25 @@ def run_together(fn: Callable[[str], Timed], prompts: Sequence[str]) -> list[Tim
         return list(pool.map(fn, prompts))
 
 
-def reset_prefix_cache(session: Any) -> None:
+def reset_prefix_cache(session: Any, tries: int = 1, pause_s: float = 0.25) -> bool:
+    """Ask the server to empty its prefix cache; True once it says it did. With ``tries`` > 1
+    a refusal is asked again: vLLM answers ``success: false`` and keeps its cache while a
+    request still holds blocks (one just finished may, briefly). False for a server without
+    the endpoint, which simply keeps its cache."""
     import httpx
-    try:
-        httpx.post(session.base_url + "/reset_prefix_cache", headers=session.headers, timeout=30)
-    except httpx.HTTPError:
-        pass   # a server without the endpoint simply keeps its cache
+    for attempt in range(tries):
+        if attempt:
+            time.sleep(pause_s)
+        try:
+            r = httpx.post(session.base_url + "/reset_prefix_cache", headers=session.headers,
+                           timeout=30)
+        except httpx.HTTPError:
+            return False
+        if r.status_code != 200:
+            return False
+        if r.json().get("success") is True:
+            return True
+    return False
 
 
 __all__ = ["PromptMaker", "Timed", "stream_completion", "run_together", "reset_prefix_cache"]
