@@ -391,7 +391,7 @@ def agentic_steps(dtype: str = "bfloat16", threads: int | None = None, rounds: i
 
     from mini_engine import LLMEngine, SamplingParams
     from reference_server.models import resolve_model
-    from workshop.engine_switches import decoding
+    from workshop.finale.engine_switches import decoding
     if threads:
         torch.set_num_threads(threads)
     rng = random.Random(seed)

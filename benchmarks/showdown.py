@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _chart(folders: list[str], out: str) -> int:
-    from workshop import decision_chart
+    from workshop.finale import decision_chart
     roots = showdown.find_roots(*folders)
     if not roots:
         print(f"no showdown folder under {folders}", file=sys.stderr)

@@ -7,8 +7,9 @@ weight to the activation dtype first, so these layers teach *accuracy and memory
 fast int kernels (Marlin, AWQ, llama.cpp's Q4) fuse the dequantization into the matmul.
 
 The int4 group quantizer (``quantize_int4_groupwise``) is the one notebook 4 teaches too
-(``workshop/quantization.py`` imports it). A weight is rebuilt as ``q * scale + offset``, q in
-0..15, with a float scale and offset per group: llama.cpp's Q4_1 convention (``d * q + m``).
+(``workshop/precision/quantization.py`` imports it). A weight is rebuilt as ``q * scale +
+offset``, q in 0..15, with a float scale and offset per group: llama.cpp's Q4_1 convention (``d
+* q + m``).
 Asymmetric, the offset is the group's minimum; symmetric, it is ``-8 * scale`` (Q4_0's and
 GPTQ's fixed zero point of 8).
 """

@@ -97,7 +97,8 @@ def _(mo):
 
 @app.cell
 def _(session):
-    from workshop import probe, ui
+    from workshop import ui
+    from workshop.live import probe
 
     ui.table(probe.check_endpoints(session))
     return probe, ui
@@ -165,7 +166,7 @@ def _(session, ui):
     import time
 
     from reference_server.model_config import read_arch
-    from workshop import next_token
+    from workshop.live import next_token
 
     # The server does not expose its tokenizer over HTTP; load the same tokenizer files it loaded.
     tokenizer = next_token.load_tokenizer(session)
@@ -501,7 +502,7 @@ def _(mo):
 
     A single run is noisy: the first request after start-up is often slower, and on a laptop other
     programs compete for the cores. Repeat the same request a few times and look at the spread.
-    `workshop.probe.stream_chat` is the stopwatch above, packaged. The repeats set `ignore_eos`,
+    `workshop.live.probe.stream_chat` is the stopwatch above, packaged. The repeats set `ignore_eos`,
     an extension of the OpenAI API (vLLM's and SGLang's; the reference server accepts it for every
     engine) that keeps generating past the model's end-of-text token, so every run produces
     exactly `max_tokens` tokens and the runs compare like for like.

@@ -104,8 +104,9 @@ def _(mo):
 
 @app.cell
 def _(session):
-    from workshop import (capacity, engine_comparison, kv_usage, kvcache, live_requests,
-                          prompt_latency, ui)
+    from workshop import ui
+    from workshop.live import engine_comparison, kv_usage, live_requests, prompt_latency
+    from workshop.sizing import capacity, kvcache
 
     kv = kv_usage.server_kv(session)
     _a = kv.arch

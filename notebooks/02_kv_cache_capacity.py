@@ -113,7 +113,9 @@ def _(mo):
 
 @app.cell
 def _():
-    from workshop import capacity, capacity_plots, kvcache, roofline, ui
+    from workshop import ui
+    from workshop.compute import roofline
+    from workshop.sizing import capacity, capacity_plots, kvcache
 
     model_table = capacity_plots.model_rows(context=32_768)
     ui.table(model_table)
@@ -780,7 +782,7 @@ def _(
 
 @app.cell
 def _(inspect, roofline, ttft_flops_per_prompt, ttft_prompt, ui):
-    ui.md("$F(L)$ as the course computes it (`workshop/roofline.py`), "
+    ui.md("$F(L)$ as the course computes it (`workshop/compute/roofline.py`), "
           f"{ttft_flops_per_prompt:.4g} FLOPs for one prompt of {ttft_prompt:,} tokens here:\n\n"
           "```python\n" + inspect.getsource(roofline.flops_per_token)
           + "\n\n" + inspect.getsource(roofline.prefill_flops) + "```")

@@ -111,8 +111,9 @@ def _(session):
     import numpy as np
 
     from reference_server import dtypes
-    from workshop import (capacity, kvcache, roofline, roofline_measure, roofline_plots, sanity,
-                          timing, ui)
+    from workshop import sanity, timing, ui
+    from workshop.compute import roofline, roofline_measure, roofline_plots
+    from workshop.sizing import capacity, kvcache
     from workshop.session import sweep
 
     on_gpu = str(session.info.get("device", "cpu")).startswith("cuda")

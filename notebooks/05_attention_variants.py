@@ -151,8 +151,9 @@ def _():
 def _(mo, predict_70b_over_dsv3, reveal_exercise_1):
     mo.stop(not reveal_exercise_1.value,
             mo.md("_Write your prediction for Exercise 1, then press **Compute** under it._"))
-    from workshop import attention_variants as av
-    from workshop import kvcache, ui
+    from workshop.compute import attention_variants as av
+    from workshop import ui
+    from workshop.sizing import kvcache
 
     dsv3 = kvcache.load_model("deepseek-v3")
     llama70 = kvcache.load_model("llama-3.1-70b")
@@ -400,7 +401,7 @@ def _(av, live_variants, mo, reveal_exercise_2, sweep, ui, workshop):
             mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
     from transformers import AutoTokenizer
 
-    from workshop import model_quality
+    from workshop.precision import model_quality
 
     kv_pool_gib = 1                         # each server's KV pool (the server's --kv-cache-gib)
     n_positions = sweep(128, 16)            # teacher-forced positions of the held-out text
@@ -701,7 +702,7 @@ def _(
 ):
     # Worked answer to Exercise 3, collapsed until opened
     mo.stop(not reveal_exercise_3.value)
-    from workshop import flash_attention as fa
+    from workshop.compute import flash_attention as fa
 
     _one, _nine = attn_long_rows[0], attn_long_rows[-1]
     _bytes_ratio = _nine["KV read (MiB)"] / _one["KV read (MiB)"]

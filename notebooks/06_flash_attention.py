@@ -184,7 +184,7 @@ def _(mo):
 
 @app.cell
 def _():
-    from workshop import flash_attention as fa
+    from workshop.compute import flash_attention as fa
     from workshop import ui
     from workshop.session import sweep
 
@@ -352,7 +352,7 @@ def _(mo):
 
 @app.cell
 def _(ui):
-    from workshop import kvcache
+    from workshop.sizing import kvcache
 
     long_cfg = kvcache.load_model("llama-3.1-8b")
     ui.table([{"model": long_cfg.name, "prompt (tokens)": _n, "heads": long_cfg.num_heads,
@@ -580,7 +580,8 @@ def _(mo):
 
 @app.cell
 def _(fa, kvcache, session, sweep, ui):
-    from workshop import roofline, roofline_measure, sanity
+    from workshop import sanity
+    from workshop.compute import roofline, roofline_measure
 
     max_prompt = int(session.info.get("max_model_len") or 2048) - 16
     prefill_lengths = [n for n in sweep([128, 256, 512, 1024, 1536], [128, 512]) if n <= max_prompt]

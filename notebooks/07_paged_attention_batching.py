@@ -109,7 +109,9 @@ def _(mo):
 
 @app.cell
 def _():
-    from workshop import batching, kv_usage, live_requests, sanity, ui
+    from workshop import sanity, ui
+    from workshop.engine_lab import batching
+    from workshop.live import kv_usage, live_requests
     from workshop.bench.tokenizer import Tokenizer
 
     mem_budget = ui.slider(4096, 65536, 16384, 1024, "KV pool (tokens)")

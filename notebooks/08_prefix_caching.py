@@ -107,7 +107,8 @@ def _():
     import inspect
 
     from mini_engine.prefix_cache import HashPrefixCache, RadixPrefixCache
-    from workshop import prefix_caching, ui
+    from workshop import ui
+    from workshop.engine_lab import prefix_caching
 
     ui.md("```python\n" + "\n".join(inspect.getsource(_f) for _f in (
         HashPrefixCache._hashes, HashPrefixCache.match, RadixPrefixCache._common_blocks,
@@ -1004,7 +1005,7 @@ def _(mo):
 
 @app.cell
 def _(session, ui):
-    from workshop import kvcache
+    from workshop.sizing import kvcache
 
     vllm_cache_config = kvcache.engine_cache_config(session.metrics_text())
     ui.md(

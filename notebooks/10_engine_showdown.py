@@ -116,7 +116,8 @@ def _(mo):
 def _(session, workshop):
     import os
 
-    from workshop import decision, ui
+    from workshop import ui
+    from workshop.finale import decision
     from workshop.bench import showdown
 
     running_servers = {session.engine: session}
@@ -207,7 +208,7 @@ def _(
 ):
     from dataclasses import replace
 
-    from workshop.bench.metrics import SLO
+    from workshop.bench.request_metrics import SLO
 
     _known = showdown.known_contenders()
     chosen = [_known[x.strip()] for x in engines_text.value.split(",") if x.strip() in _known]
@@ -482,7 +483,7 @@ def _(mo):
     latency percentiles, **goodput** (requests/s that met both objectives), the server's prefix
     hit rate and peak KV use; and, knee or not, its **capacity**: the most output tokens/s at
     any load tried (throughput probe included), objectives aside. The rules are in
-    `workshop/decision.py`'s docstring; notebook 11 charts them. Three exercises read it first.
+    `workshop/finale/decision.py`'s docstring; notebook 11 charts them. Three exercises read it first.
     """)
     return
 
@@ -832,7 +833,7 @@ def _(ui, workshop):
 
 @app.cell
 def _(ui):
-    from workshop import engine_switches
+    from workshop.finale import engine_switches
 
     switch_device, _dtype = engine_switches.engine_dtype()
     switch_dtype = ui.dropdown(["bfloat16", "float32"], _dtype,
@@ -939,7 +940,7 @@ def _(
 ):
     # Worked answer to Exercise 4, collapsed until opened
     mo.stop(not reveal_exercise_4.value)
-    from workshop import kvcache
+    from workshop.sizing import kvcache
 
     _cfg = kvcache.load_model("smollm2-135m")
     _weights = _cfg.params * (2 if switch_dtype.value == "bfloat16" else 4)

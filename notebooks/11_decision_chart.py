@@ -45,8 +45,8 @@ def _(mo):
     | 5 | what carries over to other hardware, and the two committed reference runs side by side |
     | 6-7 | what was **not measured here**: features, hardware, engines you cannot run, the engines' own published figures, each with its source and date |
 
-    The rules are in `workshop/decision.py` (its docstring); the figure in
-    `workshop/decision_chart.py`.
+    The rules are in `workshop/finale/decision.py` (its docstring); the figure in
+    `workshop/finale/decision_chart.py`.
     """)
     return
 
@@ -101,7 +101,8 @@ def _(mo):
 
 @app.cell
 def _():
-    from workshop import decision, decision_chart, ui
+    from workshop import ui
+    from workshop.finale import decision, decision_chart
 
     showdown_roots, showdown_source = decision.choose_roots()
     showdown = decision.load(*showdown_roots)

@@ -144,7 +144,7 @@ def _():
 
     import numpy as np
 
-    from workshop import ui
+    from workshop import hardware, ui
     from workshop.session import sweep
     from workshop.shared_queue import catalog
     from workshop.shared_queue import experiments as qx
@@ -164,6 +164,7 @@ def _():
         Worker,
         catalog,
         full_layers,
+        hardware,
         inspect,
         math,
         np,
@@ -431,6 +432,7 @@ def _(
     PUSH_RR,
     capacity,
     cluster,
+    hardware,
     mo,
     p99_ratio,
     qx,
@@ -440,7 +442,6 @@ def _(
     sweep_rates,
     top_rows,
     ui,
-    workshop,
 ):
     # Worked answer to Exercise 1, collapsed until opened
     mo.stop(not reveal_exercise_1.value)
@@ -459,7 +460,7 @@ def _(
         f"**{p99_ratio:.2f}x**. Measured over forecast: {_off[PULL]:.2f}x pulled, "
         f"{_off[PUSH_RR]:.2f}x round-robin. The model has no queue server, no network, no gateway, "
         f"and workers that never wait for a core; here {len(cluster.workers)} workers, NATS and the "
-        f"gateway shared {workshop.session.cores()} cores. With {top_rows[PULL]['requests']} "
+        f"gateway shared {hardware.cores()} cores. With {top_rows[PULL]['requests']} "
         "requests per route, each p99 lies between the two slowest requests (interpolated).")
     return (step_line,)
 
@@ -880,6 +881,7 @@ def _(
 @app.cell
 def _(
     cluster,
+    hardware,
     kill_records,
     kill_recovery_s,
     kill_redelivered,
@@ -889,7 +891,6 @@ def _(
     reveal_exercise_3,
     step_line,
     ui,
-    workshop,
 ):
     # Worked answer to Exercise 3, collapsed until opened
     mo.stop(not reveal_exercise_3.value)
@@ -912,7 +913,7 @@ def _(
         f"{_again:.2f} s after the kill and answered {_last['received'] - _pulled_at:.2f} s later "
         f"(forecast {_rerun:.2f} s), while its worker ran {_own} first-delivery request(s) of its "
         f"own; the step line came from the capacity burst, both workers stepping at once on "
-        f"{workshop.session.cores()} cores."
+        f"{hardware.cores()} cores."
         if _last else "(skipped: one worker)" if not kill_result else "Nothing the victim held "
         "needed a second delivery in this run (it finished them before it died): re-run the kill "
         "cell.")

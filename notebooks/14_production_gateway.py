@@ -115,7 +115,7 @@ def _():
 
     import numpy as np
 
-    from workshop import sanity, ui
+    from workshop import hardware, sanity, ui
     from workshop.api_gateway import experiments as gx
     from workshop.api_gateway import launch as gateway_launch
     from workshop.api_gateway.app import Gateway
@@ -127,6 +127,7 @@ def _():
         TokenBucket,
         gateway_launch,
         gx,
+        hardware,
         inspect,
         np,
         sanity,
@@ -619,6 +620,7 @@ def _(
 @app.cell
 def _(
     gx,
+    hardware,
     max_per_replica,
     mo,
     p99_ratio,
@@ -630,7 +632,6 @@ def _(
     reveal_exercise_2,
     ui,
     unloaded_latency_s,
-    workshop,
 ):
     # Worked answer to Exercise 2, collapsed until opened
     mo.stop(not reveal_exercise_2.value)
@@ -665,7 +666,7 @@ def _(
         f"{_held_text(policy_top['spread'])} spread. The forecast is a mean, and its per-request "
         f"cost was measured on replica 0 with replica 1 idle; here the replicas, the gateway and "
         f"the load generator shared "
-        f"{workshop.session.cores()} cores, and with {requests_per_point.value} requests per point "
+        f"{hardware.cores()} cores, and with {requests_per_point.value} requests per point "
         "the p99 lies between the two slowest requests.")
     return
 
@@ -804,7 +805,7 @@ def _(mo):
 
 @app.cell
 def _(ui):
-    from workshop import capacity
+    from workshop.sizing import capacity
 
     price_gpu = capacity.load_gpus()["H100-SXM"]
     ui.md(f"{price_gpu.name}: **${price_gpu.price_usd_hour:.2f}/h on demand** "

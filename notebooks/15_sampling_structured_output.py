@@ -101,7 +101,8 @@ def _(session, workshop):
     import math
     import statistics
 
-    from workshop import probe, sampling, ui
+    from workshop import ui
+    from workshop.live import probe, sampling
     from workshop.session import sweep
 
     engines = {session.engine_name: session}

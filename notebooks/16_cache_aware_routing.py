@@ -103,7 +103,7 @@ def _(mo):
 def _():
     import inspect
 
-    from workshop import cache_aware_routing as car
+    from workshop.fleet import cache_aware_routing as car
     from workshop import ui
     from workshop.api_gateway import routing
     from workshop.session import sweep
@@ -568,7 +568,7 @@ def _(mo):
 
     A shared prefix cache serves a prompt's blocks to whoever sends that prompt next, so its
     speed is a side channel: tenant B, timing its own first token, can tell whether tenant A
-    recently sent a prompt. `workshop.tenant_isolation` measures it on the teaching engine's
+    recently sent a prompt. `workshop.fleet.tenant_isolation` measures it on the teaching engine's
     replica 0: A sends a
     prompt, then B probes either that prompt or a fresh one, in a shuffled order; the single
     TTFT threshold that best separates the two kinds scores the guess (0.5 is a coin flip). Then
@@ -613,7 +613,7 @@ def _():
 def _(fleet, mo, my_accuracy, n_probes, probe_tokens, reveal_exercise_2, ui):
     mo.stop(not reveal_exercise_2.value,
             mo.md("_Write your prediction for Exercise 2, then press **Measure** under it._"))
-    from workshop import tenant_isolation
+    from workshop.fleet import tenant_isolation
 
     tenant = tenant_isolation.measure(fleet.replicas[0], n_probes, probe_tokens)
     plain, salted = tenant["summary"]

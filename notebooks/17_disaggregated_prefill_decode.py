@@ -84,7 +84,7 @@ def _():
     import workshop.session
 
     session = workshop.session.connect()
-    return (workshop,)
+    return
 
 
 @app.cell(hide_code=True)
@@ -110,11 +110,11 @@ def _(mo):
 
 
 @app.cell
-def _(workshop):
+def _():
     from mini_engine import LLMEngine
     from reference_server.models import resolve_model
-    from workshop import disaggregation as dg
-    from workshop import ui
+    from workshop import hardware, ui
+    from workshop.fleet import disaggregation as dg
     from workshop.session import sweep
 
     model_path = resolve_model("smollm2-135m").path
@@ -125,7 +125,7 @@ def _(workshop):
     ui.md(f"The engine computes in {str(probe_engine.runner.model.dtype).removeprefix('torch.')}: "
           f"{model_cfg.num_layers} layers, {model_cfg.num_kv_heads} KV heads of dimension "
           f"{model_cfg.head_dim}, so **{kv_bytes_per_token:,} bytes of KV per token** (measured on "
-          f"its pool). This machine: {workshop.session.hardware()}.")
+          f"its pool). This machine: {hardware.hardware()}.")
     return dg, model_cfg, number_bytes, sweep, ui
 
 

@@ -12,7 +12,7 @@ from fastapi.responses import JSONResponse
 from reference_server.config import ServerConfig
 from reference_server.engines import Engine, EngineDied, create_engine, loads_model
 from reference_server.errors import engine_error_response, error_response
-from reference_server.metrics import ServerMetrics
+from reference_server.exported_metrics import ServerMetrics
 from reference_server.protocol import RequestLimits
 
 log = logging.getLogger("reference_server")

@@ -770,7 +770,7 @@ def execute(name: str, out_dir: Path, quick: bool, timeout_s: int) -> Path:
     from nbclient import NotebookClient
 
     sys.path.insert(0, str(ROOT))
-    from workshop.session import hardware
+    from workshop.hardware import hardware
 
     nb = nbformat.read(NOTEBOOKS / f"{name}.ipynb", as_version=4)
     with tempfile.TemporaryDirectory() as ipydir:

@@ -6,29 +6,30 @@ figures; the notebook writes the prose. A module serves the notebooks listed for
 
 | notebook | topic | modules (`workshop/`) |
 |---|---|---|
-| every one | connect, controls, sanity gates | `session`, `ui`, `sanity`, `plots` |
-| 00 | set-up, the first request | `probe`, `next_token` |
-| 01 | pain points | `engine_comparison`, `live_requests`, `kv_usage`, `capacity` |
-| 02 | KV-cache capacity and cost | `kvcache`, `capacity`, `capacity_plots`, `roofline` |
-| 03 | prefill, decode, the roofline | `roofline` (`_measure`, `_plots`), `timing` |
-| 04 | quantization | `quantization` (`_measure`, `_plots`), `model_memory`, `model_quality` |
-| 05 | attention variants | `attention_variants`, `flash_attention`, `model_quality`, `timing` |
-| 06 | FlashAttention | `flash_attention`, `roofline_measure`, `prompt_latency` |
-| 07 | paged attention, batching | `batching`, `live_requests`, `kv_usage`, `bench/` |
-| 08 | prefix caching | `prefix_caching`, `bench/` |
-| 09 | speculative decoding | `spec_decoding`, `timing` |
-| 10 | the engine showdown | `bench/` (`showdown`, `verify`), `engine_switches`, `decision` |
-| 11 | the decision chart | `decision`, `decision_chart`, `bench/` |
-| 12 | a shared queue of small models | `shared_queue/`, `bench/` |
-| 13 | cold starts | `cold_start` |
-| 14 | the production gateway | `api_gateway/`, `bench/` |
-| 15 | sampling, structured output, tool calls | `sampling`, `probe` |
-| 16 | cache-aware routing | `cache_aware_routing`, `tenant_isolation`, `api_gateway/`, `bench/` |
-| 17 | disaggregated prefill and decode | `disaggregation`, `cold_start` |
+| all | connect, controls, gates | `session`, `ui`, `sanity`, `plots`, `hardware` |
+| 00 | set-up, the first request | `live/` (`probe`, `next_token`) |
+| 01 | pain points | `live/` (`engine_comparison`, `live_requests`, `kv_usage`, ...), `sizing/` |
+| 02 | KV-cache capacity | `sizing/` (`kvcache`, `capacity`, `capacity_plots`), `compute/roofline` |
+| 03 | the roofline | `compute/` (`roofline`, `roofline_measure`, `roofline_plots`), `timing` |
+| 04 | quantization | `precision/` (`quantization`, `_measure`, `_plots`, `model_quality`) |
+| 05 | attention variants | `compute/attention_variants`, `precision/model_quality` |
+| 06 | FlashAttention | `compute/` (`flash_attention`, `roofline_measure`) |
+| 07 | paged KV, batching | `engine_lab/batching`, `live/` (`live_requests`, `kv_usage`) |
+| 08 | prefix caching | `engine_lab/prefix_caching`, `bench/` |
+| 09 | speculative decoding | `engine_lab/spec_decoding`, `timing` |
+| 10 | the showdown | `bench/` (`showdown`, `verify`), `finale/` (`engine_switches`, `decision`) |
+| 11 | the decision chart | `finale/` (`decision`, `decision_chart`) |
+| 12 | a shared queue | `shared_queue/` |
+| 13 | cold starts | `engine_lab/cold_start` |
+| 14 | the production gateway | `api_gateway/`, `sizing/capacity` |
+| 15 | sampling, structured output | `live/` (`sampling`, `probe`) |
+| 16 | cache-aware routing | `fleet/` (`cache_aware_routing`, `tenant_isolation`) |
+| 17 | prefill and decode apart | `fleet/disaggregation` |
 
-Shared underneath: ``metrics`` (a server's ``/metrics`` sampled while requests run),
-``prompt_latency`` (time to first token against prompt length),
-``timing`` (best-of and interleaved timing), ``data/`` (model configs, GPU prices, engines'
-cited features), and ``cli`` / ``__main__`` (the ``workshop`` command). The benchmark harness
-is ``bench/`` (``python -m workshop.bench``), used by the notebooks and by ``benchmarks/``.
+Folders follow the course: `live/` talks to a running server, `sizing/` counts what fits,
+`precision/` trades bits for quality, `compute/` prices a forward pass, `engine_lab/` opens an
+engine, `finale/` judges engines, `fleet/` runs several replicas. Shared underneath: ``timing``
+(best-of and interleaved timing), ``data/`` (model configs, GPU prices, engines' cited
+features), and ``cli`` / ``__main__`` (the ``workshop`` command). The benchmark harness is
+``bench/`` (``python -m workshop.bench``), used by the notebooks and by ``benchmarks/``.
 """

@@ -62,8 +62,9 @@ session = workshop.session.connect()
 # this server runs, read from its `config.json`:
 
 # %%
-from workshop import (capacity, engine_comparison, kv_usage, kvcache, live_requests,
-                      prompt_latency, ui)
+from workshop import ui
+from workshop.live import engine_comparison, kv_usage, live_requests, prompt_latency
+from workshop.sizing import capacity, kvcache
 
 kv = kv_usage.server_kv(session)
 _a = kv.arch

@@ -71,7 +71,9 @@ session = workshop.session.connect()
 # every attention head at the weights' precision: the mistake to avoid.
 
 # %%
-from workshop import capacity, capacity_plots, kvcache, roofline, ui
+from workshop import ui
+from workshop.compute import roofline
+from workshop.sizing import capacity, capacity_plots, kvcache
 
 model_table = capacity_plots.model_rows(context=32_768)
 ui.table(model_table)
@@ -472,7 +474,7 @@ ui.table([{"": "closed form (compute-bound)", "prompts": ttft_closed_form},
           {"": f"a stream: per step within {slo_ttft_ms.value / 2:g} ms", "prompts": ttft.stream}])
 
 # %%
-ui.md("$F(L)$ as the course computes it (`workshop/roofline.py`), "
+ui.md("$F(L)$ as the course computes it (`workshop/compute/roofline.py`), "
       f"{ttft_flops_per_prompt:.4g} FLOPs for one prompt of {ttft_prompt:,} tokens here:\n\n"
       "```python\n" + inspect.getsource(roofline.flops_per_token)
       + "\n\n" + inspect.getsource(roofline.prefill_flops) + "```")

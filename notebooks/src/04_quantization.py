@@ -65,12 +65,12 @@ session = workshop.session.connect()
 # and symmetric GPTQ). GPTQ/AWQ's asymmetric checkpoints store an integer zero point instead,
 # which rounds the minimum onto the scale's grid. Two 4-bit numbers are packed per byte. These
 # are the functions the rest of the notebook uses, the teaching engine's own
-# (`mini_engine/quant.py`, re-exported by `workshop/quantization.py`; unit-tested):
+# (`mini_engine/quant.py`, re-exported by `workshop/precision/quantization.py`; unit-tested):
 
 # %%
 import inspect
 
-from workshop import quantization as quant
+from workshop.precision import quantization as quant
 from workshop import ui
 
 ui.md("```python\n" + inspect.getsource(quant.quantize_int8_per_channel) + "\n"
@@ -244,7 +244,8 @@ ui.md(
 # %%
 from transformers import AutoTokenizer
 
-from workshop import model_memory, model_quality, quantization_measure
+from workshop.precision import model_quality, quantization_measure
+from workshop.sizing import model_memory
 
 tokenizer = AutoTokenizer.from_pretrained(model_path)
 heldout = model_quality.heldout_texts(n=workshop.session.sweep(40, 1))
@@ -267,7 +268,7 @@ reference_ids = _reference        # the bf16 model's greedy answers, as token id
 ui.table(quality_rows)
 
 # %%
-from workshop.quantization_plots import plot_tradeoff
+from workshop.precision.quantization_plots import plot_tradeoff
 
 plot_tradeoff(quality_rows)
 
@@ -494,7 +495,7 @@ ui.md(
 
 # %%
 from reference_server import dtypes
-from workshop import kvcache
+from workshop.sizing import kvcache
 
 served_cfg = kvcache.load_model("smollm2-135m")
 engine_cache = kvcache.engine_cache_config(session.metrics_text())

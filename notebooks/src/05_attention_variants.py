@@ -86,8 +86,9 @@ print(inspect.getsource(kv_formula.kv_bytes_per_token))
 predict_70b_over_dsv3 = None    # your prediction, e.g. 10
 
 # %%
-from workshop import attention_variants as av
-from workshop import kvcache, ui
+from workshop.compute import attention_variants as av
+from workshop import ui
+from workshop.sizing import kvcache
 
 dsv3 = kvcache.load_model("deepseek-v3")
 llama70 = kvcache.load_model("llama-3.1-70b")
@@ -251,7 +252,7 @@ predict_mla_bytes = None    # your prediction in bytes, e.g. 10000
 # %%
 from transformers import AutoTokenizer
 
-from workshop import model_quality
+from workshop.precision import model_quality
 
 kv_pool_gib = 1                         # each server's KV pool (the server's --kv-cache-gib)
 n_positions = sweep(128, 16)            # teacher-forced positions of the held-out text
@@ -439,7 +440,7 @@ ui.compare(predict_time_ratio, attn_ratio_long,
 
 # %%
 # Worked answer to Exercise 3, collapsed until opened
-from workshop import flash_attention as fa
+from workshop.compute import flash_attention as fa
 
 _one, _nine = attn_long_rows[0], attn_long_rows[-1]
 _bytes_ratio = _nine["KV read (MiB)"] / _one["KV read (MiB)"]

@@ -124,7 +124,7 @@ def tiled_attention(q, k, v, tile=64, causal=False):
 # moving a slider; marimo re-runs them for you.
 
 # %%
-from workshop import flash_attention as fa
+from workshop.compute import flash_attention as fa
 from workshop import ui
 from workshop.session import sweep
 
@@ -228,7 +228,7 @@ ui.md(
 # `workshop/data/models`, bf16 scores):
 
 # %%
-from workshop import kvcache
+from workshop.sizing import kvcache
 
 long_cfg = kvcache.load_model("llama-3.1-8b")
 ui.table([{"model": long_cfg.name, "prompt (tokens)": _n, "heads": long_cfg.num_heads,
@@ -384,7 +384,8 @@ ui.md(
 # each token it attends to (`roofline.prefill_flops`).
 
 # %%
-from workshop import roofline, roofline_measure, sanity
+from workshop import sanity
+from workshop.compute import roofline, roofline_measure
 
 max_prompt = int(session.info.get("max_model_len") or 2048) - 16
 prefill_lengths = [n for n in sweep([128, 256, 512, 1024, 1536], [128, 512]) if n <= max_prompt]

@@ -68,7 +68,9 @@ session = workshop.session.connect()
 # a control; marimo does it for you.
 
 # %%
-from workshop import batching, kv_usage, live_requests, sanity, ui
+from workshop import sanity, ui
+from workshop.engine_lab import batching
+from workshop.live import kv_usage, live_requests
 from workshop.bench.tokenizer import Tokenizer
 
 mem_budget = ui.slider(4096, 65536, 16384, 1024, "KV pool (tokens)")

@@ -65,7 +65,8 @@ session = workshop.session.connect()
 import inspect
 
 from mini_engine.prefix_cache import HashPrefixCache, RadixPrefixCache
-from workshop import prefix_caching, ui
+from workshop import ui
+from workshop.engine_lab import prefix_caching
 
 ui.md("```python\n" + "\n".join(inspect.getsource(_f) for _f in (
     HashPrefixCache._hashes, HashPrefixCache.match, RadixPrefixCache._common_blocks,
@@ -585,7 +586,7 @@ server_cache_text
 # source; SGLang, [arXiv:2312.07104](https://arxiv.org/abs/2312.07104).
 
 # %%
-from workshop import kvcache
+from workshop.sizing import kvcache
 
 vllm_cache_config = kvcache.engine_cache_config(session.metrics_text())
 ui.md(

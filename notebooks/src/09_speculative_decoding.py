@@ -72,7 +72,7 @@ from mini_engine.attention_metadata import Chunk
 from mini_engine.config import EngineConfig
 from mini_engine.model_runner import ModelRunner
 from mini_engine.spec_decode import NgramProposer, accept_greedy
-from workshop import spec_decoding as sd
+from workshop.engine_lab import spec_decoding as sd
 from workshop import ui
 from workshop.session import sweep
 
@@ -223,7 +223,7 @@ ui.md(
 # draft forwards at c each (c: a draft forward's cost relative to the target's). The paper
 # takes a verify forward of k + 1 tokens to cost a one-token decode, true while decoding is
 # memory-bound; we keep that as a parameter, `verify_cost` (1 in the paper), because on a CPU
-# it may not hold. From `workshop/spec_decoding.py`:
+# it may not hold. From `workshop/engine_lab/spec_decoding.py`:
 
 # %%
 ui.md("```python\n" + inspect.getsource(sd.expected_tokens_per_step)

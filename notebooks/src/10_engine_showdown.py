@@ -74,7 +74,8 @@ session = workshop.session.connect()
 # %%
 import os
 
-from workshop import decision, ui
+from workshop import ui
+from workshop.finale import decision
 from workshop.bench import showdown
 
 running_servers = {session.engine: session}
@@ -130,7 +131,7 @@ slo_factor
 # %%
 from dataclasses import replace
 
-from workshop.bench.metrics import SLO
+from workshop.bench.request_metrics import SLO
 
 _known = showdown.known_contenders()
 chosen = [_known[x.strip()] for x in engines_text.value.split(",") if x.strip() in _known]
@@ -297,7 +298,7 @@ ui.md(f"**From its lightest load to its heaviest, {_g['engine']}'s p99 TTFT on {
 # latency percentiles, **goodput** (requests/s that met both objectives), the server's prefix
 # hit rate and peak KV use; and, knee or not, its **capacity**: the most output tokens/s at
 # any load tried (throughput probe included), objectives aside. The rules are in
-# `workshop/decision.py`'s docstring; notebook 11 charts them. Three exercises read it first.
+# `workshop/finale/decision.py`'s docstring; notebook 11 charts them. Three exercises read it first.
 
 # %%
 knee_rows = decision.knee_table(showdown_results)
@@ -500,7 +501,7 @@ switch_rounds = ui.slider(4, 40, workshop.session.sweep(12, 6), 2,
 switch_rounds
 
 # %%
-from workshop import engine_switches
+from workshop.finale import engine_switches
 
 switch_device, _dtype = engine_switches.engine_dtype()
 switch_dtype = ui.dropdown(["bfloat16", "float32"], _dtype,
@@ -541,7 +542,7 @@ switch_worst = max(switch_applied, key=lambda r: r["slower than defaults"], defa
 
 # %%
 # Worked answer to Exercise 4, collapsed until opened
-from workshop import kvcache
+from workshop.sizing import kvcache
 
 _cfg = kvcache.load_model("smollm2-135m")
 _weights = _cfg.params * (2 if switch_dtype.value == "bfloat16" else 4)

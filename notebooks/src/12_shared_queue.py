@@ -102,7 +102,7 @@ import math
 
 import numpy as np
 
-from workshop import ui
+from workshop import hardware, ui
 from workshop.session import sweep
 from workshop.shared_queue import catalog
 from workshop.shared_queue import experiments as qx
@@ -260,7 +260,7 @@ ui.worked_answer(
     f"**{p99_ratio:.2f}x**. Measured over forecast: {_off[PULL]:.2f}x pulled, "
     f"{_off[PUSH_RR]:.2f}x round-robin. The model has no queue server, no network, no gateway, "
     f"and workers that never wait for a core; here {len(cluster.workers)} workers, NATS and the "
-    f"gateway shared {workshop.session.cores()} cores. With {top_rows[PULL]['requests']} "
+    f"gateway shared {hardware.cores()} cores. With {top_rows[PULL]['requests']} "
     "requests per route, each p99 lies between the two slowest requests (interpolated).")
 
 # %%
@@ -513,7 +513,7 @@ ui.worked_answer(
     f"{_again:.2f} s after the kill and answered {_last['received'] - _pulled_at:.2f} s later "
     f"(forecast {_rerun:.2f} s), while its worker ran {_own} first-delivery request(s) of its "
     f"own; the step line came from the capacity burst, both workers stepping at once on "
-    f"{workshop.session.cores()} cores."
+    f"{hardware.cores()} cores."
     if _last else "(skipped: one worker)" if not kill_result else "Nothing the victim held "
     "needed a second delivery in this run (it finished them before it died): re-run the kill "
     "cell.")

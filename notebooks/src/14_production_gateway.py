@@ -73,7 +73,7 @@ import time
 
 import numpy as np
 
-from workshop import sanity, ui
+from workshop import hardware, sanity, ui
 from workshop.api_gateway import experiments as gx
 from workshop.api_gateway import launch as gateway_launch
 from workshop.api_gateway.app import Gateway
@@ -405,7 +405,7 @@ ui.worked_answer(
     f"{_held_text(policy_top['spread'])} spread. The forecast is a mean, and its per-request "
     f"cost was measured on replica 0 with replica 1 idle; here the replicas, the gateway and "
     f"the load generator shared "
-    f"{workshop.session.cores()} cores, and with {requests_per_point.value} requests per point "
+    f"{hardware.cores()} cores, and with {requests_per_point.value} requests per point "
     "the p99 lies between the two slowest requests.")
 
 # %%
@@ -491,7 +491,7 @@ peak_hours
 # sources; prices vary by provider, region, commitment and month by a factor of two or more.
 
 # %%
-from workshop import capacity
+from workshop.sizing import capacity
 
 price_gpu = capacity.load_gpus()["H100-SXM"]
 ui.md(f"{price_gpu.name}: **${price_gpu.price_usd_hour:.2f}/h on demand** "

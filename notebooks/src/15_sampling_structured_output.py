@@ -59,7 +59,8 @@ import json
 import math
 import statistics
 
-from workshop import probe, sampling, ui
+from workshop import ui
+from workshop.live import probe, sampling
 from workshop.session import sweep
 
 engines = {session.engine_name: session}

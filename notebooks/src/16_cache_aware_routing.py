@@ -64,7 +64,7 @@ session = workshop.session.connect()
 # %%
 import inspect
 
-from workshop import cache_aware_routing as car
+from workshop.fleet import cache_aware_routing as car
 from workshop import ui
 from workshop.api_gateway import routing
 from workshop.session import sweep
@@ -364,7 +364,7 @@ ui.md(f"**{hot_sessions} sessions on one prefix, bound {hot_balance.value}: requ
 #
 # A shared prefix cache serves a prompt's blocks to whoever sends that prompt next, so its
 # speed is a side channel: tenant B, timing its own first token, can tell whether tenant A
-# recently sent a prompt. `workshop.tenant_isolation` measures it on the teaching engine's
+# recently sent a prompt. `workshop.fleet.tenant_isolation` measures it on the teaching engine's
 # replica 0: A sends a
 # prompt, then B probes either that prompt or a fresh one, in a shuffled order; the single
 # TTFT threshold that best separates the two kinds scores the guess (0.5 is a coin flip). Then
@@ -383,7 +383,7 @@ n_probes = sweep(16, 6)
 my_accuracy = None    # your prediction, a share from 0.5 to 1, e.g. 0.7
 
 # %%
-from workshop import tenant_isolation
+from workshop.fleet import tenant_isolation
 
 tenant = tenant_isolation.measure(fleet.replicas[0], n_probes, probe_tokens)
 plain, salted = tenant["summary"]

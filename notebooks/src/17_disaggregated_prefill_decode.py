@@ -71,8 +71,8 @@ session = workshop.session.connect()
 # %%
 from mini_engine import LLMEngine
 from reference_server.models import resolve_model
-from workshop import disaggregation as dg
-from workshop import ui
+from workshop import hardware, ui
+from workshop.fleet import disaggregation as dg
 from workshop.session import sweep
 
 model_path = resolve_model("smollm2-135m").path
@@ -83,7 +83,7 @@ number_bytes = probe_engine.runner.model.dtype.itemsize
 ui.md(f"The engine computes in {str(probe_engine.runner.model.dtype).removeprefix('torch.')}: "
       f"{model_cfg.num_layers} layers, {model_cfg.num_kv_heads} KV heads of dimension "
       f"{model_cfg.head_dim}, so **{kv_bytes_per_token:,} bytes of KV per token** (measured on "
-      f"its pool). This machine: {workshop.session.hardware()}.")
+      f"its pool). This machine: {hardware.hardware()}.")
 
 # %%
 long_len = ui.slider(128, 1536, sweep(512, 256), 64, "long prompt (tokens)")

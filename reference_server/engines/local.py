@@ -25,7 +25,7 @@ from mini_engine.sampler import TokenLogprob
 from mini_engine.sequence import SamplingParams
 from reference_server.config import ServerConfig
 from reference_server.engines.base import Engine, EngineDied, EngineError, engine_fault
-from reference_server.metrics import EngineMetrics
+from reference_server.exported_metrics import EngineMetrics
 from reference_server.models import ModelSpec
 from reference_server.protocol import (
     AssistantMessage,

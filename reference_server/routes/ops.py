@@ -68,8 +68,11 @@ async def metrics(state: ServerState = Depends(server_state)):
 
 @router.post("/reset_prefix_cache")
 async def reset_prefix_cache(engine: Engine = Depends(serving_engine)):
+    # "prefix_caching" tells a refusal (vLLM's while a request holds blocks: ask again) from
+    # an engine that has no such cache (nothing to empty)
     try:
-        return {"success": await engine.reset_prefix_cache()}
+        return {"success": await engine.reset_prefix_cache(),
+                "prefix_caching": engine.info().prefix_caching}
     except (EngineError, EngineDied) as exc:
         return engine_error_response(exc)
     except Exception as exc:    # e.g. the child's answer timed out

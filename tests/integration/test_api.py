@@ -190,6 +190,8 @@ def test_prefix_cache_reset(server):
     # hf keeps no prefix cache; vLLM's is reached without its dev mode (see engines/vllm.py);
     # SGLang's through its /flush_cache; remote's is its upstream's (mini's)
     assert r.json()["success"] is (server.engine in ("vllm", "sglang", "mini", "remote"))
+    # which tells a client that a refusal is final (no cache) or worth asking again
+    assert r.json()["prefix_caching"] is (server.engine != "hf")
 
 
 # ---- authentication -------------------------------------------------------------------

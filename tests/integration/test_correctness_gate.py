@@ -54,9 +54,9 @@ def test_the_gate_fails_an_engine_that_answers_wrongly_and_the_showdown_does_not
         broken_model, tmp_path):
     import json
 
-    from workshop import decision
     from workshop.bench import showdown
     from workshop.bench.verify import Gate
+    from workshop.finale import decision
     server = wait_ready(launch("mini", "--model", broken_model, "--served-model-name",
                                "smollm2-135m"))
     try:

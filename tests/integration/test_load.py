@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from reference_server import prometheus as P
-from workshop.metrics import MetricsSampler, Samples
+from workshop.live.metrics_sampler import MetricsSampler, Samples
 
 ENGINES = ["vllm", "sglang", "hf", "mini", "remote"]     # the fleet (tests/conftest.py)
 

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from reference_server.kv import kv_bytes_per_sequence, kv_bytes_per_token
-from workshop import attention_variants as av
-from workshop import kvcache
+from workshop.compute import attention_variants as av
+from workshop.sizing import kvcache
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from mini_engine.block_manager import BlockManager
 from mini_engine.config import EngineConfig
 from mini_engine.scheduler import ContinuousScheduler, StaticScheduler
-from workshop import batching as b
+from workshop.engine_lab import batching as b
 
 # -- reservations ------------------------------------------------------------------------------
 
@@ -303,8 +303,8 @@ def test_closed_loop_forecast_prices_steps():
 
 
 def test_gauge_row_puts_the_blocks_next_to_the_gauges():
-    from workshop import kv_usage
-    from workshop.metrics import Samples
+    from workshop.live import kv_usage
+    from workshop.live.metrics_sampler import Samples
 
     samples = Samples((kv_usage.RUNNING, kv_usage.WAITING, kv_usage.KV_USAGE), times=[0, 1, 2],
                       values={kv_usage.RUNNING: [0, 4, 2], kv_usage.WAITING: [2, 0, 0],

@@ -6,8 +6,8 @@ import pytest
 
 from reference_server import prometheus
 from workshop.bench.client import Load, OpenAIClient, Runner, arrival_times
-from workshop.bench.metrics import SLO, summarize
 from workshop.bench.mock_server import MockServer
+from workshop.bench.request_metrics import SLO, summarize
 from workshop.bench.results import BenchResult
 from workshop.bench.run import arun_benchmark
 from workshop.bench.server_metrics import ServerSamples

@@ -42,8 +42,8 @@ def test_every_sync_entry_point_uses_it():
     # One home: the harness, the workload planner and notebook 8's sequential runs.
     import inspect
 
-    from workshop import prefix_caching
     from workshop.bench import run, workloads
+    from workshop.engine_lab import prefix_caching
     for fn in (run.run_benchmark, workloads.plan, prefix_caching.sequential_run):
         src = inspect.getsource(fn)
         assert "run_sync(" in src and "asyncio.run(" not in src, fn.__qualname__

@@ -1,10 +1,17 @@
-"""Every metric of workshop.bench.metrics on hand-computed request timelines."""
+"""Every metric of workshop.bench.request_metrics on hand-computed request timelines."""
 
 import math
 
 import pytest
 
-from workshop.bench.metrics import SLO, RequestRecord, duration, mean_concurrency, stats, summarize
+from workshop.bench.request_metrics import (
+    SLO,
+    RequestRecord,
+    duration,
+    mean_concurrency,
+    stats,
+    summarize,
+)
 
 
 def rec(i, scheduled, sent, chunks, end, out=None, prompt=10, error=None, warmup=False,
@@ -123,7 +130,7 @@ def test_empty_run():
 
 
 def test_offered_rate_accounts_for_drain():
-    from workshop.bench.metrics import offered_rate
+    from workshop.bench.request_metrics import offered_rate
     # 5 sessions arriving every 0.25 s, each taking 1 s: a server that keeps up. Span 2 s,
     # so plain throughput is 2.5 req/s, and the expected span is 1 s of arrivals + 1 s.
     recs = [rec(i, i * 0.25, i * 0.25, [i * 0.25 + 0.5, i * 0.25 + 1.0], i * 0.25 + 1.0)

@@ -8,7 +8,7 @@ import pytest
 from workshop.bench import sweep_load
 from workshop.bench.client import arrival_times
 from workshop.bench.compare import compare_folders, compare_table
-from workshop.bench.metrics import SLO, RequestRecord, summarize
+from workshop.bench.request_metrics import SLO, RequestRecord, summarize
 from workshop.bench.results import BenchResult
 from workshop.bench.saturation import Baseline, judge, offered_vs_asked, sampling_band
 from workshop.bench.sweep import SweepResult, _knee, find_knee, find_knee_closed

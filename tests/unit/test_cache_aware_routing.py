@@ -1,4 +1,4 @@
-"""workshop.cache_aware_routing's pure parts: the session workload (planned without a server),
+"""workshop.fleet.cache_aware_routing's pure parts: the session workload (planned without a server),
 the hit-rate ceiling and block counts worked by hand, the imbalance, and the prefix policy
 keeping each planned session on one replica."""
 
@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from workshop import cache_aware_routing as car
 from workshop.api_gateway.routing import Prefix, Spread, prompt_text
 from workshop.bench.tokenizer import Tokenizer
 from workshop.bench.workloads import plan
+from workshop.fleet import cache_aware_routing as car
 
 
 def planned(num_sessions=3, **kw):
@@ -189,8 +189,8 @@ def test_replica_cores_take_turns():
 def test_vllm_is_skipped_with_a_reason(monkeypatch):
     import importlib.util
 
-    import workshop.session
-    monkeypatch.setattr(workshop.session, "gpu_name", lambda: None)
+    import workshop.hardware
+    monkeypatch.setattr(workshop.hardware, "gpu_name", lambda: None)
     assert "SGLang" in car.vllm_unavailable("sglang")
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
@@ -199,7 +199,7 @@ def test_vllm_is_skipped_with_a_reason(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda name, *a: object() if name == "vllm" else real(name, *a))
     assert car.vllm_unavailable("vllm") is None
-    monkeypatch.setattr(workshop.session, "gpu_name", lambda: "NVIDIA H100, 80 GiB")
+    monkeypatch.setattr(workshop.hardware, "gpu_name", lambda: "NVIDIA H100, 80 GiB")
     assert "GPU" in car.vllm_unavailable("vllm")
 
 
@@ -258,3 +258,21 @@ def test_empty_cache_retries_a_refusal_and_raises_when_it_persists(monkeypatch):
     answers = iter([False] * 4)
     with pytest.raises(RuntimeError, match="refused"):
         car.empty_cache(replica, tries=4, pause_s=0)
+
+
+def test_a_server_without_a_prefix_cache_is_asked_once(monkeypatch):
+    """Its refusal is final: asking again would only add pauses to every timing."""
+    import httpx
+
+    from workshop.live.live_requests import reset_prefix_cache
+    calls = []
+
+    def post(url, **_):
+        calls.append(url)
+        return httpx.Response(200, json={"success": False, "prefix_caching": False},
+                              request=httpx.Request("POST", url))
+
+    monkeypatch.setattr(httpx, "post", post)
+    replica = type("R", (), {"base_url": "http://r", "headers": {}})()
+    assert reset_prefix_cache(replica, tries=8, pause_s=0) is False
+    assert len(calls) == 1

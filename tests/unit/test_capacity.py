@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from workshop import capacity as cap
-from workshop import capacity_plots as cp
-from workshop import kvcache as kv
+from workshop.sizing import capacity as cap
+from workshop.sizing import capacity_plots as cp
+from workshop.sizing import kvcache as kv
 
 
 def test_kv_precision_is_separate_from_weight_precision():
@@ -327,7 +327,7 @@ def test_ttft_table_and_figure():
 # ---- the fleet plan (notebook 14): demand and a measured throughput to replicas and a bill ----
 
 def test_replicas_for_rounds_up_and_only_up():
-    from workshop.capacity import replicas_for
+    from workshop.sizing.capacity import replicas_for
     assert replicas_for(100.0, 50.0) == 2
     assert replicas_for(100.1, 50.0) == 3
     assert replicas_for(0.0, 50.0) == 0
@@ -336,7 +336,7 @@ def test_replicas_for_rounds_up_and_only_up():
 
 
 def test_fleet_plan_on_a_hand_computed_day():
-    from workshop.capacity import HOURS_PER_MONTH, fleet_plan
+    from workshop.sizing.capacity import HOURS_PER_MONTH, fleet_plan
     # 8.64 M tokens a day = 100 tok/s on average; 4 h a day at 3x = 300 tok/s, so the other
     # 20 h carry (2400 - 1200) / 20 = 60 tok/s. One replica serves 100 tok/s.
     p = fleet_plan(8.64e6, peak_to_mean=3, peak_hours=4, tokens_per_s_per_replica=100,
@@ -357,7 +357,7 @@ def test_fleet_plan_on_a_hand_computed_day():
 
 
 def test_fleet_plan_refuses_a_peak_longer_than_the_day_allows():
-    from workshop.capacity import fleet_plan
+    from workshop.sizing.capacity import fleet_plan
     with pytest.raises(ValueError, match="at most 6"):
         fleet_plan(1e6, peak_to_mean=4, peak_hours=8, tokens_per_s_per_replica=10,
                    on_demand_usd_hour=1, reserved_usd_hour=1)

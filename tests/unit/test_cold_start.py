@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from workshop import cold_start as cs
+from workshop.engine_lab import cold_start as cs
 
 
 def tricky_state_dict() -> dict[str, torch.Tensor]:

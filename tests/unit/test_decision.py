@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from workshop import decision, decision_chart
-from workshop.bench.metrics import RequestRecord, summarize
+from workshop.bench.request_metrics import RequestRecord, summarize
 from workshop.bench.results import BenchResult
 from workshop.bench.sweep import SweepResult
+from workshop.finale import decision, decision_chart
 
 SLO_TTFT, SLO_ITL = 1000.0, 100.0
 

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from workshop import disaggregation as dg
+from workshop.fleet import disaggregation as dg
 
 pytestmark = pytest.mark.timeout(240)
 

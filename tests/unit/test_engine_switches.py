@@ -12,7 +12,7 @@ from mini_engine.config import EngineConfig, add_cli_arguments
 from mini_engine.linear import can_prepack
 from mini_engine.model import CASCADE_MIN_SAVED_KEYS, eager_min_keys
 from reference_server.models import ModelError, resolve_model
-from workshop import engine_switches as es
+from workshop.finale import engine_switches as es
 
 F32, BF16 = torch.float32, torch.bfloat16
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from workshop import flash_attention as fa
+from workshop.compute import flash_attention as fa
 
 SOURCE = Path(__file__).resolve().parents[2] / "notebooks" / "src" / "06_flash_attention.py"
 # float32 outputs of size ~1: two summation orders differ by rounding only.
@@ -115,8 +115,8 @@ def test_attention_share_counts_by_hand():
 
 
 def test_fixed_cost_fit_recovers_the_intercept_of_a_line():
-    from workshop.kvcache import load_model
-    from workshop.roofline import prefill_flops
+    from workshop.compute.roofline import prefill_flops
+    from workshop.sizing.kvcache import load_model
     cfg = load_model("smollm2-135m")
     # 40 ms per request plus 3 ms per GFLOP, exactly
     rows = [{"prompt tokens": n, "TTFT ms (median)": 40 + 3 * prefill_flops(cfg, n) / 1e9}

@@ -4,7 +4,7 @@ workshop/data/gpus.json, the catalogue notebook 2 prices with, not from numbers 
 import ast
 import pathlib
 
-from workshop import capacity
+from workshop.sizing import capacity
 
 NB14 = pathlib.Path(__file__).resolve().parents[2] / "notebooks/src/14_production_gateway.py"
 

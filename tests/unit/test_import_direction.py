@@ -34,7 +34,7 @@ def imported_packages(tree: ast.AST) -> list[tuple[int, str]]:
 def test_imported_packages_sees_every_form():
     tree = ast.parse("import workshop.x\nfrom workshop import y\nfrom . import z\n"
                      "def f():\n    import reference_server\n"
-                     "importlib.import_module('workshop.kvcache')\n")
+                     "importlib.import_module('workshop.sizing.kvcache')\n")
     assert sorted(imported_packages(tree)) == [
         (1, "workshop"), (2, "workshop"), (5, "reference_server"), (6, "workshop")]
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from workshop import kvcache as kv
+from workshop.sizing import kvcache as kv
 
 
 def test_every_shipped_model_loads_and_cites_its_config():

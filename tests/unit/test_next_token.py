@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from workshop import next_token
+from workshop.live import next_token
 
 
 class _Tokenizer:

@@ -12,15 +12,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from reference_server.model_config import read_arch
-from workshop import (
+from workshop import hardware, session, ui
+from workshop.live import (
     engine_comparison,
     kv_usage,
     live_requests,
-    metrics,
+    metrics_sampler,
     probe,
     prompt_latency,
-    session,
-    ui,
 )
 
 # -- session -----------------------------------------------------------------------------------
@@ -90,7 +89,7 @@ def test_connect_without_server_and_without_start_fails_clearly(monkeypatch):
 
 
 def test_hardware_line_names_the_cpu():
-    line = session.hardware()
+    line = hardware.hardware()
     assert "CPU" in line and "cores" in line
 
 
@@ -98,7 +97,7 @@ def test_hardware_line_names_the_cpu():
 
 def test_sampler_records_a_gauge_while_it_changes():
     value = {"g": 0.0}
-    with metrics.MetricsSampler(lambda: dict(value), ("g", "absent"), interval=0.01) as s:
+    with metrics_sampler.MetricsSampler(lambda: dict(value), ("g", "absent"), interval=0.01) as s:
         time.sleep(0.05)
         value["g"] = 0.7
         time.sleep(0.05)
@@ -118,7 +117,7 @@ def test_sampler_survives_a_failing_reader():
             raise ConnectionError("boom")
         return {"g": 1.0}
 
-    with metrics.MetricsSampler(flaky, ("g",), interval=0.01) as s:
+    with metrics_sampler.MetricsSampler(flaky, ("g",), interval=0.01) as s:
         time.sleep(0.08)
     assert s.samples.errors >= 1 and s.samples.peak("g") == 1.0
 

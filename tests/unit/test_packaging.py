@@ -262,4 +262,4 @@ def test_wheel_installed_outside_the_checkout_has_what_the_notebooks_import(tmp_
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     imported = set(json.loads(r.stdout.splitlines()[-1]))
-    assert {"workshop.session", "workshop.kvcache", "reference_server.__main__"} <= imported
+    assert {"workshop.session", "workshop.sizing.kvcache", "reference_server.__main__"} <= imported

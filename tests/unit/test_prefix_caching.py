@@ -1,4 +1,4 @@
-"""workshop.prefix_caching: replays through the engine's caches, and the rows of live runs.
+"""engine_lab.prefix_caching: replays through the engine's caches, and the rows of live runs.
 
 Every expected number is worked out by hand in the comments (block size 4 throughout).
 """
@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from reference_server import prometheus as P
-from workshop import prefix_caching as pc
-from workshop.bench.metrics import RequestRecord
+from workshop.bench.request_metrics import RequestRecord
+from workshop.engine_lab import prefix_caching as pc
 
 A = list(range(100, 112))                       # 12 tokens = 3 blocks
 B = list(range(100, 110)) + [7, 8, 9, 10]       # shares 10 tokens (2 blocks + 2) with A

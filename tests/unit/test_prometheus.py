@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from reference_server import prometheus as P
 from reference_server.engines.local import EngineStats
-from reference_server.metrics import EngineMetrics, ServerMetrics
+from reference_server.exported_metrics import EngineMetrics, ServerMetrics
 
 PROM = """\
 # HELP vllm:num_requests_running Number of requests running.

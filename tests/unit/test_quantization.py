@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
-from workshop import model_memory as M
-from workshop import model_quality as QL
-from workshop import quantization as Q
-from workshop import quantization_measure as QM
+from workshop.precision import model_quality as QL
+from workshop.precision import quantization as Q
+from workshop.precision import quantization_measure as QM
+from workshop.sizing import model_memory as M
 
 
 def _weights(out_f: int = 64, in_f: int = 256, seed: int = 0) -> torch.Tensor:
@@ -261,7 +261,7 @@ def test_dynamic_int8_leaves_lm_head_alone():
 def test_plot_tradeoff_draws_one_point_per_variant():
     rows = [{"variant": "bf16", "weights (MiB)": 257.0, "perplexity": 24.6},
             {"variant": "int4", "weights (MiB)": 111.0, "perplexity": 36.2}]
-    from workshop.quantization_plots import plot_tradeoff
+    from workshop.precision.quantization_plots import plot_tradeoff
     fig = plot_tradeoff(rows)
     ax = fig.axes[0]
     assert len(ax.collections) == 2
@@ -327,7 +327,7 @@ def test_symmetric_int4_is_a_fixed_zero_point_of_8():
 
 
 def test_one_definition_of_common_prefix():
-    from workshop import prefix_caching
+    from workshop.engine_lab import prefix_caching
     assert QL.common_prefix is prefix_caching.common_prefix
     assert QL.common_prefix([1, 2, 3], [1, 2, 4, 5]) == 2 and QL.common_prefix([], [1]) == 0
 
@@ -335,7 +335,7 @@ def test_one_definition_of_common_prefix():
 def test_speed_verdict_needs_the_difference_to_beat_the_spread():
     # Notebook 4 once called an int4 win "noise" before measuring; the verdict now comes
     # from the ranges of repeated runs.
-    from workshop.quantization_measure import speed_verdict
+    from workshop.precision.quantization_measure import speed_verdict
 
     def row(lo, hi, n=3):
         return {"decode tok/s (min)": lo, "decode tok/s (max)": hi, "speed runs": n}
@@ -348,7 +348,7 @@ def test_speed_verdict_needs_the_difference_to_beat_the_spread():
 
 
 def test_decode_speed_runs_repeats_and_drops_unmeasured(monkeypatch):
-    from workshop import quantization_measure as qm
+    from workshop.precision import quantization_measure as qm
     speeds = iter([10.0, float("nan"), 12.0])
     monkeypatch.setattr(qm, "decode_tokens_per_s", lambda *a, **k: next(speeds))
     assert qm.decode_speed_runs(None, None, repeats=3) == [10.0, 12.0]

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from workshop import roofline as rl
-from workshop import roofline_measure as rm
-from workshop import roofline_plots as rp
-from workshop.kvcache import load_model
+from workshop.compute import roofline as rl
+from workshop.compute import roofline_measure as rm
+from workshop.compute import roofline_plots as rp
+from workshop.sizing.kvcache import load_model
 from workshop.timing import best_time_s
 
 

@@ -1,4 +1,4 @@
-"""Notebook 15's arithmetic (``workshop/sampling.py``): the softmax at a temperature from raw
+"""Notebook 15's arithmetic (``workshop/live/sampling.py``): the softmax at a temperature from raw
 log-probabilities, shares of draws, total variation, entropy, distinct-n, JSON validity."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from workshop import sampling
+from workshop.live import sampling
 
 LPS = {"a": math.log(0.5), "b": math.log(0.3), "c": math.log(0.2)}
 

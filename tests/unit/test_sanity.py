@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from workshop import roofline as rl
 from workshop import sanity
+from workshop.compute import roofline as rl
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 
@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "notebooks"))
 def test_a_prefill_above_the_measured_roof_is_implausible():
     # A 1,024-token prefill in 157 ms on a 0.38 TFLOP/s machine (issue 35's cache hit): about
     # 1.7 TFLOP/s for SmolLM2-135M.
-    from workshop.kvcache import load_model
+    from workshop.sizing.kvcache import load_model
     cfg = load_model("smollm2-135m")
     machine = rl.Machine("cpu", bandwidth=20e9, flops=380e9, ceilings=(("bfloat16", 380e9),))
     cached = rl.prefill_point(cfg, 1024, 1024 / 0.157)
@@ -92,8 +92,8 @@ def test_notebook_sources_never_spell_the_mark():
 @pytest.mark.parametrize("cached", [[0], [512]])
 def test_cold_prefill_drops_requests_that_report_cached_tokens(monkeypatch, cached):
     import workshop.bench as bench
-    from workshop import roofline_measure as rm
-    from workshop.bench.metrics import RequestRecord
+    from workshop.bench.request_metrics import RequestRecord
+    from workshop.compute import roofline_measure as rm
     calls = []
 
     def fake_run_benchmark(**kw):

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from workshop.bench import plots, showdown
-from workshop.bench.metrics import SLO
+from workshop.bench.request_metrics import SLO
 from workshop.bench.showdown import Contender, Plan, Showdown
 
 
@@ -134,7 +134,7 @@ def test_a_showdown_over_http_ranks_engines_by_capacity(mock_engine, tmp_path):
             cfg = json.loads((tmp_path / "sd" / e / "shared-prefix" / "sweep.json")
                              .read_text())["config"]
             assert cfg[f"slo_{key}"] == m["slo"][key]
-    from workshop import decision
+    from workshop.finale import decision
     sweeps = decision.load(tmp_path / "sd").sweeps()["shared-prefix"]
     assert set(sweeps) == {"fast", "slow"}
     note = {e: s.knee_note() + "\n" + s.table() for e, s in sweeps.items()}

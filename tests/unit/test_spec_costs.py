@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 
 from workshop import sanity
-from workshop import spec_decoding as sd
+from workshop.engine_lab import spec_decoding as sd
 from workshop.timing import interleaved_times
 
 # SmolLM2-135M's config.json

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from reference_server import prometheus as P
-from workshop import spec_decoding as sd
+from workshop.engine_lab import spec_decoding as sd
 
 # -- the formula --------------------------------------------------------------------------------
 

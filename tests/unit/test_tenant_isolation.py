@@ -1,4 +1,4 @@
-"""workshop.tenant_isolation: the threshold between two TTFT distributions, the probe plan,
+"""workshop.fleet.tenant_isolation: the threshold between two TTFT distributions, the probe plan,
 and a whole measurement against a fake server whose prefix cache is keyed by (salt, prompt)."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import itertools
 
 import pytest
 
-from workshop import tenant_isolation as ti
-from workshop.live_requests import Timed
+from workshop.fleet import tenant_isolation as ti
+from workshop.live.live_requests import Timed
 
 
 def test_a_clean_gap_is_told_apart_every_time():

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from workshop import live_requests, prompt_latency
+from workshop.live import live_requests, prompt_latency
 
 
 class _Client:

@@ -1,10 +1,10 @@
 """Notebook 14's measurements: the same load through the gateway under each routing policy,
 with what each replica did while it ran.
 
-Per replica: the requests it served and the time it had at least one outstanding (the
-gateway's own exact count, ``/gateway/stats``), and the engine's running batch
-(``vllm:num_requests_running`` on its ``/metrics``, sampled by ``workshop.metrics.MetricsSampler``
-while the load runs).
+Per replica: the requests it served and the time it had at least one outstanding (the gateway's
+own exact count, ``/gateway/stats``), and the engine's running batch
+(``vllm:num_requests_running`` on its ``/metrics``, sampled by
+``workshop.live.metrics_sampler.MetricsSampler`` while the load runs).
 The load is the course's harness (``workshop.bench.run_benchmark``) pointed at the gateway.
 
 ``forecast`` is the worked answer's model of the two policies: Little's law per replica, with
@@ -24,7 +24,7 @@ import numpy as np
 from reference_server import prometheus
 from workshop.bench import run_benchmark
 from workshop.bench.server_metrics import RUNNING
-from workshop.metrics import MetricsSampler
+from workshop.live.metrics_sampler import MetricsSampler
 
 
 def _running(replica: Any) -> dict[str, float]:

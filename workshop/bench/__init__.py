@@ -8,7 +8,7 @@
 See docs/benchmarking.md for the metric definitions and the workloads.
 """
 
-from .metrics import SLO, RequestRecord, summarize
+from .request_metrics import SLO, RequestRecord, summarize
 from .results import BenchResult
 from .run import arun_benchmark, run_benchmark
 from .sweep import SweepResult, find_knee, sweep_load

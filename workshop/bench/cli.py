@@ -12,7 +12,7 @@ from typing import Any
 
 from . import plots
 from .compare import compare_folders
-from .metrics import SLO
+from .request_metrics import SLO
 from .results import format_summary
 from .run import run_benchmark
 from .sweep import sweep_load

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from .metrics import RequestRecord
+from .request_metrics import RequestRecord
 from .workloads import Reply, Request, Sent, Session
 
 try:  # aiohttp parses streams with far less CPU than httpx; keep the client's own cost low

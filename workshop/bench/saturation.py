@@ -74,7 +74,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .metrics import RequestRecord
+from .request_metrics import RequestRecord
 
 WARMUP_FRACTION = 0.1   # the window never starts earlier than this fraction of the arrival span
 MAX_WARMUP_FRACTION = 0.6  # ... nor later: a shorter window is flagged ``short`` instead

@@ -18,7 +18,7 @@ would be met by everything on a GPU and by nothing on a 2-core CPU. Every sweep 
 under the objectives used (its knee re-scored from its stored points) and ``showdown.json``
 records them under ``slo``: the values, which were stated and which derived, and from what.
 
-``workshop.decision`` draws the decision chart from such folders, any number of them and any
+``workshop.finale.decision`` draws the decision chart from such folders, any number of them and any
 subset of engines. ``benchmarks/showdown.py`` is the command; notebook 10 calls this module
 with a smaller plan.
 
@@ -52,9 +52,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
 from reference_server.engines.sglang import CPU_MAX_RUNNING
-from workshop import session
+from workshop import hardware, session
 
-from .metrics import SLO
+from .request_metrics import SLO
 from .sweep import sweep_load
 from .verify import verify_server
 from .workloads import build_workload, describe
@@ -189,7 +189,7 @@ def default_field(gpu: bool | None = None, running: Iterable[str] = ()) -> tuple
     (SGLang only where its environment, kernel included, imports, or where its label is in
     ``running``: a server already up, wherever its engine was installed)."""
     if gpu is None:
-        gpu = session.gpu_name() is not None
+        gpu = hardware.gpu_name() is not None
     field_ = GPU_FIELD if gpu else CPU_FIELD
     if not sglang_installed():
         field_ = tuple(c for c in field_ if c.engine != "sglang" or c.label in set(running))
@@ -210,7 +210,7 @@ def known_contenders(gpu: bool | None = None) -> dict[str, Contender]:
     """Every contender by label. The two fields share labels ("vllm", "sglang") with other
     arguments: this machine's field wins (the GPU field on a GPU, else the CPU field)."""
     if gpu is None:
-        gpu = session.gpu_name() is not None
+        gpu = hardware.gpu_name() is not None
     other, here = (CPU_FIELD, GPU_FIELD) if gpu else (GPU_FIELD, CPU_FIELD)
     return {c.label: c for c in (*other, *here)}
 
@@ -337,9 +337,9 @@ def cpu_features() -> list[str]:
 
 
 def machine() -> dict[str, Any]:
-    return {"cpu": session.cpu_name(), "cores": session.cores(),
-            "memory_gib": round(session.memory_gib() or 0.0, 1), "cpu_features": cpu_features(),
-            "gpu": session.gpu_name(), "platform": platform.platform(),
+    return {"cpu": hardware.cpu_name(), "cores": hardware.cores(),
+            "memory_gib": round(hardware.memory_gib() or 0.0, 1), "cpu_features": cpu_features(),
+            "gpu": hardware.gpu_name(), "platform": platform.platform(),
             "python": platform.python_version()}
 
 

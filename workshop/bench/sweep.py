@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from .metrics import SLO
+from .request_metrics import SLO
 from .results import BenchResult
 from .run import run_benchmark
 from .saturation import Baseline, closed_loop_throughput, judge, judged

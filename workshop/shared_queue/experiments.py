@@ -24,9 +24,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from workshop.bench import metrics
+from workshop.bench import request_metrics
 from workshop.bench.sweep import find_knee
-from workshop.prompt_latency import line_fit
+from workshop.live.prompt_latency import line_fit
 from workshop.shared_queue import wire
 from workshop.shared_queue.cluster import Cluster
 from workshop.shared_queue.gateway import PULL, Run
@@ -65,9 +65,9 @@ def poisson_offsets(n: int, rate: float, rng: np.random.Generator) -> list[float
 
 
 def percentile(values: Sequence[float | None], q: float) -> float:
-    """The harness's ``q``-th percentile (``workshop.bench.metrics.percentile``, interpolated),
+    """The harness's ``q``-th percentile (``request_metrics.percentile``, interpolated),
     where a request that never came back (None) counts as infinitely slow."""
-    return metrics.percentile([math.inf if x is None else x for x in values], q)
+    return request_metrics.percentile([math.inf if x is None else x for x in values], q)
 
 
 # -- what the workers did -------------------------------------------------------------------------
@@ -236,7 +236,7 @@ def knee(points: Sequence[Point], route: str, p99_objective_s: float) -> dict:
                   key=lambda r: r["offered req/s"])
     i = find_knee([r["offered req/s"] for r in rows], [r["achieved req/s"] for r in rows],
                   {"e2e_ms": [r["p99 s"] * 1e3 for r in rows]},
-                  metrics.SLO(e2e_ms=p99_objective_s * 1e3))
+                  request_metrics.SLO(e2e_ms=p99_objective_s * 1e3))
     return {"route": route, "index": i,
             "knee req/s": None if i is None else rows[i]["offered req/s"],
             "last point": i == len(rows) - 1 if i is not None else False,

@@ -32,11 +32,12 @@ import numpy as np
 
 from reference_server import prometheus
 from reference_server.kv import blocks_for
+from workshop import hardware
 from workshop.bench import run_benchmark
 from workshop.bench.server_metrics import PREFIX_HITS, PREFIX_QUERIES
 from workshop.bench.tokenizer import Tokenizer, filler
 from workshop.bench.workloads import Request, Send, Session, Workload
-from workshop.live_requests import reset_prefix_cache
+from workshop.live.live_requests import reset_prefix_cache
 
 
 @dataclass
@@ -230,7 +231,7 @@ def vllm_unavailable(session_engine: str) -> str | None:
                 "this notebook starts vLLM only beside a vLLM server")
     if importlib.util.find_spec("vllm") is None:
         return "vLLM is not installed in this Python (a server elsewhere does the serving)"
-    if workshop.session.gpu_name() is not None:
+    if hardware.gpu_name() is not None:
         return ("on a GPU the server sizes vLLM's KV cache by a share of GPU memory, not "
                 "`--kv-cache-gib`, so a replica's cache cannot be made this small")
     return None

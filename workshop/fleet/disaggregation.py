@@ -54,8 +54,8 @@ from multiprocessing import get_context
 from multiprocessing.connection import wait
 from typing import Callable, Sequence
 
-from workshop.bench.metrics import percentile
-from workshop.cold_start import kv_from_bytes, kv_to_bytes, network_seconds  # noqa: F401  (notebook 17's)
+from workshop.bench.request_metrics import percentile
+from workshop.engine_lab.cold_start import kv_from_bytes, kv_to_bytes, network_seconds  # noqa: F401  (notebook 17's)
 
 SETUPS = ("colocated, chunked", "colocated, whole prompts", "disaggregated")
 COLORS = {"colocated, chunked": "#1f77b4", "colocated, whole prompts": "#d62728",

@@ -6,8 +6,8 @@ from typing import Sequence
 
 import numpy as np
 
+from workshop.compute.roofline import Machine, Point, attainable_flops
 from workshop.plots import figure
-from workshop.roofline import Machine, Point, attainable_flops
 
 
 def plot_roofline(ax, machine: Machine, points: Sequence[Point] = (),

@@ -8,7 +8,7 @@ import secrets
 import statistics
 from typing import Sequence
 
-from workshop.roofline import Machine
+from workshop.compute.roofline import Machine
 from workshop.timing import best_time_s
 
 

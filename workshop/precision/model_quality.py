@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from workshop.bench.workloads import sharegpt_conversations
-from workshop.prefix_caching import common_prefix
+from workshop.engine_lab.prefix_caching import common_prefix
 
 QUESTIONS: tuple[str, ...] = (
     "What is the capital of France?",

@@ -12,7 +12,7 @@ import math
 import statistics
 from typing import Any, Callable, Sequence
 
-from workshop.live_requests import PromptMaker, reset_prefix_cache, stream_completion
+from workshop.live.live_requests import PromptMaker, reset_prefix_cache, stream_completion
 
 
 def cold(rows: list[dict]) -> list[dict]:
@@ -81,7 +81,7 @@ def ttft_sweep(session: Any, maker: PromptMaker, lengths: Sequence[int], repeats
     # A throw-away request first: the first request after start-up pays one-off costs.
     stream_completion(client, session.model, maker.make(16), 2)
     for n in progress(plan, title="prompt length sweep"):
-        reset_prefix_cache(session)   # a cached prefix would skip the work we want to time
+        reset_prefix_cache(session, tries=8)   # a cached prefix would skip the work we want to time
         r = stream_completion(client, session.model, maker.make(n), 4)
         rows.append({"prompt tokens": r.prompt_tokens or n,
                      "TTFT (ms)": r.ttft * 1000 if r.ttft is not None else float("nan"),

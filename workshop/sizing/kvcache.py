@@ -29,7 +29,7 @@ from reference_server.kv import (  # noqa: F401
 )
 from reference_server.model_config import ModelArch, count_safetensors_params, read_arch
 
-DATA_DIR = Path(__file__).parent / "data"
+DATA_DIR = Path(__file__).parents[1] / "data"
 
 # The precisions the calculator offers, by their short names (bytes from reference_server.dtypes).
 WEIGHT_BYTES: dict[str, float] = {

@@ -32,8 +32,8 @@ import numpy as np
 
 from reference_server.kv import kv_bytes_per_sequence
 from reference_server.model_config import ModelArch
-from workshop.kvcache import WEIGHT_BYTES
 from workshop.sanity import MEASUREMENT_ERROR, Violation, within
+from workshop.sizing.kvcache import WEIGHT_BYTES
 
 
 @dataclass(frozen=True)

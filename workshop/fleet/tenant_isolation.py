@@ -20,7 +20,7 @@ import secrets
 import statistics
 from typing import Any, Callable, Sequence
 
-from workshop.live_requests import PromptMaker, Timed, reset_prefix_cache, stream_completion
+from workshop.live.live_requests import PromptMaker, Timed, reset_prefix_cache, stream_completion
 
 # send(prompt, cache_salt) -> Timed: one timed request (tests pass a fake one)
 Send = Callable[[str, "str | None"], Timed]
@@ -115,7 +115,7 @@ def measure(session: Any, n_probes: int, prompt_tokens: int, seed: int = 0,
     rows: list[dict] = []
     for salted, salts in ((False, (None, None)), (True, salted_pair)):
         if session is not None:
-            reset_prefix_cache(session)
+            reset_prefix_cache(session, tries=8)
         rows += probe(send, probe_plan(n_probes, seed), prompts, salts, salted)
     return {"rows": rows, "summary": summarize(rows)}
 

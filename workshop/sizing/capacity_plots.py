@@ -11,8 +11,17 @@ from typing import Sequence
 import numpy as np
 
 from reference_server.model_config import ModelArch
-from workshop.capacity import GPU, Step, decode_step, latency_plan, plan, prefill_step, ttft_plan
-from workshop.kvcache import (
+from workshop.plots import figure
+from workshop.sizing.capacity import (
+    GPU,
+    Step,
+    decode_step,
+    latency_plan,
+    plan,
+    prefill_step,
+    ttft_plan,
+)
+from workshop.sizing.kvcache import (
     human_bytes,
     kv_bytes_per_sequence,
     kv_bytes_per_token,
@@ -21,7 +30,6 @@ from workshop.kvcache import (
     naive_kv_bytes_per_token,
     weight_bytes,
 )
-from workshop.plots import figure
 
 
 def _gpus_label(gpu: GPU, num_gpus: int) -> str:

@@ -1,7 +1,7 @@
 """The decision chart drawn, and the report written, from showdown folders: a grid naming the
 winner and margin per workload and constraint above a bar panel of each engine's throughput at
-its knee. What is compared, and by which rule, is ``workshop.decision``'s (its docstring); this
-module only draws its verdicts and rows, and writes them next to the figure
+its knee. What is compared, and by which rule, is ``workshop.finale.decision``'s (its
+docstring); this module only draws its verdicts and rows, and writes them next to the figure
 (``write_report``, behind ``benchmarks/showdown.py``).
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from workshop.bench.plots import engine_colors
-from workshop.decision import (
+from workshop.finale.decision import (
     CONSTRAINTS,
     TIE_WITHIN,
     WRONG_ANSWERS,

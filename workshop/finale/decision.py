@@ -1,7 +1,7 @@
 """The decision chart: which engine wins, on which workload, under which constraint, on the data
 in one or more showdown folders (``workshop/bench/showdown.py`` writes them; the format is in
 its docstring), with facts cited from the engines' own documents beside it.
-``workshop.decision_chart`` draws the chart from what this module returns.
+``workshop.finale.decision_chart`` draws the chart from what this module returns.
 
 Everything here returns data (rows, ``Verdict`` objects); what the data means is for the
 notebook's prose. The rules, written down once:
@@ -62,9 +62,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from workshop.bench.metrics import SLO
+from workshop.bench.request_metrics import SLO
 from workshop.bench.showdown import (
-    WRONG_ANSWERS,  # noqa: F401 (re-exported: workshop.decision_chart imports it from here)
+    WRONG_ANSWERS,  # noqa: F401 (re-exported: workshop.finale.decision_chart imports it from here)
     find_roots,
     objectives_text,
     results_dir,
@@ -72,7 +72,7 @@ from workshop.bench.showdown import (
 from workshop.bench.sweep import SweepResult
 
 TIE_WITHIN = 0.10
-DATA_FILE = Path(__file__).parent / "data" / "engines_cited.json"
+DATA_FILE = Path(__file__).parents[1] / "data" / "engines_cited.json"
 # The committed full showdowns, by the CPU they ran on (notebook 11 sets them side by side).
 _REFERENCE_RESULTS = Path("benchmarks") / "reference_results"
 REFERENCE_STAGES = {"Xeon with AMX": _REFERENCE_RESULTS / "showdown-amx",
@@ -109,7 +109,7 @@ def default_places() -> list[Path]:
 
 def reference_run() -> Path | None:
     """The project's committed example folder, when this is a checkout that has it."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return root / REFERENCE_RUN if (root / REFERENCE_RUN / "showdown.json").exists() else None
 
 
@@ -118,7 +118,7 @@ PRODUCTION = ("vllm", "sglang")
 
 def reference_stages() -> dict[str, Path]:
     """The committed reference runs this checkout has, by stage name."""
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     return {name: root / p for name, p in REFERENCE_STAGES.items()
             if (root / p / "showdown.json").exists()}
 

@@ -18,14 +18,14 @@ from typing import Any, Callable, Sequence
 from reference_server import dtypes, prometheus
 from reference_server.kv import blocks_for, kv_bytes_per_token
 from reference_server.model_config import ModelArch
-from workshop.live_requests import (
+from workshop.live.live_requests import (
     PromptMaker,
     Timed,
     reset_prefix_cache,
     run_together,
     stream_completion,
 )
-from workshop.metrics import MetricsSampler, Samples
+from workshop.live.metrics_sampler import MetricsSampler, Samples
 
 KV_USAGE = prometheus.KV_CACHE_USAGE
 RUNNING = prometheus.NUM_REQUESTS_RUNNING
@@ -121,7 +121,7 @@ def plot_kv(rows: list[dict], x: str, title: str, xlabel: str, capacity_mib: flo
 def server_kv(session: Any) -> ServerKV:
     """The served model's config (``kvcache.served_model_config``) and the server's cache
     figures."""
-    from workshop.kvcache import served_model_config
+    from workshop.sizing.kvcache import served_model_config
 
     info = session.info
     arch = served_model_config(str(info.get("model_path") or session.model), name=session.model)
@@ -157,7 +157,7 @@ def measure_kv(session: Any, prompts: Sequence[str], max_tokens: int,
                interval: float = 0.05) -> KVRun:
     """Run ``prompts`` concurrently while sampling the KV gauge; return both."""
     client = session.openai()
-    reset_prefix_cache(session)
+    reset_prefix_cache(session, tries=8)
     with MetricsSampler(session.metrics, (KV_USAGE, RUNNING, WAITING), interval) as sampler:
         results = run_together(lambda p: stream_completion(client, session.model, p, max_tokens),
                                prompts)

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from workshop.live_requests import cached_tokens_of
+from workshop.live.live_requests import cached_tokens_of
 
 
 @dataclass

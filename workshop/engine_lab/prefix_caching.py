@@ -304,7 +304,7 @@ def sequential_run(session, requests, reset_each: bool) -> list:
     ...)."""
     from workshop.bench.client import OpenAIClient
     from workshop.bench.event_loop import run_sync
-    from workshop.bench.metrics import RequestRecord
+    from workshop.bench.request_metrics import RequestRecord
 
     async def main() -> list:
         t0 = time.perf_counter()

@@ -93,8 +93,9 @@ def run_together(fn: Callable[[str], Timed], prompts: Sequence[str]) -> list[Tim
 def reset_prefix_cache(session: Any, tries: int = 1, pause_s: float = 0.25) -> bool:
     """Ask the server to empty its prefix cache; True once it says it did. With ``tries`` > 1
     a refusal is asked again: vLLM answers ``success: false`` and keeps its cache while a
-    request still holds blocks (one just finished may, briefly). False for a server without
-    the endpoint, which simply keeps its cache."""
+    request still holds blocks (one just finished may, briefly). False at once for a server
+    that says it has no prefix cache (ours answer ``prefix_caching: false``) or lacks the
+    endpoint."""
     import httpx
     for attempt in range(tries):
         if attempt:
@@ -106,8 +107,11 @@ def reset_prefix_cache(session: Any, tries: int = 1, pause_s: float = 0.25) -> b
             return False
         if r.status_code != 200:
             return False
-        if r.json().get("success") is True:
+        answer = r.json()
+        if answer.get("success") is True:
             return True
+        if answer.get("prefix_caching") is False:
+            return False
     return False
 
 

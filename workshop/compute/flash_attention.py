@@ -25,8 +25,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from workshop.prompt_latency import line_fit
-from workshop.roofline import flops_per_token, prefill_flops
+from workshop.compute.roofline import flops_per_token, prefill_flops
+from workshop.live.prompt_latency import line_fit
 from workshop.timing import best_time_s
 
 Attention = Callable[..., np.ndarray]

@@ -5,7 +5,7 @@ what fits, how fast it decodes at best and the cost per token (``plan``); from a
 per output token to the largest batch and its cost (``latency_plan``); and from a target time
 to first token to the prompts prefilled together, the request rate and its cost
 (``ttft_plan``). Every step is timed the same way: the roofline model of
-``workshop/roofline.py`` applied to a whole batch (``decode_step``, ``prefill_step``).
+``workshop/compute/roofline.py`` applied to a whole batch (``decode_step``, ``prefill_step``).
 
 Plain arithmetic on a model's config (``kvcache``) and a GPU's datasheet
 (``workshop/data/gpus.json``); every speed is an upper bound and every cost a lower bound.
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 from reference_server.kv import kv_bytes_per_sequence
 from reference_server.model_config import ModelArch
-from workshop.kvcache import DATA_DIR, WEIGHT_BYTES, weight_bytes
-from workshop.roofline import prefill_flops, weights_read_per_step
+from workshop.compute.roofline import prefill_flops, weights_read_per_step
+from workshop.sizing.kvcache import DATA_DIR, WEIGHT_BYTES, weight_bytes
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ def load_gpus() -> dict[str, GPU]:
 class Step:
     """One forward pass of a batch: what it must read and compute, and its time bounds.
 
-    The roofline model of ``workshop/roofline.py`` applied to a whole step: it takes at least
+    The roofline model of ``workshop.compute.roofline`` applied to a whole step: it takes at least
     ``bytes_read / bandwidth`` and at least ``flops / peak FLOP/s``; the larger one bounds it.
     A decode step (``decode_step``) gives each of ``batch`` users one token, so its time is the
     time per output token (TPOT); a prefill step (``prefill_step``) processes ``batch`` whole

@@ -15,8 +15,13 @@ from typing import Callable, Sequence
 import torch
 from torch import nn
 
-from workshop.model_memory import release_memory, rss_bytes, state_dict_bytes
-from workshop.model_quality import QUESTIONS, forced_greedy_agreement, greedy_answers, perplexity
+from workshop.precision.model_quality import (
+    QUESTIONS,
+    forced_greedy_agreement,
+    greedy_answers,
+    perplexity,
+)
+from workshop.sizing.model_memory import release_memory, rss_bytes, state_dict_bytes
 from workshop.timing import best_time_s
 
 
