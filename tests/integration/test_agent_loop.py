@@ -73,8 +73,9 @@ def test_a_named_tool_is_called_once_and_auto_may_answer_either_way(server):
     assert call.function.name == "capital"
     auto = c.chat.completions.create(model=M, messages=ask, tools=TOOLS, temperature=0,
                                      max_tokens=64).choices[0]
+    # a direct answer may outrun the budget (SGLang did on an AVX-512 EPYC): its text so far
     assert (auto.finish_reason == "tool_calls" and checked_calls(auto.message)) or \
-        (auto.finish_reason == "stop" and auto.message.content)
+        (auto.finish_reason in ("stop", "length") and auto.message.content)
 
 
 def test_a_stream_carries_the_calls(server):
@@ -140,4 +141,10 @@ def test_the_harness_agentic_workload_with_tool_calls(request, engine):
     last = log.sent[-1].request.messages
     calls = [c for m in last if m["role"] == "assistant" for c in m.get("tool_calls") or []]
     results = [m for m in last if m["role"] == "tool"]
-    assert calls and [m["tool_call_id"] for m in results] == [c["id"] for c in calls]
+    assert [m["tool_call_id"] for m in results] == [c["id"] for c in calls]
+    assert all(isinstance(json.loads(c["function"]["arguments"]), dict) for c in calls)
+    # no whole call only if every turn ran to its budget (vLLM did on an AVX-512 EPYC: each
+    # call's path ran on), and those went back as text
+    turns = [r for r in log.records if r.tag.startswith("main")]
+    assert calls or all(r.output_tokens == r.max_tokens for r in turns), \
+        [(r.output_tokens, r.max_tokens) for r in turns]

@@ -106,6 +106,30 @@ def test_agentic_uses_real_replies_and_stops_a_failed_thread(tok):
     assert seen[1].messages[2] == {"role": "assistant", "content": "REPLY1"}
 
 
+def test_a_tool_call_cut_short_goes_back_as_text(tok):
+    """Its arguments are not JSON (the budget ended inside them): sent back as a call, a server
+    refuses the next request (ours does, with a 400)."""
+    w = build_workload("agentic", tok, num_sessions=1, seed=0, main_turns=3, fork_at=[],
+                       branches=0, tool_calls=True, num_tools=1)
+    whole = {"id": "c1", "type": "function",
+             "function": {"name": "read_file", "arguments": '{"path": "a.txt"}'}}
+    cut = {"id": "c2", "type": "function",
+           "function": {"name": "read_file", "arguments": '{"path": "a very long na'}}
+    replies = iter([Reply("", tool_calls=[whole]), Reply("", tool_calls=[cut])])
+    seen = []
+
+    async def send(req: Request) -> Reply:
+        seen.append(req)
+        return next(replies, Reply("done"))
+
+    asyncio.run(w.sessions[0].run(send))
+    after_whole, after_cut = seen[1].messages, seen[2].messages
+    assert after_whole[-2] == {"role": "assistant", "content": None, "tool_calls": [whole]}
+    assert after_whole[-1]["role"] == "tool" and after_whole[-1]["tool_call_id"] == "c1"
+    assert after_cut[-2] == {"role": "assistant", "content": 'read_file{"path": "a very long na'}
+    assert not any(m.get("tool_calls") == [cut] for m in after_cut)
+
+
 def test_agentic_num_tools_shortens_the_system_prompt_and_calls_only_those_tools(tok):
     kw = dict(num_sessions=1, seed=0, main_turns=4, fork_at=[], branches=0, system_prompt_len=0)
     full, one = (plan(build_workload("agentic", tok, num_tools=n, **kw)) for n in (None, 1))

@@ -39,8 +39,16 @@ def test_reference_runs_costs_are_flagged():
     checks = [x.check for x in v]
     assert "a part costs more than the whole" in checks                # the draft
     assert checks.count("a part costs more than its share") == 1      # 3 tokens verified
-    assert "shorter for more work" in checks                           # 5 tokens faster than 3
     assert sanity.MARK in sanity.report(v)
+
+
+def test_a_verify_forward_is_never_cheaper_than_one_token_but_sizes_need_no_order():
+    # notebook 9's quick run on a 2-core AVX-512 EPYC, float32 (2026-12-07): 3 tokens cost
+    # 2.24 one-token forwards and 5 tokens 1.30, the same in every repeat: the kernels' shapes,
+    # not a mis-measurement
+    assert sd.cost_violations("self-draft", 0.5, 8 / 30, {2: 2.24, 4: 1.30}) == []
+    (v,) = sd.cost_violations("self-draft", 0.5, 8 / 30, {2: 1.1, 4: 0.6})
+    assert v.check == "more work in less time" and "5 tokens" in v.what
 
 
 def test_a_draft_far_cheaper_than_its_share_is_flagged():

@@ -57,6 +57,14 @@ class Reply:
 Send = Callable[[Request], Awaitable[Reply]]
 
 
+def _whole_json(text: str) -> bool:
+    try:
+        json.loads(text or "{}")
+    except ValueError:
+        return False
+    return True
+
+
 class Session:
     """A script of dependent requests. Subclasses implement ``run``."""
 
@@ -416,14 +424,18 @@ class AgentSession(Session):
                                        tag=f"{tag}-{t}", tools=api_tools))
             if not reply.ok:
                 return False
-            if reply.tool_calls:        # the calls and one result each, as an agent framework sends
-                messages.append({"role": "assistant", "content": None,
-                                 "tool_calls": reply.tool_calls})
+            calls = [c for c in reply.tool_calls if _whole_json(c["function"]["arguments"])]
+            if calls:        # the calls and one result each, as an agent framework sends
+                messages.append({"role": "assistant", "content": None, "tool_calls": calls})
                 messages += [{"role": "tool", "tool_call_id": c["id"],
                               "content": self._tool_result(rng, c["function"]["name"])}
-                             for c in reply.tool_calls]
+                             for c in calls]
                 continue
-            messages.append({"role": "assistant", "content": reply.text})
+            # a call cut short by its token budget has arguments that are not JSON: no agent
+            # can run it, and servers refuse it in a later request, so the turn goes back as text
+            text = reply.text or " ".join(f"{c['function']['name']}{c['function']['arguments']}"
+                                          for c in reply.tool_calls)
+            messages.append({"role": "assistant", "content": text})
             messages.append({"role": "user", "content": self._tool_result(rng)})
         return True
 

@@ -153,9 +153,11 @@ def cost_violations(label: str, c: float, layer_share: float,
     its cost lies between the layers' share k / L (were everything but the layers free) and 1
     (were the layers free): beyond the error on either side it was mis-measured. (Its share
     of the FLOPs, ``draft_share``, is no bound: the output layer's one large matmul runs nearer
-    the machine's roof than the layers' small ones.) A verify forward of k + 1 tokens may not
-    cost more than k + 1 one-token forwards (it does that work or less: the weights are read
-    once), and a forward of more tokens may not take less time than one of fewer."""
+    the machine's roof than the layers' small ones.) A verify forward of k + 1 tokens costs at
+    most k + 1 one-token forwards (it does that work or less: the weights are read once) and at
+    least one (it does all of that work and more). Between two verify sizes there is no order:
+    the matmul kernels block by shape, so 3 tokens may take longer than 5
+    (docs/measured_here.md)."""
     out = sanity.within(label, c, 1.0, "of the whole", "a part costs more than the whole",
                         ("busy", "few", "count"))
     out += sanity.within(f"the share of {label}'s layers, {layer_share:.3g}, against its "
@@ -165,9 +167,9 @@ def cost_violations(label: str, c: float, layer_share: float,
         out += sanity.within(f"a verify forward of {k + 1} tokens", cost, k + 1,
                              "one-token forwards", "a part costs more than its share",
                              ("busy", "few"))
-    tokens = [1] + [k + 1 for k in sorted(verify_costs)]
-    out += sanity.grows_with("a forward's time (in one-token forwards) against its tokens",
-                             tokens, [1.0] + [verify_costs[k] for k in sorted(verify_costs)])
+        out += sanity.within(f"a one-token forward against a verify forward of {k + 1} tokens",
+                             1.0, cost, "of the verify forward", "more work in less time",
+                             ("busy", "few"))
     return out
 
 
