@@ -11,7 +11,7 @@ figures; the notebook writes the prose. A module serves the notebooks listed for
 | 01 | pain points | `live/` (`engine_comparison`, `live_requests`, `kv_usage`, ...), `sizing/` |
 | 02 | KV-cache capacity | `sizing/` (`kvcache`, `capacity`, `capacity_plots`), `compute/roofline` |
 | 03 | the roofline | `compute/` (`roofline`, `roofline_measure`, `roofline_plots`), `timing` |
-| 04 | quantization | `precision/` (`quantization`, `_measure`, `_plots`, `model_quality`) |
+| 04 | quantization | `precision/` (`quantization`, `_measure`, `_plots`), `sizing/model_memory` |
 | 05 | attention variants | `compute/attention_variants`, `precision/model_quality` |
 | 06 | FlashAttention | `compute/` (`flash_attention`, `roofline_measure`) |
 | 07 | paged KV, batching | `engine_lab/batching`, `live/` (`live_requests`, `kv_usage`) |
@@ -28,7 +28,9 @@ figures; the notebook writes the prose. A module serves the notebooks listed for
 
 Folders follow the course: `live/` talks to a running server, `sizing/` counts what fits,
 `precision/` trades bits for quality, `compute/` prices a forward pass, `engine_lab/` opens an
-engine, `finale/` judges engines, `fleet/` runs several replicas. Shared underneath: ``timing``
+engine, `finale/` judges engines, `fleet/` runs several replicas. Shared underneath:
+``live/metrics_sampler`` (a server's ``/metrics`` sampled while requests run),
+``live/prompt_latency`` (time to first token against prompt length), ``timing``
 (best-of and interleaved timing), ``data/`` (model configs, GPU prices, engines' cited
 features), and ``cli`` / ``__main__`` (the ``workshop`` command). The benchmark harness is
 ``bench/`` (``python -m workshop.bench``), used by the notebooks and by ``benchmarks/``.

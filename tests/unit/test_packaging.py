@@ -200,7 +200,7 @@ def _notebook_imports() -> set[str]:
             elif isinstance(node,
                             ast.ImportFrom) and node.module and node.module.split(".")[0] in ours:
                 names.add(node.module)
-                # ``from workshop import kvcache`` (a module), ``from x import f`` (a name)
+                # ``from workshop.sizing import kvcache`` (a module), ``from x import f`` (a name)
                 names |= {f"{node.module}:{a.name}" for a in node.names}
     return names
 
@@ -220,7 +220,7 @@ for name in wanted + ["reference_server.__main__", "reference_server.engines.vll
         module = obj if isinstance(obj, type(sys)) else module     # a submodule, or a name
     assert module.__file__.startswith(target), (name, module.__file__)
     imported.append(module.__name__)
-from workshop import capacity, kvcache
+from workshop.sizing import capacity, kvcache
 models = kvcache.list_models()
 assert len(models) >= 6, models
 for m in models:
@@ -255,7 +255,7 @@ def test_wheel_installed_outside_the_checkout_has_what_the_notebooks_import(tmp_
     subprocess.run([*pip, "install", "--no-deps", "--no-index", "--target", site, wheel],
                    check=True, cwd=tmp_path)
     wanted = sorted(_notebook_imports())
-    assert "workshop.session" in wanted and "workshop:kvcache" in wanted
+    assert "workshop.session" in wanted and "workshop.sizing:kvcache" in wanted
     env = {k: v for k, v in __import__("os").environ.items() if k != "PYTHONPATH"}
     r = subprocess.run([sys.executable, "-c", _CHECK_INSTALLED, str(site), str(ROOT),
                         json.dumps(wanted)], cwd=tmp_path, env=env, capture_output=True,

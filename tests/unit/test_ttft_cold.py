@@ -46,7 +46,7 @@ def test_cached_requests_are_left_out_and_counted():
 
 def test_sweep_keeps_the_cached_tokens_of_each_request(monkeypatch):
     reported = iter([0, 0, 96])                  # the warm-up, then two timed requests
-    monkeypatch.setattr(prompt_latency, "reset_prefix_cache", lambda s: None)
+    monkeypatch.setattr(prompt_latency, "reset_prefix_cache", lambda s, **_: None)
     monkeypatch.setattr(prompt_latency, "stream_completion", lambda *a: live_requests.Timed(
         ttft=0.1, end=0.2, prompt_tokens=128, cached_tokens=next(reported)))
     session = SimpleNamespace(openai=lambda: None, model="m")
