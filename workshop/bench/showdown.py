@@ -30,9 +30,10 @@ Fairness rules, the same for every contender:
 - the same prompts (same seed) at every load point, and the prefix cache emptied before each
   point (``reset_cache``), so a point never hits what the previous one left behind;
 - each engine as its own documentation runs it on the hardware found (the reference server's
-  rules: vLLM in bf16 and compiled on an AMX CPU, SGLang with its ``intel_amx`` backend and
-  radix cache there), with the same limits: the KV budget and context length (server
-  defaults) and ``MAX_RUNNING`` requests at once where the engine takes a cap; "tuned"
+  rules: vLLM in bf16 and compiled on a CPU that computes bf16 natively, SGLang with its
+  ``intel_amx`` backend and radix cache on an AMX CPU), with the same limits: the KV budget
+  and context length (server defaults) and ``MAX_RUNNING`` requests at once where the engine
+  takes a cap; "tuned"
   contenders on a GPU add only the flags their documentation names for these workloads, and
   ``showdown.json`` keeps each one's effective configuration (its ``/server_info``);
 - one engine at a time on the machine: the next one starts after the previous one stopped.
