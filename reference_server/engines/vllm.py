@@ -94,16 +94,16 @@ class VLLMEngine(ProxyEngine):
         self._version = "unknown"
         has_config = (Path(model.path) / "config.json").exists()
         model_dtype = read_arch(model.path).torch_dtype if has_config else None
+        native_bf16 = dtypes.cpu_has_bf16()     # reads /proc/cpuinfo: once, for both rules
         self.dtype = served_dtype(config.dtype, self.device, config.engine_args, model_dtype,
-                                  native_bf16=dtypes.cpu_has_bf16())
+                                  native_bf16=native_bf16)
         self.dtype_note = DTYPE_NOTES.get(self.dtype) if self.dtype != config.dtype else None
         self.amx = self.device == "cpu" and dtypes.cpu_has_amx()
         try:    # "auto" means the checkpoint's own; a hub id not read yet stays "auto"
             self.resolved_dtype = dtypes.canonical(self.dtype, model_dtype)
         except ValueError:
             self.resolved_dtype = self.dtype
-        self.eager = runs_eager(self.device, self.resolved_dtype, dtypes.cpu_has_bf16(),
-                                config.engine_args)
+        self.eager = runs_eager(self.device, self.resolved_dtype, native_bf16, config.engine_args)
         self.compile_note = COMPILED_NOTE if self.device == "cpu" and not self.eager else None
         for note in (self.dtype_note, self.compile_note):
             if note:
