@@ -35,3 +35,10 @@ engine, `finale/` judges engines, `fleet/` runs several replicas. Shared underne
 features), and ``cli`` / ``__main__`` (the ``workshop`` command). The benchmark harness is
 ``bench/`` (``python -m workshop.bench``), used by the notebooks and by ``benchmarks/``.
 """
+
+from pathlib import Path
+
+# One home for where things are, so moving a module never changes what it finds.
+PACKAGE_DIR = Path(__file__).resolve().parent
+DATA_DIR = PACKAGE_DIR / "data"          # model configs, GPU prices, engines' cited features
+CHECKOUT_DIR = PACKAGE_DIR.parent        # the repository, when the course runs from a clone

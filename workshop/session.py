@@ -54,6 +54,7 @@ from urllib.parse import urlparse
 import httpx
 
 from reference_server import launch, prometheus
+from workshop import CHECKOUT_DIR
 from workshop.hardware import gpu_name, hardware
 
 T = TypeVar("T")
@@ -119,7 +120,7 @@ def root_url(url: str) -> str:
 
 def in_checkout() -> bool:
     """True when the course runs from a clone of its repository (set up by scripts/setup.sh)."""
-    return (Path(__file__).resolve().parent.parent / "pyproject.toml").exists()
+    return (CHECKOUT_DIR / "pyproject.toml").exists()
 
 
 @dataclass

@@ -7,6 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import workshop
 from workshop.sizing import capacity as cap
 from workshop.sizing import capacity_plots as cp
 from workshop.sizing import kvcache as kv
@@ -56,7 +57,7 @@ def test_gpu_memory_is_what_the_driver_reports():
 
 def test_driver_total_is_within_the_datasheet_gib():
     import json
-    for g in json.loads((kv.DATA_DIR / "gpus.json").read_text())["gpus"]:
+    for g in json.loads((workshop.DATA_DIR / "gpus.json").read_text())["gpus"]:
         chips = g["memory_gb"] * 2**30          # the datasheet's "GB" of memory is binary
         lost = 1 - cap.gpu_memory_bytes(g) / chips
         assert 0 <= lost <= (1 / 16 + 0.001 if g["name"] in ECC_GDDR else 0.015), g["name"]

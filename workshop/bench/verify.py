@@ -33,6 +33,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from workshop import DATA_DIR
+
 from .workloads import sharegpt_pool
 
 # In logits of the float32 reference. On the bundled model, correct engines in bf16 departed
@@ -46,7 +48,7 @@ SYSTEM_QUESTIONS = ("What time does the library open on Saturdays?",
                     "What is the capital of Italy?",
                     "How many items can a member borrow at a time?",
                     "Which planet is closest to the sun?")
-SYSTEM_PROMPT_FILE = Path(__file__).resolve().parents[1] / "data" / "verify_system_prompt.txt"
+SYSTEM_PROMPT_FILE = DATA_DIR / "verify_system_prompt.txt"
 
 
 @dataclass(frozen=True)

@@ -62,6 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from workshop import CHECKOUT_DIR, DATA_DIR
 from workshop.bench.request_metrics import SLO
 from workshop.bench.showdown import (
     WRONG_ANSWERS,  # noqa: F401 (re-exported: workshop.finale.decision_chart imports it from here)
@@ -72,7 +73,7 @@ from workshop.bench.showdown import (
 from workshop.bench.sweep import SweepResult
 
 TIE_WITHIN = 0.10
-DATA_FILE = Path(__file__).parents[1] / "data" / "engines_cited.json"
+DATA_FILE = DATA_DIR / "engines_cited.json"
 # The committed full showdowns, by the CPU they ran on (notebook 11 sets them side by side).
 _REFERENCE_RESULTS = Path("benchmarks") / "reference_results"
 REFERENCE_STAGES = {"Xeon with AMX": _REFERENCE_RESULTS / "showdown-amx",
@@ -109,8 +110,8 @@ def default_places() -> list[Path]:
 
 def reference_run() -> Path | None:
     """The project's committed example folder, when this is a checkout that has it."""
-    root = Path(__file__).resolve().parents[2]
-    return root / REFERENCE_RUN if (root / REFERENCE_RUN / "showdown.json").exists() else None
+    found = CHECKOUT_DIR / REFERENCE_RUN
+    return found if (found / "showdown.json").exists() else None
 
 
 PRODUCTION = ("vllm", "sglang")
@@ -118,9 +119,8 @@ PRODUCTION = ("vllm", "sglang")
 
 def reference_stages() -> dict[str, Path]:
     """The committed reference runs this checkout has, by stage name."""
-    root = Path(__file__).resolve().parents[2]
-    return {name: root / p for name, p in REFERENCE_STAGES.items()
-            if (root / p / "showdown.json").exists()}
+    return {name: CHECKOUT_DIR / p for name, p in REFERENCE_STAGES.items()
+            if (CHECKOUT_DIR / p / "showdown.json").exists()}
 
 
 def choose_roots() -> tuple[list[Path], str]:

@@ -19,8 +19,9 @@ from dataclasses import dataclass
 
 from reference_server.kv import kv_bytes_per_sequence
 from reference_server.model_config import ModelArch
+from workshop import DATA_DIR
 from workshop.compute.roofline import prefill_flops, weights_read_per_step
-from workshop.sizing.kvcache import DATA_DIR, WEIGHT_BYTES, weight_bytes
+from workshop.sizing.kvcache import WEIGHT_BYTES, weight_bytes
 
 
 @dataclass(frozen=True)

@@ -28,8 +28,7 @@ from reference_server.kv import (  # noqa: F401
     kv_values_per_token_per_layer,
 )
 from reference_server.model_config import ModelArch, count_safetensors_params, read_arch
-
-DATA_DIR = Path(__file__).parents[1] / "data"
+from workshop import DATA_DIR
 
 # The precisions the calculator offers, by their short names (bytes from reference_server.dtypes).
 WEIGHT_BYTES: dict[str, float] = {
