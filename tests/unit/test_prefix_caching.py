@@ -140,33 +140,60 @@ class _Resp:
         return self.body
 
 
-def _client(status, body):
+def _scripted(answers):
+    """A session whose POSTs answer, per path, from a list of (status, body) in turn."""
     posts = []
 
     class Session:
         def post(self, url, headers=None):
-            posts.append(url)
-            return _Resp(status, body)
-    return SimpleNamespace(session=Session(), headers={}), posts
+            posts.append(url.removeprefix("http://x"))
+            return _Resp(*answers[posts[-1]].pop(0))
+    return Session(), posts
 
 
-@pytest.mark.parametrize("status, body, ok", [
-    (200, {"success": True}, True),
-    (200, {"success": False}, False),      # vLLM with blocks still in use
-    (200, ValueError("not JSON"), True),   # a server that answers 200 without a body
+NOT_JSON = ValueError("not JSON")
+
+
+@pytest.mark.parametrize("status, body, verdict", [
+    (200, {"success": True}, "emptied"),
+    (200, {"success": False}, "refused"),                   # vLLM with blocks still in use
+    (200, {"success": False, "prefix_caching": False}, "no cache"),   # ours, cache off
+    (200, None, "emptied"),                                  # 200 without a JSON body
+    (400, None, "refused"),                                  # SGLang's /flush_cache, busy
+    (404, None, "absent"),
 ])
-def test_reset_reads_the_servers_answer(status, body, ok):
-    import asyncio
-    client, posts = _client(status, body)
-    assert asyncio.run(pc._reset(client, "http://x")) is ok
-    assert posts == ["http://x/reset_prefix_cache"]
+def test_reset_verdict_reads_the_servers_answer(status, body, verdict):
+    from workshop.bench.run import reset_verdict
+    assert reset_verdict(status, body) == verdict
 
 
-def test_reset_refused_by_status_raises():
+def test_reset_asks_again_after_a_refusal_and_never_counts_one_as_emptied():
     import asyncio
-    client, _ = _client(404, {})
-    with pytest.raises(RuntimeError, match="404"):
-        asyncio.run(pc._reset(client, "http://x"))
+
+    from workshop.bench.run import reset_prefix_cache
+    session, posts = _scripted({"/reset_prefix_cache": [(200, {"success": False})] * 2
+                                + [(200, {"success": True})]})
+    assert asyncio.run(reset_prefix_cache(session, "http://x", {}, pause_s=0)) == \
+        "/reset_prefix_cache"
+    assert posts == ["/reset_prefix_cache"] * 3
+    session, posts = _scripted({"/reset_prefix_cache": [(200, {"success": False})] * 3})
+    assert asyncio.run(reset_prefix_cache(session, "http://x", {}, tries=3, pause_s=0)) is None
+    assert len(posts) == 3
+
+
+def test_reset_falls_back_to_sglangs_flush_and_stops_at_no_cache():
+    import asyncio
+
+    from workshop.bench.run import reset_prefix_cache
+    session, posts = _scripted({"/reset_prefix_cache": [(404, None)] * 2,
+                                "/flush_cache": [(400, NOT_JSON), (200, NOT_JSON)]})
+    assert asyncio.run(reset_prefix_cache(session, "http://x", {}, pause_s=0)) == "/flush_cache"
+    assert posts == ["/reset_prefix_cache", "/flush_cache"] * 2
+    session, posts = _scripted({"/reset_prefix_cache": [(200, {"success": False,
+                                                                 "prefix_caching": False})]})
+    assert asyncio.run(reset_prefix_cache(session, "http://x", {}, pause_s=0)) is None
+    assert posts == ["/reset_prefix_cache"]
+
 
 
 def test_kinds_figure_draws_no_lookups_as_zero():

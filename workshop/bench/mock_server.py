@@ -94,7 +94,7 @@ class MockServer:
         # as vLLM's: the harness empties it per run
         if method == "POST" and path == "/reset_prefix_cache":
             self.cache_resets += 1
-            self._simple(writer, 200, b"{}")
+            self._simple(writer, 200, b'{"success": true}')
             return
         if method == "GET" and path == "/metrics":
             m = '{model_name="mock"}'

@@ -36,18 +36,52 @@ def _tokenizer_from_server(base_url: str, model: str, api_key: str | None) -> st
     return None
 
 
-async def reset_prefix_cache(session, base_url: str, headers: dict[str, str]) -> str | None:
-    """Empty the server's prefix cache (vLLM and ours: /reset_prefix_cache, SGLang: /flush_cache).
+RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")   # ours and vLLM's; SGLang's own server
 
-    Returns the endpoint that worked, or None (then the run starts with whatever is cached).
+
+def reset_verdict(status: int, body: Any) -> str:
+    """What a server's answer to a cache reset means: "emptied", "refused" (ask again: vLLM
+    answers ``success: false`` while a request holds blocks, SGLang's ``/flush_cache`` a 400
+    while requests run), "no cache" (ours answer ``prefix_caching: false``) or "absent" (no such
+    endpoint: try the next). A 200 without a JSON object (an older server) says no more than
+    "done"."""
+    if status == 200:
+        if not isinstance(body, dict):
+            return "emptied"
+        if body.get("prefix_caching") is False:
+            return "no cache"
+        return "refused" if body.get("success") is False else "emptied"
+    return "refused" if status == 400 else "absent"
+
+
+async def reset_prefix_cache(session, base_url: str, headers: dict[str, str], tries: int = 8,
+                             pause_s: float = 0.25) -> str | None:
+    """Empty the server's prefix cache, asking again after a refusal (up to ``tries`` times).
+
+    Returns the endpoint that emptied it, or None: a server without the endpoint or without a
+    prefix cache, or one that refused every time (then the run starts with whatever is cached,
+    and its ``cached_tokens`` show it).
     """
-    for path in ("/reset_prefix_cache", "/flush_cache"):
-        try:
-            async with session.post(base_url + path, headers=headers) as resp:
-                if resp.status == 200:
-                    return path
-        except Exception:
-            continue
+    for attempt in range(tries):
+        if attempt:
+            await asyncio.sleep(pause_s)
+        verdict = "absent"
+        for path in RESET_PATHS:
+            try:
+                async with session.post(base_url + path, headers=headers) as resp:
+                    try:
+                        body = await resp.json(content_type=None)
+                    except ValueError:
+                        body = None
+                    verdict = reset_verdict(resp.status, body)
+            except Exception:
+                continue
+            if verdict == "emptied":
+                return path
+            if verdict != "absent":
+                break
+        if verdict != "refused":
+            return None
     return None
 
 
@@ -148,6 +182,9 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
     if warm_failed:
         summary["warnings"].append(f"{len(warm_failed)} warm-up requests failed: "
                                    f"{warm_failed[0].error[:200]}")
+    if reset_cache and config.get("prefix_cache_reset") is None:
+        summary["warnings"].append("the server's prefix cache was not emptied before the run "
+                                   "(no endpoint, no cache, or every reset refused)")
     measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup and s is not None]
     summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions),
                            **token_stats(measured, tok)}

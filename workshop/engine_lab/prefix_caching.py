@@ -17,7 +17,6 @@ size, and the attention time of a decode step with and without cascade attention
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import statistics
@@ -274,23 +273,6 @@ def run_kinds(sessions: dict[str, Any], workloads: dict[str, dict], concurrency:
     return rows, raw
 
 
-RESET_TRIES = 5
-
-
-async def _reset(client, base_url: str) -> bool:
-    """One ``POST /reset_prefix_cache``; True when the server says the cache was emptied."""
-    async with client.session.post(base_url + "/reset_prefix_cache",
-                                   headers=client.headers) as resp:
-        if resp.status != 200:
-            raise RuntimeError(f"/reset_prefix_cache answered {resp.status}: this server "
-                               "cannot empty its prefix cache")
-        try:
-            body = await resp.json(content_type=None)
-        except ValueError:
-            return True
-        return bool(body.get("success", True)) if isinstance(body, dict) else True
-
-
 def sequential_run(session, requests, reset_each: bool) -> list:
     """Send ``requests`` (``workshop.bench`` ``Request``s) one at a time and record each.
 
@@ -299,12 +281,14 @@ def sequential_run(session, requests, reset_each: bool) -> list:
     server that has it on. The reset happens before the clock starts, so TTFT does not
     include it. Either way the cache is emptied once before the first request. vLLM refuses a
     reset while other requests hold blocks (it answers ``{"success": false}``), so a refused
-    reset is retried a few times; a request's ``cached_tokens`` tells whether it took effect.
+    reset is asked again (``workshop.bench.run.reset_prefix_cache``); a request's
+    ``cached_tokens`` tells whether it took effect.
     Returns the harness's ``RequestRecord``s (``ttft``, ``prompt_tokens``, ``cached_tokens``,
     ...)."""
     from workshop.bench.client import OpenAIClient
     from workshop.bench.event_loop import run_sync
     from workshop.bench.request_metrics import RequestRecord
+    from workshop.bench.run import reset_prefix_cache
 
     async def main() -> list:
         t0 = time.perf_counter()
@@ -312,11 +296,12 @@ def sequential_run(session, requests, reset_each: bool) -> list:
         records = []
         async with OpenAIClient(session.base_url, session.model, session.api_key) as client:
             for i, req in enumerate(requests):
-                if reset_each or i == 0:
-                    for _ in range(RESET_TRIES):
-                        if await _reset(client, session.base_url):
-                            break
-                        await asyncio.sleep(0.2)
+                if (reset_each or i == 0) and not await reset_prefix_cache(
+                        client.session, session.base_url, client.headers):
+                    raise RuntimeError(
+                        f"the server did not empty its prefix cache before request {i}: it has "
+                        "no /reset_prefix_cache, no prefix cache, or refused every time (another "
+                        "client's requests hold blocks)")
                 rec = RequestRecord(index=i, tag=req.tag, scheduled=clock())
                 await client.stream(req, rec, clock)
                 records.append(rec)
