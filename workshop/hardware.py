@@ -1,4 +1,4 @@
-"""What this machine is: GPUs (nvidia-smi), CPU model, usable cores, RAM.
+"""What this machine is: GPUs (nvidia-smi), CPU model and features, usable cores, RAM.
 
 The notebooks print it beside every measurement; the benchmark harness records it with its
 results. Reads the system only, imports nothing from the course.
@@ -40,6 +40,31 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+# The CPU features that decide each engine's CPU kernels and dtype (AMX tiles, native bf16 dot
+# products, 512-bit vectors), strongest first.
+CPU_FEATURES = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
+
+
+def cpu_features() -> list[str]:
+    """Which of ``CPU_FEATURES`` this CPU has."""
+    try:
+        flags = set(Path("/proc/cpuinfo").read_text().split())
+    except OSError:
+        return []
+    return [f for f in CPU_FEATURES if f in flags]
+
+
+def cpu_kind(features: list[str] | None = None) -> str | None:
+    """The CPU's kind in a few words, from its strongest feature: "AMX", "AVX-512, native
+    bf16", "AVX-512", "AVX2" (None: none of them, or not an x86 CPU)."""
+    f = cpu_features() if features is None else features
+    for flag, kind in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512, native bf16"),
+                       ("avx512f", "AVX-512"), ("avx2", "AVX2")):
+        if flag in f:
+            return kind
+    return None
+
+
 def memory_gib() -> float | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -57,9 +82,11 @@ def cores() -> int:
 
 
 def hardware() -> str:
-    """One line about this machine: GPU if any, CPU model, usable cores, RAM."""
+    """One line about this machine: GPU if any, CPU model and kind, usable cores, RAM."""
     cores_ = cores()
     mem = memory_gib()
-    cpu = f"{cpu_name()}, {cores_} cores" + (f", {mem:.0f} GiB RAM" if mem else "")
+    kind = cpu_kind()
+    cpu = (f"{cpu_name()}" + (f" ({kind})" if kind else "") + f", {cores_} cores"
+           + (f", {mem:.0f} GiB RAM" if mem else ""))
     gpu = gpu_name()
     return f"GPU {gpu}; CPU {cpu}" if gpu else f"CPU {cpu} (no GPU)"

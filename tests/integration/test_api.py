@@ -192,7 +192,7 @@ def test_prefix_cache_reset(server):
     assert r.json()["success"] is (server.engine in ("vllm", "sglang", "mini", "remote"))
     # which tells a client that a refusal is final (no cache) or worth asking again
     assert r.json()["prefix_caching"] is (server.engine != "hf")
-    # the harness's reset reads that answer: emptied on every engine with a cache, none on hf
+    # the harness's reset reads that answer: emptied on every engine with a cache; hf has none
     import aiohttp
 
     from workshop.bench.event_loop import run_sync
@@ -201,7 +201,8 @@ def test_prefix_cache_reset(server):
     async def reset():
         async with aiohttp.ClientSession() as session:
             return await reset_prefix_cache(session, server.base_url, server.headers, tries=3)
-    assert run_sync(reset()) == (None if server.engine == "hf" else "/reset_prefix_cache")
+    assert run_sync(reset()) == ("no prefix cache" if server.engine == "hf"
+                                 else "/reset_prefix_cache")
 
 
 # ---- authentication -------------------------------------------------------------------

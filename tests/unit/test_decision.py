@@ -573,6 +573,17 @@ def test_what_ran_is_read_from_server_info_and_differences_that_can_favour_one_a
     diffs = decision.setup_differences({"vllm": a, "sglang": b})
     assert diffs == ["compiled: vllm compiled, sglang eager",
                      "sglang: outside SGLang's supported CPUs: ..."]
+    # a run from before the server gave the note: the same rule, from the CPU it recorded
+    old = {"engine": "sglang", "device": "cpu", "extra": {}}
+    assert decision.setup_of(old, None, {"cpu_features": ["avx2"]})["notes"] == [
+        decision.SGLANG_SUPPORT_NOTE]
+    for si, machine in ((old, {"cpu_features": ["amx_bf16", "avx2"]}), (old, {}),
+                        ({**old, "engine": "vllm"}, {"cpu_features": ["avx2"]}),
+                        ({**old, "device": "cuda"}, {"cpu_features": ["avx2"]})):
+        assert decision.setup_of(si, None, machine)["notes"] == []
+    assert decision.setup_of({**sglang, "engine": "sglang", "device": "cpu"}, None,
+                             {"cpu_features": ["avx2"]})["notes"] == [
+        "outside SGLang's supported CPUs: ..."]           # never twice
     # caches of two designs are both on; a cap and a pool 10 % apart are differences
     c = {**a, "max running": 64, "KV tokens": 60_000}
     assert decision.setup_differences({"vllm": a, "other": c}) == [

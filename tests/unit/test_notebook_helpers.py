@@ -91,6 +91,17 @@ def test_connect_without_server_and_without_start_fails_clearly(monkeypatch):
 def test_hardware_line_names_the_cpu():
     line = hardware.hardware()
     assert "CPU" in line and "cores" in line
+    kind = hardware.cpu_kind()
+    assert kind is None or f"({kind})" in line
+
+
+def test_cpu_kind_is_named_by_its_strongest_feature():
+    # the three kinds of CPU this course is measured on, and one with none of the features
+    assert hardware.cpu_kind(["amx_bf16", "avx512_bf16", "avx512f", "avx2"]) == "AMX"
+    assert hardware.cpu_kind(["avx512_bf16", "avx512f", "avx2"]) == "AVX-512, native bf16"
+    assert hardware.cpu_kind(["avx512f", "avx2"]) == "AVX-512"
+    assert hardware.cpu_kind(["avx2"]) == "AVX2"
+    assert hardware.cpu_kind([]) is None
 
 
 # -- metrics -----------------------------------------------------------------------------------

@@ -184,14 +184,15 @@ def test_reset_asks_again_after_a_refusal_and_never_counts_one_as_emptied():
 def test_reset_falls_back_to_sglangs_flush_and_stops_at_no_cache():
     import asyncio
 
-    from workshop.bench.run import reset_prefix_cache
+    from workshop.bench.run import NO_PREFIX_CACHE, reset_prefix_cache
     session, posts = _scripted({"/reset_prefix_cache": [(404, None)] * 2,
                                 "/flush_cache": [(400, NOT_JSON), (200, NOT_JSON)]})
     assert asyncio.run(reset_prefix_cache(session, "http://x", {}, pause_s=0)) == "/flush_cache"
     assert posts == ["/reset_prefix_cache", "/flush_cache"] * 2
     session, posts = _scripted({"/reset_prefix_cache": [(200, {"success": False,
                                                                  "prefix_caching": False})]})
-    assert asyncio.run(reset_prefix_cache(session, "http://x", {}, pause_s=0)) is None
+    assert asyncio.run(reset_prefix_cache(session, "http://x", {}, pause_s=0)) == \
+        NO_PREFIX_CACHE
     assert posts == ["/reset_prefix_cache"]
 
 

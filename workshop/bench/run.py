@@ -37,6 +37,7 @@ def _tokenizer_from_server(base_url: str, model: str, api_key: str | None) -> st
 
 
 RESET_PATHS = ("/reset_prefix_cache", "/flush_cache")   # ours and vLLM's; SGLang's own server
+NO_PREFIX_CACHE = "no prefix cache"    # what reset_prefix_cache returns for a server without one
 
 
 def reset_verdict(status: int, body: Any) -> str:
@@ -58,9 +59,9 @@ async def reset_prefix_cache(session, base_url: str, headers: dict[str, str], tr
                              pause_s: float = 0.25) -> str | None:
     """Empty the server's prefix cache, asking again after a refusal (up to ``tries`` times).
 
-    Returns the endpoint that emptied it, or None: a server without the endpoint or without a
-    prefix cache, or one that refused every time (then the run starts with whatever is cached,
-    and its ``cached_tokens`` show it).
+    Returns the endpoint that emptied it, ``NO_PREFIX_CACHE`` for a server that says it keeps
+    none (nothing to empty), or None: no such endpoint, or a refusal every time (then the run
+    starts with whatever is cached, and its ``cached_tokens`` show it).
     """
     for attempt in range(tries):
         if attempt:
@@ -78,6 +79,8 @@ async def reset_prefix_cache(session, base_url: str, headers: dict[str, str], tr
                 continue
             if verdict == "emptied":
                 return path
+            if verdict == "no cache":
+                return NO_PREFIX_CACHE
             if verdict != "absent":
                 break
         if verdict != "refused":
@@ -184,7 +187,7 @@ async def arun_benchmark(base_url: str, model: str, workload: str | Workload = "
                                    f"{warm_failed[0].error[:200]}")
     if reset_cache and config.get("prefix_cache_reset") is None:
         summary["warnings"].append("the server's prefix cache was not emptied before the run "
-                                   "(no endpoint, no cache, or every reset refused)")
+                                   "(no reset endpoint, or every reset refused)")
     measured = [s for s, r in zip(runner.log.sent, records) if not r.warmup and s is not None]
     summary["workload"] = {"workload": wl.name, "sessions": len(wl.sessions),
                            **token_stats(measured, tok)}

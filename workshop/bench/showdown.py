@@ -325,16 +325,7 @@ def objectives_text(entry: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-CPU_FEATURES = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
-
-
-def cpu_features() -> list[str]:
-    """Which of ``CPU_FEATURES`` this CPU has: what decides each engine's CPU kernels."""
-    try:
-        flags = set(Path("/proc/cpuinfo").read_text().split())
-    except OSError:
-        return []
-    return [f for f in CPU_FEATURES if f in flags]
+CPU_FEATURES, cpu_features = hardware.CPU_FEATURES, hardware.cpu_features
 
 
 def machine() -> dict[str, Any]:

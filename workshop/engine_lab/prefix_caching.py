@@ -300,8 +300,8 @@ def sequential_run(session, requests, reset_each: bool) -> list:
                         client.session, session.base_url, client.headers):
                     raise RuntimeError(
                         f"the server did not empty its prefix cache before request {i}: it has "
-                        "no /reset_prefix_cache, no prefix cache, or refused every time (another "
-                        "client's requests hold blocks)")
+                        "no /reset_prefix_cache, or refused every time (another client's "
+                        "requests hold blocks)")
                 rec = RequestRecord(index=i, tag=req.tag, scheduled=clock())
                 await client.stream(req, rec, clock)
                 records.append(rec)

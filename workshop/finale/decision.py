@@ -62,7 +62,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from workshop import CHECKOUT_DIR, DATA_DIR
+from reference_server.engines.sglang import SUPPORT_NOTE as SGLANG_SUPPORT_NOTE
+from workshop import CHECKOUT_DIR, DATA_DIR, hardware
 from workshop.bench.request_metrics import SLO
 from workshop.bench.showdown import (
     WRONG_ANSWERS,  # noqa: F401 (re-exported: workshop.finale.decision_chart imports it from here)
@@ -170,7 +171,8 @@ class Root:
 def machine_text(m: dict[str, Any]) -> str:
     """One line for a showdown's ``machine`` entry."""
     cpu = m.get("cpu") or "unknown CPU"
-    parts = [f"{m['cores']} cores" if m.get("cores") else None,
+    kind = hardware.cpu_kind(m["cpu_features"]) if m.get("cpu_features") is not None else None
+    parts = [kind, f"{m['cores']} cores" if m.get("cores") else None,
              f"{m['memory_gib']:g} GiB" if m.get("memory_gib") else None]
     inner = ", ".join(p for p in parts if p)
     return (f"{cpu}" + (f" ({inner})" if inner else "")
@@ -375,8 +377,18 @@ def setup_of(server_info: dict[str, Any], gate: dict[str, Any] | None = None,
         "max running": (si.get("limits") or {}).get("max_running"),
         "KV tokens": si.get("kv_capacity_tokens"),
         "CPU": ", ".join((machine or {}).get("cpu_features") or []) or None,
-        "notes": [extra[k] for k in SETUP_NOTES if extra.get(k)],
+        "notes": [extra[k] for k in SETUP_NOTES if extra.get(k)] + _support_note(si, machine),
     }
+
+
+def _support_note(si: dict[str, Any], machine: dict[str, Any] | None) -> list[str]:
+    """For a run from before the server reported it: the server's own rule (SGLang on a CPU
+    without AMX runs outside its supported CPUs) applied to the CPU the run recorded."""
+    features = (machine or {}).get("cpu_features")
+    if ((si.get("extra") or {}).get("support_note") or features is None
+            or si.get("engine") != "sglang" or si.get("device") != "cpu"):
+        return []
+    return [] if "amx_bf16" in features else [SGLANG_SUPPORT_NOTE]
 
 
 def setup_label(setup: dict[str, Any]) -> str:
