@@ -356,6 +356,9 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "epyc_differ": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: "
                         r"(?:[^|\n]*\| ){4}([^|\n]+?) \|",
                         "how the AVX2 stage's set-ups differ"),
+        "epyc_outside": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: "
+                         r"(?:[^|\n]*\| ){3}([^|\n]+?) \|",
+                         "who ran outside its supported hardware on the AVX2 stage"),
         "epyc_fair": (r"^\| EPYC with AVX2 only \| `showdown-cpu`: (?:[^|\n]*\| ){5}(\w+) \|",
                       "is the AVX2 stage fair"),
         **{f"stage_{w.replace('-', '_')}_{c}_{s}": (
