@@ -196,7 +196,6 @@ def test_reset_falls_back_to_sglangs_flush_and_stops_at_no_cache():
     assert posts == ["/reset_prefix_cache"]
 
 
-
 def test_kinds_figure_draws_no_lookups_as_zero():
     rows = [{"cache": "none", "workload": "w", "hit rate (/metrics)": None},
             {"cache": "hash", "workload": "w", "hit rate (/metrics)": 0.6}]
