@@ -70,6 +70,11 @@ SUPPORT_NOTE = ("outside SGLang's supported CPUs: its CPU engine targets Xeons w
                 "in bfloat16, emulated where the CPU lacks native bf16")
 
 
+def support_note(device: str, amx: bool) -> str | None:
+    """``SUPPORT_NOTE`` where SGLang runs outside the CPUs it supports: a CPU without AMX."""
+    return SUPPORT_NOTE if device == "cpu" and not amx else None
+
+
 def cpu_attention(amx: bool) -> str:
     """SGLang's CPU attention backend for this CPU: its documented ``intel_amx`` where the tiles
     are, ``torch_native`` (the one that runs without them) elsewhere."""
@@ -281,7 +286,7 @@ class SGLangEngine(ProxyEngine):
         amx = self.device == "cpu" and dtypes.cpu_has_amx()
         chosen = engine_arg(config.engine_args, "--attention-backend")
         self.attention = chosen or (cpu_attention(amx) if self.device == "cpu" else None)
-        self.support_note = SUPPORT_NOTE if self.device == "cpu" and not amx else None
+        self.support_note = support_note(self.device, amx)
         if self.support_note:
             log.warning(self.support_note)
 

@@ -19,6 +19,7 @@ SMALL = dict(new_tokens=16, sharegpt=1)     # the short, system-prompt and one S
 def test_every_engine_answers_as_the_reference(server):
     import httpx
 
+    from workshop import hardware
     from workshop.bench import showdown
     from workshop.finale import decision
     gate = verify_server(server.base_url, server.model, api_key=server.api_key, **SMALL)
@@ -27,7 +28,7 @@ def test_every_engine_answers_as_the_reference(server):
     # supported CPUs" exactly where SGLang runs without AMX (CI's AVX2 machine)
     setup = decision.setup_of(info, gate.to_dict(), showdown.machine())
     assert setup["answers"] == ("right" if gate.passed else "wrong answers")
-    outside = server.engine == "sglang" and "amx_bf16" not in showdown.cpu_features()
+    outside = server.engine == "sglang" and "amx_bf16" not in hardware.cpu_features()
     assert ("outside its supported CPUs" in decision.setup_label(setup)) is outside
     if not gate.passed and outside:
         # A finding on a CPU SGLang does not support (no AMX): shown, not hidden.

@@ -575,8 +575,8 @@ def test_what_ran_is_read_from_server_info_and_differences_that_can_favour_one_a
                      "sglang: outside SGLang's supported CPUs: ..."]
     # a run from before the server gave the note: the same rule, from the CPU it recorded
     old = {"engine": "sglang", "device": "cpu", "extra": {}}
-    assert decision.setup_of(old, None, {"cpu_features": ["avx2"]})["notes"] == [
-        decision.SGLANG_SUPPORT_NOTE]
+    from reference_server.engines.sglang import SUPPORT_NOTE
+    assert decision.setup_of(old, None, {"cpu_features": ["avx2"]})["notes"] == [SUPPORT_NOTE]
     for si, machine in ((old, {"cpu_features": ["amx_bf16", "avx2"]}), (old, {}),
                         ({**old, "engine": "vllm"}, {"cpu_features": ["avx2"]}),
                         ({**old, "device": "cuda"}, {"cpu_features": ["avx2"]})):

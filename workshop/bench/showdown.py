@@ -325,12 +325,10 @@ def objectives_text(entry: dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
-CPU_FEATURES, cpu_features = hardware.CPU_FEATURES, hardware.cpu_features
-
-
 def machine() -> dict[str, Any]:
     return {"cpu": hardware.cpu_name(), "cores": hardware.cores(),
-            "memory_gib": round(hardware.memory_gib() or 0.0, 1), "cpu_features": cpu_features(),
+            "memory_gib": round(hardware.memory_gib() or 0.0, 1),
+            "cpu_features": hardware.cpu_features(),
             "gpu": hardware.gpu_name(), "platform": platform.platform(),
             "python": platform.python_version()}
 
@@ -538,7 +536,7 @@ def find_roots(*places: str | Path) -> list[Path]:
 
 __all__ = ["Contender", "Plan", "Showdown", "CPU_FIELD", "GPU_FIELD", "WORKLOADS", "MAX_RUNNING",
            "WRONG_ANSWERS",
-           "cpu_features", "default_field", "known_contenders",
+           "default_field", "known_contenders",
            "run_showdown", "with_servers", "find_roots", "results_dir", "new_root",
            "sglang_installed", "machine",
            "OBJECTIVES", "DERIVED_FROM", "unloaded_latency", "derive_objectives",

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from reference_server.engines.sglang import SUPPORT_NOTE as SGLANG_SUPPORT_NOTE
+from reference_server.engines import sglang
 from workshop import CHECKOUT_DIR, DATA_DIR, hardware
 from workshop.bench.request_metrics import SLO
 from workshop.bench.showdown import (
@@ -382,13 +382,14 @@ def setup_of(server_info: dict[str, Any], gate: dict[str, Any] | None = None,
 
 
 def _support_note(si: dict[str, Any], machine: dict[str, Any] | None) -> list[str]:
-    """For a run from before the server reported it: the server's own rule (SGLang on a CPU
-    without AMX runs outside its supported CPUs) applied to the CPU the run recorded."""
+    """For a run from before the server reported it: the server's own rule
+    (``sglang.support_note``) applied to the CPU the run recorded."""
     features = (machine or {}).get("cpu_features")
     if ((si.get("extra") or {}).get("support_note") or features is None
-            or si.get("engine") != "sglang" or si.get("device") != "cpu"):
+            or si.get("engine") != "sglang"):
         return []
-    return [] if "amx_bf16" in features else [SGLANG_SUPPORT_NOTE]
+    note = sglang.support_note(si.get("device"), "amx_bf16" in features)
+    return [note] if note else []
 
 
 def setup_label(setup: dict[str, Any]) -> str:
