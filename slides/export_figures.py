@@ -214,26 +214,38 @@ FIGURES: dict[str, list[FigureSpec]] = {
 # verdict) starts with right, wrong or not checked, which no other table of theirs does.
 SETUP_COLUMNS = ("answers", "dtype", "attention", "prefix cache", "compiled", "max running",
                  "KV tokens", "CPU")
-# The contenders of notebook 10's quick plan: the teaching engine twice and the engine the
-# first cell connected to (vLLM, as CI and --refresh run it).
-QUICK_CONTENDERS = ("vllm", "mini-hash", "mini-radix")
+# Notebook 10's field on a CPU: the full plan runs all five; the quick plan (CI, --refresh)
+# the teaching engine twice and the engine the first cell connected to (vLLM there).
+CPU_FIELD = ("vllm", "sglang", "mini-hash", "mini-radix", "hf")
+NOT_IN_RUN = "not in this run"
+# The line naming a run's engines, {} one of them: notebook 10's contenders, notebook 11's
+# comparison. A value of one engine is required only where this line names it.
+SHOWDOWN_FIELD = r"^\*\*\d+ contenders\*\* \((?:[^)]*, )?{}(?:, [^)]*)?\)"
+CHART_FIELD = r"^Comparing \*\*(?:[^*]*, )?{}(?:, [^*]*)?\*\* on"
 
 
-def _setup_cell(engine: str, column: str) -> tuple[str, str]:
+def _of(engine: str, regex: str, about: str, field: str = SHOWDOWN_FIELD) -> tuple[str, ...]:
+    """A value of one engine: "not in this run" where the run left that engine out."""
+    return regex, about, field.format(re.escape(engine))
+
+
+def _setup_cell(engine: str, column: str, field: str = SHOWDOWN_FIELD) -> tuple[str, ...]:
     i = SETUP_COLUMNS.index(column)
-    return (rf"^\| {re.escape(engine)} \| (?=right|wrong|not checked)(?:[^|\n]*\| "
-            rf"){{{i}}}([^|\n]*?) \|",
-            f"{engine}'s {column}, as its server reported it (the setup table)")
+    return _of(engine, rf"^\| {re.escape(engine)} \| (?=right|wrong|not checked)(?:[^|\n]*\| "
+                       rf"){{{i}}}([^|\n]*?) \|",
+               f"{engine}'s {column}, as its server reported it (the setup table)", field)
 
 
-def _setup_values(engines, columns) -> dict[str, tuple[str, str]]:
-    return {f"{e.replace('-', '_')}_{c.replace(' ', '_').lower()}": _setup_cell(e, c)
+def _setup_values(engines, columns, field: str = SHOWDOWN_FIELD) -> dict[str, tuple[str, ...]]:
+    return {f"{e.replace('-', '_')}_{c.replace(' ', '_').lower()}": _setup_cell(e, c, field)
             for e in engines for c in columns}
 
 
-# Numbers the slides quote, read from a run's text outputs: (regex with one group, what it is).
-# The first match in the notebook wins; a listed value missing from a run is an error.
-VALUES: dict[str, dict[str, tuple[str, str]]] = {
+# Numbers the slides quote, read from a run's text outputs: (regex with one group, what it is),
+# and for a value of one contender a third regex, the run's contenders line naming it. The
+# first match in the notebook wins; a listed value missing from a run is an error, unless its
+# contender was not in the run.
+VALUES: dict[str, dict[str, tuple[str, ...]]] = {
     "00_setup_first_request": {
         "kv_capacity_tokens": (r"KV capacity=(\d+) tokens", "KV capacity the engine reported"),
         "max_model_len": (r"max_model_len=(\d+)", "context length the engine serves"),
@@ -283,10 +295,10 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "workloads": (r"contenders\*\* \([^)]+\) x \*\*\d+ workloads?\*\* \(([^)]+)\)",
                       "the workloads of this run"),
         "plan": (r"workloads?\*\* \([^)]+\), the (\w+) plan", "quick or full plan"),
-        **{f"{e.replace('-', '_')}_args": (
-            rf"^\| {re.escape(e)} \| \w+ \| ([^|\n]+?) \| (?:already running|started here) \|",
-            f"{e}'s server arguments (section 1's field)") for e in QUICK_CONTENDERS},
-        **_setup_values(QUICK_CONTENDERS, SETUP_COLUMNS[:-1]),
+        **{f"{e.replace('-', '_')}_args": _of(
+            e, rf"^\| {re.escape(e)} \| \w+ \| ([^|\n]+?) \| (?:already running|started here) \|",
+            f"{e}'s server arguments (section 1's field)") for e in CPU_FIELD},
+        **_setup_values(CPU_FIELD, SETUP_COLUMNS[:-1]),
         "cpu_flags": _setup_cell("vllm", "CPU"),
         "gate_prompts": (r"correctness gate: \w+: (\d+) answers",
                          "prompts each contender answered for the correctness gate"),
@@ -300,10 +312,10 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "slo_factor": (r"^Objectives of this run: [^(]*\(derived: ([\d.]+) x",
                        "the factor a derived objective puts on the best unloaded latency"),
         "slo_how": (r"^\| p99 TTFT \(ms\) \| [^|\n]* \| [^|\n]* \| (\w+) \|", "stated or derived"),
-        **{f"{e.replace('-', '_')}_capacity": (
-            rf"^\| shared-prefix \| {re.escape(e)} \| (?:[^|\n]*\| ){{3}}([^|\n]+?) \|",
+        **{f"{e.replace('-', '_')}_capacity": _of(
+            e, rf"^\| shared-prefix \| {re.escape(e)} \| (?:[^|\n]*\| ){{3}}([^|\n]+?) \|",
             f"{e}'s capacity on shared-prefix (output tok/s, any load tried)")
-            for e in QUICK_CONTENDERS},
+            for e in CPU_FIELD},
         "prefix_reuse": (r"prefix reuse \(the ceiling\) was \*\*([\d.]+)\*\*",
                          "shared-prefix workload's prefix reuse (ceiling of any hit rate)"),
         "radix_over_hash": (r"radix / hash capacity \(output tok/s\), shared-prefix: ([\d.]+)",
@@ -339,7 +351,7 @@ VALUES: dict[str, dict[str, tuple[str, str]]] = {
         "engines": (r"^Comparing \*\*([^*]+)\*\* on", "engines compared"),
         "machine": (r"These numbers come from \*\*[^*]+\*\* on \*\*([^*]+)\*\*",
                     "the machine of the newest showdown folder"),
-        **_setup_values(QUICK_CONTENDERS, ("answers",)),
+        **_setup_values(CPU_FIELD, ("answers",), CHART_FIELD),
         "verdict_shared_prefix": (r"^- \*\*shared-prefix\*\*[^:]*: (.+)\.$",
                                   "the verdicts on shared-prefix, one per constraint"),
         "amx_run": (r"^\| Xeon with AMX \| `showdown-amx`: ([^|\n]+?) \|",
@@ -667,16 +679,19 @@ def find_figure(nb: dict, spec: FigureSpec) -> tuple[int, bytes, str | None]:
     return i, png, title
 
 
-def find_values(nb: dict, specs: dict[str, tuple[str, str]]) -> dict[str, str]:
+def find_values(nb: dict, specs: dict[str, tuple[str, ...]]) -> dict[str, str]:
     texts = [_text(o) for c in nb.get("cells", []) if c.get("cell_type") == "code"
              for o in c.get("outputs", [])]
     values = {}
-    for key, (regex, _about) in specs.items():
+    for key, (regex, _about, *in_run) in specs.items():
         for text in texts:
             if m := re.search(regex, text, re.M):
                 values[key] = m.group(1)
                 break
         else:
+            if in_run and not any(re.search(in_run[0], text, re.M) for text in texts):
+                values[key] = NOT_IN_RUN
+                continue
             raise ExportError(f"value {key!r}: no output matches /{regex}/")
     return values
 
@@ -813,7 +828,7 @@ def execute(name: str, out_dir: Path, quick: bool, timeout_s: int) -> Path:
 def export(runs: dict[str, Path], mode: str | None, figures_dir: Path = FIGURES_DIR,
            reference_dir: Path = REFERENCE_DIR, manifest_path: Path | None = None,
            figures: dict[str, list[FigureSpec]] = FIGURES,
-           values: dict[str, dict[str, tuple[str, str]]] = VALUES) -> dict:
+           values: dict[str, dict[str, tuple[str, ...]]] = VALUES) -> dict:
     """Write figures, reference pages and the manifest for the executed notebooks in ``runs``.
 
     Notebooks not in ``runs`` keep what the existing manifest says about them, so one

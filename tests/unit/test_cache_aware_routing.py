@@ -276,3 +276,23 @@ def test_a_server_without_a_prefix_cache_is_asked_once(monkeypatch):
     replica = type("R", (), {"base_url": "http://r", "headers": {}})()
     assert reset_prefix_cache(replica, tries=8, pause_s=0) is False
     assert len(calls) == 1
+
+
+def test_a_busy_refusal_is_asked_again_as_the_harness_does(monkeypatch):
+    """The notebooks' reset reads answers as the harness does (``reset_verdict``): SGLang's
+    400 while requests run is a refusal to ask again, not a missing endpoint."""
+    import httpx
+
+    from workshop.live.live_requests import reset_prefix_cache
+    answers = iter([(400, {"error": "busy"}), (200, {"success": True})])
+    calls = []
+
+    def post(url, **_):
+        calls.append(url)
+        status, body = next(answers)
+        return httpx.Response(status, json=body, request=httpx.Request("POST", url))
+
+    monkeypatch.setattr(httpx, "post", post)
+    replica = type("R", (), {"base_url": "http://r", "headers": {}})()
+    assert reset_prefix_cache(replica, tries=8, pause_s=0) is True
+    assert len(calls) == 2

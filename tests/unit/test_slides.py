@@ -147,6 +147,24 @@ def test_values_are_read_from_outputs_and_a_missing_one_is_an_error():
         ef.find_values(nb, {"nope": (r"nope=(\d+)", "")})
 
 
+def test_a_contender_the_run_left_out_reads_not_in_this_run_and_one_it_ran_must_match():
+    """Notebook 10's slides list the whole CPU field; a quick run has three of its five."""
+    nb = _notebook(_code("ui.md(...)", {"output_type": "display_data", "metadata": {}, "data": {
+        "text/markdown": "**2 contenders** (vllm, mini-hash) x **1 workload** (shared-prefix), "
+                         "the quick plan"}}))
+    specs = {f"{e}_x": ef._of(e, rf"^{e} x=(\d+)", "") for e in ("sglang", "hf", "mini-radix")}
+    assert ef.find_values(nb, specs) == dict.fromkeys(specs, ef.NOT_IN_RUN)
+    for engine in ("vllm", "mini-hash"):
+        with pytest.raises(ef.ExportError, match=f"{engine}_x"):
+            ef.find_values(nb, {f"{engine}_x": ef._of(engine, rf"^{engine} x=(\d+)", "")})
+    chart = _notebook(_code("ui.md(...)", {"output_type": "stream", "name": "stdout",
+                                           "text": "Comparing **vllm, sglang** on **cpu**\n"}))
+    assert ef.find_values(chart, {"hf": ef._setup_cell("hf", "answers", ef.CHART_FIELD)}) == \
+        {"hf": ef.NOT_IN_RUN}
+    with pytest.raises(ef.ExportError, match="sglang"):
+        ef.find_values(chart, {"sglang": ef._setup_cell("sglang", "answers", ef.CHART_FIELD)})
+
+
 def test_export_writes_pngs_pages_and_a_manifest_and_refuses_incomplete_runs(tmp_path):
     good = _notebook(_code("connect()", CONNECT, stamp="2026-12-01T17:30:00Z"), _md("## Memory"),
                      _code("fa.memory_figure(r)", _png_output()))
@@ -260,8 +278,10 @@ def test_setup_values_read_the_configuration_table_not_the_field_table():
                       "vllm_compiled": "compiled", "vllm_max_running": "64",
                       "vllm_kv_tokens": "46592", "vllm_cpu": "avx2",
                       "args": "-- --max-num-seqs 32"}
+    contenders = md("**1 contenders** (vllm) x **1 workload** (shared-prefix), the quick plan")
     with pytest.raises(ef.ExportError, match="vllm_dtype"):
-        ef.find_values(_notebook(_code("field", md(field))), ef._setup_values(["vllm"], ["dtype"]))
+        ef.find_values(_notebook(_code("field", md(field)), _code("plan", contenders)),
+                       ef._setup_values(["vllm"], ["dtype"]))
 
 
 def test_stage_values_skip_the_verdict_table_with_the_same_first_columns():
@@ -310,21 +330,12 @@ def test_committed_figures_match_the_manifest_and_every_existing_deck_builds_as_
         assert "{{" not in md.read_text(), md.name
 
 
-# The notebooks whose committed reference run may still be quick mode, and why.
-QUICK_REFERENCE_RUNS = {
-    "10_engine_showdown": "its full plan runs the whole engine field for about three hours on 2 "
-                          "cores; the full showdowns are committed under "
-                          "benchmarks/reference_results/ instead",
-}
-
-
 def test_the_reference_run_covers_every_notebook_in_full_mode_one_at_a_time():
     """Issue 35: readers without a machine learn from these numbers, so every notebook has a
     run, in full mode, and no run shared the machine with another."""
     runs = json.loads((SLIDES / "figures" / "manifest.json").read_text())["runs"]
     assert set(bd.existing_notebooks()) <= set(runs), "notebooks without a reference run"
-    quick = sorted(n for n, r in runs.items()
-                   if r["mode"] != "full" and n not in QUICK_REFERENCE_RUNS)
+    quick = sorted(n for n, r in runs.items() if r["mode"] != "full")
     assert not quick, f"reference runs in quick mode: {quick}"
     spans = sorted((ef.dt.datetime.fromisoformat(r["started"].replace("Z", "+00:00")),
                     r["wall_s"], n) for n, r in runs.items())
@@ -332,6 +343,18 @@ def test_the_reference_run_covers_every_notebook_in_full_mode_one_at_a_time():
     overlaps = [(a[2], b[2]) for a, b in zip(spans, spans[1:])
                 if a[0] + ef.dt.timedelta(seconds=a[1]) > b[0]]
     assert not overlaps, f"runs that shared the machine: {overlaps}"
+
+
+def test_the_agendas_run_times_are_the_reference_runs():
+    """The agendas in slides/README.md quote each notebook's run time; they are the committed
+    reference run's, so a new run cannot leave them behind."""
+    runs = json.loads((SLIDES / "figures" / "manifest.json").read_text())["runs"]
+    by_number = {int(name[:2]): run for name, run in runs.items()}
+    quoted = re.findall(r"notebook (\d+) whole: ([\d,]+) s", (SLIDES / "README.md").read_text())
+    assert quoted
+    wrong = [(n, t, round(by_number[int(n)]["wall_s"])) for n, t in quoted
+             if int(t.replace(",", "")) != round(by_number[int(n)]["wall_s"])]
+    assert not wrong, f"(notebook, quoted, the reference run's) {wrong}"
 
 
 def test_every_figure_selector_still_matches_one_cell_of_its_notebook():

@@ -95,8 +95,10 @@ def reset_prefix_cache(session: Any, tries: int = 1, pause_s: float = 0.25) -> b
     a refusal is asked again: vLLM answers ``success: false`` and keeps its cache while a
     request still holds blocks (one just finished may, briefly). False at once for a server
     that says it has no prefix cache (ours answer ``prefix_caching: false``) or lacks the
-    endpoint."""
+    endpoint. The answer is read as the harness reads it (``workshop.bench.run.reset_verdict``)."""
     import httpx
+
+    from workshop.bench.run import reset_verdict
     for attempt in range(tries):
         if attempt:
             time.sleep(pause_s)
@@ -105,13 +107,13 @@ def reset_prefix_cache(session: Any, tries: int = 1, pause_s: float = 0.25) -> b
                            timeout=30)
         except httpx.HTTPError:
             return False
-        if r.status_code != 200:
-            return False
-        answer = r.json()
-        if answer.get("success") is True:
-            return True
-        if answer.get("prefix_caching") is False:
-            return False
+        try:
+            body = r.json()
+        except ValueError:
+            body = None
+        verdict = reset_verdict(r.status_code, body)
+        if verdict != "refused":
+            return verdict == "emptied"
     return False
 
 
