@@ -327,6 +327,8 @@ VALUES: dict[str, dict[str, tuple[str, ...]]] = {
                             "exercise 2: the contender with the most capacity"),
         "batching_gain": (r"capacity / its one-at-a-time output tok/s, shared-prefix: ([\d.]+)",
                           "exercise 2: its capacity / its one-at-a-time output tok/s"),
+        "hit_engine": (r"measured (\S+) prefix hit rate at .+?, shared-prefix: [\d.]+",
+                       "exercise 3: the engine the first cell connected to"),
         "hit_rate_at": (r"prefix hit rate at (.+?), shared-prefix: [\d.]+",
                         "exercise 3: the load the hit rate was read at"),
         "hit_rate": (r"prefix hit rate at .+?, shared-prefix: ([\d.]+)",

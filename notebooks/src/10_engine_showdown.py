@@ -90,7 +90,7 @@ ui.table(showdown.field_rows(field_all, running_servers))
 # | plan | workloads | requests per point | load points | contenders by default | time here |
 # |---|---|---|---|---|---|
 # | **quick** (CI) | shared-prefix | 4 | 2 | the two teaching engines and the engine already running | a few minutes |
-# | **full** (`benchmarks/showdown.py`) | all three | 24 (agentic: 20 sessions of 6) | 3 | all | vLLM 27 min, SGLang 64, each teaching engine 23, hf 32 (2 AVX2 cores, 2026-12-03) |
+# | **full** (`benchmarks/showdown.py`) | all three | 24 (agentic: 20 sessions of 6) | 3 | all | sweeps on 2 AVX2 cores (bf16 emulated, 2026-12-03): vLLM 27 min, SGLang 64, each teaching engine 23, hf 32; on 2 AVX-512 cores with native bf16 (2026-12-07): 7, 21, 7 and 19, the whole notebook 65 min |
 #
 # Four requests per point are too few to judge a knee: the comparisons then fall back to
 # capacity and the lightest load. Full runs are committed in `benchmarks/reference_results/`:
@@ -328,8 +328,9 @@ ui.worked_answer(
     + (f"outside the {decision.TIE_WITHIN:.0%} tie band: the cached tokens do not explain it. One at a time, "
        f"on the same cached tokens, radix delivered {_sync[1] / max(_sync[0], 1e-9):.2f}x hash's tok/s"
        + (": the machine differed between the runs" if abs(_sync[1] / max(_sync[0], 1e-9) - 1)
-          >= decision.TIE_WITHIN else "") + f". Each capacity is the best of a throughput probe and "
-       f"{plan.sweep_points} points of {plan.num_requests} requests, too few to rank in a quick run."
+          >= decision.TIE_WITHIN else "") + ". Each capacity is one measurement ("
+       + "; ".join(dict.fromkeys(r["capacity at"] for r in _cache_rows)) + "): one run cannot "
+       "tell a gap this size from run-to-run variation; sweep both again to see whether it holds."
        if _off else
        f"inside the {decision.TIE_WITHIN:.0%} tie band: the lookup costs little next to a model step. "
        "SGLang's tree matches token by token (page size 1), where a radix cache can find more.")

@@ -696,3 +696,24 @@ def test_departures_from_the_reference_are_listed_and_agreements_are_not(tmp_pat
                      "question": "What is the capital of Italy?",
                      "verdict": "near tie", "at token": 2, "gap (logits)": 0.25,
                      "reference's top two": "'io' / 'ri'", "got": "Il Corriere"}]
+
+
+def test_every_cell_text_of_the_chart_stays_inside_its_cell(tmp_path):
+    """A three-way tie of long names once ran across the neighbouring cells (notebook 11's
+    reference run, five contenders)."""
+    names = ("mini-radix", "mini-hash", "vllm-long-name")
+    runs = {(e, "w"): make_sweep([1, 2], 1) for e in (*names, "sglang")}
+    rows = decision.knee_table(decision.load(make_root(tmp_path / "r", runs)))
+    tie = decision.Verdict("w", "throughput", dict(zip(names, (15.1, 14.9, 14.6))), "tok/s",
+                           "higher", tied=list(names), lead=("sglang", 2.9, ""),
+                           setup=["dtype"])
+    from dataclasses import replace
+    every_column = [replace(tie, constraint=c) for c in decision_chart.CONSTRAINTS]
+    fig = decision_chart.plot_decision(every_column, rows, "t")
+    fig.canvas.draw()
+    grid = fig.axes[0]
+    to_data = grid.transData.inverted()
+    for t in grid.texts:
+        (x0, _), (x1, _) = to_data.transform(t.get_window_extent().get_points())
+        cell = int(t.get_position()[0])
+        assert cell + 0.02 <= x0 and x1 <= cell + 0.98, (t.get_text(), x0, x1)

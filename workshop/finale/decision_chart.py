@@ -110,8 +110,9 @@ def plot_decision(verdicts: Sequence[Verdict], rows: Sequence[dict[str, Any]], t
                         text += "\nat the loads tried\n(both could go higher)"
                 elif o == "tie":
                     face, hatch = (0.88, 0.88, 0.88), "//"
-                    text = ("tie (<{:.0%} apart)\n".format(TIE_WITHIN) + " ≈ ".join(v.tied[:3])
-                            + (" …" if len(v.tied) > 3 else ""))
+                    # three long names on one line would spill into the next cell
+                    text = ("tie (<{:.0%} apart)\n".format(TIE_WITHIN)
+                            + _wrap(" ≈ ".join(v.tied[:3]) + (" …" if len(v.tied) > 3 else ""), 24))
                     if v.lead:
                         other, m, bound = v.lead
                         text += (f"\neach {_margin(m, bound)} vs {other}"
